@@ -1,0 +1,25 @@
+"""deepgen: a compiler from a small Python DSL to readable, standalone C++ projects.
+
+Model files use this package as the DSL: `import generator as dg`.
+"""
+
+from . import ops  # noqa: F401  (registers every op)
+from .builder import ModelDef, Tensor
+from .dsl import *  # noqa: F401,F403
+from .dsl import (  # noqa: F401  (names that shadow builtins, exported explicitly)
+    input,
+    max,
+    sum,
+)
+from .errors import BuildError, DeepgenError, ModelError, ShapeError
+from .initializers import constant, glorot_uniform, he_normal, normal, ones, uniform, zeros
+from .shapes import dim
+
+__version__ = "0.1.0"
+
+
+def model(fn=None, *, name: str | None = None):
+    """Mark a function as a deepgen model: `@dg.model` or `@dg.model(name="net")`."""
+    if fn is None:
+        return lambda f: ModelDef(f, name)
+    return ModelDef(fn, name)

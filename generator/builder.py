@@ -1,0 +1,232 @@
+"""Tracing a model function into a Graph.
+
+`@dg.model` wraps the user's function in a ModelDef. `ModelDef.build()` runs it
+with a Builder active: every DSL call adds a node (checking shapes at once, so
+errors point at the user's line) and returns a Tensor. When the function
+returns, values are named after the user's variables (see `_name_values`).
+"""
+
+from __future__ import annotations
+
+import os
+
+from .errors import ModelError, ShapeError
+from .ir import DTYPES, Graph, Node, Value
+from .names import NameTable, problem_with
+from .ops import get_op
+from .shapes import norm_shape
+from .source import Loc, assigned_names, user_loc
+
+_ACTIVE: list = []
+
+
+def current() -> "Builder":
+    if not _ACTIVE:
+        raise ModelError(
+            "DSL calls must run inside a function decorated with @dg.model "
+            "(deepgen builds the graph when it calls that function)",
+            user_loc(),
+        )
+    return _ACTIVE[-1]
+
+
+class Tensor:
+    """What DSL calls return: a handle on an IR value, with Python operators."""
+
+    __array_priority__ = 1000  # numpy scalars defer to our operators
+
+    def __init__(self, value: Value):
+        self.value = value
+
+    shape = property(lambda self: self.value.shape)
+    dtype = property(lambda self: self.value.dtype)
+    ndim = property(lambda self: self.value.rank)
+    name = property(lambda self: self.value.name)
+
+    def __repr__(self):
+        return f"Tensor({self.value.name}: {self.value.type_str()})"
+
+    def __bool__(self):
+        raise TypeError("a deepgen Tensor has no truth value while the graph is being built")
+
+    # Operators are defined in dsl.py (they need the op functions).
+
+
+class Builder:
+    def __init__(self, name: str):
+        self.graph = Graph(name)
+        self.names = NameTable()
+        self.stmt_index = {}  # node id -> (statement key, run number)
+
+    # -- declarations -------------------------------------------------------
+    def declare(self, kind: str, name, shape, dtype, explicit: bool, loc, **extra) -> Tensor:
+        if dtype not in DTYPES:
+            raise ModelError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}", loc, kind)
+        try:
+            shape = norm_shape(shape)
+        except TypeError as e:
+            raise ModelError(str(e), loc, kind) from None
+        if explicit:
+            problem = problem_with(name)
+            if problem:
+                raise ModelError(problem, loc, kind)
+            if not self.names.claim(name):
+                raise ModelError(f"name {name!r} is already used in this model", loc, kind)
+        else:
+            name = self.names.unique(name)
+        value = Value(name, dtype, shape, kind=kind, loc=loc, explicit=True, **extra)
+        (self.graph.inputs if kind == "input" else self.graph.params).append(value)
+        return Tensor(value)
+
+    def default_name(self, loc, what: str, index: int = 0) -> str:
+        """The variable the current statement assigns to, for things that need a name now."""
+        targets = assigned_names(loc)
+        if targets and index < len(targets):
+            return targets[index]
+        raise ModelError(f"cannot infer a name for this {what}; pass name='...'", loc, what)
+
+    # -- nodes ----------------------------------------------------------------
+    def add(self, op: str, inputs, attrs: dict, label: str | None = None, name: str | None = None):
+        """Add a node; returns its output Tensors. Shape errors name the user's line."""
+        loc = user_loc()
+        values = [t.value for t in inputs]
+        opdef = get_op(op)
+        try:
+            results = opdef.infer(values, attrs)
+        except ValueError as e:
+            raise ShapeError(str(e), loc, label or op) from None
+        node = Node(op, values, attrs, loc=loc)
+        hint = label or op
+        for i, (dtype, shape) in enumerate(results):
+            out = Value(f"{hint}" if len(results) == 1 else f"{hint}{i}", dtype, shape, producer=node, loc=loc)
+            node.outputs.append(out)
+        if name is not None:
+            problem = problem_with(name)
+            if problem:
+                raise ModelError(problem, loc, label or op)
+            node.outputs[0].name = name
+            node.outputs[0].explicit = True
+        self.graph.nodes.append(node)
+        return [Tensor(v) for v in node.outputs]
+
+    def require(self, expr, why: str):
+        if not (isinstance(expr, int) and expr >= 0):
+            self.graph.requirements.append((expr, why))
+
+    # -- finishing ----------------------------------------------------------
+    def finish(self, result, loc) -> Graph:
+        outputs = _collect_outputs(result, loc)
+        _name_values(self.graph, self.names)
+        graph = self.graph
+        taken = set()
+        for key, tensor in outputs:
+            name = key if key is not None else tensor.value.name
+            if key is not None:
+                problem = problem_with(key)
+                if problem:
+                    raise ModelError(f"output {problem}", loc)
+            if name in taken:
+                raise ModelError(f"output name {name!r} is used twice", loc)
+            taken.add(name)
+            graph.outputs.append((name, tensor.value))
+        if not graph.outputs:
+            raise ModelError("the model returns no outputs", loc)
+        _check_dims_bound(graph)
+        return graph
+
+
+def _collect_outputs(result, loc):
+    if isinstance(result, Tensor):
+        return [(None, result)]
+    if isinstance(result, dict):
+        items = list(result.items())
+    elif isinstance(result, (tuple, list)):
+        items = [(None, t) for t in result]
+    else:
+        raise ModelError(
+            f"a model must return a Tensor, a tuple/list of Tensors or a dict name -> Tensor, "
+            f"got {type(result).__name__}",
+            loc,
+        )
+    for key, t in items:
+        if not isinstance(t, Tensor):
+            raise ModelError(f"output {key or ''} is a {type(t).__name__}, not a Tensor", loc)
+    return items
+
+
+def _name_values(graph: Graph, names: NameTable):
+    """Name node outputs after the user's variables.
+
+    Nodes are grouped into runs of consecutive nodes from the same statement. The
+    last node of a run gets the assigned variable's name (`h = relu(x @ w + b)`
+    names the relu `h`); the others become `h_matmul`, `h_add`. Explicit `name=`
+    always wins; names clashing with earlier ones get a numeric suffix."""
+    runs, current, key = [], [], None
+    for node in graph.nodes:
+        k = (node.loc.filename, node.loc.stmt_line) if node.loc else None
+        if current and k != key:
+            runs.append(current)
+            current = []
+        current.append(node)
+        key = k
+    if current:
+        runs.append(current)
+    for run in runs:
+        targets = assigned_names(run[-1].loc)
+        base = targets[0] if targets and len(targets) == 1 else None
+        for node in run:
+            last = node is run[-1]
+            for i, v in enumerate(node.outputs):
+                if v.explicit:
+                    continue  # claimed below, in order
+                if last and targets and len(targets) == len(node.outputs):
+                    v.name = targets[i]
+                elif base:
+                    v.name = f"{base}_{v.name}"
+    for node in graph.nodes:
+        for v in node.outputs:
+            if v.explicit:
+                if not names.claim(v.name):
+                    raise ModelError(f"name {v.name!r} is already used in this model", node.loc)
+            else:
+                v.name = names.unique(v.name)
+
+
+def _check_dims_bound(graph: Graph):
+    bound = set(graph.dims)
+    for v in graph.inputs:
+        for d in v.shape:
+            if not isinstance(d, int) and not d.is_Symbol:
+                raise ModelError(
+                    f"input '{v.name}': dimension {d} must be an int or a plain symbol such as N", v.loc
+                )
+    for v in graph.values():
+        for d in v.shape:
+            if not isinstance(d, int):
+                free = d.free_symbols - bound
+                if free:
+                    names = ", ".join(sorted(map(str, free)))
+                    raise ModelError(f"'{v.name}' uses dimension(s) {names} that no input determines", v.loc)
+
+
+class ModelDef:
+    """A model function marked with @dg.model; build() traces it into a Graph."""
+
+    def __init__(self, fn, name: str | None = None):
+        self.fn = fn
+        self.name = name or fn.__name__
+        code = fn.__code__
+        self.loc = Loc(os.path.abspath(code.co_filename), code.co_firstlineno, code.co_firstlineno, "")
+
+    def build(self, name: str | None = None) -> Graph:
+        builder = Builder(name or self.name)
+        _ACTIVE.append(builder)
+        try:
+            result = self.fn()
+        finally:
+            _ACTIVE.pop()
+        builder.graph.loc = self.loc
+        return builder.finish(result, self.loc)
+
+    def __repr__(self):
+        return f"<deepgen model {self.name} at {self.loc}>"

@@ -1,0 +1,92 @@
+"""The graph IR: an SSA list of nodes over values with dtypes and symbolic shapes.
+
+Inputs and parameters are values without a producer; every other value is an
+output of exactly one node. Node order is the order the user wrote the model in,
+so it is deterministic and already a valid schedule.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import sympy
+
+from .shapes import fmt_shape
+
+DTYPES = ("float32", "int32", "int64")
+SHORT_DTYPE = {"float32": "f32", "int32": "i32", "int64": "i64"}
+
+
+@dataclass(eq=False)
+class Value:
+    name: str
+    dtype: str
+    shape: tuple
+    kind: str = "node"  # "input", "param" or "node"
+    producer: "Node | None" = None
+    loc: object = None
+    init: object = None  # parameters: an initializer (generator.dsl.Init)
+    seed: int | None = None  # parameters: a fixed seed overriding the model's
+    explicit: bool = False  # the user gave this name with name=
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    def type_str(self) -> str:
+        return f"{SHORT_DTYPE[self.dtype]}{fmt_shape(self.shape)}"
+
+    def __repr__(self) -> str:
+        return f"%{self.name}: {self.type_str()}"
+
+
+@dataclass(eq=False)
+class Node:
+    op: str
+    inputs: list
+    attrs: dict
+    outputs: list = field(default_factory=list)
+    loc: object = None
+
+
+@dataclass
+class Graph:
+    name: str
+    inputs: list = field(default_factory=list)
+    params: list = field(default_factory=list)
+    nodes: list = field(default_factory=list)
+    outputs: list = field(default_factory=list)  # [(output name, Value)]
+    # Run-time conditions on symbolic dims, [(sympy expr that must be >= 0, why)],
+    # e.g. `N - 5 >= 0` for a slice x[5:] of an axis of length N.
+    requirements: list = field(default_factory=list)
+    loc: object = None
+
+    @property
+    def dims(self) -> list:
+        """Symbolic dims, in the order the inputs introduce them."""
+        seen = []
+        for v in self.inputs:
+            for d in v.shape:
+                if isinstance(d, sympy.Basic):
+                    for s in sorted(d.free_symbols, key=str):
+                        if s not in seen:
+                            seen.append(s)
+        return seen
+
+    def values(self):
+        yield from self.inputs
+        yield from self.params
+        for n in self.nodes:
+            yield from n.outputs
+
+    def users(self) -> dict:
+        out = {id(v): [] for v in self.values()}
+        for n in self.nodes:
+            for v in n.inputs:
+                out[id(v)].append(n)
+        return out
+
+    def __str__(self) -> str:
+        from .printing import format_graph
+
+        return format_graph(self)

@@ -1,0 +1,7 @@
+"""All ops, registered on import. See registry.py for what an OpDef carries."""
+
+from . import elementwise, index, layout, linalg, reduce  # noqa: F401  (registration)
+from .registry import REGISTRY, OpDef, get_op, register
+from .scalar import ARGS, SCALAR_FUNCS, scalar_expr
+
+__all__ = ["REGISTRY", "OpDef", "get_op", "register", "ARGS", "SCALAR_FUNCS", "scalar_expr"]

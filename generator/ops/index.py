@@ -1,0 +1,44 @@
+"""Indexing ops: embedding lookup (gather rows of a table by integer ids)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..shapes import fmt_shape, numel
+from .registry import OpDef, register
+
+_CPP_ID = {"int32": "int32_t", "int64": "int64_t"}
+
+
+@register
+class Gather(OpDef):
+    """out[i..., :] = table[ids[i...], :]; ids out of range is a run-time error."""
+
+    name = "gather"
+
+    def infer(self, inputs, attrs):
+        table, ids = inputs
+        if table.dtype != "float32" or table.rank < 1:
+            raise ValueError(f"table '{table.name}' must be a float32 tensor, got {table.type_str()}")
+        if ids.dtype not in _CPP_ID:
+            raise ValueError(f"ids '{ids.name}' must be int32 or int64, got {ids.dtype}")
+        return [("float32", ids.shape + table.shape[1:])]
+
+    def reference(self, args, attrs, dims):
+        table, ids = args
+        bad = (ids < 0) | (ids >= table.shape[0])
+        if bad.any():
+            pos = int(np.flatnonzero(bad.ravel())[0])
+            raise ValueError(
+                f"index {int(ids.ravel()[pos])} at position {pos} is out of range [0, {table.shape[0]})"
+            )
+        return [table[ids]]
+
+    def lower(self, node, ctx):
+        table, ids = node.inputs
+        what = ctx.string(f"gather '{table.name}' by '{ids.name}' ({node.loc.short if node.loc else ''})")
+        return [
+            f"dg::gather_rows<{_CPP_ID[ids.dtype]}>({ctx.ptr(table)}, {ctx.size(table.shape[0])}, "
+            f"{ctx.size(numel(table.shape[1:]))}, {ctx.ptr(ids)}, {ctx.size(numel(ids.shape))}, "
+            f"{ctx.out(node.outputs[0])}, {what});"
+        ]

@@ -1,0 +1,164 @@
+"""Ops that move data without arithmetic: reshape, transpose, concat, split, slice."""
+
+from __future__ import annotations
+
+import numpy as np
+import sympy
+
+from ..shapes import fmt_shape, numel, same
+from .registry import OpDef, register
+
+
+@register
+class Reshape(OpDef):
+    """Same elements, new shape. Lowered to an alias: no copy is made."""
+
+    name = "reshape"
+
+    def infer(self, inputs, attrs):
+        (x,) = inputs
+        shape = attrs["shape"]
+        if not same(numel(x.shape), numel(shape)):
+            raise ValueError(
+                f"cannot reshape '{x.name}' {fmt_shape(x.shape)} ({numel(x.shape)} elements) "
+                f"to {fmt_shape(shape)} ({numel(shape)} elements)"
+            )
+        return [(x.dtype, shape)]
+
+    def reference(self, args, attrs, dims):
+        return [args[0].reshape(tuple(_eval(d, dims) for d in attrs["shape"]))]
+
+    def lower(self, node, ctx):
+        ctx.alias(node.outputs[0], node.inputs[0])
+        return []
+
+
+@register
+class Transpose(OpDef):
+    name = "transpose"
+
+    def infer(self, inputs, attrs):
+        (x,) = inputs
+        perm = attrs["perm"]
+        if sorted(perm) != list(range(x.rank)):
+            raise ValueError(f"perm {perm} is not a permutation of the axes of '{x.name}' {fmt_shape(x.shape)}")
+        return [(x.dtype, tuple(x.shape[p] for p in perm))]
+
+    def reference(self, args, attrs, dims):
+        return [np.ascontiguousarray(np.transpose(args[0], attrs["perm"]))]
+
+    def lower(self, node, ctx):
+        (x,) = node.inputs
+        dims = ", ".join(ctx.size(d) for d in x.shape)
+        perm = ", ".join(str(p) for p in node.attrs["perm"])
+        return [
+            "{",
+            f"const int64_t shape[] = {{{dims}}};",
+            f"const int perm[] = {{{perm}}};",
+            f"dg::transpose({ctx.ptr(x)}, {ctx.out(node.outputs[0])}, {x.rank}, shape, perm);",
+            "}",
+        ]
+
+
+def _copy_axis(ctx, src, dst, axis, src_start, dst_start, count):
+    """dg::copy_axis moving `count` slabs along `axis` from src to dst."""
+    outer = numel(src.shape[:axis])
+    inner = numel(src.shape[axis + 1 :])
+    dst_ptr = ctx.out(dst) if dst.producer is not None else ctx.ptr(dst)
+    return (
+        f"dg::copy_axis({ctx.ptr(src)}, {dst_ptr}, {ctx.size(outer)}, "
+        f"{ctx.size(src.shape[axis])}, {ctx.size(src_start)}, {ctx.size(dst.shape[axis])}, "
+        f"{ctx.size(dst_start)}, {ctx.size(count)}, {ctx.size(inner)});"
+    )
+
+
+@register
+class Concat(OpDef):
+    name = "concat"
+
+    def infer(self, inputs, attrs):
+        axis = attrs["axis"]
+        first = inputs[0]
+        dtypes = {v.dtype for v in inputs}
+        if len(dtypes) != 1:
+            raise ValueError(f"operands have different dtypes: {sorted(dtypes)}")
+        total = 0
+        for v in inputs:
+            if v.rank != first.rank or any(
+                not same(a, b) for i, (a, b) in enumerate(zip(v.shape, first.shape)) if i != axis
+            ):
+                raise ValueError(
+                    f"'{v.name}' {fmt_shape(v.shape)} does not match '{first.name}' "
+                    f"{fmt_shape(first.shape)} outside axis {axis}"
+                )
+            total = total + v.shape[axis]
+        shape = first.shape[:axis] + (_simplify(total),) + first.shape[axis + 1 :]
+        return [(first.dtype, shape)]
+
+    def reference(self, args, attrs, dims):
+        return [np.concatenate(args, axis=attrs["axis"])]
+
+    def lower(self, node, ctx):
+        axis = node.attrs["axis"]
+        out = node.outputs[0]
+        lines, offset = [], 0
+        for v in node.inputs:
+            lines.append(_copy_axis(ctx, v, out, axis, 0, offset, v.shape[axis]))
+            offset = _simplify(offset + v.shape[axis])
+        return lines
+
+
+@register
+class Slice(OpDef):
+    """x[start:stop] along one axis (the DSL chains these for multi-axis slices);
+    `split` is one node with an output per piece. Bounds may be symbolic (N - 1)."""
+
+    name = "slice"
+
+    def infer(self, inputs, attrs):
+        (x,) = inputs
+        axis = attrs["axis"]
+        length = x.shape[axis]
+        outs = []
+        for start, stop in attrs["bounds"]:
+            size = _simplify(stop - start)
+            concrete = all(isinstance(d, int) for d in (start, stop, length))
+            if (isinstance(size, int) and size < 0) or (concrete and not 0 <= start <= stop <= length):
+                raise ValueError(
+                    f"slice {start}:{stop} of axis {axis} is out of range for '{x.name}' {fmt_shape(x.shape)}"
+                )
+            outs.append((x.dtype, x.shape[:axis] + (size,) + x.shape[axis + 1 :]))
+        return outs
+
+    def reference(self, args, attrs, dims):
+        x = args[0]
+        axis = attrs["axis"]
+        out = []
+        for start, stop in attrs["bounds"]:
+            index = [slice(None)] * x.ndim
+            index[axis] = slice(_eval(start, dims), _eval(stop, dims))
+            out.append(np.ascontiguousarray(x[tuple(index)]))
+        return out
+
+    def lower(self, node, ctx):
+        axis = node.attrs["axis"]
+        return [
+            _copy_axis(ctx, node.inputs[0], out, axis, start, 0, _simplify(stop - start))
+            for out, (start, stop) in zip(node.outputs, node.attrs["bounds"])
+        ]
+
+    def describe(self, node):
+        bounds = ", ".join(f"{a}:{b}" for a, b in node.attrs["bounds"])
+        name = "slice" if len(node.outputs) == 1 else "split"
+        return f"{name}({node.inputs[0].name}, axis={node.attrs['axis']}, [{bounds}])"
+
+
+def _simplify(e):
+    if isinstance(e, int):
+        return e
+    e = sympy.expand(e)
+    return int(e) if e.is_Integer else e
+
+
+def _eval(d, dims):
+    return d if isinstance(d, int) else int(sympy.sympify(d).subs(dims))

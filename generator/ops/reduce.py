@@ -1,0 +1,102 @@
+"""Reductions and softmax over axes. A tensor is viewed as [outer, len, inner]
+around the reduced axes, which must be contiguous (the DSL splits other cases
+into a chain of nodes), so one runtime loop serves every rank."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..shapes import numel
+from .registry import OpDef, register, require_float
+
+
+def _view(shape, start, stop):
+    return numel(shape[:start]), numel(shape[start:stop]), numel(shape[stop:])
+
+
+class _Reduce(OpDef):
+    kind = ""
+
+    def infer(self, inputs, attrs):
+        (x,) = inputs
+        require_float(inputs)
+        start, stop = attrs["axes"]
+        if not 0 <= start < stop <= x.rank:
+            raise ValueError(f"axes {start}..{stop - 1} out of range for rank {x.rank}")
+        if attrs["keepdims"]:
+            shape = x.shape[:start] + (1,) * (stop - start) + x.shape[stop:]
+        else:
+            shape = x.shape[:start] + x.shape[stop:]
+        return [("float32", shape)]
+
+    def reference(self, args, attrs, dims):
+        start, stop = attrs["axes"]
+        f = {"sum": np.sum, "mean": np.mean, "max": np.max}[self.kind]
+        axes = tuple(range(start, stop))
+        if self.kind == "max" and any(args[0].shape[a] == 0 for a in axes):
+            raise ValueError("max over an empty axis")
+        return [np.asarray(f(args[0], axis=axes, keepdims=attrs["keepdims"]), dtype=args[0].dtype)]
+
+    def lower(self, node, ctx):
+        (x,) = node.inputs
+        outer, length, inner = _view(x.shape, *node.attrs["axes"])
+        return [
+            f"dg::reduce_{self.kind}({ctx.ptr(x)}, {ctx.out(node.outputs[0])}, "
+            f"{ctx.size(outer)}, {ctx.size(length)}, {ctx.size(inner)});"
+        ]
+
+    def describe(self, node):
+        start, stop = node.attrs["axes"]
+        axes = tuple(range(start, stop))
+        keep = ", keepdims" if node.attrs["keepdims"] else ""
+        return f"{self.name}({node.inputs[0].name}, axes={axes}{keep})"
+
+
+@register
+class Sum(_Reduce):
+    name = kind = "sum"
+
+
+@register
+class Mean(_Reduce):
+    name = kind = "mean"
+
+
+@register
+class Max(_Reduce):
+    name = kind = "max"
+
+
+class _Softmax(OpDef):
+    def infer(self, inputs, attrs):
+        require_float(inputs)
+        if not 0 <= attrs["axis"] < inputs[0].rank:
+            raise ValueError(f"axis {attrs['axis']} out of range for rank {inputs[0].rank}")
+        return [("float32", inputs[0].shape)]
+
+    def reference(self, args, attrs, dims):
+        x = args[0]
+        axis = attrs["axis"]
+        shifted = x - np.max(x, axis=axis, keepdims=True)
+        logz = np.log(np.sum(np.exp(shifted), axis=axis, keepdims=True))
+        out = shifted - logz
+        return [(out if self.name == "log_softmax" else np.exp(out)).astype(x.dtype)]
+
+    def lower(self, node, ctx):
+        (x,) = node.inputs
+        axis = node.attrs["axis"]
+        outer, length, inner = _view(x.shape, axis, axis + 1)
+        return [
+            f"dg::{self.name}({ctx.ptr(x)}, {ctx.out(node.outputs[0])}, "
+            f"{ctx.size(outer)}, {ctx.size(length)}, {ctx.size(inner)});"
+        ]
+
+
+@register
+class Softmax(_Softmax):
+    name = "softmax"
+
+
+@register
+class LogSoftmax(_Softmax):
+    name = "log_softmax"

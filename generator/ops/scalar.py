@@ -1,0 +1,59 @@
+"""Elementwise functions, each defined once as a sympy expression.
+
+The numpy reference, the printed C++ (and later CUDA) code, and the derivative
+(`sympy.diff`) all come from these expressions. A user-defined activation is
+just another entry made from a sympy lambda (see `generator.dsl.elementwise`).
+"""
+
+from __future__ import annotations
+
+import sympy
+from sympy.codegen.cfunctions import log1p
+
+# Operand i of an elementwise node is the scalar symbol ARGS[i].
+ARGS = tuple(sympy.Symbol(f"x{i}", real=True) for i in range(16))
+
+
+def _sigmoid(x):
+    return 1 / (1 + sympy.exp(-x))
+
+
+def _softplus(x):
+    # log(1 + exp(x)) written so that it neither overflows nor loses precision.
+    return sympy.Max(x, 0) + log1p(sympy.exp(-sympy.Abs(x)))
+
+
+# name -> (arity, function of sympy symbols returning the expression)
+SCALAR_FUNCS = {
+    "add": (2, lambda a, b: a + b),
+    "sub": (2, lambda a, b: a - b),
+    "mul": (2, lambda a, b: a * b),
+    "div": (2, lambda a, b: a / b),
+    "pow": (2, lambda a, b: a**b),
+    "maximum": (2, lambda a, b: sympy.Max(a, b)),
+    "minimum": (2, lambda a, b: sympy.Min(a, b)),
+    "neg": (1, lambda x: -x),
+    "abs": (1, lambda x: sympy.Abs(x)),
+    "square": (1, lambda x: x**2),
+    "sqrt": (1, lambda x: sympy.sqrt(x)),
+    "rsqrt": (1, lambda x: 1 / sympy.sqrt(x)),
+    "exp": (1, lambda x: sympy.exp(x)),
+    "log": (1, lambda x: sympy.log(x)),
+    "sin": (1, lambda x: sympy.sin(x)),
+    "cos": (1, lambda x: sympy.cos(x)),
+    "relu": (1, lambda x: sympy.Max(x, 0)),
+    "sigmoid": (1, _sigmoid),
+    "tanh": (1, lambda x: sympy.tanh(x)),
+    "softplus": (1, _softplus),
+    "gelu": (1, lambda x: x / 2 * (1 + sympy.erf(x / sympy.sqrt(2)))),
+    "silu": (1, lambda x: x * _sigmoid(x)),
+    "softsign": (1, lambda x: x / (1 + sympy.Abs(x))),
+}
+
+
+def scalar_expr(fn: str, *operands):
+    """Expression of `fn` applied to sympy operands (symbols or numbers)."""
+    arity, f = SCALAR_FUNCS[fn]
+    if len(operands) != arity:
+        raise TypeError(f"{fn} takes {arity} operand(s), got {len(operands)}")
+    return f(*operands)

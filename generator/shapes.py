@@ -1,0 +1,121 @@
+"""Shapes whose entries are Python ints or sympy expressions in symbolic dims.
+
+A symbolic dim (Nimble's `Any`) is a sympy Symbol such as the batch size `N`;
+it becomes a run-time size in the generated code, so one build serves any value.
+"""
+
+from __future__ import annotations
+
+import math
+
+import sympy
+
+Dim = "int | sympy.Expr"
+
+
+def dim(name: str) -> sympy.Symbol:
+    """A symbolic dimension: `N = dg.dim("N")`."""
+    from .names import problem_with
+
+    problem = problem_with(name)
+    if problem:
+        raise ValueError(f"dg.dim: {problem}")
+    return sympy.Symbol(name, integer=True, nonnegative=True)
+
+
+def norm_dim(d):
+    """An int for concrete sizes, a sympy expression for symbolic ones."""
+    if isinstance(d, bool):
+        raise TypeError(f"a dimension must be an int or a sympy expression, got {d!r}")
+    if isinstance(d, int):
+        return d
+    if isinstance(d, sympy.Basic):
+        d = sympy.sympify(d)
+        if d.is_Integer:
+            return int(d)
+        if not d.free_symbols:
+            raise TypeError(f"dimension {d} is not an integer")
+        return d
+    if hasattr(d, "__index__"):
+        return int(d)
+    raise TypeError(f"a dimension must be an int or a sympy expression, got {d!r}")
+
+
+def norm_shape(shape) -> tuple:
+    if isinstance(shape, (int, sympy.Basic)):
+        shape = (shape,)
+    return tuple(norm_dim(d) for d in shape)
+
+
+def same(a, b) -> bool:
+    """Two dims are equal for every value of the symbols."""
+    if isinstance(a, int) and isinstance(b, int):
+        return a == b
+    return sympy.simplify(sympy.sympify(a) - sympy.sympify(b)) == 0
+
+
+def numel(shape):
+    return norm_dim(sympy.expand(math.prod((sympy.sympify(d) for d in shape), start=sympy.Integer(1))))
+
+
+def fmt_dim(d) -> str:
+    return str(d).replace(" ", "")
+
+
+def fmt_shape(shape) -> str:
+    return "[" + ", ".join(fmt_dim(d) for d in shape) + "]"
+
+
+def broadcast(shapes):
+    """numpy broadcasting over ints and symbols; returns the shape or raises ValueError.
+
+    A symbolic dim only broadcasts against itself or 1: `N` against `3` is an error,
+    because the model must be valid for every N."""
+    rank = max(len(s) for s in shapes)
+    padded = [(1,) * (rank - len(s)) + tuple(s) for s in shapes]
+    out = []
+    for axis in range(rank):
+        size = 1
+        for s in padded:
+            d = s[axis]
+            if isinstance(d, int) and d == 1:
+                continue
+            if isinstance(size, int) and size == 1:
+                size = d
+            elif not same(size, d):
+                raise ValueError(f"axis {axis - rank}: {fmt_dim(size)} vs {fmt_dim(d)}")
+        out.append(size)
+    return tuple(out)
+
+
+def normalize_axis(axis: int, rank: int) -> int:
+    if not isinstance(axis, int) or isinstance(axis, bool):
+        raise ValueError(f"axis must be an int, got {axis!r}")
+    if not -rank <= axis < rank:
+        raise ValueError(f"axis {axis} is out of range for a tensor of rank {rank}")
+    return axis % rank
+
+
+def bind_dims(shape, actual, bound: dict) -> str | None:
+    """Match a declared shape against an actual one, binding symbols in `bound`.
+    Returns a description of the mismatch, or None."""
+    if len(shape) != len(actual):
+        return f"expected rank {len(shape)} {fmt_shape(shape)}, got shape {tuple(actual)}"
+    for axis, (d, a) in enumerate(zip(shape, actual)):
+        if isinstance(d, int):
+            if d != a:
+                return f"dimension {axis} must be {d}, got {a} (expected {fmt_shape(shape)}, got {tuple(actual)})"
+        else:
+            value = d.subs(bound) if d.free_symbols - set(bound) == set() else None
+            if value is not None:
+                if int(value) != a:
+                    return f"dimension {axis} is {fmt_dim(d)} = {int(value)}, got {a}"
+            elif isinstance(d, sympy.Symbol):
+                bound[d] = a
+            else:
+                return f"dimension {axis} ({fmt_dim(d)}) cannot be matched"
+    return None
+
+
+def evaluate(shape, bound: dict) -> tuple:
+    return tuple(int(sympy.sympify(d).subs(bound)) if not isinstance(d, int) else d for d in shape)

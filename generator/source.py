@@ -1,0 +1,91 @@
+"""Where in the user's model file a DSL call came from, and what it was assigned to.
+
+The DSL records, for each node, the first stack frame outside this package: that
+is the user's line. From the statement at that line we also read the name of the
+variable it was assigned to, so generated code can use the user's own names.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import linecache
+import os
+import sys
+from dataclasses import dataclass
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+
+@dataclass(frozen=True)
+class Loc:
+    """A position in the user's source: file, line, and the statement's first line."""
+
+    filename: str
+    line: int
+    stmt_line: int
+    text: str
+
+    @property
+    def short(self) -> str:
+        """File name without its folder: stable across machines, used in generated code."""
+        return f"{os.path.basename(self.filename)}:{self.line}"
+
+    def __str__(self) -> str:
+        return f"{self.filename}:{self.line}"
+
+
+def user_loc() -> Loc | None:
+    """The innermost stack frame that is not deepgen's own code."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        filename = os.path.abspath(frame.f_code.co_filename)
+        if not filename.startswith(_PACKAGE_DIR + os.sep):
+            line = frame.f_lineno
+            stmt = _statement_at(filename, line)
+            stmt_line = stmt.lineno if stmt is not None else line
+            text = linecache.getline(filename, line).strip()
+            return Loc(filename, line, stmt_line, text)
+        frame = frame.f_back
+    return None
+
+
+def assigned_names(loc: Loc | None) -> list[str] | None:
+    """Names on the left of the assignment at `loc`: ['h'] for `h = ...`,
+    ['a', 'b'] for `a, b = ...`; None when the statement is not a plain assignment."""
+    if loc is None:
+        return None
+    stmt = _statement_at(loc.filename, loc.line)
+    if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
+        target = stmt.targets[0]
+    elif isinstance(stmt, (ast.AnnAssign, ast.AugAssign)):
+        target = stmt.target
+    else:
+        return None
+    if isinstance(target, ast.Name):
+        return [target.id]
+    if isinstance(target, (ast.Tuple, ast.List)) and all(
+        isinstance(e, ast.Name) for e in target.elts
+    ):
+        return [e.id for e in target.elts]
+    return None
+
+
+def _statement_at(filename: str, line: int) -> ast.stmt | None:
+    """The innermost statement whose lines include `line`."""
+    best = None
+    for stmt in _statements(filename):
+        if stmt.lineno <= line <= (stmt.end_lineno or stmt.lineno):
+            if best is None or stmt.lineno >= best.lineno:
+                best = stmt
+    return best
+
+
+@functools.lru_cache(maxsize=64)
+def _statements(filename: str) -> tuple[ast.stmt, ...]:
+    source = "".join(linecache.getlines(filename))
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return ()
+    return tuple(n for n in ast.walk(tree) if isinstance(n, ast.stmt))

@@ -1,0 +1,190 @@
+// Test driver for the C++ runtime headers, used by tests/test_runtime.py.
+//
+// One program runs every case so the tests compile only once:
+//   runtime_driver <op> <args...>  < inputs  > outputs
+// Inputs and outputs are raw little-endian arrays (float32 or integer ids) in
+// the order each op documents below.  Float parameters on the command line are
+// passed as their uint32 bit patterns so they arrive exactly.
+// std::invalid_argument is reported on stderr with exit status 3.
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <iostream>
+#include <iterator>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "dg_ops.h"
+#include "dg_rng.h"
+
+// The stream hash must be usable at compile time (for generated constants).
+static_assert(dg::name_stream("") == 0xCBF29CE484222325ULL, "FNV-1a offset basis");
+static_assert(dg::name_stream("a") == 0xAF63DC4C8601EC8CULL, "FNV-1a of \"a\"");
+
+namespace {
+
+// Sequential reader over everything on stdin.
+class Input {
+public:
+    Input() : bytes_(std::istreambuf_iterator<char>(std::cin), std::istreambuf_iterator<char>()) {}
+
+    template <typename T>
+    std::vector<T> take(int64_t n) {
+        const size_t size = static_cast<size_t>(n) * sizeof(T);
+        if (pos_ + size > bytes_.size()) throw std::runtime_error("driver: input too short");
+        std::vector<T> values(static_cast<size_t>(n));
+        if (size > 0) std::memcpy(values.data(), bytes_.data() + pos_, size);
+        pos_ += size;
+        return values;
+    }
+
+private:
+    std::vector<char> bytes_;
+    size_t pos_ = 0;
+};
+
+void write(const std::vector<float>& values) {
+    std::fwrite(values.data(), sizeof(float), values.size(), stdout);
+}
+
+int64_t int_arg(char** argv, int i) { return std::stoll(argv[i]); }
+uint64_t u64_arg(char** argv, int i) { return std::stoull(argv[i]); }
+
+float float_arg(char** argv, int i) {
+    const uint32_t bits = static_cast<uint32_t>(std::stoul(argv[i]));
+    float value;
+    std::memcpy(&value, &bits, sizeof value);
+    return value;
+}
+
+// init_* <n> <seed> <name> <param bits> <param bits>  ->  n floats
+int run_rng(const std::string& op, char** argv) {
+    const int64_t n = int_arg(argv, 2);
+    std::vector<float> out(static_cast<size_t>(n));
+    if (op == "init_constant") {
+        dg::init_constant(out.data(), n, float_arg(argv, 3));
+    } else {
+        const uint64_t seed = u64_arg(argv, 3);
+        const uint64_t stream = dg::name_stream(argv[4]);
+        if (op == "init_uniform") {
+            dg::init_uniform(out.data(), n, seed, stream, float_arg(argv, 5), float_arg(argv, 6));
+        } else {
+            dg::init_normal(out.data(), n, seed, stream, float_arg(argv, 5), float_arg(argv, 6));
+        }
+    }
+    write(out);
+    return 0;
+}
+
+// <op> <outer> <len> <inner>, input x  ->  y
+int run_axis_op(const std::string& op, char** argv) {
+    const int64_t outer = int_arg(argv, 2), len = int_arg(argv, 3), inner = int_arg(argv, 4);
+    Input in;
+    const std::vector<float> x = in.take<float>(outer * len * inner);
+    const bool reduces = op.rfind("reduce_", 0) == 0;
+    std::vector<float> y(static_cast<size_t>(outer * (reduces ? 1 : len) * inner));
+    if (op == "reduce_sum") dg::reduce_sum(x.data(), y.data(), outer, len, inner);
+    if (op == "reduce_mean") dg::reduce_mean(x.data(), y.data(), outer, len, inner);
+    if (op == "reduce_max") dg::reduce_max(x.data(), y.data(), outer, len, inner);
+    if (op == "softmax") dg::softmax(x.data(), y.data(), outer, len, inner);
+    if (op == "log_softmax") dg::log_softmax(x.data(), y.data(), outer, len, inner);
+    write(y);
+    return 0;
+}
+
+// matmul <M> <K> <N>, input a then b  ->  c
+int run_matmul(char** argv) {
+    const int64_t M = int_arg(argv, 2), K = int_arg(argv, 3), N = int_arg(argv, 4);
+    Input in;
+    const std::vector<float> a = in.take<float>(M * K);
+    const std::vector<float> b = in.take<float>(K * N);
+    std::vector<float> c(static_cast<size_t>(M * N), -1.0f);  // must be overwritten
+    dg::matmul(a.data(), b.data(), c.data(), M, K, N);
+    write(c);
+    return 0;
+}
+
+// transpose <ndim> <shape...> <perm...>, input x  ->  y
+int run_transpose(char** argv) {
+    const int ndim = static_cast<int>(int_arg(argv, 2));
+    std::vector<int64_t> shape(ndim);
+    std::vector<int> perm(ndim);
+    int64_t total = 1;
+    for (int d = 0; d < ndim; ++d) {
+        shape[d] = int_arg(argv, 3 + d);
+        perm[d] = static_cast<int>(int_arg(argv, 3 + ndim + d));
+        total *= shape[d];
+    }
+    Input in;
+    const std::vector<float> x = in.take<float>(total);
+    std::vector<float> y(static_cast<size_t>(total));
+    dg::transpose(x.data(), y.data(), ndim, shape.data(), perm.data());
+    write(y);
+    return 0;
+}
+
+// copy_axis <outer> <src_len> <src_start> <dst_len> <dst_start> <count> <inner>,
+// input src then the initial dst  ->  dst after the copy
+int run_copy_axis(char** argv) {
+    const int64_t outer = int_arg(argv, 2), src_len = int_arg(argv, 3), src_start = int_arg(argv, 4),
+                  dst_len = int_arg(argv, 5), dst_start = int_arg(argv, 6), count = int_arg(argv, 7),
+                  inner = int_arg(argv, 8);
+    Input in;
+    const std::vector<float> src = in.take<float>(outer * src_len * inner);
+    std::vector<float> dst = in.take<float>(outer * dst_len * inner);
+    dg::copy_axis(src.data(), dst.data(), outer, src_len, src_start, dst_len, dst_start, count, inner);
+    write(dst);
+    return 0;
+}
+
+// gather_rows_i32|gather_rows_i64 <rows> <width> <n> <what>, input table then ids  ->  out
+template <typename Id>
+int run_gather(char** argv) {
+    const int64_t rows = int_arg(argv, 2), width = int_arg(argv, 3), n = int_arg(argv, 4);
+    Input in;
+    const std::vector<float> table = in.take<float>(rows * width);
+    const std::vector<Id> ids = in.take<Id>(n);
+    std::vector<float> out(static_cast<size_t>(n * width));
+    dg::gather_rows(table.data(), rows, width, ids.data(), n, out.data(), argv[5]);
+    write(out);
+    return 0;
+}
+
+int dispatch(int argc, char** argv) {
+    if (argc < 2) throw std::runtime_error("usage: runtime_driver <op> <args...>");
+    const std::string op = argv[1];
+    if (op == "name_stream") {
+        std::printf("%llu\n", static_cast<unsigned long long>(dg::name_stream(argv[2])));
+        return 0;
+    }
+    if (op == "mix") {
+        std::printf("%llu\n", static_cast<unsigned long long>(
+                                  dg::mix(u64_arg(argv, 2), u64_arg(argv, 3), u64_arg(argv, 4))));
+        return 0;
+    }
+    if (op.rfind("init_", 0) == 0) return run_rng(op, argv);
+    if (op == "matmul") return run_matmul(argv);
+    if (op == "transpose") return run_transpose(argv);
+    if (op == "copy_axis") return run_copy_axis(argv);
+    if (op == "gather_rows_i32") return run_gather<int32_t>(argv);
+    if (op == "gather_rows_i64") return run_gather<int64_t>(argv);
+    if (op.rfind("reduce_", 0) == 0 || op == "softmax" || op == "log_softmax") {
+        return run_axis_op(op, argv);
+    }
+    throw std::runtime_error("driver: unknown op " + op);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    try {
+        return dispatch(argc, argv);
+    } catch (const std::invalid_argument& e) {
+        std::fprintf(stderr, "%s\n", e.what());
+        return 3;
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "driver error: %s\n", e.what());
+        return 2;
+    }
+}
