@@ -56,7 +56,7 @@ class Builder:
     def __init__(self, name: str):
         self.graph = Graph(name)
         self.names = NameTable()
-        self.stmt_index = {}  # node id -> (statement key, run number)
+        self.dims = set()  # symbolic dims seen so far (their names are taken)
 
     # -- declarations -------------------------------------------------------
     def declare(self, kind: str, name, shape, dtype, explicit: bool, loc, **extra) -> Tensor:
@@ -66,6 +66,12 @@ class Builder:
             shape = norm_shape(shape)
         except TypeError as e:
             raise ModelError(str(e), loc, kind) from None
+        for d in shape:
+            for sym in sorted(getattr(d, "free_symbols", ()), key=str):
+                if sym not in self.dims:
+                    if not self.names.claim(str(sym)):
+                        raise ModelError(f"dimension name {str(sym)!r} is already used in this model", loc, kind)
+                    self.dims.add(sym)
         if explicit:
             problem = problem_with(name)
             if problem:

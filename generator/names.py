@@ -29,7 +29,7 @@ CPP_KEYWORDS = frozenset(
 # macros and std names that would shadow or clash.
 GENERATED_NAMES = frozenset(
     """dg std kernels Model Inputs Outputs Dims Tensor View in out seed dims self
-    model result i j k n i0 i1 i2 i3 i4 i5 i6 i7 int8_t int16_t int32_t int64_t
+    model result check i j k n i0 i1 i2 i3 i4 i5 i6 i7 int8_t int16_t int32_t int64_t
     uint8_t uint16_t uint32_t uint64_t size_t main NULL EOF assert errno stdin stdout
     stderr PYBIND11_MODULE m py np numpy inputs outputs parameters forward save load
     memory_stats train_step gradients""".split()
@@ -39,7 +39,8 @@ RESERVED = CPP_KEYWORDS | GENERATED_NAMES | frozenset(keyword.kwlist)
 
 
 def is_identifier(name: str) -> bool:
-    return bool(_IDENT.match(name)) and not name.startswith("__")
+    # A leading underscore is left to generated code (kernel temporaries _t0, ...).
+    return bool(_IDENT.match(name)) and not name.startswith("_")
 
 
 def problem_with(name: str) -> str | None:
@@ -49,7 +50,7 @@ def problem_with(name: str) -> str | None:
     if not is_identifier(name):
         return (
             f"name {name!r} is not a valid identifier "
-            "(use ASCII letters, digits and '_', not starting with a digit or '__')"
+            "(use ASCII letters, digits and '_', not starting with a digit or '_')"
         )
     if name in RESERVED:
         return f"name {name!r} is reserved in the generated C++/Python code; choose another"
@@ -89,3 +90,15 @@ class NameTable:
         while not self.claim(f"{base}_{k}"):
             k += 1
         return f"{base}_{k}"
+
+
+def comment_text(text: str) -> str:
+    """User text made safe for a // comment: printable ASCII, no line continuation."""
+    clean = "".join(c if " " <= c <= "~" else "?" for c in text)
+    return clean.rstrip("\\ ")
+
+
+def cpp_string(text: str) -> str:
+    """A C++ string literal holding `text` (printable ASCII; others become '?')."""
+    clean = "".join(c if " " <= c <= "~" else "?" for c in text)
+    return '"' + clean.replace("\\", "\\\\").replace('"', '\\"') + '"'

@@ -1,0 +1,46 @@
+"""Deterministic sample inputs for a graph: used to record expected outputs in a
+generated project, by the example program, and by tests."""
+
+from __future__ import annotations
+
+import numpy as np
+import sympy
+
+from . import rng
+from .shapes import evaluate
+
+
+def sample_dims(graph, start: int = 2) -> dict:
+    """Small sizes for the symbolic dims (distinct, so mix-ups show) that meet
+    the graph's run-time requirements."""
+    dims = {}
+    for i, d in enumerate(graph.dims):
+        dims[d] = start + i
+    for _ in range(64):
+        failing = [e for e, _ in graph.requirements if int(sympy.sympify(e).subs(dims)) < 0]
+        if not failing:
+            return dims
+        for d in sympy.sympify(failing[0]).free_symbols:
+            dims[d] += 1
+    raise ValueError("no small sizes satisfy the model's requirements")
+
+
+def id_limit(graph, value) -> int:
+    """Ids for `value` must index every table it gathers from."""
+    limit = 10
+    rows = [n.inputs[0].shape[0] for n in graph.nodes if n.op == "gather" and n.inputs[1] is value]
+    rows = [r for r in rows if isinstance(r, int)]
+    return min(rows) if rows else limit
+
+
+def sample_inputs(graph, dims: dict | None = None, seed: int = 1) -> dict:
+    dims = sample_dims(graph) if dims is None else dims
+    out = {}
+    for v in graph.inputs:
+        shape = evaluate(v.shape, dims)
+        u = rng.init_uniform(shape, seed, "input:" + v.name, 0.0, 1.0)
+        if v.dtype == "float32":
+            out[v.name] = (u * 2 - 1).astype(np.float32)
+        else:
+            out[v.name] = np.minimum((u * id_limit(graph, v)).astype(v.dtype), id_limit(graph, v) - 1)
+    return out
