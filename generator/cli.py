@@ -1,0 +1,94 @@
+"""The `deepgen` command line: generate, build, check, ir."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from .errors import DeepgenError
+
+
+def _graph(args):
+    from .loader import load_model
+    from .names import check_project_name
+
+    model = load_model(args.model)
+    name = getattr(args, "name", None)
+    if name is not None:
+        try:
+            check_project_name(name)
+        except ValueError as e:
+            raise DeepgenError(str(e)) from None
+    else:
+        try:
+            check_project_name(model.name)
+        except ValueError as e:
+            raise DeepgenError(f"{e} (the model's function name); pass --name") from None
+    return model.build(name)
+
+
+def cmd_generate(args):
+    from .codegen.emit import generate
+
+    start = time.perf_counter()
+    graph = _graph(args)
+    files = generate(graph, args.output, target=args.target, force=args.force)
+    print(f"generated {graph.name} ({args.target}) in {args.output}: {len(files)} files, "
+          f"{time.perf_counter() - start:.2f} s")
+    print(f"next: deepgen build {args.output}   (or: pip install {args.output})")
+
+
+def cmd_build(args):
+    from .build import build_project
+
+    build_project(args.project)
+
+
+def cmd_check(args):
+    graph = _graph(args)
+    print(f"{graph.name}: shapes check out ({len(graph.nodes)} ops, {len(graph.params)} parameters)")
+    for name, v in graph.outputs:
+        print(f"  output {name}: {v.type_str()}")
+
+
+def cmd_ir(args):
+    print(_graph(args), end="")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="deepgen", description="Compile a Python DSL model into a readable C++ project.")
+    sub = p.add_subparsers(dest="command", required=True)
+    g = sub.add_parser("generate", help="write a standalone C++ project for a model")
+    g.add_argument("model", help="model file, FILE.py or FILE.py:NAME")
+    g.add_argument("-o", "--output", required=True, help="folder to write the project into")
+    from .codegen.targets import available
+
+    g.add_argument("--target", default="cpu", choices=available())
+    g.add_argument("--name", help="project and module name (default: the model's name)")
+    g.add_argument("--force", action="store_true", help="overwrite files edited since the last generation")
+    g.set_defaults(func=cmd_generate)
+    b = sub.add_parser("build", help="build a generated project and install its Python module")
+    b.add_argument("project")
+    b.set_defaults(func=cmd_build)
+    c = sub.add_parser("check", help="check a model's shapes without generating code")
+    c.add_argument("model")
+    c.set_defaults(func=cmd_check)
+    i = sub.add_parser("ir", help="print a model's graph")
+    i.add_argument("model")
+    i.set_defaults(func=cmd_ir)
+    return p
+
+
+def main(argv=None) -> int:
+    args = parser().parse_args(argv)
+    try:
+        args.func(args)
+    except DeepgenError as e:
+        print(f"deepgen {args.command}: error: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

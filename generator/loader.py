@@ -1,0 +1,45 @@
+"""Loading a model file.
+
+A model file is ordinary Python that imports `generator as dg` and marks one or
+more functions with `@dg.model`. `FILE.py` picks the only model in the file;
+`FILE.py:NAME` picks the model whose function (or `name=`) is NAME."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+
+from .builder import ModelDef
+from .errors import DeepgenError
+
+
+def load_model(spec: str) -> ModelDef:
+    path, _, wanted = spec.partition(":") if not os.path.exists(spec) else (spec, "", "")
+    if not os.path.isfile(path):
+        raise DeepgenError(f"model file not found: {path}")
+    module_name = "deepgen_model_" + "".join(c if c.isalnum() else "_" for c in os.path.abspath(path))
+    loader_spec = importlib.util.spec_from_file_location(module_name, path)
+    if loader_spec is None or loader_spec.loader is None:
+        raise DeepgenError(f"cannot load {path} as a Python file")
+    module = importlib.util.module_from_spec(loader_spec)
+    sys.modules[module_name] = module
+    try:
+        loader_spec.loader.exec_module(module)
+    except DeepgenError:
+        raise
+    finally:
+        sys.modules.pop(module_name, None)
+    models = [v for v in vars(module).values() if isinstance(v, ModelDef)]
+    models.sort(key=lambda m: m.loc.line)
+    names = ", ".join(m.name for m in models)
+    if wanted:
+        chosen = [m for m in models if m.name == wanted or m.fn.__name__ == wanted]
+        if not chosen:
+            raise DeepgenError(f"{path} has no model named {wanted!r}; its models: {names or 'none'}")
+        return chosen[0]
+    if not models:
+        raise DeepgenError(f"{path} defines no model: mark the function that builds it with @dg.model")
+    if len(models) > 1:
+        raise DeepgenError(f"{path} defines several models ({names}); pick one with {path}:NAME")
+    return models[0]
