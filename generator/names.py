@@ -32,7 +32,8 @@ GENERATED_NAMES = frozenset(
     model result check i j k n i0 i1 i2 i3 i4 i5 i6 i7 int8_t int16_t int32_t int64_t
     uint8_t uint16_t uint32_t uint64_t size_t main NULL EOF assert errno stdin stdout
     stderr PYBIND11_MODULE m py np numpy inputs outputs parameters forward save load
-    memory_stats train_step gradients""".split()
+    memory_stats train_step gradients expf logf log1pf expm1f fmaxf fminf fabsf tanhf
+    sqrtf cbrtf powf sinf cosf erff erfcf""".split()
 )
 
 RESERVED = CPP_KEYWORDS | GENERATED_NAMES | frozenset(keyword.kwlist)

@@ -6,6 +6,7 @@ attrs hold the function's name (for readability) and its expression."""
 from __future__ import annotations
 
 import functools
+import math
 
 import numpy as np
 import sympy
@@ -15,9 +16,16 @@ from .registry import OpDef, register, require_float
 from .scalar import ARGS, SCALAR_FUNCS, scalar_expr
 
 
+# numpy has no erf/erfc; math's, applied per element, are exact enough for an oracle.
+_NUMPY_EXTRAS = {
+    "erf": np.vectorize(math.erf, otypes=[np.float64]),
+    "erfc": np.vectorize(math.erfc, otypes=[np.float64]),
+}
+
+
 @functools.lru_cache(maxsize=None)
 def _numpy_fn(expr, arity):
-    return sympy.lambdify(ARGS[:arity], expr, modules="numpy")
+    return sympy.lambdify(ARGS[:arity], expr, modules=[_NUMPY_EXTRAS, "numpy"])
 
 
 def _expr_text(node):

@@ -1,0 +1,97 @@
+"""Shared fixtures: build generated projects once per test session (and reuse a
+build across sessions when the generated sources are byte-identical)."""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def pytest_addoption(parser):
+    parser.addoption("--update-golden", action="store_true", help="rewrite tests/golden from the current generator")
+
+
+@pytest.fixture(scope="session")
+def update_golden(request):
+    return request.config.getoption("--update-golden")
+
+
+def _cache_root() -> Path:
+    root = os.environ.get("DEEPGEN_TEST_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "deepgen-tests")
+    return Path(root)
+
+
+def cmake_build(project: Path, build: Path, jobs: int = 2) -> None:
+    """Configure and build a generated project with plain CMake (as a user would)."""
+    gen = ["-G", "Ninja"] if shutil.which("ninja") else []
+    cfg = ["cmake", "-S", str(project), "-B", str(build), *gen, "-DCMAKE_BUILD_TYPE=Release",
+           f"-DPython_EXECUTABLE={sys.executable}"]
+    for cmd in (cfg, ["cmake", "--build", str(build), "--parallel", str(jobs)]):
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
+
+
+class Builds:
+    """Generated + compiled projects, keyed by project name, for one session."""
+
+    def __init__(self, tmp: Path):
+        self.tmp = tmp
+        self.built = {}
+
+    def project(self, graph, files=None) -> Path:
+        from generator.codegen.emit import render, write_project
+
+        files = files or render(graph)
+        digest = hashlib.sha256()
+        for rel, data in files.items():
+            digest.update(rel.encode() + b"\0" + hashlib.sha256(data).digest())
+        digest.update(sys.version.encode())
+        key = f"{graph.name}-{digest.hexdigest()[:16]}"
+        cached = _cache_root() / key
+        if (cached / "build" / ".ok").is_file():
+            return cached
+        project = self.tmp / key
+        write_project(project / "src_tree", files, force=True)
+        cmake_build(project / "src_tree", project / "build")
+        (project / "build" / ".ok").write_text("ok\n")
+        try:  # keep it for later sessions; a failure to cache is not a test failure
+            cached.parent.mkdir(parents=True, exist_ok=True)
+            if not cached.exists():
+                shutil.copytree(project, cached, symlinks=True)
+        except OSError:
+            return project
+        return cached
+
+    def module(self, graph):
+        """The compiled Python module for `graph` (imported once per session)."""
+        if graph.name in self.built:
+            return self.built[graph.name]
+        where = self.project(graph)
+        sys.path.insert(0, str(where / "build"))
+        try:
+            module = importlib.import_module(graph.name)
+        finally:
+            sys.path.remove(str(where / "build"))
+        self.built[graph.name] = (module, where)
+        return self.built[graph.name]
+
+
+@pytest.fixture(scope="session")
+def builds(tmp_path_factory):
+    return Builds(tmp_path_factory.mktemp("builds"))
+
+
+def load_example(name: str):
+    from generator.loader import load_model
+
+    return load_model(str(ROOT / "examples" / f"{name}.py"))

@@ -1,0 +1,170 @@
+"""The op table: every registered op and every named elementwise function, each
+with a DSL program and an independent numpy oracle (written here from numpy's
+own semantics, not from deepgen's reference rules)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import sympy
+from math import erf as _erf
+
+import generator as dg
+
+N = dg.dim("N")
+T = dg.dim("T")
+DIMS = {N: 3, T: 4}
+
+
+@dataclass
+class Case:
+    name: str
+    build: object  # (dict of input Tensors) -> Tensor
+    oracle: object  # (dict of numpy arrays) -> numpy array
+    inputs: dict  # name -> (shape, dtype, low, high)
+    ops: tuple = ()  # registered op names it exercises
+    funcs: tuple = ()  # named elementwise functions it exercises
+    tol: float = 1e-5
+
+
+def _f(shape, low=-2.0, high=2.0):
+    return (shape, "float32", low, high)
+
+
+erf = np.vectorize(_erf)
+
+
+def _sigmoid(x):
+    return 1 / (1 + np.exp(-x))
+
+
+UNARY = {
+    "neg": (lambda x: -x, -2, 2),
+    "abs": (np.abs, -2, 2),
+    "square": (np.square, -2, 2),
+    "sqrt": (np.sqrt, 0.1, 4),
+    "rsqrt": (lambda x: 1 / np.sqrt(x), 0.1, 4),
+    "exp": (np.exp, -3, 3),
+    "log": (np.log, 0.1, 4),
+    "sin": (np.sin, -3, 3),
+    "cos": (np.cos, -3, 3),
+    "relu": (lambda x: np.maximum(x, 0), -2, 2),
+    "sigmoid": (_sigmoid, -8, 8),
+    "tanh": (np.tanh, -4, 4),
+    "softplus": (lambda x: np.log1p(np.exp(x)), -10, 10),
+    "gelu": (lambda x: 0.5 * x * (1 + erf(x / np.sqrt(2))), -4, 4),
+    "silu": (lambda x: x * _sigmoid(x), -6, 6),
+    "softsign": (lambda x: x / (1 + np.abs(x)), -4, 4),
+}
+
+BINARY = {
+    "add": np.add,
+    "sub": np.subtract,
+    "mul": np.multiply,
+    "div": np.divide,
+    "maximum": np.maximum,
+    "minimum": np.minimum,
+}
+
+
+def _cases():
+    cases = []
+    for fn, (oracle, lo, hi) in UNARY.items():
+        cases.append(Case(fn, lambda t, fn=fn: getattr(dg, fn)(t["x"]), lambda a, o=oracle: o(a["x"]),
+                          {"x": _f((N, 5), lo, hi)}, ("ewise",), (fn,)))
+    for fn, oracle in BINARY.items():
+        lo = 0.5 if fn == "div" else -2.0
+        cases.append(Case(f"{fn}_broadcast", lambda t, fn=fn: getattr(dg, fn)(t["a"], t["b"]),
+                          lambda a, o=oracle: o(a["a"], a["b"]),
+                          {"a": _f((N, 1, 4)), "b": _f((3, 1), lo, 2.0)}, ("ewise",), (fn,)))
+    cases += [
+        Case("pow_scalar", lambda t: t["x"] ** 3, lambda a: a["x"] ** 3, {"x": _f((N, 4))}, ("ewise",), ("pow",)),
+        Case("pow_tensor", lambda t: dg.pow(t["a"], t["b"]), lambda a: a["a"] ** a["b"],
+             {"a": _f((N, 4), 0.5, 2), "b": _f((4,), -1, 2)}, ("ewise",), ("pow",)),
+        Case("scalar_arith", lambda t: (2.0 - t["x"]) / 4 + 1.5 * t["x"] * t["x"],
+             lambda a: (2.0 - a["x"]) / 4 + 1.5 * a["x"] * a["x"], {"x": _f((N, T))}, ("ewise",)),
+        Case("leaky_relu", lambda t: dg.leaky_relu(t["x"], 0.1), lambda a: np.where(a["x"] > 0, a["x"], 0.1 * a["x"]),
+             {"x": _f((N, 6))}, ("ewise",)),
+        Case("elu", lambda t: dg.elu(t["x"]), lambda a: np.where(a["x"] > 0, a["x"], np.expm1(a["x"])),
+             {"x": _f((N, 6))}, ("ewise",)),
+        Case("user_mish", lambda t: dg.elementwise(lambda x: x * sympy.tanh(sympy.log(1 + sympy.exp(x))), "mish")(t["x"]),
+             lambda a: a["x"] * np.tanh(np.log1p(np.exp(a["x"]))), {"x": _f((N, 6))}, ("ewise",)),
+        Case("user_binary", lambda t: dg.elementwise(lambda x, y: x * y + sympy.sin(x), "fma_sin")(t["a"], t["b"]),
+             lambda a: a["a"] * a["b"] + np.sin(a["a"]), {"a": _f((N, 6)), "b": _f((6,))}, ("ewise",)),
+        Case("matmul_2d", lambda t: t["a"] @ t["b"], lambda a: a["a"] @ a["b"],
+             {"a": _f((N, 7)), "b": _f((7, 5))}, ("matmul",), tol=1e-4),
+        Case("matmul_3d", lambda t: dg.matmul(t["a"], t["b"]), lambda a: a["a"] @ a["b"],
+             {"a": _f((N, T, 7)), "b": _f((7, 3))}, ("matmul",), tol=1e-4),
+        Case("sum_all", lambda t: dg.sum(t["x"]), lambda a: np.sum(a["x"]), {"x": _f((N, 4, 5))}, ("sum",), tol=1e-4),
+        Case("sum_axis1_keep", lambda t: dg.sum(t["x"], axis=1, keepdims=True), lambda a: np.sum(a["x"], 1, keepdims=True),
+             {"x": _f((N, 4, 5))}, ("sum",)),
+        Case("sum_axes_0_2", lambda t: dg.sum(t["x"], axis=(0, 2)), lambda a: np.sum(a["x"], (0, 2)),
+             {"x": _f((N, 4, 5))}, ("sum",), tol=1e-4),
+        Case("mean_last", lambda t: dg.mean(t["x"], axis=-1), lambda a: np.mean(a["x"], -1), {"x": _f((N, T, 5))}, ("mean",)),
+        Case("mean_axes_0_2_keep", lambda t: dg.mean(t["x"], axis=(0, 2), keepdims=True),
+             lambda a: np.mean(a["x"], (0, 2), keepdims=True), {"x": _f((N, 4, 5))}, ("mean",)),
+        Case("max_axis0", lambda t: dg.max(t["x"], axis=0), lambda a: np.max(a["x"], 0), {"x": _f((N, 4, 5))}, ("max",)),
+        Case("softmax_last", lambda t: dg.softmax(t["x"]), lambda a: _softmax(a["x"], -1), {"x": _f((N, 6), -30, 30)},
+             ("softmax",)),
+        Case("softmax_axis0", lambda t: dg.softmax(t["x"], axis=0), lambda a: _softmax(a["x"], 0), {"x": _f((N, 4, 2))},
+             ("softmax",)),
+        Case("log_softmax", lambda t: dg.log_softmax(t["x"], axis=1), lambda a: np.log(_softmax(a["x"], 1)),
+             {"x": _f((N, 5, 3), -10, 10)}, ("log_softmax",), tol=1e-4),
+        Case("reshape", lambda t: dg.reshape(t["x"], (N, 2, -1)) * 1.0, lambda a: a["x"].reshape(a["x"].shape[0], 2, -1),
+             {"x": _f((N, 12))}, ("reshape", "ewise")),
+        Case("reshape_flatten", lambda t: dg.reshape(t["x"], (-1,)), lambda a: a["x"].reshape(-1),
+             {"x": _f((N, 3, 4))}, ("reshape",)),
+        Case("transpose_2d", lambda t: t["x"].T, lambda a: a["x"].T, {"x": _f((N, 5))}, ("transpose",)),
+        Case("transpose_3d", lambda t: dg.transpose(t["x"], (1, 2, 0)), lambda a: np.transpose(a["x"], (1, 2, 0)),
+             {"x": _f((N, 4, 5))}, ("transpose",)),
+        Case("concat_axis1", lambda t: dg.concat([t["a"], t["b"], t["a"]], axis=1),
+             lambda a: np.concatenate([a["a"], a["b"], a["a"]], 1), {"a": _f((N, 2, 3)), "b": _f((N, 4, 3))}, ("concat",)),
+        Case("concat_axis0_symbolic", lambda t: dg.concat([t["a"], t["b"]], axis=0),
+             lambda a: np.concatenate([a["a"], a["b"]], 0), {"a": _f((N, 3)), "b": _f((T, 3))}, ("concat",)),
+        Case("split_sizes", lambda t: dg.split(t["x"], [1, 4], axis=1)[1], lambda a: a["x"][:, 1:5],
+             {"x": _f((N, 5))}, ("slice",)),
+        Case("split_count", lambda t: dg.concat(list(dg.split(t["x"], 3, axis=-1))[::-1], axis=-1),
+             lambda a: np.concatenate(np.split(a["x"], 3, -1)[::-1], -1), {"x": _f((N, 6))}, ("slice", "concat")),
+        Case("slice_getitem", lambda t: t["x"][:, 1:-1], lambda a: a["x"][:, 1:-1], {"x": _f((N, 6))}, ("slice",)),
+        Case("slice_symbolic", lambda t: t["x"][1:, 2:4], lambda a: a["x"][1:, 2:4], {"x": _f((N, 6))}, ("slice",)),
+        Case("gather_int64", lambda t: dg.gather(t["table"], t["ids"]), lambda a: a["table"][a["ids"]],
+             {"table": _f((7, 3)), "ids": ((N, T), "int64", 0, 7)}, ("gather",)),
+        Case("gather_int32", lambda t: dg.gather(t["table"], t["ids"]), lambda a: a["table"][a["ids"]],
+             {"table": _f((5, 2, 2)), "ids": ((N,), "int32", 0, 5)}, ("gather",)),
+    ]
+    return cases
+
+
+def _softmax(x, axis):
+    e = np.exp(x - x.max(axis=axis, keepdims=True))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+CASES = _cases()
+
+
+def case_inputs(case: Case, dims=DIMS, seed: int = 0) -> dict:
+    rng = np.random.default_rng(seed + sum(map(ord, case.name)))
+    out = {}
+    for name, (shape, dtype, low, high) in case.inputs.items():
+        concrete = tuple(d if isinstance(d, int) else int(d.subs(dims)) for d in shape)
+        if dtype == "float32":
+            out[name] = rng.uniform(low, high, concrete).astype(np.float32)
+        else:
+            out[name] = rng.integers(low, high, concrete).astype(dtype)
+    return out
+
+
+def case_model(cases, name="optable"):
+    """One model holding every case: inputs `<case>_<name>`, outputs `<case>`."""
+
+    def fn():
+        outputs = {}
+        for case in cases:
+            ins = {k: dg.input(f"{case.name}_{k}", shape, dtype) for k, (shape, dtype, _, _) in case.inputs.items()}
+            outputs[case.name] = case.build(ins)
+        return outputs
+
+    fn.__name__ = name
+    return dg.model(fn)
