@@ -26,12 +26,15 @@ _STEPS = [
 ]
 
 
-def build_project(project_dir, echo=print, python: str | None = None) -> float:
-    """Build and install; returns total seconds. Raises BuildError with the log's errors."""
+def build_project(project_dir, echo=print, target_dir=None) -> float:
+    """Build and install (into this environment, or into the folder `target_dir`);
+    returns total seconds. Raises BuildError with the compiler's errors."""
     root = Path(project_dir)
     if not (root / "pyproject.toml").is_file() or not (root / "CMakeLists.txt").is_file():
         raise BuildError(f"{project_dir} is not a generated project (no pyproject.toml / CMakeLists.txt)")
-    cmd = [python or sys.executable, "-m", "pip", "install", "--no-build-isolation", "--no-deps", "-v", str(root)]
+    cmd = [sys.executable, "-m", "pip", "install", "--no-build-isolation", "--no-deps", "-v", str(root)]
+    if target_dir is not None:
+        cmd[5:5] = ["--target", str(target_dir), "--upgrade"]
     echo(f"building {root} with: {' '.join(cmd)}")
     start = last = time.perf_counter()
     step = "prepare"

@@ -15,7 +15,7 @@ from .ir import DTYPES, Graph, Node, Value
 from .names import NameTable, problem_with
 from .ops import get_op
 from .shapes import norm_shape
-from .source import Loc, assigned_names, user_loc
+from .source import Loc, assigned_names, in_return, user_loc
 
 _ACTIVE: list = []
 
@@ -122,7 +122,14 @@ class Builder:
     # -- finishing ----------------------------------------------------------
     def finish(self, result, loc) -> Graph:
         outputs = _collect_outputs(result, loc)
-        _name_values(self.graph, self.names)
+        # `return {"probs": dg.softmax(logits)}`: the value made in the return
+        # statement takes the output's name.
+        preferred = {
+            id(t.value): key
+            for key, t in outputs
+            if key is not None and t.value.producer is not None and in_return(t.value.loc)
+        }
+        _name_values(self.graph, self.names, preferred)
         graph = self.graph
         taken = set()
         for key, tensor in outputs:
@@ -160,7 +167,7 @@ def _collect_outputs(result, loc):
     return items
 
 
-def _name_values(graph: Graph, names: NameTable):
+def _name_values(graph: Graph, names: NameTable, preferred: dict):
     """Name node outputs after the user's variables.
 
     Nodes are grouped into runs of consecutive nodes from the same statement. The
@@ -185,7 +192,9 @@ def _name_values(graph: Graph, names: NameTable):
             for i, v in enumerate(node.outputs):
                 if v.explicit:
                     continue  # claimed below, in order
-                if last and targets and len(targets) == len(node.outputs):
+                if id(v) in preferred:
+                    v.name = preferred[id(v)]
+                elif last and targets and len(targets) == len(node.outputs):
                     v.name = targets[i]
                 elif base:
                     v.name = f"{base}_{v.name}"

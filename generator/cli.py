@@ -42,7 +42,7 @@ def cmd_generate(args):
 def cmd_build(args):
     from .build import build_project
 
-    build_project(args.project)
+    build_project(args.project, target_dir=args.target_dir)
 
 
 def cmd_check(args):
@@ -70,6 +70,7 @@ def parser() -> argparse.ArgumentParser:
     g.set_defaults(func=cmd_generate)
     b = sub.add_parser("build", help="build a generated project and install its Python module")
     b.add_argument("project")
+    b.add_argument("--target-dir", help="install the module into this folder instead of the environment")
     b.set_defaults(func=cmd_build)
     c = sub.add_parser("check", help="check a model's shapes without generating code")
     c.add_argument("model")

@@ -14,8 +14,7 @@ def format_node(node) -> str:
 def format_graph(graph, with_locs: bool = True) -> str:
     args = ", ".join(f"{v.name}: {v.type_str()}" for v in graph.inputs)
     outs = ", ".join(
-        f"{name}: {v.type_str()}" if name == v.name else f"{name}={v.name}"
-        for name, v in graph.outputs
+        f"{name}: {v.type_str()}" + ("" if name == v.name else f" = {v.name}") for name, v in graph.outputs
     )
     lines = [f"graph {graph.name}({args}) -> ({outs})"]
     rows = []

@@ -71,6 +71,11 @@ def assigned_names(loc: Loc | None) -> list[str] | None:
     return None
 
 
+def in_return(loc: Loc | None) -> bool:
+    """Whether `loc` is inside a return statement."""
+    return loc is not None and isinstance(_statement_at(loc.filename, loc.line), ast.Return)
+
+
 def _statement_at(filename: str, line: int) -> ast.stmt | None:
     """The innermost statement whose lines include `line`."""
     best = None
