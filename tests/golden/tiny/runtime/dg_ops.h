@@ -1,0 +1,204 @@
+// dg_ops.h - operator kernels used by deepgen-generated C++ code.
+//
+// Every tensor is a dense row-major float array.  Kernels that work along one
+// axis view their input as [outer, len, inner]: `outer` is the product of the
+// dimensions before the axis, `len` the axis itself and `inner` the product of
+// the dimensions after it.  This lets one kernel serve every axis of every rank.
+//
+// The loops are deliberately plain; tuning comes later, with these versions as
+// the reference.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+namespace dg {
+
+// c[M,N] = a[M,K] @ b[K,N]; c is overwritten.
+// i-k-j loop order: the innermost loop walks b and c contiguously, so the
+// compiler can vectorize it.
+inline void matmul(const float* a, const float* b, float* c,
+                   int64_t M, int64_t K, int64_t N) {
+    for (int64_t i = 0; i < M; ++i) {
+        float* c_row = c + i * N;
+        for (int64_t j = 0; j < N; ++j) c_row[j] = 0.0f;
+        for (int64_t k = 0; k < K; ++k) {
+            const float a_ik = a[i * K + k];
+            const float* b_row = b + k * N;
+            for (int64_t j = 0; j < N; ++j) c_row[j] += a_ik * b_row[j];
+        }
+    }
+}
+
+// y[o, i] = sum over l of x[o, l, i].  The innermost loop runs over `inner`,
+// which is contiguous in both x and y.
+inline void reduce_sum(const float* x, float* y,
+                       int64_t outer, int64_t len, int64_t inner) {
+    for (int64_t o = 0; o < outer; ++o) {
+        float* y_row = y + o * inner;
+        for (int64_t i = 0; i < inner; ++i) y_row[i] = 0.0f;
+        for (int64_t l = 0; l < len; ++l) {
+            const float* x_row = x + (o * len + l) * inner;
+            for (int64_t i = 0; i < inner; ++i) y_row[i] += x_row[i];
+        }
+    }
+}
+
+// y[o, i] = mean over l of x[o, l, i].  An empty axis gives NaN, as in numpy.
+inline void reduce_mean(const float* x, float* y,
+                        int64_t outer, int64_t len, int64_t inner) {
+    reduce_sum(x, y, outer, len, inner);
+    const float count = static_cast<float>(len);
+    for (int64_t j = 0; j < outer * inner; ++j) y[j] /= count;
+}
+
+// y[o, i] = max over l of x[o, l, i].  NaN propagates, as in numpy.
+inline void reduce_max(const float* x, float* y,
+                       int64_t outer, int64_t len, int64_t inner) {
+    if (len == 0) throw std::invalid_argument("max over an empty axis");
+    for (int64_t o = 0; o < outer; ++o) {
+        float* y_row = y + o * inner;
+        const float* x_first = x + o * len * inner;
+        for (int64_t i = 0; i < inner; ++i) y_row[i] = x_first[i];
+        for (int64_t l = 1; l < len; ++l) {
+            const float* x_row = x + (o * len + l) * inner;
+            for (int64_t i = 0; i < inner; ++i) {
+                const float v = x_row[i];
+                // Once y holds NaN, `v > NaN` is false, so the NaN is kept.
+                if (v > y_row[i] || std::isnan(v)) y_row[i] = v;
+            }
+        }
+    }
+}
+
+namespace ops_detail {
+
+// Maximum of x[l * stride] over l in [0, len); len must be > 0.
+inline float strided_max(const float* x, int64_t len, int64_t stride) {
+    float m = x[0];
+    for (int64_t l = 1; l < len; ++l) {
+        const float v = x[l * stride];
+        if (v > m || std::isnan(v)) m = v;
+    }
+    return m;
+}
+
+// Sum of exp(x[l * stride] - m) over l in [0, len).
+inline float strided_sum_exp(const float* x, int64_t len, int64_t stride, float m) {
+    float s = 0.0f;
+    for (int64_t l = 0; l < len; ++l) s += std::exp(x[l * stride] - m);
+    return s;
+}
+
+}  // namespace ops_detail
+
+// Softmax along the middle axis of [outer, len, inner].  The maximum is
+// subtracted first so exp never overflows.
+inline void softmax(const float* x, float* y,
+                    int64_t outer, int64_t len, int64_t inner) {
+    if (len == 0) return;
+    for (int64_t o = 0; o < outer; ++o) {
+        for (int64_t i = 0; i < inner; ++i) {
+            const int64_t base = o * len * inner + i;
+            const float m = ops_detail::strided_max(x + base, len, inner);
+            const float s = ops_detail::strided_sum_exp(x + base, len, inner, m);
+            for (int64_t l = 0; l < len; ++l) {
+                const int64_t at = base + l * inner;
+                y[at] = std::exp(x[at] - m) / s;
+            }
+        }
+    }
+}
+
+// log(softmax(x)) along the middle axis, computed as x - max - log(sum(exp(x - max)))
+// so that very negative entries do not underflow to log(0).
+inline void log_softmax(const float* x, float* y,
+                        int64_t outer, int64_t len, int64_t inner) {
+    if (len == 0) return;
+    for (int64_t o = 0; o < outer; ++o) {
+        for (int64_t i = 0; i < inner; ++i) {
+            const int64_t base = o * len * inner + i;
+            const float m = ops_detail::strided_max(x + base, len, inner);
+            const float log_s = std::log(ops_detail::strided_sum_exp(x + base, len, inner, m));
+            for (int64_t l = 0; l < len; ++l) {
+                const int64_t at = base + l * inner;
+                y[at] = (x[at] - m) - log_s;
+            }
+        }
+    }
+}
+
+// numpy.transpose(x, perm): y's axis d is x's axis perm[d].
+// Walks y in row-major order, keeping the matching offset into x up to date
+// like an odometer, so each element costs O(1) amortized.
+inline void transpose(const float* x, float* y, int ndim,
+                      const int64_t* shape, const int* perm) {
+    // Row-major strides of x, then the shape of y and x's stride for each y axis.
+    std::vector<int64_t> x_stride(ndim), y_shape(ndim), step(ndim);
+    int64_t total = 1;
+    for (int d = ndim - 1; d >= 0; --d) {
+        x_stride[d] = total;
+        total *= shape[d];
+    }
+    if (total == 0) return;
+    for (int d = 0; d < ndim; ++d) {
+        y_shape[d] = shape[perm[d]];
+        step[d] = x_stride[perm[d]];
+    }
+
+    std::vector<int64_t> index(ndim, 0);  // current position in y
+    int64_t src = 0;                      // matching offset in x
+    for (int64_t dst = 0; dst < total; ++dst) {
+        y[dst] = x[src];
+        // Advance index like an odometer, last axis fastest.
+        for (int d = ndim - 1; d >= 0; --d) {
+            if (++index[d] < y_shape[d]) {
+                src += step[d];
+                break;
+            }
+            src -= (y_shape[d] - 1) * step[d];
+            index[d] = 0;
+        }
+    }
+}
+
+// Copies src[:, src_start : src_start+count, :] into dst[:, dst_start : dst_start+count, :],
+// with src viewed as [outer, src_len, inner] and dst as [outer, dst_len, inner].
+// Used for concat, split and slice (step 1).  Each outer block is contiguous.
+inline void copy_axis(const float* src, float* dst, int64_t outer,
+                      int64_t src_len, int64_t src_start,
+                      int64_t dst_len, int64_t dst_start,
+                      int64_t count, int64_t inner) {
+    const int64_t block = count * inner;
+    for (int64_t o = 0; o < outer; ++o) {
+        const float* from = src + (o * src_len + src_start) * inner;
+        float* to = dst + (o * dst_len + dst_start) * inner;
+        for (int64_t j = 0; j < block; ++j) to[j] = from[j];
+    }
+}
+
+// Embedding lookup: out[i, :] = table[ids[i], :], table being [rows, width].
+// Ids come from model inputs, so they are checked; `what` names the lookup in
+// the error, e.g. "embedding 'emb' ids 'tokens'".
+template <typename Id>
+void gather_rows(const float* table, int64_t rows, int64_t width,
+                 const Id* ids, int64_t n, float* out, const char* what) {
+    static_assert(std::is_integral<Id>::value, "gather_rows ids must be integers");
+    for (int64_t i = 0; i < n; ++i) {
+        const int64_t id = static_cast<int64_t>(ids[i]);
+        if (id < 0 || id >= rows) {
+            throw std::invalid_argument(std::string(what) + ": index " + std::to_string(id) +
+                                        " at position " + std::to_string(i) +
+                                        " is out of range [0, " + std::to_string(rows) + ")");
+        }
+        const float* row = table + id * width;
+        float* dst = out + i * width;
+        for (int64_t j = 0; j < width; ++j) dst[j] = row[j];
+    }
+}
+
+}  // namespace dg

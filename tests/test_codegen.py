@@ -1,0 +1,131 @@
+"""Generated sources: deterministic, matching the golden files, safe to regenerate."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import ROOT
+from generator.codegen.emit import render, write_project
+from generator.errors import DeepgenError
+from generator.loader import load_model
+
+TINY = str(ROOT / "tests" / "models" / "tiny.py")
+GOLDEN = ROOT / "tests" / "golden" / "tiny"
+
+
+def _tiny():
+    return load_model(TINY + ":tiny").build()
+
+
+def test_same_model_gives_byte_identical_output():
+    assert render(_tiny()) == render(_tiny())
+
+
+def test_output_does_not_depend_on_hash_seed_or_folder(tmp_path):
+    script = (
+        "import sys, hashlib; from generator.loader import load_model; from generator.codegen.emit import render;"
+        f"files = render(load_model({TINY!r} + ':tiny').build());"
+        "print(hashlib.sha256(b''.join(k.encode() + v for k, v in files.items())).hexdigest())"
+    )
+    digests = set()
+    for seed, cwd in (("1", tmp_path), ("2", ROOT)):
+        proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, cwd=cwd,
+                              env={"PYTHONHASHSEED": seed, "PATH": "/usr/bin:/bin"})
+        assert proc.returncode == 0, proc.stderr
+        digests.add(proc.stdout.strip())
+    assert len(digests) == 1
+
+
+def test_golden_files(update_golden):
+    """The generated `tiny` project, file by file. Refresh with `pytest --update-golden`
+    after an intended change, and review the diff."""
+    files = {k: v for k, v in render(_tiny()).items() if not k.endswith(".npz")}
+    if update_golden:
+        for old in GOLDEN.rglob("*"):
+            if old.is_file():
+                old.unlink()
+        for rel, data in files.items():
+            (GOLDEN / rel).parent.mkdir(parents=True, exist_ok=True)
+            (GOLDEN / rel).write_bytes(data)
+        pytest.skip("golden files rewritten")
+    expected = {str(p.relative_to(GOLDEN)): p.read_bytes() for p in GOLDEN.rglob("*") if p.is_file()}
+    assert sorted(files) == sorted(expected), "file list changed (run pytest --update-golden)"
+    for rel in files:
+        assert files[rel] == expected[rel], f"{rel} differs from tests/golden (run pytest --update-golden)"
+
+
+def test_generated_code_names_come_from_the_user():
+    files = render(_tiny())
+    model = files["src/model.cpp"].decode()
+    for name in ("h_matmul", "h_w", "h_b", "y_w", "kernels::h("):
+        assert name in model
+    assert "// tiny.py:11  h = dg.dense(x, 4, act=dg.relu)" in model
+    assert "fmaxf(0.0F, h_add[i0])" in files["src/kernels.cpp"].decode()
+
+
+def test_generated_cpp_is_formatted():
+    import clang_format
+
+    from generator.resources import resource_dir
+
+    style = resource_dir("templates") / "project" / "clang-format"
+    for rel, data in render(_tiny()).items():
+        if rel.endswith((".cpp", ".h")) and not rel.startswith("runtime/"):
+            proc = subprocess.run([clang_format.get_executable("clang-format"), f"--style=file:{style}",
+                                   f"--assume-filename={rel}"], input=data, capture_output=True)
+            assert proc.stdout == data, f"{rel} is not clang-formatted"
+
+
+def test_regenerating_refuses_to_lose_hand_edits(tmp_path):
+    out = tmp_path / "tiny"
+    files = render(_tiny())
+    write_project(out, files)
+    write_project(out, files)  # unchanged: fine
+    model_cpp = out / "src" / "model.cpp"
+    model_cpp.write_text(model_cpp.read_text() + "// my edit\n")
+    with pytest.raises(DeepgenError, match="src/model.cpp"):
+        write_project(out, files)
+    assert model_cpp.read_text().endswith("// my edit\n")
+    write_project(out, files, force=True)
+    assert not model_cpp.read_text().endswith("// my edit\n")
+    manifest = json.loads((out / ".deepgen" / "manifest.json").read_text())
+    assert set(manifest["files"]) == set(files)
+
+
+def test_refuses_a_folder_deepgen_did_not_make(tmp_path):
+    (tmp_path / "mine.txt").write_text("precious")
+    with pytest.raises(DeepgenError, match="not made by deepgen"):
+        write_project(tmp_path, render(_tiny()))
+    assert (tmp_path / "mine.txt").read_text() == "precious"
+
+
+def test_stale_generated_files_are_removed(tmp_path):
+    files = render(_tiny())
+    write_project(tmp_path / "p", dict(files, **{"src/old.cpp": b"// old\n"}))
+    write_project(tmp_path / "p", files)
+    assert not (tmp_path / "p" / "src" / "old.cpp").exists()
+
+
+def test_user_source_text_cannot_break_out_of_comments(tmp_path):
+    model = tmp_path / "weird.py"
+    model.write_text(
+        "import generator as dg\n"
+        "@dg.model\n"
+        "def weird():\n"
+        "    x = dg.input('x', (2, 3))\n"
+        "    y = dg.relu(x) \\\n"
+        "        * 2.0  # é */ \"quoted\"\n"
+        "    z = dg.relu(y)\n"
+        "    return {'z': z}\n"
+    )
+    files = render(load_model(str(model)).build())
+    text = files["src/model.cpp"].decode()
+    for line in text.splitlines():
+        if "//" in line:
+            assert not line.rstrip().endswith("\\"), line
+    assert all(b < 128 for b in files["src/model.cpp"])
