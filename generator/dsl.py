@@ -25,7 +25,7 @@ from .builder import Tensor, current
 from .errors import ModelError
 from .names import problem_with
 from .ops import ARGS, SCALAR_FUNCS, scalar_expr
-from .shapes import fmt_shape, norm_dim, normalize_axis, numel
+from .shapes import contiguous_groups, fmt_shape, norm_dim, normalize_axis, numel
 from .source import user_loc
 
 __all__ = [
@@ -174,11 +174,7 @@ def _reduce(op, x, axis, keepdims, name):
         raise ModelError(str(e), user_loc(), op) from None
     if not axes:
         raise ModelError("no axes to reduce", user_loc(), op)
-    groups, start = [], axes[0]
-    for a, nxt in zip(axes, axes[1:] + [None]):
-        if nxt != a + 1:
-            groups.append((start, a + 1))
-            start = nxt
+    groups = contiguous_groups(axes)
     # Reduce the last group first so earlier axis numbers stay valid.
     for i, (lo, hi) in enumerate(reversed(groups)):
         last = i == len(groups) - 1

@@ -119,3 +119,16 @@ def bind_dims(shape, actual, bound: dict) -> str | None:
 
 def evaluate(shape, bound: dict) -> tuple:
     return tuple(int(sympy.sympify(d).subs(bound)) if not isinstance(d, int) else d for d in shape)
+
+
+def contiguous_groups(axes) -> list:
+    """Sorted axes as runs of consecutive axes, as (start, stop) pairs:
+    [0, 2, 3] -> [(0, 1), (2, 4)]. Reductions handle one run per node."""
+    axes = sorted(set(axes))
+    groups = []
+    for a in axes:
+        if groups and groups[-1][1] == a:
+            groups[-1] = (groups[-1][0], a + 1)
+        else:
+            groups.append((a, a + 1))
+    return groups

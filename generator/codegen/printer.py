@@ -40,6 +40,10 @@ class FloatPrinter(C99CodePrinter):
             return f"(1.0F / sqrtf({self._print(base)}))"
         return super()._print_Pow(expr)
 
+    def _print_sign(self, expr):
+        a = self._print(expr.args[0])
+        return f"static_cast<float>(({a} > 0.0F) - ({a} < 0.0F))"
+
     def _print_NumberSymbol(self, expr):
         return self._number(expr)
 

@@ -2,6 +2,6 @@
 
 from . import elementwise, index, layout, linalg, reduce  # noqa: F401  (registration)
 from .registry import REGISTRY, OpDef, get_op, register
-from .scalar import ARGS, SCALAR_FUNCS, scalar_expr
+from .scalar import ARGS, SCALAR_FUNCS, derivative, scalar_expr
 
-__all__ = ["REGISTRY", "OpDef", "get_op", "register", "ARGS", "SCALAR_FUNCS", "scalar_expr"]
+__all__ = ["REGISTRY", "OpDef", "get_op", "register", "ARGS", "SCALAR_FUNCS", "scalar_expr", "derivative"]

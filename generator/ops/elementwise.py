@@ -13,7 +13,7 @@ import sympy
 
 from ..shapes import broadcast, fmt_shape
 from .registry import OpDef, register, require_float
-from .scalar import ARGS, SCALAR_FUNCS, scalar_expr
+from .scalar import ARGS, SCALAR_FUNCS, derivative, scalar_expr
 
 
 # numpy has no erf/erfc; math's, applied per element, are exact enough for an oracle.
@@ -40,18 +40,28 @@ class Elementwise(OpDef):
 
     def infer(self, inputs, attrs):
         require_float(inputs)
+        # attrs["shape"], when given, is the output shape: the operands broadcast up
+        # to it (gradients use this to spread a reduced value back over its axes).
+        shapes = [v.shape for v in inputs] + ([attrs["shape"]] if "shape" in attrs else [])
         try:
-            shape = broadcast([v.shape for v in inputs])
+            shape = broadcast(shapes)
         except ValueError as e:
-            shapes = ", ".join(f"'{v.name}' {fmt_shape(v.shape)}" for v in inputs)
-            raise ValueError(f"operands do not broadcast ({e}): {shapes}") from None
+            names = ", ".join(f"'{v.name}' {fmt_shape(v.shape)}" for v in inputs)
+            raise ValueError(f"operands do not broadcast ({e}): {names}") from None
+        if "shape" in attrs and len(shape) != len(attrs["shape"]):
+            raise ValueError(f"operands have more dimensions than the output shape {fmt_shape(attrs['shape'])}")
         return [("float32", shape)]
 
     def reference(self, args, attrs, dims):
         shape = np.broadcast_shapes(*(a.shape for a in args))
+        if "shape" in attrs:
+            shape = tuple(int(sympy.sympify(d).subs(dims)) for d in attrs["shape"])
         dtype = np.result_type(*args)
+        expr = attrs["expr"]
+        if expr.free_symbols - set(ARGS):  # sizes such as 1/T in a mean's gradient
+            expr = expr.subs(dims)
         with np.errstate(all="ignore"):
-            out = _numpy_fn(attrs["expr"], len(args))(*args)
+            out = _numpy_fn(expr, len(args))(*args)
         return [np.broadcast_to(np.asarray(out, dtype=dtype), shape).copy()]
 
     def lower(self, node, ctx):
@@ -64,3 +74,16 @@ class Elementwise(OpDef):
         if fn in SCALAR_FUNCS and SCALAR_FUNCS[fn][0] == n and scalar_expr(fn, *ARGS[:n]) == node.attrs["expr"]:
             return call
         return f"{call} := {_expr_text(node)}"
+
+    def grad(self, node, gouts, gb):
+        """d input_k = g * d expr / d x_k (sympy.diff), summed back to input_k's shape."""
+        (g,) = gouts
+        out = node.outputs[0]
+        n = len(node.inputs)
+        operands = list(node.inputs) + [g]
+        grads = []
+        for k, v in enumerate(node.inputs):
+            d = derivative(node.attrs["expr"], ARGS[k]) * ARGS[n]
+            dv = gb.ewise(f"d_{node.attrs['fn']}", d, operands, out.shape, f"d_{v.name}")
+            grads.append(gb.sum_to(dv, v.shape))
+        return grads

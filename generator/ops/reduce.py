@@ -5,9 +5,11 @@ into a chain of nodes), so one runtime loop serves every rank."""
 from __future__ import annotations
 
 import numpy as np
+import sympy
 
 from ..shapes import numel
 from .registry import OpDef, register, require_float
+from .scalar import ARGS
 
 
 def _view(shape, start, stop):
@@ -44,6 +46,23 @@ class _Reduce(OpDef):
             f"dg::reduce_{self.kind}({ctx.ptr(x)}, {ctx.out(node.outputs[0])}, "
             f"{ctx.size(outer)}, {ctx.size(length)}, {ctx.size(inner)});"
         ]
+
+    def grad(self, node, gouts, gb):
+        """Spread g back over the reduced axes: sum copies it, mean scales it by
+        1/len, max sends it to the elements equal to the maximum."""
+        (g,), (x,), (y,) = gouts, node.inputs, node.outputs
+        start, stop = node.attrs["axes"]
+        kept = x.shape[:start] + (1,) * (stop - start) + x.shape[stop:]
+        g = gb.reshape(g, kept)
+        a = ARGS
+        if self.kind == "sum":
+            return [gb.ewise("d_sum", a[0], [g], x.shape, f"d_{x.name}")]
+        if self.kind == "mean":
+            length = sympy.sympify(numel(x.shape[start:stop]))
+            return [gb.ewise("d_mean", a[0] / length, [g], x.shape, f"d_{x.name}")]
+        y = gb.reshape(y, kept)
+        pick = sympy.Piecewise((a[2], sympy.Eq(a[0], a[1])), (0, True))
+        return [gb.ewise("d_max", pick, [x, y, g], x.shape, f"d_{x.name}")]
 
     def describe(self, node):
         start, stop = node.attrs["axes"]
@@ -96,7 +115,22 @@ class _Softmax(OpDef):
 class Softmax(_Softmax):
     name = "softmax"
 
+    def grad(self, node, gouts, gb):
+        """dx = y * (g - sum(g * y, axis))."""
+        (g,), (x,), (y,) = gouts, node.inputs, node.outputs
+        a = ARGS
+        gy = gb.ewise("mul", a[0] * a[1], [g, y], None, f"d_{x.name}_gy")
+        s = gb.reduce("sum", gy, [node.attrs["axis"]], keepdims=True)
+        return [gb.ewise("d_softmax", a[0] * (a[1] - a[2]), [y, g, s], None, f"d_{x.name}")]
+
 
 @register
 class LogSoftmax(_Softmax):
     name = "log_softmax"
+
+    def grad(self, node, gouts, gb):
+        """dx = g - exp(y) * sum(g, axis)."""
+        (g,), (x,), (y,) = gouts, node.inputs, node.outputs
+        a = ARGS
+        s = gb.reduce("sum", g, [node.attrs["axis"]], keepdims=True)
+        return [gb.ewise("d_log_softmax", a[0] - sympy.exp(a[1]) * a[2], [g, y, s], None, f"d_{x.name}")]

@@ -15,7 +15,10 @@ ARGS = tuple(sympy.Symbol(f"x{i}", real=True) for i in range(16))
 
 
 def _sigmoid(x):
-    return 1 / (1 + sympy.exp(-x))
+    # Written with tanh rather than 1 / (1 + exp(-x)): equal, but its derivative
+    # (1 - tanh(x/2)^2) / 4 cannot overflow, where exp(-x) / (1 + exp(-x))^2 gives
+    # inf / inf = NaN for x < -88 in float32.
+    return (1 + sympy.tanh(x / 2)) / 2
 
 
 def _softplus(x):
@@ -57,3 +60,24 @@ def scalar_expr(fn: str, *operands):
     if len(operands) != arity:
         raise TypeError(f"{fn} takes {arity} operand(s), got {len(operands)}")
     return f(*operands)
+
+
+def derivative(expr, symbol):
+    """d expr / d symbol, ready to print: step functions become explicit choices
+    (relu'(0) = 0, as in PyTorch), and sympy's simplified form is used only when
+    it is smaller and brings in no new functions (simplify likes cosh and
+    Eq-piecewise forms that overflow or lose values in float32)."""
+    d = sympy.diff(expr, symbol)
+    d = d.replace(sympy.Heaviside, lambda a, *rest: sympy.Piecewise((1, a > 0), (0, True)))
+    d = d.replace(sympy.DiracDelta, lambda *args: sympy.Integer(0))
+    try:
+        simple = sympy.simplify(d)
+    except Exception:  # noqa: BLE001  (simplification is optional)
+        return d
+    if sympy.count_ops(simple) < sympy.count_ops(d) and _functions(simple) <= _functions(d):
+        return simple
+    return d
+
+
+def _functions(expr) -> set:
+    return {type(f) for f in expr.atoms(sympy.Function)} | {type(r) for r in expr.atoms(sympy.core.relational.Relational)}

@@ -201,4 +201,90 @@ void gather_rows(const float* table, int64_t rows, int64_t width,
     }
 }
 
+// c[M,N] = a^T @ b where a is stored [K,M] and b is [K,N] (a weight gradient:
+// activations^T @ output gradient). The k-i-j order streams rows of a, b and c.
+inline void matmul_tn(const float* a, const float* b, float* c,
+                      int64_t M, int64_t K, int64_t N) {
+    for (int64_t i = 0; i < M * N; ++i) c[i] = 0.0f;
+    for (int64_t k = 0; k < K; ++k) {
+        const float* a_row = a + k * M;
+        const float* b_row = b + k * N;
+        for (int64_t i = 0; i < M; ++i) {
+            const float a_ki = a_row[i];
+            float* c_row = c + i * N;
+            for (int64_t j = 0; j < N; ++j) c_row[j] += a_ki * b_row[j];
+        }
+    }
+}
+
+// c[M,N] = a @ b^T where a is [M,K] and b is stored [N,K] (an input gradient:
+// output gradient @ weights^T). Each c[i,j] is a dot product of two rows.
+inline void matmul_nt(const float* a, const float* b, float* c,
+                      int64_t M, int64_t K, int64_t N) {
+    for (int64_t i = 0; i < M; ++i) {
+        const float* a_row = a + i * K;
+        for (int64_t j = 0; j < N; ++j) {
+            const float* b_row = b + j * K;
+            float acc = 0.0f;
+            for (int64_t k = 0; k < K; ++k) acc += a_row[k] * b_row[k];
+            c[i * N + j] = acc;
+        }
+    }
+}
+
+// x[0..n) = value.
+inline void fill(float* x, int64_t n, float value) {
+    for (int64_t i = 0; i < n; ++i) x[i] = value;
+}
+
+// The adjoint of gather_rows: table_grad[rows, width] = 0, then
+// table_grad[ids[i], :] += src[i, :]. Ids were range-checked by the gather.
+template <typename Id>
+void scatter_add_rows(const Id* ids, int64_t n, const float* src, int64_t width,
+                      float* table_grad, int64_t rows) {
+    fill(table_grad, rows * width, 0.0f);
+    for (int64_t i = 0; i < n; ++i) {
+        float* dst = table_grad + static_cast<int64_t>(ids[i]) * width;
+        const float* row = src + i * width;
+        for (int64_t j = 0; j < width; ++j) dst[j] += row[j];
+    }
+}
+
+// Mean softmax cross-entropy of logits[rows, classes] against integer labels:
+// loss = mean_i (logsumexp(logits_i) - logits_i[label_i]).
+template <typename Id>
+void softmax_xent(const float* logits, const Id* labels, float* loss,
+                  int64_t rows, int64_t classes, const char* what) {
+    double total = 0.0;
+    for (int64_t i = 0; i < rows; ++i) {
+        const int64_t label = static_cast<int64_t>(labels[i]);
+        if (label < 0 || label >= classes) {
+            throw std::invalid_argument(std::string(what) + ": label " + std::to_string(label) +
+                                        " at position " + std::to_string(i) +
+                                        " is out of range [0, " + std::to_string(classes) + ")");
+        }
+        const float* z = logits + i * classes;
+        const float m = ops_detail::strided_max(z, classes, 1);
+        const float logz = m + std::log(ops_detail::strided_sum_exp(z, classes, 1, m));
+        total += static_cast<double>(logz - z[label]);
+    }
+    loss[0] = rows > 0 ? static_cast<float>(total / static_cast<double>(rows)) : 0.0f;
+}
+
+// Gradient of softmax_xent: d_logits = (softmax(logits) - onehot(labels)) * g / rows.
+template <typename Id>
+void softmax_xent_grad(const float* logits, const Id* labels, const float* g,
+                       float* d_logits, int64_t rows, int64_t classes) {
+    if (rows == 0) return;
+    const float scale = g[0] / static_cast<float>(rows);
+    for (int64_t i = 0; i < rows; ++i) {
+        const float* z = logits + i * classes;
+        float* d = d_logits + i * classes;
+        const float m = ops_detail::strided_max(z, classes, 1);
+        const float sum = ops_detail::strided_sum_exp(z, classes, 1, m);
+        for (int64_t j = 0; j < classes; ++j) d[j] = std::exp(z[j] - m) / sum * scale;
+        d[static_cast<int64_t>(labels[i])] -= scale;
+    }
+}
+
 }  // namespace dg
