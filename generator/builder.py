@@ -8,13 +8,14 @@ returns, values are named after the user's variables (see `_name_values`).
 
 from __future__ import annotations
 
+import inspect
 import os
 
 from .errors import ModelError, ShapeError
 from .ir import DTYPES, Graph, Node, Value
 from .names import NameTable, problem_with
 from .ops import get_op
-from .shapes import norm_shape
+from .shapes import fmt_shape, norm_shape
 from .source import Loc, assigned_names, in_return, user_loc
 
 _ACTIVE: list = []
@@ -59,7 +60,9 @@ class Builder:
         self.dims = set()  # symbolic dims seen so far (their names are taken)
 
     # -- declarations -------------------------------------------------------
-    def declare(self, kind: str, name, shape, dtype, explicit: bool, loc, **extra) -> Tensor:
+    def declare(self, kind: str, name, shape, dtype, explicit: bool, loc, claimed: bool = False, **extra) -> Tensor:
+        """A new input or parameter. `claimed`: `name` was already taken for it
+        (see `derived_names`)."""
         if dtype not in DTYPES:
             raise ModelError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}", loc, kind)
         try:
@@ -67,12 +70,17 @@ class Builder:
         except TypeError as e:
             raise ModelError(str(e), loc, kind) from None
         for d in shape:
+            if isinstance(d, int) and d < 0:
+                raise ModelError(f"dimension {d} in shape {fmt_shape(shape)} is negative", loc, kind)
+        for d in shape:
             for sym in sorted(getattr(d, "free_symbols", ()), key=str):
                 if sym not in self.dims:
                     if not self.names.claim(str(sym)):
                         raise ModelError(f"dimension name {str(sym)!r} is already used in this model", loc, kind)
                     self.dims.add(sym)
-        if explicit:
+        if claimed:
+            pass
+        elif explicit:
             problem = problem_with(name)
             if problem:
                 raise ModelError(problem, loc, kind)
@@ -90,6 +98,30 @@ class Builder:
         if targets and index < len(targets):
             return targets[index]
         raise ModelError(f"cannot infer a name for this {what}; pass name='...'", loc, what)
+
+    def derived_names(self, base: str, suffixes, explicit: bool, loc, op: str) -> list[str]:
+        """Claim the names of the parameters a helper such as dense makes from one
+        base name (`fc` -> fc_w, fc_b). An explicit base must be valid and free,
+        and errors name the helper and the base the user wrote; a base inferred
+        from a variable (`_h`, `x` used twice) is made safe instead."""
+        if not explicit:
+            return self.names.unique_group(base, suffixes)
+        problem = problem_with(base)
+        if problem:
+            raise ModelError(problem, loc, op)
+        names = [f"{base}_{s}" for s in suffixes]
+        for n in names:
+            problem = problem_with(n)
+            if problem:
+                raise ModelError(f"{problem} (made from name {base!r})", loc, op)
+        for n in names:
+            if n in self.names.used:
+                raise ModelError(
+                    f"name {base!r} is already used in this model (parameter {n!r} exists)", loc, op
+                )
+        for n in names:
+            self.names.claim(n)
+        return names
 
     # -- nodes ----------------------------------------------------------------
     def add(self, op: str, inputs, attrs: dict, label: str | None = None, name: str | None = None):
@@ -122,6 +154,11 @@ class Builder:
     # -- finishing ----------------------------------------------------------
     def finish(self, result, loc) -> Graph:
         outputs = _collect_outputs(result, loc)
+        for key, _ in outputs:
+            if key is not None:
+                problem = problem_with(key)
+                if problem:
+                    raise ModelError(f"output {problem}", loc)
         # `return {"probs": dg.softmax(logits)}`: the value made in the return
         # statement takes the output's name.
         preferred = {
@@ -134,10 +171,6 @@ class Builder:
         taken = set()
         for key, tensor in outputs:
             name = key if key is not None else tensor.value.name
-            if key is not None:
-                problem = problem_with(key)
-                if problem:
-                    raise ModelError(f"output {problem}", loc)
             if name in taken:
                 raise ModelError(f"output name {name!r} is used twice", loc)
             taken.add(name)
@@ -145,6 +178,7 @@ class Builder:
         if not graph.outputs:
             raise ModelError("the model returns no outputs", loc)
         _check_dims_bound(graph)
+        graph.names = self.names  # later passes (autodiff) continue this naming
         return graph
 
 
@@ -153,17 +187,22 @@ def _collect_outputs(result, loc):
         return [(None, result)]
     if isinstance(result, dict):
         items = list(result.items())
+        for key, _ in items:
+            if not isinstance(key, str):
+                raise ModelError(f"output name must be a string, got {type(key).__name__} {key!r}", loc)
+        which = [repr(key) for key, _ in items]
     elif isinstance(result, (tuple, list)):
         items = [(None, t) for t in result]
+        which = [str(i) for i in range(len(items))]
     else:
         raise ModelError(
             f"a model must return a Tensor, a tuple/list of Tensors or a dict name -> Tensor, "
             f"got {type(result).__name__}",
             loc,
         )
-    for key, t in items:
+    for (key, t), what in zip(items, which):
         if not isinstance(t, Tensor):
-            raise ModelError(f"output {key or ''} is a {type(t).__name__}, not a Tensor", loc)
+            raise ModelError(f"output {what} is a {type(t).__name__}, not a Tensor", loc)
     return items
 
 
@@ -232,9 +271,35 @@ class ModelDef:
         self.name = name or fn.__name__
         code = fn.__code__
         self.loc = Loc(os.path.abspath(code.co_filename), code.co_firstlineno, code.co_firstlineno, "")
+        self._check_signature()
+
+    def _check_signature(self):
+        """deepgen calls the model function with no arguments."""
+        try:
+            sig = inspect.signature(self.fn)
+        except (TypeError, ValueError):
+            return
+        required = [
+            p.name
+            for p in sig.parameters.values()
+            if p.default is inspect.Parameter.empty
+            and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)
+        ]
+        if required:
+            raise ModelError(
+                f"a @dg.model function takes no arguments, but {self.fn.__name__}() requires "
+                f"{', '.join(required)} (use a default value, or build the model in a function "
+                f"that takes no arguments)",
+                self.loc,
+            )
 
     def build(self, name: str | None = None) -> Graph:
-        builder = Builder(name or self.name)
+        name = name or self.name
+        problem = problem_with(name)
+        if problem:
+            raise ModelError(f"invalid model name: {problem}", self.loc)
+        self._check_signature()
+        builder = Builder(name)
         _ACTIVE.append(builder)
         try:
             result = self.fn()

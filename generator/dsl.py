@@ -22,10 +22,10 @@ import sympy
 
 from . import initializers as inits
 from .builder import Tensor, current
-from .errors import ModelError
+from .errors import ModelError, ShapeError
 from .names import problem_with
 from .ops import ARGS, SCALAR_FUNCS, scalar_expr
-from .shapes import contiguous_groups, fmt_shape, norm_dim, normalize_axis, numel
+from .shapes import contiguous_groups, fmt_dim, fmt_shape, norm_dim, normalize_axis, numel
 from .source import user_loc
 
 __all__ = [
@@ -124,7 +124,7 @@ def elementwise(fn, name: str | None = None):
         label = "custom"
     problem = problem_with(label)
     if problem:
-        raise ValueError(f"dg.elementwise: {problem}")
+        raise ModelError(problem, user_loc(), "dg.elementwise")
 
     def apply(*operands, name=None):
         symbols = ARGS[: len(operands)]
@@ -161,6 +161,19 @@ def _tensor(x, op):
     return x
 
 
+def _axis(x, axis, op, loc):
+    """`axis` of `x` as a non-negative int; an axis beyond the rank is a ShapeError
+    naming the tensor and its shape."""
+    if not isinstance(axis, int) or isinstance(axis, bool):
+        raise ModelError(f"axis must be an int, got {axis!r}", loc, op)
+    try:
+        return normalize_axis(axis, x.ndim)
+    except ValueError:
+        raise ShapeError(
+            f"axis {axis} is out of range for '{x.name}' {fmt_shape(x.shape)} (rank {x.ndim})", loc, op
+        ) from None
+
+
 def matmul(a, b, name=None) -> Tensor:
     """a[..., K] @ b[K, P] -> [..., P]."""
     return current().add("matmul", [_tensor(a, "matmul"), _tensor(b, "matmul")], {}, name=name)[0]
@@ -168,12 +181,13 @@ def matmul(a, b, name=None) -> Tensor:
 
 def _reduce(op, x, axis, keepdims, name):
     x = _tensor(x, op)
-    try:
-        axes = sorted({normalize_axis(a, x.ndim) for a in (range(x.ndim) if axis is None else (axis if isinstance(axis, (tuple, list)) else (axis,)))})
-    except ValueError as e:
-        raise ModelError(str(e), user_loc(), op) from None
+    loc = user_loc()
+    wanted = range(x.ndim) if axis is None else (axis if isinstance(axis, (tuple, list)) else (axis,))
+    axes = sorted({_axis(x, a, op, loc) for a in wanted})
+    if not axes and x.ndim == 0:
+        return x  # reducing a scalar over all (no) axes leaves it as it is, as in numpy
     if not axes:
-        raise ModelError("no axes to reduce", user_loc(), op)
+        raise ModelError("no axes to reduce", loc, op)
     groups = contiguous_groups(axes)
     # Reduce the last group first so earlier axis numbers stay valid.
     for i, (lo, hi) in enumerate(reversed(groups)):
@@ -196,10 +210,7 @@ def max(x, axis=None, keepdims=False, name=None):  # noqa: A001
 
 def _axis_op(op, x, axis, name):
     x = _tensor(x, op)
-    try:
-        axis = normalize_axis(axis, x.ndim)
-    except ValueError as e:
-        raise ModelError(str(e), user_loc(), op) from None
+    axis = _axis(x, axis, op, user_loc())
     return current().add(op, [x], {"axis": axis}, name=name)[0]
 
 
@@ -225,7 +236,7 @@ def reshape(x, shape, name=None):
     if len(known) < len(shape):
         rest = sympy.cancel(sympy.sympify(numel(x.shape)) / sympy.sympify(numel(known)))
         if sympy.fraction(rest)[1] != 1:
-            raise ModelError(
+            raise ShapeError(
                 f"cannot infer -1 in {shape}: {numel(x.shape)} elements of '{x.name}' {fmt_shape(x.shape)} "
                 f"are not divisible by {numel(known)} for every size",
                 loc,
@@ -245,10 +256,7 @@ def concat(tensors, axis=0, name=None):
     tensors = [_tensor(t, "concat") for t in tensors]
     if not tensors:
         raise ModelError("concat needs at least one tensor", user_loc(), "concat")
-    try:
-        axis = normalize_axis(axis, tensors[0].ndim)
-    except ValueError as e:
-        raise ModelError(str(e), user_loc(), "concat") from None
+    axis = _axis(tensors[0], axis, "concat", user_loc())
     return current().add("concat", tensors, {"axis": axis}, name=name)[0]
 
 
@@ -256,19 +264,28 @@ def split(x, sizes, axis=0):
     """Split along `axis` into pieces of the given sizes, or into `sizes` equal pieces."""
     x = _tensor(x, "split")
     loc = user_loc()
-    try:
-        axis = normalize_axis(axis, x.ndim)
-    except ValueError as e:
-        raise ModelError(str(e), loc, "split") from None
+    axis = _axis(x, axis, "split", loc)
     length = x.shape[axis]
-    if isinstance(sizes, int):
+    what = f"axis {axis} of '{x.name}' {fmt_shape(x.shape)}"
+    if isinstance(sizes, int) and not isinstance(sizes, bool):
         if not isinstance(length, int) or sizes <= 0 or length % sizes:
-            raise ModelError(f"cannot split axis {axis} of size {length} into {sizes} equal pieces", loc, "split")
+            raise ShapeError(
+                f"cannot split {what} (size {fmt_dim(length)}) into {sizes} equal pieces", loc, "split"
+            )
         sizes = [length // sizes] * sizes
-    sizes = [norm_dim(s) for s in sizes]
+    try:
+        sizes = [norm_dim(s) for s in sizes]
+    except TypeError as e:
+        raise ModelError(f"split sizes: {e}", loc, "split") from None
+    if any(isinstance(s, int) and s < 0 for s in sizes):
+        raise ShapeError(f"split sizes {fmt_shape(sizes)} must not be negative", loc, "split")
     total = sympy.expand(builtins.sum(sympy.sympify(s) for s in sizes))
     if sympy.simplify(total - sympy.sympify(length)) != 0:
-        raise ModelError(f"sizes {sizes} add up to {total}, but axis {axis} has size {length}", loc, "split")
+        raise ShapeError(
+            f"sizes {fmt_shape(sizes)} add up to {fmt_dim(total)}, but {what} has size {fmt_dim(length)}",
+            loc,
+            "split",
+        )
     bounds, start = [], 0
     for s in sizes:
         stop = norm_dim(sympy.expand(sympy.sympify(start) + s))
@@ -281,14 +298,18 @@ def slice_axis(x, axis, start=None, stop=None, name=None):
     """x[start:stop] along one axis (step 1). Bounds may be negative (from the end)."""
     x = _tensor(x, "slice")
     loc = user_loc()
-    try:
-        axis = normalize_axis(axis, x.ndim)
-    except ValueError as e:
-        raise ModelError(str(e), loc, "slice") from None
+    axis = _axis(x, axis, "slice", loc)
     length = x.shape[axis]
-    if isinstance(length, int):
-        start, stop, _ = slice(start, stop).indices(length)
-        stop = builtins.max(start, stop)
+    if isinstance(length, int) and all(isinstance(b, int) or b is None for b in (start, stop)):
+        # No clamping: a bound outside the axis is an error, not a silently smaller tensor.
+        lo = 0 if start is None else (length + start if start < 0 else start)
+        hi = length if stop is None else (length + stop if stop < 0 else stop)
+        if not 0 <= lo <= hi <= length:
+            text = f"{'' if start is None else start}:{'' if stop is None else stop}"
+            raise ShapeError(
+                f"slice {text} of axis {axis} is out of range for '{x.name}' {fmt_shape(x.shape)}", loc, "slice"
+            )
+        start, stop = lo, hi
     else:
         start = 0 if start is None else (length + start if start < 0 else start)
         stop = length if stop is None else (length + stop if stop < 0 else stop)
@@ -314,21 +335,22 @@ def dense(x, units: int, act=None, bias: bool = True, name: str | None = None, i
     x = _tensor(x, "dense")
     loc = user_loc()
     b = current()
-    if not isinstance(units, int) or units <= 0:
+    if not isinstance(units, int) or isinstance(units, bool) or units <= 0:
         raise ModelError(f"units must be a positive int, got {units!r}", loc, "dense")
     if not isinstance(x.shape[-1], int):
         raise ModelError(f"the last dimension of '{x.name}' {fmt_shape(x.shape)} must be concrete", loc, "dense")
+    if isinstance(act, str) and act not in _UNARY:
+        raise ModelError(f"unknown activation {act!r}; known: {', '.join(_UNARY)}", loc, "dense")
+    _check_init(init, loc, "dense")
+    _check_init(bias_init, loc, "dense")
     base = name if name is not None else b.default_name(loc, "dense layer")
-    if name is not None and problem_with(name):
-        raise ModelError(problem_with(name), loc, "dense")
-    w = param(f"{base}_w", (x.shape[-1], units), init=init or inits.glorot_uniform())
+    names = b.derived_names(base, ["w", "b"] if bias else ["w"], name is not None, loc, "dense")
+    w = _helper_param(b, loc, names[0], (x.shape[-1], units), init or inits.glorot_uniform())
     y = matmul(x, w)
     if bias:
-        y = y + param(f"{base}_b", (units,), init=bias_init or inits.zeros())
+        y = y + _helper_param(b, loc, names[1], (units,), bias_init or inits.zeros())
     if act is not None:
         if isinstance(act, str):
-            if act not in _UNARY:
-                raise ModelError(f"unknown activation {act!r}; known: {', '.join(_UNARY)}", loc, "dense")
             act = globals()[act]
         y = act(y)
     return y
@@ -340,9 +362,24 @@ linear = dense
 def embedding(ids, vocab: int, width: int, name: str | None = None, init=None):
     """A [vocab, width] table parameter and the lookup of `ids` in it."""
     b, loc = current(), user_loc()
+    for what, n in (("vocab", vocab), ("width", width)):
+        if not isinstance(n, int) or isinstance(n, bool) or n <= 0:
+            raise ModelError(f"{what} must be a positive int, got {n!r}", loc, "embedding")
+    _check_init(init, loc, "embedding")
     base = name if name is not None else b.default_name(loc, "embedding")
-    table = param(f"{base}_table", (vocab, width), init=init or inits.normal(0.0, 1.0))
+    (table_name,) = b.derived_names(base, ["table"], name is not None, loc, "embedding")
+    table = _helper_param(b, loc, table_name, (vocab, width), init or inits.normal(0.0, 1.0))
     return gather(table, ids)
+
+
+def _check_init(init, loc, op):
+    if init is not None and not isinstance(init, inits.Init):
+        raise ModelError(f"init must be a dg initializer such as dg.normal(0, 0.1), got {init!r}", loc, op)
+
+
+def _helper_param(b, loc, name, shape, init):
+    """A parameter of a helper (dense, embedding) whose name `derived_names` claimed."""
+    return b.declare("param", name, shape, "float32", True, loc, claimed=True, init=init, seed=None)
 
 
 # -- Tensor operators ------------------------------------------------------------

@@ -47,6 +47,8 @@ class Node:
     attrs: dict
     outputs: list = field(default_factory=list)
     loc: object = None
+    # forward | loss (needs training-only inputs) | backward
+    phase: str = "forward"
 
 
 @dataclass
@@ -60,6 +62,8 @@ class Graph:
     # e.g. `N - 5 >= 0` for a slice x[5:] of an axis of length N.
     requirements: list = field(default_factory=list)
     loc: object = None
+    names: object = None  # the NameTable that made the names, for passes that add values
+    train: object = None  # a generator.train.TrainSpec when the model calls dg.train(...)
 
     @property
     def dims(self) -> list:
@@ -90,3 +94,12 @@ class Graph:
         from .printing import format_graph
 
         return format_graph(self)
+
+
+def needed_for(graph, values) -> set:
+    """ids of every value that computing `values` requires (them included)."""
+    need = {id(v) for v in values}
+    for node in reversed(graph.nodes):
+        if any(id(v) in need for v in node.outputs):
+            need.update(id(v) for v in node.inputs)
+    return need

@@ -26,8 +26,10 @@ def load_model(spec: str) -> ModelDef:
     sys.modules[module_name] = module
     try:
         loader_spec.loader.exec_module(module)
-    except DeepgenError:
-        raise
+    except SyntaxError as e:  # the model file is not valid Python (IndentationError too)
+        where = f"{e.filename or path}:{e.lineno}" if e.lineno else (e.filename or path)
+        text = f"\n    {e.text.strip()}" if e.text and e.text.strip() else ""
+        raise DeepgenError(f"{where}: syntax error: {e.msg}{text}") from None
     finally:
         sys.modules.pop(module_name, None)
     models = [v for v in vars(module).values() if isinstance(v, ModelDef)]

@@ -81,16 +81,35 @@ class NameTable:
 
     def unique(self, base: str) -> str:
         """`base` made into a free, safe identifier."""
-        base = re.sub(r"[^A-Za-z0-9_]", "_", base.encode("ascii", "replace").decode())
-        base = base.lstrip("_") or "v"
-        if base[0].isdigit():
-            base = "v_" + base
-        if self.claim(base):
-            return base
-        k = 1
-        while not self.claim(f"{base}_{k}"):
+        return self.unique_group(base, [""])[0]
+
+    def unique_group(self, base: str, suffixes) -> list[str]:
+        """Free, safe identifiers `<base>_<suffix>` for each suffix ("" for `base`
+        itself), all with the same numeric suffix when one is needed: x_w, x_b,
+        then x_w_1, x_b_1."""
+        base = safe_identifier(base)
+        names = [f"{base}_{s}" if s else base for s in suffixes]
+        k = 0
+        while True:
+            candidates = [f"{n}_{k}" if k else n for n in names]
+            if len(set(candidates)) == len(candidates) and all(self._free(c) for c in candidates):
+                for c in candidates:
+                    self.used.add(c)
+                return candidates
             k += 1
-        return f"{base}_{k}"
+
+    def _free(self, name: str) -> bool:
+        return name not in self.used and name not in RESERVED and is_identifier(name)
+
+
+def safe_identifier(text: str) -> str:
+    """`text` (say, a variable name like `_h` or `größe`) made into an identifier
+    that passes `is_identifier` (it may still be reserved or taken)."""
+    base = re.sub(r"[^A-Za-z0-9_]", "_", str(text).encode("ascii", "replace").decode())
+    base = base.lstrip("_") or "v"
+    if base[0].isdigit():
+        base = "v_" + base
+    return base
 
 
 def comment_text(text: str) -> str:

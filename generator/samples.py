@@ -26,9 +26,10 @@ def sample_dims(graph, start: int = 2) -> dict:
 
 
 def id_limit(graph, value) -> int:
-    """Ids for `value` must index every table it gathers from."""
+    """Ids for `value` must index every table it gathers from (labels: every class count)."""
     limit = 10
     rows = [n.inputs[0].shape[0] for n in graph.nodes if n.op == "gather" and n.inputs[1] is value]
+    rows += [n.inputs[0].shape[1] for n in graph.nodes if n.op == "softmax_xent" and n.inputs[1] is value]
     rows = [r for r in rows if isinstance(r, int)]
     return min(rows) if rows else limit
 

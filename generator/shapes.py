@@ -15,11 +15,13 @@ Dim = "int | sympy.Expr"
 
 def dim(name: str) -> sympy.Symbol:
     """A symbolic dimension: `N = dg.dim("N")`."""
+    from .errors import ModelError
     from .names import problem_with
+    from .source import user_loc
 
     problem = problem_with(name)
     if problem:
-        raise ValueError(f"dg.dim: {problem}")
+        raise ModelError(problem, user_loc(), "dg.dim")
     return sympy.Symbol(name, integer=True, nonnegative=True)
 
 
@@ -96,9 +98,11 @@ def normalize_axis(axis: int, rank: int) -> int:
     return axis % rank
 
 
-def bind_dims(shape, actual, bound: dict) -> str | None:
+def bind_dims(shape, actual, bound: dict, bound_by: dict | None = None, name: str | None = None) -> str | None:
     """Match a declared shape against an actual one, binding symbols in `bound`.
-    Returns a description of the mismatch, or None."""
+    Returns a description of the mismatch, or None. With `bound_by` (symbol ->
+    the input that set it) and this input's `name`, a disagreement names both
+    inputs, as the generated code does."""
     if len(shape) != len(actual):
         return f"expected rank {len(shape)} {fmt_shape(shape)}, got shape {tuple(actual)}"
     for axis, (d, a) in enumerate(zip(shape, actual)):
@@ -109,9 +113,17 @@ def bind_dims(shape, actual, bound: dict) -> str | None:
             value = d.subs(bound) if d.free_symbols - set(bound) == set() else None
             if value is not None:
                 if int(value) != a:
+                    setter = bound_by.get(d) if bound_by is not None and isinstance(d, sympy.Symbol) else None
+                    if setter is not None:
+                        return (
+                            f"dimension {axis} is {fmt_dim(d)}, which input '{setter}' set to {int(value)}, "
+                            f"but here it is {a} (expected {fmt_shape(shape)}, got {tuple(actual)})"
+                        )
                     return f"dimension {axis} is {fmt_dim(d)} = {int(value)}, got {a}"
             elif isinstance(d, sympy.Symbol):
                 bound[d] = a
+                if bound_by is not None and name is not None:
+                    bound_by[d] = name
             else:
                 return f"dimension {axis} ({fmt_dim(d)}) cannot be matched"
     return None

@@ -19,7 +19,7 @@ import jinja2
 import numpy as np
 
 from ..errors import DeepgenError
-from ..reference import init_params, run
+from ..reference import init_params, run, train_step
 from ..resources import resource_dir
 from ..samples import sample_dims, sample_inputs
 from ..shapes import evaluate
@@ -58,30 +58,40 @@ def _clang_format(text: str, filename: str) -> str:
 def _extras(plan, graph):
     dims = sample_dims(graph)
     example = []
-    for v in graph.inputs:
+    forward_names = {i.name for i in plan.inputs}
+    for v in [v for v in graph.inputs if v.name in forward_names]:
         shape = evaluate(v.shape, dims)
         dims_text = ", ".join(f"{d}={dims[d]}" for d in graph.dims if d in getattr(v, "shape", ())) or "fixed sizes"
         example.append(
-            {"name": v.name, "ctype": plan.inputs[graph.inputs.index(v)].ctype, "size": int(np.prod(shape)),
-             "shape": ", ".join(map(str, shape)), "declared": plan.inputs[graph.inputs.index(v)].declared,
+            {"name": v.name, "ctype": plan.all_inputs[graph.inputs.index(v)].ctype, "size": int(np.prod(shape)),
+             "shape": ", ".join(map(str, shape)), "declared": plan.all_inputs[graph.inputs.index(v)].declared,
              "dims": dims_text}
         )
     count = sum(int(np.prod(p.shape)) for p in graph.params)
-    calls = ", ".join(
-        f"{v.name}=np.zeros(({', '.join(map(str, evaluate(v.shape, dims)))}{',' if v.rank == 1 else ''}), np.{v.dtype})"
-        for v in graph.inputs
-    )
+    def call(values):
+        return ", ".join(
+            f"{v.name}=np.zeros(({', '.join(map(str, evaluate(v.shape, dims)))}{',' if v.rank == 1 else ''}), "
+            f"np.{v.dtype})"
+            for v in values
+        )
+
     plan.extra.update(param_count=f"{count:,}", param_bytes=f"{4 * count:,}")
     plan.example_inputs = example
-    plan.example_call = calls
+    plan.example_call = call([v for v in graph.inputs if v.name in forward_names])
+    plan.example_train_call = call(graph.inputs)
 
 
 def _expected_npz(graph) -> bytes:
-    """Reference outputs for deterministic inputs and the seed-0 parameters."""
+    """Reference outputs for deterministic inputs and the seed-0 parameters (and,
+    for a trainable model, the loss of one train_step and the outputs after it)."""
     inputs = sample_inputs(graph)
-    outputs = run(graph, inputs, init_params(graph, seed=0))
+    params = init_params(graph, seed=0)
+    outputs = run(graph, inputs, params)
     arrays = {f"input/{k}": v for k, v in inputs.items()}
     arrays.update({f"output/{k}": np.asarray(v) for k, v in outputs.items()})
+    if graph.train is not None:
+        arrays["train/loss"] = np.float32(train_step(graph, inputs, params, {}, step=1))
+        arrays.update({f"train/output/{k}": np.asarray(v) for k, v in run(graph, inputs, params).items()})
     buf = io.BytesIO()
     np.savez(buf, **arrays)  # zip entries carry a fixed 1980 date: deterministic
     return buf.getvalue()

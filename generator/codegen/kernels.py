@@ -83,3 +83,41 @@ def ewise_kernel(node, names, comment: str, printer_cls=FloatPrinter) -> Kernel:
         temps=temps,
         assign=f"{names[out]}[{size_expr(_index(loop_vars, extents, None))}] = {printer.doprint(expr)};",
     )
+
+
+def update_kernel(optimizer, printer_cls=FloatPrinter) -> Kernel:
+    """The optimizer's in-place update of one parameter, printed from its sympy
+    update rules (generator.train.Optimizer.updates): a loop over the elements that
+    updates the state slots first, then the weight from the new slot values."""
+    from ..train import G, STEP_SYMBOLS, W
+
+    updates = optimizer.updates()
+    loads = {W: "w[i]", G: "g[i]"}
+    slots = [t for t, _ in updates if t != "w"]
+    for slot in slots:
+        loads[sympy.Symbol(slot, real=True)] = f"{slot}[i]"
+    used = set().union(*(e.free_symbols for _, e in updates))
+    scalars = [name for name, sym in STEP_SYMBOLS.items() if sym in used]
+    for name in scalars:
+        loads[STEP_SYMBOLS[name]] = name
+    printer = printer_cls(loads)
+    temps, assign = [], []
+    for target, expr in updates:
+        text = printer.doprint(expr)
+        if target == "w":
+            assign.append(f"w[i] = {text};")
+        else:
+            temps.append(f"const float new_{target} = {text};")
+            temps.append(f"{target}[i] = new_{target};")
+            printer.loads[sympy.Symbol(target, real=True)] = f"new_{target}"
+    args = [Arg("float*", "w"), Arg("const float*", "g")] + [Arg("float*", s) for s in slots]
+    args += [Arg("int64_t", "n")] + [Arg("float", name) for name in scalars]
+    return Kernel(
+        name=f"{optimizer.kind}_update",
+        comment=f"{optimizer.kind} update of one parameter, in place: "
+        + "; ".join(f"{t} <- {e}" for t, e in updates),
+        args=args,
+        loops=[("i", "n")],
+        temps=temps,
+        assign=" ".join(assign),
+    )

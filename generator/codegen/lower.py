@@ -16,8 +16,9 @@ from ..names import comment_text, cpp_string
 from ..ops import get_op
 from ..printing import format_graph
 from ..shapes import fmt_shape, numel
-from .kernels import ewise_kernel
-from .plan import InputSpec, OutputSpec, ParamSpec, ProjectPlan, Statement
+from ..autodiff import prepare_training, train_only_inputs
+from .kernels import ewise_kernel, update_kernel
+from .plan import InputSpec, OutputSpec, ParamSpec, ProjectPlan, Statement, TrainPlan
 
 CTYPE = {"float32": "float", "int32": "int32_t", "int64": "int64_t"}
 
@@ -100,7 +101,98 @@ def _param_spec(p) -> ParamSpec:
     return ParamSpec(p.name, list(p.shape), fmt_shape(p.shape), init, comment)
 
 
+def _statements(ctx, nodes) -> list:
+    """One Statement per run of consecutive nodes from the same DSL statement."""
+    statements, key = [], object()
+    for node in nodes:
+        loc = node.loc
+        k = (loc.filename, loc.stmt_line) if loc else None
+        if k != key or not statements:
+            text = f"{loc.short}  {comment_text(loc.text)}" if loc else node.op
+            ctx.comment = f"gradient of {text}" if node.phase == "backward" else text
+            statements.append(Statement(ctx.comment))
+            key = k
+        ctx.pending = []
+        lines = get_op(node.op).lower(node, ctx)
+        statements[-1].lines += ctx.pending + lines
+    return statements
+
+
+def _outputs(ctx, graph, access: str) -> list:
+    outputs, first = [], {}
+    for name, v in graph.outputs:
+        shape = _shape_list(v.shape)
+        ctype = CTYPE[v.dtype]
+        if id(v) in first:  # the same value returned twice: copy the first output
+            make = f"dg::Tensor<{ctype}>({shape}, {access}{first[id(v)]}.ptr())"
+        elif id(v) in ctx.owned:  # a local buffer: hand it over without copying
+            make = f"dg::Tensor<{ctype}>({shape}, std::move({v.name}))"
+        else:  # an input, a parameter or an alias: copy it
+            make = f"dg::Tensor<{ctype}>({shape}, {ctx.ptr(v)})"
+        first.setdefault(id(v), name)
+        outputs.append(OutputSpec(name, ctype, v.dtype, fmt_shape(v.shape), make))
+    return outputs
+
+
+def _lower_training(ctx, graph, target, dim_index, bound_dims) -> TrainPlan:
+    """The loss, backward and update parts of train_step."""
+    spec = graph.train
+    train_inputs = train_only_inputs(graph)
+    checks = [_input_spec(v, dim_index) for v in train_inputs]
+    later_dims = [(str(d), i) for d, i in dim_index.items() if d not in bound_dims]
+    # Gradients of parameters are Model members (gradients() shows them). The
+    # backward pass writes them in place where it can, else they are copied.
+    grads, copies = [], []
+    for p in graph.params:
+        g = spec.grads.get(p.name)
+        if g is None:
+            continue
+        direct = g.producer is not None and g.producer.phase == "backward" and g.producer.op != "reshape"
+        member = g.name if direct and g.name == f"d_{p.name}" else graph.names.unique(f"d_{p.name}")
+        grads.append((p.name, member, _shape_list(p.shape)))
+        if direct and member == g.name:
+            ctx.expr[id(g)] = f"{member}.ptr()"
+        else:
+            copies.append((p.name, g, member))
+    loss_nodes = [n for n in graph.nodes if n.phase == "loss"]
+    backward = [n for n in graph.nodes if n.phase == "backward"]
+    loss_statements = _statements(ctx, loss_nodes)
+    backward_statements = _statements(ctx, backward)
+    copy_lines = [
+        f"std::copy({ctx.ptr(g)}, {ctx.ptr(g)} + {member}.size(), {member}.ptr());" for _, g, member in copies
+    ]
+    opt = spec.optimizer
+    kernel = update_kernel(opt, target.printer_cls)
+    ctx.kernels.append(kernel)
+    scalars = [a.name for a in kernel.args if a.ctype == "float"]
+    slots = {p: [(slot, graph.names.unique(f"{p}_{slot}")) for slot in opt.slots] for p, _, _ in grads}
+    updates = []
+    for p, member, _ in grads:
+        args = [f"{p}.ptr()", f"{member}.ptr()"] + [f"{m}.ptr()" for _, m in slots[p]] + [f"{p}.size()"]
+        args += [s if s in ("c1", "c2") else f"hyper.{s}" for s in scalars]
+        updates.append(f"kernels::{kernel.name}({', '.join(args)});")
+    hyper = [(name, f"{np.float32(value)!r}".replace("np.float32(", "").rstrip(")") + "f") for name, value in spec.hyper]
+    return TrainPlan(
+        optimizer=opt.describe(),
+        kind=opt.kind,
+        inputs=checks,
+        input_names=[v.name for v in graph.inputs],
+        dims=later_dims,
+        loss=f"{ctx.ptr(spec.loss)}[0]",
+        loss_statements=loss_statements,
+        backward_statements=backward_statements,
+        copies=copy_lines,
+        updates=updates,
+        hyper=hyper,
+        bias_correction=opt.kind == "adam",
+        grads=grads,
+        slots=[(p, slot, member, shape) for p, _, shape in grads for slot, member in slots[p]],
+    )
+
+
 def lower(graph, target) -> ProjectPlan:
+    if graph.train is not None:
+        prepare_training(graph)
     ctx = LowerCtx(graph, target.printer_cls)
     dims = graph.dims
     dim_index = {d: i for i, d in enumerate(dims)}
@@ -108,31 +200,13 @@ def lower(graph, target) -> ProjectPlan:
         ctx.expr[id(v)] = v.name
     for p in graph.params:
         ctx.expr[id(p)] = f"{p.name}.ptr()"
+    train_inputs = {id(v) for v in train_only_inputs(graph)} if graph.train else set()
+    forward_inputs = [v for v in graph.inputs if id(v) not in train_inputs]
+    bound = {s for v in forward_inputs for d in v.shape for s in getattr(d, "free_symbols", ())}
 
-    statements, key = [], object()
-    for node in graph.nodes:
-        loc = node.loc
-        k = (loc.filename, loc.stmt_line) if loc else None
-        if k != key or not statements:
-            ctx.comment = f"{loc.short}  {comment_text(loc.text)}" if loc else node.op
-            statements.append(Statement(ctx.comment))
-            key = k
-        ctx.pending = []
-        lines = get_op(node.op).lower(node, ctx)
-        statements[-1].lines += ctx.pending + lines
-
-    outputs, first = [], {}
-    for name, v in graph.outputs:
-        shape = _shape_list(v.shape)
-        ctype = CTYPE[v.dtype]
-        if id(v) in first:  # the same value returned twice: copy the first output
-            make = f"dg::Tensor<{ctype}>({shape}, outputs.{first[id(v)]}.ptr())"
-        elif id(v) in ctx.owned:  # a local buffer: hand it over without copying
-            make = f"dg::Tensor<{ctype}>({shape}, std::move({v.name}))"
-        else:  # an input, a parameter or an alias: copy it
-            make = f"dg::Tensor<{ctype}>({shape}, {ctx.ptr(v)})"
-        first.setdefault(id(v), name)
-        outputs.append(OutputSpec(name, ctype, v.dtype, fmt_shape(v.shape), make))
+    statements = _statements(ctx, [n for n in graph.nodes if n.phase == "forward"])
+    train = _lower_training(ctx, graph, target, dim_index, bound) if graph.train else None
+    outputs = _outputs(ctx, graph, "outputs->" if train else "outputs.")
 
     requirements = [(f"{ctx.size(expr)} >= 0", cpp_string(why)) for expr, why in graph.requirements]
     source = graph.loc.short.split(":")[0] if graph.loc else "model.py"
@@ -141,8 +215,10 @@ def lower(graph, target) -> ProjectPlan:
         target=target.name,
         source=source,
         version=__version__,
-        dims=[str(d) for d in dims],
-        inputs=[_input_spec(v, dim_index) for v in graph.inputs],
+        dims=[(str(d), i) for d, i in dim_index.items() if d in bound],
+        dim_count=len(dims),
+        inputs=[_input_spec(v, dim_index) for v in forward_inputs],
+        all_inputs=[_input_spec(v, dim_index) for v in graph.inputs],
         params=[_param_spec(p) for p in graph.params],
         outputs=outputs,
         requirements=requirements,
@@ -150,4 +226,5 @@ def lower(graph, target) -> ProjectPlan:
         kernels=ctx.kernels,
         graph_text=format_graph(graph),
         kernel_ext=target.kernel_ext,
+        train=train,
     )

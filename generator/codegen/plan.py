@@ -63,13 +63,35 @@ class OutputSpec:
 
 
 @dataclass
+class TrainPlan:
+    """train_step(): the loss and backward statements, gradient copies, updates."""
+
+    optimizer: str  # "adam(lr=0.001, ...)"
+    kind: str
+    inputs: list  # [InputSpec] of inputs only training needs (labels)
+    input_names: list  # every input, in order
+    dims: list  # [(name, index)] of dims only those inputs bind
+    loss: str  # C++ expression of the loss value
+    loss_statements: list
+    backward_statements: list
+    copies: list  # C++ lines copying gradients into the Model's gradient members
+    updates: list  # C++ lines: one update kernel call per parameter
+    hyper: list  # [(name, C++ float literal default)]
+    bias_correction: bool  # Adam: c1, c2 computed from the step count
+    grads: list  # [(param, gradient member, C++ shape list)]
+    slots: list  # [(param, slot, member, C++ shape list)]
+
+
+@dataclass
 class ProjectPlan:
     name: str
     target: str
     source: str  # model file name
     version: str
     dims: list  # names of the symbolic dims, in binding order
-    inputs: list  # [InputSpec]
+    dim_count: int  # all symbolic dims, including those only training inputs bind
+    inputs: list  # [InputSpec] that forward() takes
+    all_inputs: list  # [InputSpec] of every input (train_step takes them all)
     params: list  # [ParamSpec]
     outputs: list  # [OutputSpec]
     requirements: list  # [(C++ condition, why as a C++ string literal)]
@@ -77,4 +99,5 @@ class ProjectPlan:
     kernels: list  # [Kernel]
     graph_text: str  # `deepgen ir` of the model, for the README
     kernel_ext: str = ".cpp"
+    train: TrainPlan | None = None
     extra: dict = field(default_factory=dict)

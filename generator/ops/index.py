@@ -30,7 +30,8 @@ class Gather(OpDef):
         if bad.any():
             pos = int(np.flatnonzero(bad.ravel())[0])
             raise ValueError(
-                f"index {int(ids.ravel()[pos])} at position {pos} is out of range [0, {table.shape[0]})"
+                f"gather from a table of {table.shape[0]} rows: index {int(ids.ravel()[pos])} "
+                f"at position {pos} is out of range [0, {table.shape[0]})"
             )
         return [table[ids]]
 
@@ -41,4 +42,38 @@ class Gather(OpDef):
             f"dg::gather_rows<{_CPP_ID[ids.dtype]}>({ctx.ptr(table)}, {ctx.size(table.shape[0])}, "
             f"{ctx.size(numel(table.shape[1:]))}, {ctx.ptr(ids)}, {ctx.size(numel(ids.shape))}, "
             f"{ctx.out(node.outputs[0])}, {what});"
+        ]
+
+    def grad(self, node, gouts, gb):
+        table, ids = node.inputs
+        d = gb.op("scatter_add", [ids, gouts[0]], {"rows": table.shape[0]}, f"d_{table.name}")
+        return [d, None]
+
+
+@register
+class ScatterAdd(OpDef):
+    """The adjoint of gather: out[rows, ...] = 0; out[ids[i]] += src[i]."""
+
+    name = "scatter_add"
+
+    def infer(self, inputs, attrs):
+        ids, src = inputs
+        if ids.dtype not in _CPP_ID:
+            raise ValueError(f"ids '{ids.name}' must be int32 or int64, got {ids.dtype}")
+        if src.shape[: ids.rank] != ids.shape:
+            raise ValueError(f"src {fmt_shape(src.shape)} does not start with the ids' shape {fmt_shape(ids.shape)}")
+        return [("float32", (attrs["rows"],) + tuple(src.shape[ids.rank :]))]
+
+    def reference(self, args, attrs, dims):
+        ids, src = args
+        out = np.zeros((attrs["rows"],) + src.shape[ids.ndim :], dtype=src.dtype)
+        np.add.at(out, ids, src)
+        return [out]
+
+    def lower(self, node, ctx):
+        ids, src = node.inputs
+        width = numel(src.shape[ids.rank :])
+        return [
+            f"dg::scatter_add_rows<{_CPP_ID[ids.dtype]}>({ctx.ptr(ids)}, {ctx.size(numel(ids.shape))}, "
+            f"{ctx.ptr(src)}, {ctx.size(width)}, {ctx.out(node.outputs[0])}, {ctx.size(node.attrs['rows'])});"
         ]

@@ -32,6 +32,9 @@ class Reshape(OpDef):
         ctx.alias(node.outputs[0], node.inputs[0])
         return []
 
+    def grad(self, node, gouts, gb):
+        return [gb.reshape(gouts[0], node.inputs[0].shape)]
+
 
 @register
 class Transpose(OpDef):
@@ -58,6 +61,11 @@ class Transpose(OpDef):
             f"dg::transpose({ctx.ptr(x)}, {ctx.out(node.outputs[0])}, {x.rank}, shape, perm);",
             "}",
         ]
+
+    def grad(self, node, gouts, gb):
+        perm = node.attrs["perm"]
+        inverse = tuple(perm.index(i) for i in range(len(perm)))
+        return [gb.op("transpose", [gouts[0]], {"perm": inverse}, f"d_{node.inputs[0].name}")]
 
 
 def _copy_axis(ctx, src, dst, axis, src_start, dst_start, count):
@@ -107,6 +115,15 @@ class Concat(OpDef):
             offset = _simplify(offset + v.shape[axis])
         return lines
 
+    def grad(self, node, gouts, gb):
+        """Each operand's gradient is its slab of g."""
+        axis, bounds, offset = node.attrs["axis"], [], 0
+        for v in node.inputs:
+            bounds.append((offset, _simplify(offset + v.shape[axis])))
+            offset = bounds[-1][1]
+        pieces = gb.op("slice", [gouts[0]], {"axis": axis, "bounds": tuple(bounds)}, "d_concat")
+        return pieces
+
 
 @register
 class Slice(OpDef):
@@ -147,6 +164,25 @@ class Slice(OpDef):
             for out, (start, stop) in zip(node.outputs, node.attrs["bounds"])
         ]
 
+    def grad(self, node, gouts, gb):
+        """Put each piece's gradient back in place, zeros elsewhere (one concat)."""
+        (x,) = node.inputs
+        axis = node.attrs["axis"]
+        pieces, at = [], 0
+        for g, out, (start, stop) in zip(gouts, node.outputs, node.attrs["bounds"]):  # in axis order
+            if not (isinstance(start, int) and isinstance(at, int) and start == at):
+                gap = _simplify(start - at)
+                if gap != 0:
+                    pieces.append(gb.fill(x.shape[:axis] + (gap,) + x.shape[axis + 1 :], 0.0))
+            pieces.append(g if g is not None else gb.fill(out.shape, 0.0))
+            at = stop
+        tail = _simplify(x.shape[axis] - at)
+        if tail != 0:
+            pieces.append(gb.fill(x.shape[:axis] + (tail,) + x.shape[axis + 1 :], 0.0))
+        if len(pieces) == 1:
+            return [pieces[0]]
+        return [gb.op("concat", pieces, {"axis": axis}, f"d_{x.name}")]
+
     def describe(self, node):
         bounds = ", ".join(f"{a}:{b}" for a, b in node.attrs["bounds"])
         name = "slice" if len(node.outputs) == 1 else "split"
@@ -162,3 +198,23 @@ def _simplify(e):
 
 def _eval(d, dims):
     return d if isinstance(d, int) else int(sympy.sympify(d).subs(dims))
+
+
+@register
+class Fill(OpDef):
+    """A tensor of one value (zeros for gradients, the loss gradient's 1)."""
+
+    name = "fill"
+
+    def infer(self, inputs, attrs):
+        return [("float32", attrs["shape"])]
+
+    def reference(self, args, attrs, dims):
+        return [np.full(tuple(_eval(d, dims) for d in attrs["shape"]), attrs["value"], dtype=np.float32)]
+
+    def lower(self, node, ctx):
+        out = node.outputs[0]
+        return [f"dg::fill({ctx.out(out)}, {ctx.size(numel(out.shape))}, {float(node.attrs['value'])!r}f);"]
+
+    def describe(self, node):
+        return f"fill({node.attrs['value']:g})"

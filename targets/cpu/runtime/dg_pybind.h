@@ -16,19 +16,21 @@
 namespace dg {
 namespace py = pybind11;
 
-// Every keyword must be a known input and every input must be given.
-inline void check_input_names(const py::kwargs& given, const std::vector<std::string>& names) {
-  std::string known;
-  for (const auto& n : names) known += (known.empty() ? "" : ", ") + n;
+// Every keyword must be one of `known` and every name in `required` must be
+// given (forward() requires fewer inputs than train_step() but accepts all).
+inline void check_input_names(const py::kwargs& given, const std::vector<std::string>& required,
+                              const std::vector<std::string>& known) {
+  std::string names;
+  for (const auto& n : known) names += (names.empty() ? "" : ", ") + n;
   for (const auto& item : given) {
     const std::string key = py::str(item.first);
     bool found = false;
-    for (const auto& n : names) found = found || n == key;
-    if (!found) throw py::value_error("unknown input '" + key + "'; the model's inputs are: " + known);
+    for (const auto& n : known) found = found || n == key;
+    if (!found) throw py::value_error("unknown input '" + key + "'; the model's inputs are: " + names);
   }
-  for (const auto& n : names)
+  for (const auto& n : required)
     if (!given.contains(n.c_str()))
-      throw py::value_error("missing input '" + n + "'; the model's inputs are: " + known);
+      throw py::value_error("missing input '" + n + "'; the model's inputs are: " + names);
 }
 
 // A view of the numpy array passed as input `name`: exact dtype, C-contiguous.

@@ -4,6 +4,7 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
+#include <algorithm>
 #include <string>
 #include <vector>
 
@@ -15,10 +16,16 @@ using tiny::Model;
 
 namespace {
 
-py::dict forward(const Model& model, const py::kwargs& given) {
-  dg::check_input_names(given, {"x"});
+// Views of the given arrays, after checking names, dtypes and contiguity.
+tiny::Inputs read_inputs(const py::kwargs& given, const std::vector<std::string>& required) {
+  dg::check_input_names(given, required, {"x"});
   tiny::Inputs inputs;
-  inputs.x = dg::input_view<float>(given, "x", "[N, 3]");
+  if (given.contains("x")) inputs.x = dg::input_view<float>(given, "x", "[N, 3]");
+  return inputs;
+}
+
+py::dict forward(const Model& model, const py::kwargs& given) {
+  const tiny::Inputs inputs = read_inputs(given, {"x"});
   tiny::Outputs outputs;
   {
     py::gil_scoped_release release;  // other Python threads run while we compute
@@ -29,17 +36,23 @@ py::dict forward(const Model& model, const py::kwargs& given) {
   return result;
 }
 
-py::dict parameters(py::object self) {
-  Model& model = self.cast<Model&>();
+// name -> writable numpy view into the model (the view keeps the model alive)
+py::dict views(py::object self, std::vector<std::pair<std::string, dg::Tensor<float>*>> tensors) {
   py::dict result;
-  for (auto& [name, tensor] : model.parameters())
+  for (auto& [name, tensor] : tensors)
     result[name.c_str()] = dg::param_view(*tensor, self);
   return result;
 }
 
+// Everything save() writes: parameters by name.
+std::vector<std::pair<std::string, dg::Tensor<float>*>> saved_tensors(Model& model) {
+  auto tensors = model.parameters();
+  return tensors;
+}
+
 void save(Model& model, const std::string& path) {
   py::dict arrays;
-  for (auto& [name, tensor] : model.parameters())
+  for (auto& [name, tensor] : saved_tensors(model))
     arrays[name.c_str()] = py::array_t<float>(tensor->shape, tensor->ptr());  // a copy
   py::module_::import("numpy").attr("savez")(path, **arrays);
 }
@@ -47,11 +60,12 @@ void save(Model& model, const std::string& path) {
 // Checks every array before changing anything, so a bad file leaves the model as it was.
 void load(Model& model, const std::string& path) {
   py::object file = py::module_::import("numpy").attr("load")(path);
-  py::object keys = file.attr("files");
+  py::list keys = file.attr("files");
+  auto has = [&](const std::string& key) { return keys.attr("__contains__")(key).cast<bool>(); };
+  auto tensors = model.parameters();
   std::vector<std::pair<dg::Tensor<float>*, py::array_t<float>>> staged;
-  for (auto& [name, tensor] : model.parameters()) {
-    if (!keys.attr("__contains__")(name).cast<bool>())
-      throw py::value_error(path + ": missing parameter '" + name + "'");
+  for (auto& [name, tensor] : tensors) {
+    if (!has(name)) throw py::value_error(path + ": missing parameter '" + name + "'");
     py::array array = file.attr("__getitem__")(name);
     std::vector<int64_t> shape(array.shape(), array.shape() + array.ndim());
     if (shape != tensor->shape)
@@ -61,9 +75,10 @@ void load(Model& model, const std::string& path) {
       throw py::value_error(path + ": parameter '" + name + "' is not a float array");
     staged.emplace_back(tensor, py::array_t<float, py::array::c_style | py::array::forcecast>(array));
   }
-  if (py::len(keys) != staged.size())
-    throw py::value_error(path + ": has " + std::to_string(py::len(keys)) + " arrays, the model has " +
-                          std::to_string(staged.size()) + " parameters");
+  size_t expected = staged.size();
+  if (py::len(keys) != expected)
+    throw py::value_error(path + ": has " + std::to_string(py::len(keys)) + " arrays, the model expects " +
+                          std::to_string(expected));
   for (auto& [tensor, array] : staged)
     std::copy(array.data(), array.data() + tensor->size(), tensor->ptr());
   file.attr("close")();
@@ -79,7 +94,9 @@ PYBIND11_MODULE(tiny, m) {
       .def(py::init<uint64_t>(), py::arg("seed") = 0,
            "Parameters drawn from `seed`, as deepgen's numpy reference draws them.")
       .def("forward", &forward, "forward(**inputs) -> dict of output name -> numpy array")
-      .def("parameters", &parameters, "dict of parameter name -> writable numpy view of the model's memory")
+      .def(
+          "parameters", [](py::object self) { return views(self, self.cast<Model&>().parameters()); },
+          "dict of parameter name -> writable numpy view of the model's memory")
       .def("save", &save, py::arg("path"), "Save the parameters to a .npz file")
-      .def("load", &load, py::arg("path"), "Load parameters saved by save() (shapes are checked first)");
+      .def("load", &load, py::arg("path"), "Load what save() wrote (shapes are checked first)");
 }

@@ -1,0 +1,175 @@
+"""Reverse-mode differentiation of a Graph, producing ordinary graph nodes.
+
+`differentiate(graph, loss, wrt)` walks the nodes that lie between `wrt` and the
+scalar `loss` backwards, asking each op's `grad` rule for the gradients of its
+inputs given the gradient of its outputs. Rules build IR through a GradBuilder,
+so the backward pass is printed, checked, interpreted and lowered like the
+forward one. Gradients of a value used several times are added up.
+"""
+
+from __future__ import annotations
+
+import sympy
+
+from .errors import ModelError
+from .ir import Node, Value, needed_for
+from .names import NameTable
+from .ops import ARGS, get_op
+from .shapes import broadcast, contiguous_groups, same
+
+
+class GradBuilder:
+    """Adds backward nodes to a graph (each tagged phase="backward", located at
+    the forward node it differentiates, named d_<value>...)."""
+
+    def __init__(self, graph):
+        if graph.names is None:  # continue the graph's naming: new names never clash
+            graph.names = NameTable()
+            for v in graph.values():
+                graph.names.claim(v.name)
+            for d in graph.dims:
+                graph.names.claim(str(d))
+        self.graph = graph
+        self.loc = None
+        self.nodes = []
+
+    def op(self, op, inputs, attrs, hint):
+        opdef = get_op(op)
+        try:
+            results = opdef.infer(inputs, attrs)
+        except ValueError as e:  # a gradient rule built something inconsistent: our bug
+            raise RuntimeError(f"gradient of {self.loc}: {op}: {e}") from None
+        node = Node(op, list(inputs), attrs, loc=self.loc, phase="backward")
+        for i, (dtype, shape) in enumerate(results):
+            name = self.graph.names.unique(hint if len(results) == 1 else f"{hint}_{i}")
+            node.outputs.append(Value(name, dtype, shape, producer=node, loc=self.loc))
+        self.nodes.append(node)
+        return node.outputs if len(results) > 1 or op == "slice" else node.outputs[0]
+
+    def ewise(self, fn, expr, operands, shape, hint):
+        """An elementwise node computing `expr` over `operands` (symbol ARGS[i] is
+        operands[i]); unused operands are dropped, and a bare operand of the right
+        shape is returned as is."""
+        expr = sympy.sympify(expr)
+        used = [i for i, _ in enumerate(operands) if ARGS[i] in expr.free_symbols]
+        if not used:  # a constant gradient (e.g. d(x + 1)/dx without g): fill
+            return self.fill(shape, float(expr))
+        if shape is None:
+            shape = broadcast([operands[i].shape for i in used])
+        if expr == ARGS[used[0]] and len(used) == 1 and _same_shape(operands[used[0]].shape, shape):
+            return operands[used[0]]
+        renamed = expr.xreplace({ARGS[i]: ARGS[j] for j, i in enumerate(used)})
+        attrs = {"fn": fn, "expr": renamed}
+        if not all(_same_shape(operands[i].shape, shape) for i in used):
+            attrs["shape"] = tuple(shape)
+        return self.op("ewise", [operands[i] for i in used], attrs, hint)
+
+    def fill(self, shape, value):
+        return self.op("fill", [], {"shape": tuple(shape), "value": float(value)}, "zeros" if value == 0 else "ones")
+
+    def reshape(self, x, shape):
+        if _same_shape(x.shape, shape):
+            return x
+        return self.op("reshape", [x], {"shape": tuple(shape)}, f"{x.name}_r")
+
+    def reduce(self, kind, x, axes, keepdims):
+        axes = [a % x.rank for a in axes]
+        for lo, hi in reversed(contiguous_groups(axes)):
+            x = self.op(kind, [x], {"axes": (lo, hi), "keepdims": keepdims}, f"{x.name}_{kind}")
+        return x
+
+    def sum_to(self, g, shape):
+        """Sum g over the axes along which a value of `shape` was broadcast: the
+        leading extra axes (dropped), then the axes where `shape` has 1 (kept)."""
+        if _same_shape(g.shape, shape):
+            return g
+        lead = g.rank - len(shape)
+        if lead:
+            g = self.reduce("sum", g, range(lead), keepdims=False)
+        ones = [i for i, d in enumerate(shape) if isinstance(d, int) and d == 1 and g.shape[i] != 1]
+        if ones:
+            g = self.reduce("sum", g, ones, keepdims=True)
+        return self.reshape(g, shape)
+
+
+def _same_shape(a, b) -> bool:
+    return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+
+
+def differentiate(graph, loss: Value, wrt: list) -> dict:
+    """Append backward nodes to graph.nodes; returns {id(value): gradient Value}
+    for each value in `wrt` that the loss depends on."""
+    if loss.shape != () or loss.dtype != "float32":
+        raise ModelError(f"the loss must be a float32 scalar, got '{loss.name}' {loss.type_str()}", loss.loc)
+    # Nodes on a path from wrt to the loss.
+    needed = {id(loss)}
+    for node in reversed(graph.nodes):
+        if any(id(v) in needed for v in node.outputs):
+            needed.update(id(v) for v in node.inputs)
+    reaches = {id(v) for v in wrt}
+    for node in graph.nodes:
+        if any(id(v) in reaches for v in node.inputs):
+            reaches.update(id(v) for v in node.outputs)
+    gb = GradBuilder(graph)
+    gb.loc = loss.loc
+    grads = {id(loss): gb.fill((), 1.0)}
+    grads[id(loss)].name = graph.names.unique(f"d_{loss.name}")
+    for node in reversed(list(graph.nodes)):
+        if not any(id(v) in grads for v in node.outputs):
+            continue
+        if not any(id(v) in reaches and id(v) in needed for v in node.inputs):
+            continue
+        opdef = get_op(node.op)
+        if opdef.grad is None:
+            raise ModelError(f"'{node.op}' has no gradient rule", node.loc, node.op)
+        gb.loc = node.loc
+        gouts = [grads.get(id(v)) for v in node.outputs]
+        if any(g is None for g in gouts) and node.op != "slice":
+            gouts = [g if g is not None else gb.fill(v.shape, 0.0) for g, v in zip(gouts, node.outputs)]
+        for v, g in zip(node.inputs, opdef.grad(node, gouts, gb)):
+            if g is None or id(v) not in reaches:
+                continue
+            if id(v) in grads:
+                a, b = ARGS[0], ARGS[1]
+                g = gb.ewise("add", a + b, [grads[id(v)], g], v.shape, f"d_{v.name}")
+            grads[id(v)] = g
+    result = {id(v): grads[id(v)] for v in wrt if id(v) in grads}
+    # Rules compute every input's gradient (matmul: both operands); keep only
+    # the backward nodes that the requested gradients need.
+    keep = {id(g) for g in result.values()}
+    kept = []
+    for node in reversed(gb.nodes):
+        if any(id(v) in keep for v in node.outputs):
+            keep.update(id(v) for v in node.inputs)
+            kept.append(node)
+    graph.nodes.extend(reversed(kept))
+    return result
+
+
+def train_only_inputs(graph) -> list:
+    """Inputs that no output needs (labels, targets): only train_step takes them."""
+    need = needed_for(graph, [v for _, v in graph.outputs])
+    return [v for v in graph.inputs if id(v) not in need]
+
+
+def prepare_training(graph):
+    """Add the backward pass for graph.train (once): tags nodes that need
+    training-only inputs with phase "loss", differentiates the loss with respect
+    to every parameter, and records the gradients in graph.train.grads."""
+    spec = graph.train
+    if spec is None or spec.prepared:
+        return graph
+    tainted = {id(v) for v in train_only_inputs(graph)}
+    for node in graph.nodes:
+        if any(id(v) in tainted for v in node.inputs):
+            node.phase = "loss"
+            tainted.update(id(v) for v in node.outputs)
+    grads = differentiate(graph, spec.loss, graph.params)
+    spec.grads = {p.name: grads[id(p)] for p in graph.params if id(p) in grads}
+    for p in graph.params:  # call a parameter's gradient d_<param> where that is free
+        g = spec.grads.get(p.name)
+        if g is not None and g.producer is not None and g.producer.phase == "backward":
+            if graph.names.claim(f"d_{p.name}"):
+                g.name = f"d_{p.name}"
+    spec.prepared = True
+    return graph

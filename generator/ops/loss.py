@@ -1,0 +1,93 @@
+"""Fused losses. Softmax cross-entropy is one op (numerically stable, no
+one-hot tensor); its gradient is a second op. Other losses (mean squared error,
+binary cross-entropy with logits) are built from elementwise ops and means in
+generator/train.py, and differentiated like any other graph."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..shapes import fmt_shape, same
+from .index import _CPP_ID
+from .registry import OpDef, register
+
+
+def _check(logits, labels):
+    if logits.dtype != "float32" or logits.rank != 2:
+        raise ValueError(f"logits '{logits.name}' must be float32 [rows, classes], got {logits.type_str()}")
+    if labels.dtype not in _CPP_ID or labels.rank != 1:
+        raise ValueError(f"labels '{labels.name}' must be int32/int64 [rows], got {labels.type_str()}")
+    if not same(logits.shape[0], labels.shape[0]):
+        raise ValueError(
+            f"logits '{logits.name}' {fmt_shape(logits.shape)} and labels '{labels.name}' "
+            f"{fmt_shape(labels.shape)} have different numbers of rows"
+        )
+
+
+def _log_softmax(z):
+    z = z - z.max(axis=1, keepdims=True)
+    return z - np.log(np.exp(z).sum(axis=1, keepdims=True))
+
+
+def _check_labels(labels, classes):
+    bad = (labels < 0) | (labels >= classes)
+    if bad.any():
+        pos = int(np.flatnonzero(bad)[0])
+        raise ValueError(f"label {int(labels[pos])} at position {pos} is out of range [0, {classes})")
+
+
+@register
+class SoftmaxXent(OpDef):
+    """mean_i -log softmax(logits_i)[labels_i], a scalar."""
+
+    name = "softmax_xent"
+
+    def infer(self, inputs, attrs):
+        _check(*inputs)
+        return [("float32", ())]
+
+    def reference(self, args, attrs, dims):
+        logits, labels = args
+        _check_labels(labels, logits.shape[1])
+        if logits.shape[0] == 0:
+            return [np.zeros((), logits.dtype)]
+        logp = _log_softmax(logits)
+        return [np.asarray(-logp[np.arange(len(labels)), labels].mean(), dtype=logits.dtype)]
+
+    def lower(self, node, ctx):
+        logits, labels = node.inputs
+        what = ctx.string(f"softmax_cross_entropy labels '{labels.name}'")
+        return [
+            f"dg::softmax_xent<{_CPP_ID[labels.dtype]}>({ctx.ptr(logits)}, {ctx.ptr(labels)}, "
+            f"{ctx.out(node.outputs[0])}, {ctx.size(logits.shape[0])}, {ctx.size(logits.shape[1])}, {what});"
+        ]
+
+    def grad(self, node, gouts, gb):
+        logits, labels = node.inputs
+        d = gb.op("softmax_xent_grad", [logits, labels, gouts[0]], {}, f"d_{logits.name}")
+        return [d, None]
+
+
+@register
+class SoftmaxXentGrad(OpDef):
+    """(softmax(logits) - onehot(labels)) * g / rows."""
+
+    name = "softmax_xent_grad"
+
+    def infer(self, inputs, attrs):
+        _check(inputs[0], inputs[1])
+        return [("float32", inputs[0].shape)]
+
+    def reference(self, args, attrs, dims):
+        logits, labels, g = args
+        rows = logits.shape[0]
+        d = np.exp(_log_softmax(logits)) if rows else np.zeros_like(logits)
+        d[np.arange(rows), labels] -= 1
+        return [(d * (g / max(rows, 1))).astype(logits.dtype)]
+
+    def lower(self, node, ctx):
+        logits, labels, g = node.inputs
+        return [
+            f"dg::softmax_xent_grad<{_CPP_ID[labels.dtype]}>({ctx.ptr(logits)}, {ctx.ptr(labels)}, {ctx.ptr(g)}, "
+            f"{ctx.out(node.outputs[0])}, {ctx.size(logits.shape[0])}, {ctx.size(logits.shape[1])});"
+        ]
