@@ -53,7 +53,16 @@ def cmd_check(args):
 
 
 def cmd_ir(args):
-    print(_graph(args), end="")
+    graph = _graph(args)
+    if args.grad:
+        from .autodiff import prepare_training
+
+        if graph.train is None:
+            raise DeepgenError(f"{args.model}: --grad needs a trainable model (call dg.train(loss, ...) in it)")
+        prepare_training(graph)
+        print(f"# training: {graph.train.optimizer.describe()}, weight_decay={graph.train.weight_decay:g}; "
+              f"loss '{graph.train.loss.name}'; gradients of: {', '.join(graph.train.grads)}")
+    print(graph, end="")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -77,6 +86,7 @@ def parser() -> argparse.ArgumentParser:
     c.set_defaults(func=cmd_check)
     i = sub.add_parser("ir", help="print a model's graph")
     i.add_argument("model")
+    i.add_argument("--grad", action="store_true", help="include the backward pass (gradient nodes)")
     i.set_defaults(func=cmd_ir)
     return p
 

@@ -149,3 +149,15 @@ def test_cpp_example_program_runs(example):
     assert proc.returncode == 0, proc.stderr
     for name, _ in graph.outputs:
         assert f"{name}: shape [" in proc.stdout
+
+
+def test_digits_trains_to_95_percent(builds):
+    pytest.importorskip("sklearn")
+    import runpy
+
+    example = runpy.run_path(str(ROOT / "examples" / "digits.py"))
+    module, _ = builds.module(example["digits"].build())
+    lines = []
+    accuracy = example["train"](module, log=lines.append)
+    assert len([line for line in lines if line.startswith("epoch")]) == 30
+    assert accuracy >= 0.95, lines[-3:]
