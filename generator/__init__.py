@@ -14,6 +14,7 @@ from .dsl import (  # noqa: F401  (names that shadow builtins, exported explicit
 from .errors import BuildError, DeepgenError, ModelError, ShapeError
 from .initializers import constant, glorot_uniform, he_normal, normal, ones, uniform, zeros
 from .shapes import dim
+from .recursion import recurse, roots, trees
 from .train import adam, bce_with_logits, mse, sgd, softmax_cross_entropy, train
 
 __version__ = "0.1.0"

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import inspect
 import os
+from types import SimpleNamespace
 
 from .errors import ModelError, ShapeError
 from .ir import DTYPES, Graph, Node, Value
@@ -58,6 +59,7 @@ class Builder:
         self.graph = Graph(name)
         self.names = NameTable()
         self.dims = set()  # symbolic dims seen so far (their names are taken)
+        self.regions = []  # node lists traced apart (recursive cells), named after the graph
 
     # -- declarations -------------------------------------------------------
     def declare(self, kind: str, name, shape, dtype, explicit: bool, loc, claimed: bool = False, **extra) -> Tensor:
@@ -167,6 +169,8 @@ class Builder:
             if key is not None and t.value.producer is not None and in_return(t.value.loc)
         }
         _name_values(self.graph, self.names, preferred)
+        for nodes in self.regions:  # the model's own names first, then the cells'
+            _name_values(SimpleNamespace(nodes=nodes), self.names, {})
         graph = self.graph
         taken = set()
         for key, tensor in outputs:

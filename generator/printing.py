@@ -22,10 +22,12 @@ def format_graph(graph, with_locs: bool = True) -> str:
         rows.append((f"param {p.name}: {p.type_str()} = {p.init.describe()}", p.loc))
     for node in graph.nodes:
         rows.append((format_node(node), node.loc))
-    width = max((len(r) for r, _ in rows), default=0)
+    width = max((len(r.split("\n")[0]) for r, _ in rows if "\n" not in r), default=0)
     for text, loc in rows:
+        first, *rest = text.split("\n")
         if with_locs and loc is not None:
-            lines.append(f"  {text.ljust(width)}  # {loc.short}")
+            lines.append(f"  {first.ljust(width)}  # {loc.short}")
         else:
-            lines.append(f"  {text}")
+            lines.append(f"  {first}")
+        lines += [f"  {line}" for line in rest]
     return "\n".join(lines) + "\n"

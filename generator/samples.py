@@ -29,15 +29,37 @@ def id_limit(graph, value) -> int:
     """Ids for `value` must index every table it gathers from (labels: every class count)."""
     limit = 10
     rows = [n.inputs[0].shape[0] for n in graph.nodes if n.op == "gather" and n.inputs[1] is value]
+    for n in graph.nodes:  # word ids of a recursive op index the tables its cells gather from
+        if n.op == "recurse" and n.inputs[1] is value:
+            spec = n.attrs["spec"]
+            for cell in (spec.leaf, spec.internal):
+                rows += [m.inputs[0].shape[0] for m in cell.nodes if m.op == "gather" and m.inputs[1] is cell.words]
     rows += [n.inputs[0].shape[1] for n in graph.nodes if n.op == "softmax_xent" and n.inputs[1] is value]
     rows = [r for r in rows if isinstance(r, int)]
     return min(rows) if rows else limit
 
 
 def sample_inputs(graph, dims: dict | None = None, seed: int = 1) -> dict:
-    dims = sample_dims(graph) if dims is None else dims
+    """Inputs for `graph`; a recursive op's trees are a random batch (whose sizes
+    then fix the node and tree counts)."""
+    dims = dict(sample_dims(graph) if dims is None else dims)
     out = {}
+    for n in graph.nodes:
+        if n.op == "recurse" and n.inputs[0].name not in out:
+            from .treebatch import random_batch
+
+            spec = n.attrs["spec"]
+            count = dims.get(n.inputs[2].shape[0], 2) if not isinstance(n.inputs[2].shape[0], int) else n.inputs[2].shape[0]
+            batch = random_batch(np.random.default_rng(seed), count, spec.arity, id_limit(graph, n.inputs[1]),
+                                 dag=spec.dag)
+            for v, key in zip(n.inputs[:3], ("children", "words", "roots")):
+                out[v.name] = batch[key]
+                for d, size in zip(v.shape, batch[key].shape):
+                    if not isinstance(d, int):
+                        dims[d] = size
     for v in graph.inputs:
+        if v.name in out:
+            continue
         shape = evaluate(v.shape, dims)
         u = rng.init_uniform(shape, seed, "input:" + v.name, 0.0, 1.0)
         if v.dtype == "float32":

@@ -56,18 +56,27 @@ def _clang_format(text: str, filename: str) -> str:
 
 
 def _extras(plan, graph):
-    dims = sample_dims(graph)
+    """Example inputs for the README and examples/main.cpp: zeros for float inputs,
+    and for integer inputs (ids, labels, trees) the valid sample values."""
+    samples = sample_inputs(graph)
+    dims = dict(sample_dims(graph))
+    for v in graph.inputs:
+        for d, size in zip(v.shape, samples[v.name].shape):
+            if not isinstance(d, int):
+                dims[d] = size
     example = []
     forward_names = {i.name for i in plan.inputs}
     for v in [v for v in graph.inputs if v.name in forward_names]:
         shape = evaluate(v.shape, dims)
         dims_text = ", ".join(f"{d}={dims[d]}" for d in graph.dims if d in getattr(v, "shape", ())) or "fixed sizes"
+        values = "" if v.dtype == "float32" else ", ".join(str(int(x)) for x in samples[v.name].reshape(-1))
         example.append(
             {"name": v.name, "ctype": plan.all_inputs[graph.inputs.index(v)].ctype, "size": int(np.prod(shape)),
              "shape": ", ".join(map(str, shape)), "declared": plan.all_inputs[graph.inputs.index(v)].declared,
-             "dims": dims_text}
+             "dims": dims_text, "data": values}
         )
     count = sum(int(np.prod(p.shape)) for p in graph.params)
+
     def call(values):
         return ", ".join(
             f"{v.name}=np.zeros(({', '.join(map(str, evaluate(v.shape, dims)))}{',' if v.rank == 1 else ''}), "

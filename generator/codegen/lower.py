@@ -39,6 +39,8 @@ class LowerCtx:
         self.kernels = []
         self.pending = []  # buffer declarations for the statement being lowered
         self.comment = ""
+        self.decls = None  # in lower_nodes: declarations to place before a block
+        self.subs = {}  # in lower_nodes: dims to size those declarations with
 
     def name(self, v) -> str:
         return v.name
@@ -49,10 +51,39 @@ class LowerCtx:
     def out(self, v) -> str:
         """Declare v's buffer (once) and return a pointer to write it."""
         if id(v) not in self.expr:
-            self.pending.append(f"std::vector<{CTYPE[v.dtype]}> {v.name}({self.size(numel(v.shape))});")
+            if self.decls is not None:  # inside a block: allocate once, before it
+                size = numel(tuple(d if isinstance(d, int) else d.xreplace(self.subs) for d in v.shape))
+                self.decls.append(f"std::vector<{CTYPE[v.dtype]}> {v.name}({self.size(size)});")
+            else:
+                self.pending.append(f"std::vector<{CTYPE[v.dtype]}> {v.name}({self.size(numel(v.shape))});")
             self.expr[id(v)] = f"{v.name}.data()"
             self.owned.add(id(v))
         return self.expr[id(v)]
+
+    def claim_output(self, v) -> bool:
+        """Whether the node producing v can write it straight into a given buffer."""
+        return v.producer is not None and v.producer.op != "reshape" and id(v) not in self.expr
+
+    def lower_nodes(self, nodes, subs: dict):
+        """Lower a block of nodes (a cell of a recursive op): returns the buffer
+        declarations, sized with `subs` applied (e.g. rows -> max_rows), to place
+        before the block, and the block's statements with their DSL comments."""
+        saved = self.decls, self.subs, self.comment
+        self.decls, self.subs = [], subs
+        body, last = [], None
+        for node in nodes:
+            loc = node.loc
+            key = (loc.filename, loc.stmt_line) if loc else None
+            if key != last and loc is not None:
+                self.comment = f"{loc.short}  {comment_text(loc.text)}"
+                body.append(f"// {self.comment}")
+                last = key
+            self.pending = []
+            lines = get_op(node.op).lower(node, self)
+            body += self.pending + lines
+        decls = self.decls
+        self.decls, self.subs, self.comment = saved
+        return decls, body
 
     def alias(self, v, src):
         """v shares src's data (a reshape): a named pointer, no copy."""

@@ -1,6 +1,6 @@
 """All ops, registered on import. See registry.py for what an OpDef carries."""
 
-from . import elementwise, index, layout, linalg, loss, reduce  # noqa: F401  (registration)
+from . import elementwise, index, layout, linalg, loss, recurse, reduce  # noqa: F401  (registration)
 from .registry import REGISTRY, OpDef, get_op, register
 from .scalar import ARGS, SCALAR_FUNCS, derivative, scalar_expr
 

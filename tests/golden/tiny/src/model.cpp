@@ -9,6 +9,7 @@
 
 #include "dg_ops.h"
 #include "dg_rng.h"
+#include "dg_tree.h"
 #include "kernels.h"
 
 namespace tiny {

@@ -1,0 +1,574 @@
+"""Benchmark: the generated binary TreeLSTM against PyTorch and numpy.
+
+    python benchmarks/treelstm.py [--json FILE] [--quick]
+
+What it measures (all peers compute the same function with the same weights):
+
+  generated    the deepgen module (examples/treelstm.py's model at HIDDEN 256 and
+               512), built with plain CMake in Release mode under build/bench/
+  torch-node   PyTorch eager, one node at a time in topological order
+  torch-level  PyTorch, one batched step for all leaves and one per tree level
+               (index_select gathers the children, one matmul per level)
+  numpy-level  the same level-batched algorithm in numpy
+
+on seeded SST-like batches (binary trees from random merges, 2..50 leaves, about
+18 on average) of 1 and 10 trees, with 1 and 2 threads. Each thread count runs
+in a child process whose OMP_NUM_THREADS / OPENBLAS_NUM_THREADS / MKL_NUM_THREADS
+are set before numpy or torch are imported (threadpoolctl and
+torch.set_num_threads are applied on top when available). Every peer's root
+states are checked against the generated module's before anything is timed.
+
+It also measures the GEMM the generated code runs once per tree level
+([M, 2H] @ [2H, 5H]) as its own tiny generated model (x[M, K] @ w[K, N]) against
+numpy's float32 matmul, in GFLOP/s.
+
+Timings are medians of repeated runs (time.perf_counter) after a warm-up. The
+peers' timed region starts from the same int64 numpy arrays the generated module
+takes, so it includes their own scheduling (heights, level order), just as the
+generated forward() includes its inspector.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import math
+import os
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CACHE = ROOT / "build" / "bench"
+VOCAB, EMBED = 1000, 128
+HIDDENS = (256, 512)
+BATCHES = (1, 10)
+THREADS = (1, 2)
+GEMM_M = (1, 5, 20, 60)
+MEAN_LEAVES, MIN_LEAVES, MAX_LEAVES = 18, 2, 50
+PEERS = ("generated", "torch-node", "torch-level", "numpy-level")
+ATOL = 1e-4
+
+
+# ----------------------------------------------------------------------------
+# Models (DSL) and builds
+# ----------------------------------------------------------------------------
+
+
+def treelstm_model(hidden: int):
+    """examples/treelstm.py with HIDDEN as a parameter (model name treelstm_h<H>)."""
+    import generator as dg
+
+    @dg.model(name=f"treelstm_h{hidden}")
+    def treelstm():
+        trees = dg.trees("trees", arity=2)
+        emb = dg.param("emb", (VOCAB, EMBED), init=dg.normal(0, 0.1))
+        w_leaf = dg.param("w_leaf", (EMBED, 3 * hidden))
+        b_leaf = dg.param("b_leaf", (3 * hidden,), init=dg.zeros())
+        u = dg.param("u", (2 * hidden, 5 * hidden))
+        b = dg.param("b", (5 * hidden,), init=dg.zeros())
+
+        def leaf(words):
+            x = dg.gather(emb, words)
+            i, o, g = dg.split(x @ w_leaf + b_leaf, 3, axis=1)
+            c = dg.sigmoid(i) * dg.tanh(g)
+            h = dg.sigmoid(o) * dg.tanh(c)
+            return h, c
+
+        def internal(words, children):
+            (h_l, c_l), (h_r, c_r) = children
+            gates = dg.concat([h_l, h_r], axis=1) @ u + b
+            i, o, g, f_l, f_r = dg.split(gates, 5, axis=1)
+            c = dg.sigmoid(i) * dg.tanh(g) + dg.sigmoid(f_l) * c_l + dg.sigmoid(f_r) * c_r
+            h = dg.sigmoid(o) * dg.tanh(c)
+            return h, c
+
+        h, c = dg.recurse(trees, leaf, internal, names=("h", "c"))
+        root_h = dg.roots(trees, h)
+        return {"h": h, "root_h": root_h}
+
+    return treelstm
+
+
+def gemm_model(k: int, n: int):
+    """y[M, N] = x[M, K] @ w[K, N]: the level GEMM of the TreeLSTM on its own."""
+    import generator as dg
+
+    @dg.model(name=f"gemm_k{k}_n{n}")
+    def gemm():
+        m = dg.dim("M")
+        x = dg.input("x", (m, k))
+        w = dg.param("w", (k, n))
+        y = x @ w
+        return {"y": y}
+
+    return gemm
+
+
+def cmake_build(project: Path, build: Path, jobs: int) -> None:
+    gen = ["-G", "Ninja"] if shutil.which("ninja") else []
+    cfg = ["cmake", "-S", str(project), "-B", str(build), *gen, "-DCMAKE_BUILD_TYPE=Release",
+           f"-DPython_EXECUTABLE={sys.executable}"]
+    for cmd in (cfg, ["cmake", "--build", str(build), "--parallel", str(jobs)]):
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
+
+
+def build_module(model_def) -> dict:
+    """Generate into build/bench/<name>/src and build into build/bench/<name>/build;
+    a build whose generated sources (and Python) are unchanged is reused."""
+    from generator.codegen.emit import MANIFEST, generate
+
+    graph = model_def.build()
+    folder = CACHE / graph.name
+    src, build = folder / "src", folder / "build"
+    t0 = time.perf_counter()
+    generate(graph, src, force=True)  # unchanged files keep their mtimes: incremental rebuilds
+    key = json.dumps({"files": json.loads((src / MANIFEST).read_text())["files"], "python": sys.executable,
+                      "version": sys.version}, sort_keys=True)
+    stamp = build / ".bench-ok"
+    built = list(build.glob(f"{graph.name}*.so")) + list(build.glob(f"{graph.name}*.pyd"))
+    reused = stamp.is_file() and stamp.read_text() == key and bool(built)
+    if not reused:
+        if stamp.is_file():
+            stamp.unlink()
+        cmake_build(src, build, jobs=os.cpu_count() or 2)
+        stamp.write_text(key)
+    seconds = time.perf_counter() - t0
+    omp = any("omp" in p.read_text().lower() for p in [*(src / "src").glob("*.cpp"), src / "CMakeLists.txt"])
+    flags = ""
+    cache = build / "CMakeCache.txt"
+    if cache.is_file():
+        for line in cache.read_text().splitlines():
+            if line.startswith("CMAKE_CXX_FLAGS_RELEASE:") or line.startswith("CMAKE_CXX_COMPILER:"):
+                flags += line.split("=", 1)[1] + " "
+    print(f"  {graph.name}: {'reused' if reused else 'built'} in {seconds:.1f} s ({build})", flush=True)
+    return {"name": graph.name, "build": str(build), "reused": reused, "seconds": round(seconds, 2),
+            "openmp": omp, "compiler": flags.strip()}
+
+
+def import_module(name: str, build: str):
+    sys.path.insert(0, build)
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(build)
+
+
+# ----------------------------------------------------------------------------
+# Workload
+# ----------------------------------------------------------------------------
+
+
+def leaf_counts(rng, count: int):
+    """SST-like sentence lengths: a gamma distribution with mean 18, clipped to [2, 50]."""
+    import numpy as np
+
+    draws = np.rint(rng.gamma(4.0, MEAN_LEAVES / 4.0, size=count))
+    return np.clip(draws, MIN_LEAVES, MAX_LEAVES).astype(int)
+
+
+def make_batches(seed: int, trees: int, count: int) -> list:
+    """`count` batches of `trees` binary trees (random merges of pending subtrees,
+    generator.treebatch.random_batch); children come before parents."""
+    import numpy as np
+    from generator.treebatch import random_batch
+
+    rng = np.random.default_rng(seed)
+    batches = []
+    for _ in range(count):
+        children, words, roots, offset = [], [], [], 0
+        for n in leaf_counts(rng, trees):
+            one = random_batch(rng, 1, 2, VOCAB, min_leaves=int(n), max_leaves=int(n))
+            ch = one["children"]
+            children.append(np.where(ch >= 0, ch + offset, -1))
+            words.append(one["words"])
+            roots.append(one["roots"] + offset)
+            offset += len(ch)
+        batch = {
+            "trees_children": np.ascontiguousarray(np.concatenate(children), dtype=np.int64),
+            "trees_words": np.ascontiguousarray(np.concatenate(words), dtype=np.int64),
+            "trees_roots": np.ascontiguousarray(np.concatenate(roots), dtype=np.int64),
+        }
+        ch = batch["trees_children"]
+        ids = np.arange(len(ch))
+        assert ((ch < ids[:, None]) | (ch == -1)).all(), "children must come before parents"
+        assert ((ch[:, 0] == -1) == (ch[:, 1] == -1)).all(), "a binary tree node has 0 or 2 children"
+        batches.append(batch)
+    return batches
+
+
+def schedule(batch):
+    """Heights, nodes sorted by height (leaves first), level boundaries, each sorted
+    node's children as sorted rows, the leaves' words and the roots' rows. Needs
+    children before parents (checked when the workload is made)."""
+    import numpy as np
+
+    children = batch["trees_children"]
+    height = [0] * len(children)
+    for n, (left, right) in enumerate(children.tolist()):
+        if left >= 0:
+            height[n] = max(height[left], height[right]) + 1
+    height = np.array(height)
+    order = np.argsort(height, kind="stable")
+    counts = np.bincount(height)
+    start = [0] + np.cumsum(counts).tolist()
+    pos = np.empty(len(children), dtype=np.int64)
+    pos[order] = np.arange(len(children))
+    child_rows = pos[children[order]]  # rows of leaves hold junk (pos[-1]); never read
+    return {
+        "start": start,
+        "child_rows": np.ascontiguousarray(child_rows.reshape(-1)),
+        "leaf_words": np.ascontiguousarray(batch["trees_words"][order[: counts[0]]]),
+        "root_rows": pos[batch["trees_roots"]],
+        "nodes": len(children),
+    }
+
+
+def workload_stats(batches) -> dict:
+    import numpy as np
+
+    nodes, leaves, levels, level_rows = [], [], [], []
+    for batch in batches:
+        s = schedule(batch)
+        nodes.append(s["nodes"])
+        leaves.append(s["start"][1] / len(batch["trees_roots"]))
+        levels.append(len(s["start"]) - 1)
+        level_rows += [s["start"][i + 1] - s["start"][i] for i in range(1, len(s["start"]) - 1)]
+    return {
+        "batches": len(batches),
+        "nodes_per_batch": round(float(np.mean(nodes)), 1),
+        "leaves_per_tree": round(float(np.mean(leaves)), 1),
+        "levels_per_batch": round(float(np.mean(levels)), 1),
+        "internal_level_rows_median": float(np.median(level_rows)),
+        "internal_level_rows_mean": round(float(np.mean(level_rows)), 1),
+        "internal_level_rows_max": int(np.max(level_rows)),
+    }
+
+
+# ----------------------------------------------------------------------------
+# Peers: each maps a batch (the int64 arrays the generated module takes) to root_h
+# ----------------------------------------------------------------------------
+
+
+def make_peers(module, hidden: int) -> dict:
+    import numpy as np
+    import torch
+
+    model = module.Model(seed=0)
+    params = {k: np.array(v, dtype=np.float32, copy=True) for k, v in model.parameters().items()}
+    tp = {k: torch.from_numpy(v.copy()) for k, v in params.items()}
+    emb, w_leaf, b_leaf, u, b = (tp[k] for k in ("emb", "w_leaf", "b_leaf", "u", "b"))
+    sig, tanh = torch.sigmoid, torch.tanh
+
+    def generated(batch):
+        return model.forward(**batch)["root_h"]
+
+    @torch.no_grad()
+    def torch_node(batch):
+        children = batch["trees_children"].tolist()
+        words = batch["trees_words"].tolist()
+        hs, cs = [None] * len(children), [None] * len(children)
+        for n, (left, right) in enumerate(children):  # children before parents
+            if left < 0:
+                w = words[n]
+                i, o, g = torch.addmm(b_leaf, emb[w:w + 1], w_leaf).chunk(3, 1)
+                c = sig(i) * tanh(g)
+            else:
+                gates = torch.addmm(b, torch.cat((hs[left], hs[right]), 1), u)
+                i, o, g, f_l, f_r = gates.chunk(5, 1)
+                c = sig(i) * tanh(g) + sig(f_l) * cs[left] + sig(f_r) * cs[right]
+            hs[n], cs[n] = sig(o) * tanh(c), c
+        return torch.cat([hs[r] for r in batch["trees_roots"].tolist()], 0).numpy()
+
+    @torch.no_grad()
+    def torch_level(batch):
+        s = schedule(batch)
+        start, leaves = s["start"], s["start"][1]
+        hs, cs = torch.empty(s["nodes"], hidden), torch.empty(s["nodes"], hidden)
+        x = emb.index_select(0, torch.from_numpy(s["leaf_words"]))
+        i, o, g = torch.addmm(b_leaf, x, w_leaf).chunk(3, 1)
+        c = sig(i) * tanh(g)
+        cs[:leaves], hs[:leaves] = c, sig(o) * tanh(c)
+        child_rows = torch.from_numpy(s["child_rows"])
+        for level in range(1, len(start) - 1):
+            lo, hi = start[level], start[level + 1]
+            idx = child_rows[2 * lo:2 * hi]  # [left0, right0, left1, ...]
+            hcat = hs.index_select(0, idx).view(hi - lo, 2 * hidden)  # = concat([h_l, h_r], 1)
+            cc = cs.index_select(0, idx).view(hi - lo, 2, hidden)
+            i, o, g, f_l, f_r = torch.addmm(b, hcat, u).chunk(5, 1)
+            c = sig(i) * tanh(g) + sig(f_l) * cc[:, 0] + sig(f_r) * cc[:, 1]
+            cs[lo:hi], hs[lo:hi] = c, sig(o) * tanh(c)
+        return hs.index_select(0, torch.from_numpy(s["root_rows"])).numpy()
+
+    p_emb, p_wl, p_bl, p_u, p_b = (params[k] for k in ("emb", "w_leaf", "b_leaf", "u", "b"))
+
+    def np_sigmoid(x):  # in place; exp overflow for very negative x gives the right 0
+        np.negative(x, out=x)
+        np.exp(x, out=x)
+        x += 1.0
+        np.reciprocal(x, out=x)
+        return x
+
+    def numpy_level(batch):
+        s = schedule(batch)
+        start, leaves, hd = s["start"], s["start"][1], hidden
+        hs = np.empty((s["nodes"], hd), np.float32)
+        cs = np.empty((s["nodes"], hd), np.float32)
+        gates = p_emb[s["leaf_words"]] @ p_wl
+        gates += p_bl
+        with np.errstate(over="ignore"):
+            c = np_sigmoid(gates[:, :hd]) * np.tanh(gates[:, 2 * hd:])
+            cs[:leaves] = c
+            np.multiply(np_sigmoid(gates[:, hd:2 * hd]), np.tanh(c), out=hs[:leaves])
+            child_rows = s["child_rows"]
+            for level in range(1, len(start) - 1):
+                lo, hi = start[level], start[level + 1]
+                idx = child_rows[2 * lo:2 * hi]
+                hcat = hs[idx].reshape(hi - lo, 2 * hd)
+                cc = cs[idx].reshape(hi - lo, 2, hd)
+                gates = hcat @ p_u
+                gates += p_b
+                c = np_sigmoid(gates[:, :hd]) * np.tanh(gates[:, 2 * hd:3 * hd])
+                c += np_sigmoid(gates[:, 3 * hd:4 * hd]) * cc[:, 0]
+                c += np_sigmoid(gates[:, 4 * hd:]) * cc[:, 1]
+                cs[lo:hi] = c
+                np.multiply(np_sigmoid(gates[:, hd:2 * hd]), np.tanh(c), out=hs[lo:hi])
+        return hs[s["root_rows"]]
+
+    return {"generated": generated, "torch-node": torch_node, "torch-level": torch_level,
+            "numpy-level": numpy_level}
+
+
+# ----------------------------------------------------------------------------
+# Timing (child process: one thread count)
+# ----------------------------------------------------------------------------
+
+
+def measure(fn, target_s: float, min_reps: int):
+    """Median seconds of fn() after a warm-up, with enough repetitions for ~target_s."""
+    fn()
+    t0 = time.perf_counter()
+    fn()
+    once = time.perf_counter() - t0
+    reps = max(min_reps, min(10000, math.ceil(target_s / max(once, 1e-7))))
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times), reps
+
+
+def child(config: dict) -> None:
+    threads = config["threads"]
+    import numpy as np
+    import torch
+
+    torch.set_num_threads(threads)
+    limiter = None
+    try:
+        from threadpoolctl import threadpool_info, threadpool_limits
+
+        limiter = threadpool_limits(limits=threads)
+        pools = [{"api": p.get("internal_api"), "lib": os.path.basename(p.get("filepath", "")),
+                  "threads": p.get("num_threads")} for p in threadpool_info()]
+    except ImportError:
+        pools = []
+    target, min_reps = config["target_s"], config["min_reps"]
+    out = {"threads": threads, "torch_threads": torch.get_num_threads(), "pools": pools, "treelstm": [], "gemm": []}
+
+    def log(text):
+        print(f"  [t{threads}] {text}", file=sys.stderr, flush=True)
+
+    workloads = {batch: make_batches(1000 + batch, batch, config["sets"][str(batch)]) for batch in BATCHES}
+    for hidden in HIDDENS:
+        info = config["modules"][f"treelstm_h{hidden}"]
+        peers = make_peers(import_module(info["name"], info["build"]), hidden)
+        for batch_size, batches in workloads.items():
+            # Same function first: every peer's root states against the generated module's.
+            for k, batch in enumerate(batches):
+                want = peers["generated"](batch)
+                assert want.shape == (batch_size, hidden)
+                for peer in PEERS[1:]:
+                    got = np.asarray(peers[peer](batch))
+                    if got.shape != want.shape or not np.allclose(got, want, atol=ATOL):
+                        diff = float(np.max(np.abs(got - want))) if got.shape == want.shape else float("nan")
+                        raise SystemExit(f"{peer} differs from the generated module (hidden {hidden}, batch "
+                                         f"{batch_size}, set {k}): max |diff| {diff:.3g}; refusing to time "
+                                         "different functions")
+            for peer in PEERS:
+                fn = peers[peer]
+
+                def run_set(fn=fn, batches=batches):
+                    for batch in batches:
+                        fn(batch)
+
+                seconds, reps = measure(run_set, target, min_reps)
+                ms = 1000 * seconds / len(batches)
+                out["treelstm"].append({"hidden": hidden, "batch": batch_size, "peer": peer, "median_ms": ms,
+                                        "reps": reps, "batches_per_rep": len(batches)})
+                log(f"h{hidden} batch {batch_size:2d} {peer:12s} {ms:9.3f} ms/batch ({reps} reps)")
+
+    rng = np.random.default_rng(7)
+    for hidden in HIDDENS:
+        k, n = 2 * hidden, 5 * hidden
+        info = config["modules"][f"gemm_k{k}_n{n}"]
+        model = import_module(info["name"], info["build"]).Model(seed=0)
+        w = np.array(model.parameters()["w"], dtype=np.float32, copy=True)
+        for m in GEMM_M:
+            x = rng.standard_normal((m, k), dtype=np.float32)
+            y = model.forward(x=x)["y"]
+            if not np.allclose(y, x @ w, atol=ATOL, rtol=1e-4):
+                raise SystemExit(f"generated GEMM [{m},{k}]@[{k},{n}] differs from numpy")
+            for peer, fn in (("generated", lambda: model.forward(x=x)), ("numpy", lambda: x @ w)):
+                seconds, reps = measure(fn, target, min_reps)
+                gflops = 2 * m * k * n / seconds / 1e9
+                out["gemm"].append({"hidden": hidden, "M": m, "K": k, "N": n, "peer": peer,
+                                    "median_ms": 1000 * seconds, "gflops": gflops, "reps": reps})
+                log(f"gemm [{m:3d},{k}]@[{k},{n}] {peer:9s} {1000 * seconds:8.3f} ms {gflops:7.2f} GFLOP/s")
+    if limiter is not None:
+        limiter.restore_original_limits()
+    Path(config["out"]).write_text(json.dumps(out))
+
+
+def run_child(config: dict, threads: int) -> dict:
+    env = dict(os.environ)
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "VECLIB_MAXIMUM_THREADS",
+                "NUMEXPR_NUM_THREADS"):
+        env[var] = str(threads)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    with tempfile.TemporaryDirectory() as tmp:
+        cfg = dict(config, threads=threads, out=str(Path(tmp) / "out.json"))
+        proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(cfg)], env=env)
+        if proc.returncode != 0:
+            raise SystemExit(f"the measurement with {threads} thread(s) failed (exit {proc.returncode})")
+        return json.loads(Path(cfg["out"]).read_text())
+
+
+# ----------------------------------------------------------------------------
+# Main
+# ----------------------------------------------------------------------------
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--json", metavar="FILE", help="write every figure to FILE as JSON")
+    parser.add_argument("--quick", action="store_true", help="fewer batches and repetitions (~1 minute)")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(json.loads(args.child))
+        return
+    sys.path.insert(0, str(ROOT))
+
+    print("Building the generated modules (cached under build/bench/):", flush=True)
+    modules = {}
+    for model_def in [treelstm_model(h) for h in HIDDENS] + [gemm_model(2 * h, 5 * h) for h in HIDDENS]:
+        info = build_module(model_def)
+        modules[info["name"]] = info
+
+    sets = {"1": 8, "10": 2} if args.quick else {"1": 24, "10": 6}
+    config = {"modules": modules, "sets": sets, "target_s": 0.05 if args.quick else 0.3,
+              "min_reps": 3 if args.quick else 5}
+    workloads = {b: workload_stats(make_batches(1000 + b, b, sets[str(b)])) for b in BATCHES}
+    print("\nWorkload (seeded; binary trees by random merges, leaves per tree gamma(mean 18) clipped to [2, 50]):")
+    for b, w in workloads.items():
+        print(f"  batch {b:2d}: {w['batches']} batches, {w['nodes_per_batch']} nodes/batch, "
+              f"{w['leaves_per_tree']} leaves/tree, {w['levels_per_batch']} levels/batch, internal level rows "
+              f"median {w['internal_level_rows_median']:g} mean {w['internal_level_rows_mean']} "
+              f"max {w['internal_level_rows_max']}")
+
+    t0 = time.perf_counter()
+    results = {}
+    for threads in THREADS:
+        print(f"\nMeasuring with {threads} thread(s) (child process)...", flush=True)
+        results[threads] = run_child(config, threads)
+    elapsed = time.perf_counter() - t0
+
+    import numpy as np
+
+    records, gemm = [], []
+    for threads, res in results.items():
+        by = {(r["hidden"], r["batch"], r["peer"]): r for r in res["treelstm"]}
+        for (hidden, batch, peer), r in by.items():
+            gen = by[(hidden, batch, "generated")]["median_ms"]
+            records.append({"model": f"treelstm_h{hidden}", "hidden": hidden, "batch": batch, "threads": threads,
+                            "peer": peer, "median_ms": round(r["median_ms"], 4), "reps": r["reps"],
+                            "ratio_to_generated": round(r["median_ms"] / gen, 4)})
+        for r in res["gemm"]:
+            gemm.append({"model": f"gemm_k{r['K']}_n{r['N']}", "threads": threads,
+                         **{k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()}})
+
+    print(f"\nTreeLSTM forward, median latency per batch (ms); ratios = peer / generated "
+          f"(> 1: generated is faster). Measured in {elapsed:.0f} s.")
+    head = (f"{'H':>4} {'batch':>5} {'thr':>3} | {'generated':>9} {'torch-node':>10} {'torch-lvl':>9} "
+            f"{'numpy-lvl':>9} | {'node/gen':>8} {'lvl/gen':>8} {'np/gen':>8}")
+    print(head)
+    print("-" * len(head))
+    idx = {(r["hidden"], r["batch"], r["threads"], r["peer"]): r for r in records}
+    for hidden in HIDDENS:
+        for batch in BATCHES:
+            for threads in THREADS:
+                ms = {p: idx[(hidden, batch, threads, p)]["median_ms"] for p in PEERS}
+                print(f"{hidden:>4} {batch:>5} {threads:>3} | {ms['generated']:9.3f} {ms['torch-node']:10.3f} "
+                      f"{ms['torch-level']:9.3f} {ms['numpy-level']:9.3f} | "
+                      f"{ms['torch-node'] / ms['generated']:8.2f} {ms['torch-level'] / ms['generated']:8.2f} "
+                      f"{ms['numpy-level'] / ms['generated']:8.2f}")
+
+    print("\nLevel GEMM [M, 2H] @ [2H, 5H], GFLOP/s = 2*M*K*N / median time "
+          "(generated: a whole forward() of a one-matmul model, nothing subtracted)")
+    head = f"{'H':>4} {'M':>4} {'K':>5} {'N':>5} {'thr':>3} | {'generated':>9} {'numpy':>9} | {'numpy/gen':>9}"
+    print(head)
+    print("-" * len(head))
+    gi = {(r["hidden"], r["M"], r["threads"], r["peer"]): r for r in gemm}
+    for hidden in HIDDENS:
+        for m in GEMM_M:
+            for threads in THREADS:
+                g, n = gi[(hidden, m, threads, "generated")], gi[(hidden, m, threads, "numpy")]
+                print(f"{hidden:>4} {m:>4} {g['K']:>5} {g['N']:>5} {threads:>3} | {g['gflops']:9.2f} "
+                      f"{n['gflops']:9.2f} | {n['gflops'] / g['gflops']:9.1f}")
+
+    try:
+        import torch
+
+        torch_version = torch.__version__
+    except ImportError:
+        torch_version = None
+    env = {
+        "python": sys.version.split()[0], "numpy": np.__version__, "torch": torch_version,
+        "machine": platform.machine(), "cpu": _cpu_name(), "cores": os.cpu_count(),
+        "generated_uses_openmp": any(m["openmp"] for m in modules.values()),
+        "compiler": next(iter(modules.values()))["compiler"],
+        "thread_pools": {str(t): r["pools"] for t, r in results.items()},
+        "torch_threads": {str(t): r["torch_threads"] for t, r in results.items()},
+        "quick": args.quick, "atol": ATOL, "measure_seconds": round(elapsed, 1),
+    }
+    print(f"\nGenerated code uses OpenMP: {'yes' if env['generated_uses_openmp'] else 'no (single-threaded)'}; "
+          f"compiler: {env['compiler'] or '?'}")
+    print(f"numpy {env['numpy']}, torch {env['torch']}, {env['cpu']}, {env['cores']} cores")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"environment": env, "modules": modules, "workloads": {
+            str(b): w for b, w in workloads.items()}, "records": records, "gemm": gemm}, indent=1) + "\n")
+        print(f"wrote {args.json}")
+
+
+def _cpu_name() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,23 @@
+"""TreeRNN (TreeFC): h = tanh(W [h_left; h_right] + b), leaves from a word embedding."""
+
+import generator as dg
+
+VOCAB, HIDDEN = 1000, 128
+
+
+@dg.model
+def treernn():
+    trees = dg.trees("trees", arity=2)
+    emb = dg.param("emb", (VOCAB, HIDDEN), init=dg.normal(0, 0.1))
+    w = dg.param("w", (2 * HIDDEN, HIDDEN))
+    b = dg.param("b", (HIDDEN,), init=dg.zeros())
+
+    def leaf(words):
+        return (dg.gather(emb, words),)
+
+    def internal(words, children):
+        ((h_l,), (h_r,)) = children
+        return (dg.tanh(dg.concat([h_l, h_r], axis=1) @ w + b),)
+
+    h = dg.recurse(trees, leaf, internal, names=("h",))
+    return {"h": h, "root_h": dg.roots(trees, h)}

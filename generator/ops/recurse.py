@@ -1,0 +1,182 @@
+"""The recursive op: a leaf cell and an internal cell applied over a batch of
+trees or DAGs (see generator/recursion.py for the DSL).
+
+Reference: plain per-node recursion in topological order, one node at a time
+(independent of the batched lowering it checks). Lowering (Cortex's): an
+inspector numbers nodes by height (runtime/dg_tree.h), the leaf cell runs once
+on all leaves, work of the internal cell that does not depend on children is
+hoisted out of the level loop and done for all internal nodes at once, and the
+loop runs the rest once per level: gather the children's states, then the
+cell's statements, writing the level's rows of the state in place. Buffers are
+sized for the largest level before the loop: nothing is allocated inside it.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import sympy
+
+from ..shapes import numel
+from .registry import OpDef, get_op, register
+
+
+def _run_cell(cell, env, dims):
+    for node in cell.nodes:
+        results = get_op(node.op).reference([env[id(v)] for v in node.inputs], node.attrs, dims)
+        for v, r in zip(node.outputs, results):
+            env[id(v)] = r
+    return [env[id(v)] for v in cell.outputs]
+
+
+def _depends_on_children(cell) -> set:
+    """ids of the cell's values that (transitively) read a child's state."""
+    tainted = {id(v) for slot in cell.children for v in slot}
+    for node in cell.nodes:
+        if any(id(v) in tainted for v in node.inputs):
+            tainted.update(id(v) for v in node.outputs)
+    return tainted
+
+
+@register
+class Recurse(OpDef):
+    name = "recurse"
+
+    def infer(self, inputs, attrs):
+        children, words, roots = inputs[:3]
+        for v, rank in ((children, 2), (words, 1), (roots, 1)):
+            if v.dtype != "int64" or v.rank != rank:
+                raise ValueError(f"'{v.name}' must be int64 of rank {rank}, got {v.type_str()}")
+        nodes = children.shape[0]
+        return [("float32", (nodes,) + tuple(shape)) for _, shape in attrs["spec"].state]
+
+    def reference(self, args, attrs, dims):
+        from ..treebatch import check_batch
+
+        spec = attrs["spec"]
+        children, words, roots = args[:3]
+        free = {id(v): a for v, a in zip(spec.free, args[3:])}
+        _, order = check_batch(children, roots, spec.dag, "recurse")
+        nodes = children.shape[0]
+        dtype = np.result_type(*[a for a in args[3:] if a.dtype.kind == "f"] or [np.float32])
+        states = [np.zeros((nodes,) + tuple(int(sympy.sympify(d).subs(dims)) for d in shape), dtype=dtype)
+                  for _, shape in spec.state]
+        one = {**dims, spec.rows: 1}
+        for n in order:  # children before parents
+            kids = [int(c) for c in children[n]]
+            if all(c == -1 for c in kids):
+                env = dict(free)
+                env[id(spec.leaf.words)] = words[n : n + 1]
+                out = _run_cell(spec.leaf, env, one)
+            else:
+                env = dict(free)
+                env[id(spec.internal.words)] = words[n : n + 1]
+                for slot, c in zip(spec.internal.children, kids):
+                    for j, v in enumerate(slot):
+                        env[id(v)] = states[j][c : c + 1] if c != -1 else np.zeros_like(states[j][:1])
+                out = _run_cell(spec.internal, env, one)
+            for j, value in enumerate(out):
+                states[j][n] = value[0]
+        return states
+
+    def describe(self, node):
+        spec = node.attrs["spec"]
+        from ..printing import format_node
+
+        kind = "dag" if spec.dag else "trees"
+        lines = [f"recurse[{kind}, arity {spec.arity}]({', '.join(v.name for v in node.inputs[:3])})"]
+        for title, cell in (("leaf", spec.leaf), ("internal", spec.internal)):
+            args = [cell.words.name] + [v.name for slot in cell.children for v in slot]
+            lines.append(f"    {title}({', '.join(args)}):")
+            lines += [f"      {format_node(n)}" for n in cell.nodes]
+            lines.append(f"      -> {', '.join(v.name for v in cell.outputs)}")
+        return "\n".join(lines)
+
+    def lower(self, node, ctx):
+        spec = node.attrs["spec"]
+        children, words, roots = node.inputs[:3]
+        nodes, count = children.shape[0], roots.shape[0]
+        names = ctx.graph.names
+        sched, sorted_words = names.unique("schedule"), names.unique("sorted_words")
+        rows = str(spec.rows)
+        widths = [numel(shape) for _, shape in spec.state]
+        states = [names.unique(f"{name}_rows") for name, _ in spec.state]
+        what = ctx.string(f"recurse over '{children.name}' ({node.loc.short if node.loc else ''})")
+        lines = [
+            "// Inspector: check the batch and number its nodes by height, leaves first.",
+            f"const dg::LevelSchedule {sched} = dg::schedule_levels({ctx.ptr(children)}, {ctx.size(nodes)}, "
+            f"{spec.arity}, {ctx.ptr(roots)}, {ctx.size(count)}, {'true' if spec.dag else 'false'}, {what});",
+            f"std::vector<int64_t> {sorted_words}({ctx.size(nodes)});",
+            f"dg::permute_rows({ctx.ptr(words)}, {sched}.order.data(), {ctx.size(nodes)}, {sorted_words}.data());",
+        ]
+        for state, width in zip(states, widths):
+            lines.append(f"std::vector<float> {state}({ctx.size(nodes)} * {ctx.size(width)});  // in schedule order")
+
+        def run_block(cell, nodes_to_run, count_expr, bound_name, words_ptr, out_rows):
+            """Declarations (sized with rows = bound_name) before a block that sets rows."""
+            for v in cell.outputs:
+                if out_rows is not None and ctx.claim_output(v):
+                    j = cell.outputs.index(v)
+                    ctx.expr[id(v)] = f"{states[j]}.data() + {out_rows} * {ctx.size(widths[j])}"
+            ctx.expr[id(cell.words)] = words_ptr
+            decls, body = ctx.lower_nodes(nodes_to_run, {spec.rows: sympy.Symbol(bound_name)})
+            body = [f"const int64_t {rows} = {count_expr};"] + body
+            if out_rows is not None:
+                for j, v in enumerate(cell.outputs):
+                    target = f"{states[j]}.data() + {out_rows} * {ctx.size(widths[j])}"
+                    if ctx.expr[id(v)] != target:
+                        body.append(f"std::copy({ctx.expr[id(v)]}, {ctx.expr[id(v)]} + {rows} * "
+                                    f"{ctx.size(widths[j])}, {target});")
+            return decls + ["{"] + body + ["}"]
+
+        # Leaves: one batched step over rows [0, leaves).
+        leaves = names.unique("leaves")
+        lines.append(f"// Leaves: all {children.name} leaves at once.")
+        lines.append(f"const int64_t {leaves} = {sched}.leaves();")
+        lines += run_block(spec.leaf, spec.leaf.nodes, leaves, leaves, f"{sorted_words}.data()", "0")
+
+        # Hoisted: internal-cell work that does not read children, for all internal rows.
+        cell = spec.internal
+        tainted = _depends_on_children(cell)
+        hoisted = [n for n in cell.nodes if not any(id(v) in tainted for v in n.outputs)
+                   and all(not isinstance(d, int) and d == spec.rows or spec.rows not in getattr(d, "free_symbols", ())
+                           for v in n.outputs for d in v.shape[:1])]
+        looped = [n for n in cell.nodes if n not in hoisted]
+        inner = names.unique("internal_rows")
+        if hoisted:
+            lines.append(f"const int64_t {inner} = {ctx.size(nodes)} - {leaves};")
+            lines.append("// Hoisted out of the level loop: internal-node work that does not read children.")
+            block = run_block(cell, hoisted, inner, inner, f"{sorted_words}.data() + {leaves}", None)
+            lines += block
+
+        # Buffers for the children's states, sized for the largest level.
+        most = names.unique("max_rows")
+        lines.append(f"const int64_t {most} = {sched}.max_level_rows;")
+        for slot in cell.children:
+            for j, v in enumerate(slot):
+                lines.append(f"std::vector<float> {v.name}({most} * {ctx.size(widths[j])});")
+                ctx.expr[id(v)] = f"{v.name}.data()"
+        level, start = names.unique("level"), names.unique("start")
+        for n in hoisted:  # inside the loop, hoisted values are read at the level's rows
+            for v in n.outputs:
+                if v.rank and not isinstance(v.shape[0], int) and v.shape[0] == spec.rows:
+                    ctx.expr[id(v)] = f"{v.name}.data() + ({start} - {leaves}) * {ctx.size(numel(v.shape[1:]))}"
+        level_rows = f"{sched}.level_start[{level} + 1] - {start}"
+        block = run_block(cell, looped, level_rows, most, f"{sorted_words}.data() + {start}", start)
+        opening = block.index("{")
+        lines += block[:opening]  # the loop's own buffers, allocated once before it
+        lines.append("// Executor: one batched step per level, children before parents.")
+        lines.append(f"for (int64_t {level} = 1; {level} < {sched}.levels(); ++{level}) {{")
+        lines.append(f"const int64_t {start} = {sched}.level_start[{level}];")
+        for k, slot in enumerate(cell.children):
+            for j, v in enumerate(slot):
+                lines.append(
+                    f"dg::gather_children({states[j]}.data(), {ctx.size(widths[j])}, {sched}.child_row.data() + "
+                    f"{start} * {spec.arity}, {spec.arity}, {k}, {level_rows}, {v.name}.data());"
+                )
+        lines += block[opening:] + ["}"]
+
+        # States back in the caller's numbering.
+        for out, state, width in zip(node.outputs, states, widths):
+            lines.append(f"dg::unsort_rows({state}.data(), {sched}.order.data(), {ctx.size(nodes)}, "
+                         f"{ctx.size(width)}, {ctx.out(out)});")
+        return lines

@@ -1,0 +1,159 @@
+"""Recursive models in the DSL: a cell written once for leaves and once for
+internal nodes, applied over a batch of trees or DAGs.
+
+    trees = dg.trees("trees", arity=2)
+    h, c = dg.recurse(trees, leaf=leaf_cell, internal=internal_cell, names=("h", "c"))
+
+`leaf(words)` gets the word ids of a block of leaves, `internal(words, children)`
+those of a block of internal nodes and, for each child slot k, a tuple of the
+children's states (zeros for empty slots: a child-sum cell just adds the slots).
+Both return the node's state as a tuple of float32 tensors whose first dimension
+is the block's row count. The cells are traced once into sub-graphs of one
+`recurse` node (generator/ops/recurse.py), which the generated C++ runs as one
+batched step for all leaves and one per tree level.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+import sympy
+
+from .builder import Tensor, current
+from .errors import ModelError
+from .ir import Value
+from .shapes import dim, same
+from .source import user_loc
+
+
+@dataclass
+class Trees:
+    """A batch of trees (or DAGs) given to the model as three int64 inputs."""
+
+    name: str
+    children: Tensor  # [nodes, arity]
+    words: Tensor  # [nodes]
+    roots: Tensor  # [count]
+    arity: int
+    dag: bool
+
+
+def trees(name: str, arity: int, dag: bool = False, nodes=None, count=None) -> Trees:
+    """Declare a batch of trees: inputs `<name>_children` [nodes, arity],
+    `<name>_words` [nodes] and `<name>_roots` [count] (int64). With dag=True a
+    node may have several parents (DAG-RNN); cycles are errors either way."""
+    from . import dsl
+
+    loc = user_loc()
+    if not isinstance(arity, int) or isinstance(arity, bool) or arity < 1:
+        raise ModelError(f"arity must be a positive int, got {arity!r}", loc, "trees")
+    nodes = nodes if nodes is not None else dim(f"{name}_nodes")
+    count = count if count is not None else dim(f"{name}_count")
+    return Trees(
+        name,
+        dsl.input(f"{name}_children", (nodes, arity), dtype="int64"),
+        dsl.input(f"{name}_words", (nodes,), dtype="int64"),
+        dsl.input(f"{name}_roots", (count,), dtype="int64"),
+        arity,
+        bool(dag),
+    )
+
+
+@dataclass
+class Cell:
+    """A traced cell: placeholders in, nodes, state values out."""
+
+    words: Value
+    children: list  # [[Value per state component] per child slot]; empty for the leaf cell
+    nodes: list
+    outputs: list
+    free: list = field(default_factory=list)  # outer values the nodes read (parameters...)
+
+
+@dataclass
+class RecurseSpec:
+    arity: int
+    dag: bool
+    rows: sympy.Symbol  # the row count of a block: all leaves, or one level
+    state: list  # [(name, shape without the row dimension)]
+    leaf: Cell
+    internal: Cell
+    free: list  # outer values either cell reads, in the order they are node inputs
+
+
+def _placeholder(builder, base, dtype, shape):
+    return Value(builder.names.unique(base), dtype, tuple(shape), kind="cell", explicit=True)
+
+
+def _trace(builder, fn, args, what, loc):
+    """Run a cell function; returns (its nodes, its state Values)."""
+    start = len(builder.graph.nodes)
+    result = fn(*args)
+    nodes = builder.graph.nodes[start:]
+    del builder.graph.nodes[start:]
+    if isinstance(result, Tensor):
+        result = (result,)
+    if not isinstance(result, (tuple, list)) or not result or not all(isinstance(t, Tensor) for t in result):
+        raise ModelError(f"the {what} cell must return a Tensor or a tuple of Tensors, got {result!r}", loc, "recurse")
+    builder.regions.append(nodes)  # named when the model is finished
+    return nodes, [t.value for t in result]
+
+
+def _free_values(cell: Cell) -> list:
+    inside = {id(cell.words)} | {id(v) for slot in cell.children for v in slot}
+    inside |= {id(v) for n in cell.nodes for v in n.outputs}
+    free = []
+    for node in cell.nodes:
+        for v in node.inputs:
+            if id(v) not in inside and all(v is not f for f in free):
+                free.append(v)
+    return free
+
+
+def recurse(trees: Trees, leaf, internal, names=None):
+    """States of every node, in the caller's node numbering: one [nodes, ...] tensor
+    per state component (see the module docstring)."""
+    b, loc = current(), user_loc()
+    if not isinstance(trees, Trees):
+        raise ModelError(f"recurse needs a batch declared with dg.trees(...), got {trees!r}", loc, "recurse")
+    rows = sympy.Symbol(b.names.unique("rows"), integer=True, nonnegative=True)
+    leaf_words = _placeholder(b, "leaf_words", "int64", (rows,))
+    leaf_nodes, leaf_out = _trace(b, leaf, (Tensor(leaf_words),), "leaf", loc)
+    for v in leaf_out:
+        if v.dtype != "float32" or v.rank < 1 or not same(v.shape[0], rows):
+            raise ModelError(
+                f"the leaf cell must return float32 states with one row per leaf, got '{v.name}' {v.type_str()}",
+                loc, "recurse")
+    names = list(names) if names is not None else [f"s{j}" for j in range(len(leaf_out))]
+    if len(names) != len(leaf_out):
+        raise ModelError(f"names {names} do not match the {len(leaf_out)} state tensors of the leaf cell", loc, "recurse")
+    shapes = [tuple(v.shape[1:]) for v in leaf_out]
+    node_words = _placeholder(b, "node_words", "int64", (rows,))
+    children = [
+        [_placeholder(b, f"child{k}_{names[j]}", "float32", (rows,) + shapes[j]) for j in range(len(shapes))]
+        for k in range(trees.arity)
+    ]
+    args = (Tensor(node_words), [tuple(Tensor(v) for v in slot) for slot in children])
+    internal_nodes, internal_out = _trace(b, internal, args, "internal", loc)
+    if len(internal_out) != len(leaf_out) or any(
+        v.dtype != "float32" or len(v.shape) != 1 + len(s) or not all(same(a, c) for a, c in zip(v.shape, (rows,) + s))
+        for v, s in zip(internal_out, shapes)
+    ):
+        got = ", ".join(f"'{v.name}' {v.type_str()}" for v in internal_out)
+        want = ", ".join(f"[rows, {', '.join(map(str, s))}]" for s in shapes)
+        raise ModelError(f"the internal cell must return states shaped like the leaf cell's ({want}), got {got}",
+                         loc, "recurse")
+    leaf_cell = Cell(leaf_words, [], leaf_nodes, leaf_out)
+    internal_cell = Cell(node_words, children, internal_nodes, internal_out)
+    leaf_cell.free, internal_cell.free = _free_values(leaf_cell), _free_values(internal_cell)
+    free = list(leaf_cell.free)
+    free += [v for v in internal_cell.free if all(v is not f for f in free)]
+    spec = RecurseSpec(trees.arity, trees.dag, rows, list(zip(names, shapes)), leaf_cell, internal_cell, free)
+    outs = b.add("recurse", [trees.children, trees.words, trees.roots] + [Tensor(v) for v in free], {"spec": spec})
+    return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+def roots(trees: Trees, state, name=None):
+    """The rows of `state` at each tree's root: [count, ...]."""
+    from . import dsl
+
+    return dsl.gather(state, trees.roots, name=name)
