@@ -2,7 +2,8 @@
 
     python benchmarks/treelstm.py [--json FILE] [--quick]
 
-What it measures (all peers compute the same function with the same weights):
+Peers (all compute the same function with the same weights, copied from the
+generated module's Model(seed=0).parameters()):
 
   generated    the deepgen module (examples/treelstm.py's model at HIDDEN 256 and
                512), built with plain CMake in Release mode under build/bench/
@@ -11,21 +12,25 @@ What it measures (all peers compute the same function with the same weights):
                (index_select gathers the children, one matmul per level)
   numpy-level  the same level-batched algorithm in numpy
 
-on seeded SST-like batches (binary trees from random merges, 2..50 leaves, about
-18 on average) of 1 and 10 trees, with 1 and 2 threads. Each thread count runs
-in a child process whose OMP_NUM_THREADS / OPENBLAS_NUM_THREADS / MKL_NUM_THREADS
-are set before numpy or torch are imported (threadpoolctl and
-torch.set_num_threads are applied on top when available). Every peer's root
-states are checked against the generated module's before anything is timed.
+Workload: seeded SST-like batches of 1 and 10 binary trees (random merges of
+pending subtrees, generator.treebatch.random_batch; 2..50 leaves per tree, about
+18 on average), made once and shared by every measurement.
 
-It also measures the GEMM the generated code runs once per tree level
-([M, 2H] @ [2H, 5H]) as its own tiny generated model (x[M, K] @ w[K, N]) against
-numpy's float32 matmul, in GFLOP/s.
+Threads 1 and 2. Each (thread count, peer) pair runs in a child process of its
+own, with OMP_NUM_THREADS / OPENBLAS_NUM_THREADS / MKL_NUM_THREADS set before
+numpy or torch are imported, threadpoolctl limits (when installed) and
+torch.set_num_threads on top; one peer's idle-spinning thread pool cannot slow
+another's. Every child checks its peer's root states against the generated
+module's (np.allclose, atol 1e-4) on every batch before it times anything.
 
-Timings are medians of repeated runs (time.perf_counter) after a warm-up. The
-peers' timed region starts from the same int64 numpy arrays the generated module
-takes, so it includes their own scheduling (heights, level order), just as the
-generated forward() includes its inspector.
+Timings are medians of repeated runs (time.perf_counter) after a warm-up, each
+run covering the whole set of batches. The peers' timed region starts from the
+same int64 numpy arrays the generated module takes, so it includes their own
+scheduling (heights, level order), as forward() includes its inspector.
+
+GEMM: the matmul the generated code runs once per tree level, [M, 2H] @ [2H, 5H],
+as its own tiny generated model (y = x[M, K] @ w[K, N]) timed through forward()
+(nothing subtracted) against numpy's float32 matmul, in GFLOP/s.
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ import json
 import math
 import os
 import platform
+import re
 import shutil
 import statistics
 import subprocess
@@ -53,7 +59,10 @@ THREADS = (1, 2)
 GEMM_M = (1, 5, 20, 60)
 MEAN_LEAVES, MIN_LEAVES, MAX_LEAVES = 18, 2, 50
 PEERS = ("generated", "torch-node", "torch-level", "numpy-level")
+GEMM_PEER = {"generated": "generated", "numpy-level": "numpy"}  # which child also times the GEMM
 ATOL = 1e-4
+THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "VECLIB_MAXIMUM_THREADS",
+               "NUMEXPR_NUM_THREADS")
 
 
 # ----------------------------------------------------------------------------
@@ -97,7 +106,7 @@ def treelstm_model(hidden: int):
 
 
 def gemm_model(k: int, n: int):
-    """y[M, N] = x[M, K] @ w[K, N]: the level GEMM of the TreeLSTM on its own."""
+    """y[M, N] = x[M, K] @ w[K, N]: the TreeLSTM's level GEMM on its own."""
     import generator as dg
 
     @dg.model(name=f"gemm_k{k}_n{n}")
@@ -142,16 +151,18 @@ def build_module(model_def) -> dict:
         cmake_build(src, build, jobs=os.cpu_count() or 2)
         stamp.write_text(key)
     seconds = time.perf_counter() - t0
-    omp = any("omp" in p.read_text().lower() for p in [*(src / "src").glob("*.cpp"), src / "CMakeLists.txt"])
-    flags = ""
+    texts = [p.read_text() for p in [*(src / "src").glob("*.cpp"), *(src / "runtime").glob("*.h"),
+                                     src / "CMakeLists.txt"]]
+    openmp = any(re.search(r"#\s*pragma\s+omp|OpenMP|fopenmp", t) for t in texts)
+    compiler = []
     cache = build / "CMakeCache.txt"
     if cache.is_file():
         for line in cache.read_text().splitlines():
-            if line.startswith("CMAKE_CXX_FLAGS_RELEASE:") or line.startswith("CMAKE_CXX_COMPILER:"):
-                flags += line.split("=", 1)[1] + " "
+            if line.startswith(("CMAKE_CXX_COMPILER:", "CMAKE_CXX_FLAGS:", "CMAKE_CXX_FLAGS_RELEASE:")):
+                compiler.append(line.split("=", 1)[1])
     print(f"  {graph.name}: {'reused' if reused else 'built'} in {seconds:.1f} s ({build})", flush=True)
     return {"name": graph.name, "build": str(build), "reused": reused, "seconds": round(seconds, 2),
-            "openmp": omp, "compiler": flags.strip()}
+            "openmp": openmp, "compiler": " ".join(c for c in compiler if c)}
 
 
 def import_module(name: str, build: str):
@@ -203,6 +214,26 @@ def make_batches(seed: int, trees: int, count: int) -> list:
         assert ((ch[:, 0] == -1) == (ch[:, 1] == -1)).all(), "a binary tree node has 0 or 2 children"
         batches.append(batch)
     return batches
+
+
+def save_batches(path: Path, workloads: dict) -> None:
+    import numpy as np
+
+    arrays = {f"b{size}/{k}/{field}": a for size, batches in workloads.items()
+              for k, batch in enumerate(batches) for field, a in batch.items()}
+    np.savez(path, **arrays)
+
+
+def load_batches(path: str) -> dict:
+    import numpy as np
+
+    workloads = {}
+    with np.load(path) as data:
+        for key in data.files:
+            size, k, field = key.split("/")
+            batches = workloads.setdefault(int(size[1:]), {})
+            batches.setdefault(int(k), {})[field] = np.ascontiguousarray(data[key])
+    return {size: [b[k] for k in sorted(b)] for size, b in sorted(workloads.items())}
 
 
 def schedule(batch):
@@ -258,18 +289,26 @@ def workload_stats(batches) -> dict:
 # ----------------------------------------------------------------------------
 
 
-def make_peers(module, hidden: int) -> dict:
+def make_peer(name: str, model, hidden: int):
+    """The callable for peer `name`, using the weights of `model` (a generated Model)."""
     import numpy as np
+
+    if name == "generated":
+        return lambda batch: model.forward(**batch)["root_h"]
+    params = {k: np.array(v, dtype=np.float32, copy=True) for k, v in model.parameters().items()}
+    if name == "numpy-level":
+        return _numpy_level(params, hidden)
     import torch
 
-    model = module.Model(seed=0)
-    params = {k: np.array(v, dtype=np.float32, copy=True) for k, v in model.parameters().items()}
-    tp = {k: torch.from_numpy(v.copy()) for k, v in params.items()}
+    tp = {k: torch.from_numpy(v) for k, v in params.items()}
+    return (_torch_node if name == "torch-node" else _torch_level)(tp, hidden)
+
+
+def _torch_node(tp, hidden):
+    import torch
+
     emb, w_leaf, b_leaf, u, b = (tp[k] for k in ("emb", "w_leaf", "b_leaf", "u", "b"))
     sig, tanh = torch.sigmoid, torch.tanh
-
-    def generated(batch):
-        return model.forward(**batch)["root_h"]
 
     @torch.no_grad()
     def torch_node(batch):
@@ -287,6 +326,15 @@ def make_peers(module, hidden: int) -> dict:
                 c = sig(i) * tanh(g) + sig(f_l) * cs[left] + sig(f_r) * cs[right]
             hs[n], cs[n] = sig(o) * tanh(c), c
         return torch.cat([hs[r] for r in batch["trees_roots"].tolist()], 0).numpy()
+
+    return torch_node
+
+
+def _torch_level(tp, hidden):
+    import torch
+
+    emb, w_leaf, b_leaf, u, b = (tp[k] for k in ("emb", "w_leaf", "b_leaf", "u", "b"))
+    sig, tanh = torch.sigmoid, torch.tanh
 
     @torch.no_grad()
     def torch_level(batch):
@@ -308,9 +356,16 @@ def make_peers(module, hidden: int) -> dict:
             cs[lo:hi], hs[lo:hi] = c, sig(o) * tanh(c)
         return hs.index_select(0, torch.from_numpy(s["root_rows"])).numpy()
 
-    p_emb, p_wl, p_bl, p_u, p_b = (params[k] for k in ("emb", "w_leaf", "b_leaf", "u", "b"))
+    return torch_level
 
-    def np_sigmoid(x):  # in place; exp overflow for very negative x gives the right 0
+
+def _numpy_level(params, hidden):
+    import numpy as np
+
+    emb, w_leaf, b_leaf, u, b = (params[k] for k in ("emb", "w_leaf", "b_leaf", "u", "b"))
+    hd = hidden
+
+    def sigmoid_(x):  # in place; exp overflowing to inf for very negative x gives the right 0
         np.negative(x, out=x)
         np.exp(x, out=x)
         x += 1.0
@@ -319,36 +374,35 @@ def make_peers(module, hidden: int) -> dict:
 
     def numpy_level(batch):
         s = schedule(batch)
-        start, leaves, hd = s["start"], s["start"][1], hidden
+        start, leaves = s["start"], s["start"][1]
         hs = np.empty((s["nodes"], hd), np.float32)
         cs = np.empty((s["nodes"], hd), np.float32)
-        gates = p_emb[s["leaf_words"]] @ p_wl
-        gates += p_bl
+        gates = emb[s["leaf_words"]] @ w_leaf
+        gates += b_leaf
         with np.errstate(over="ignore"):
-            c = np_sigmoid(gates[:, :hd]) * np.tanh(gates[:, 2 * hd:])
+            c = sigmoid_(gates[:, :hd]) * np.tanh(gates[:, 2 * hd:])
             cs[:leaves] = c
-            np.multiply(np_sigmoid(gates[:, hd:2 * hd]), np.tanh(c), out=hs[:leaves])
+            np.multiply(sigmoid_(gates[:, hd:2 * hd]), np.tanh(c), out=hs[:leaves])
             child_rows = s["child_rows"]
             for level in range(1, len(start) - 1):
                 lo, hi = start[level], start[level + 1]
-                idx = child_rows[2 * lo:2 * hi]
-                hcat = hs[idx].reshape(hi - lo, 2 * hd)
+                idx = child_rows[2 * lo:2 * hi]  # [left0, right0, left1, ...]
+                hcat = hs[idx].reshape(hi - lo, 2 * hd)  # = concat([h_l, h_r], 1)
                 cc = cs[idx].reshape(hi - lo, 2, hd)
-                gates = hcat @ p_u
-                gates += p_b
-                c = np_sigmoid(gates[:, :hd]) * np.tanh(gates[:, 2 * hd:3 * hd])
-                c += np_sigmoid(gates[:, 3 * hd:4 * hd]) * cc[:, 0]
-                c += np_sigmoid(gates[:, 4 * hd:]) * cc[:, 1]
+                gates = hcat @ u
+                gates += b
+                c = sigmoid_(gates[:, :hd]) * np.tanh(gates[:, 2 * hd:3 * hd])
+                c += sigmoid_(gates[:, 3 * hd:4 * hd]) * cc[:, 0]
+                c += sigmoid_(gates[:, 4 * hd:]) * cc[:, 1]
                 cs[lo:hi] = c
-                np.multiply(np_sigmoid(gates[:, hd:2 * hd]), np.tanh(c), out=hs[lo:hi])
+                np.multiply(sigmoid_(gates[:, hd:2 * hd]), np.tanh(c), out=hs[lo:hi])
         return hs[s["root_rows"]]
 
-    return {"generated": generated, "torch-node": torch_node, "torch-level": torch_level,
-            "numpy-level": numpy_level}
+    return numpy_level
 
 
 # ----------------------------------------------------------------------------
-# Timing (child process: one thread count)
+# Timing: a child process per (thread count, peer)
 # ----------------------------------------------------------------------------
 
 
@@ -368,89 +422,87 @@ def measure(fn, target_s: float, min_reps: int):
 
 
 def child(config: dict) -> None:
-    threads = config["threads"]
     import numpy as np
-    import torch
 
-    torch.set_num_threads(threads)
+    threads, peer = config["threads"], config["peer"]
+    out = {"threads": threads, "peer": peer, "loadavg": os.getloadavg()[0], "treelstm": [], "gemm": []}
+    if peer.startswith("torch"):
+        import torch
+
+        torch.set_num_threads(threads)
+        out["torch_threads"] = torch.get_num_threads()
     limiter = None
     try:
         from threadpoolctl import threadpool_info, threadpool_limits
 
         limiter = threadpool_limits(limits=threads)
-        pools = [{"api": p.get("internal_api"), "lib": os.path.basename(p.get("filepath", "")),
-                  "threads": p.get("num_threads")} for p in threadpool_info()]
+        out["pools"] = [{"api": p.get("internal_api"), "lib": os.path.basename(p.get("filepath", "")),
+                         "threads": p.get("num_threads")} for p in threadpool_info()]
     except ImportError:
-        pools = []
+        out["pools"] = []
     target, min_reps = config["target_s"], config["min_reps"]
-    out = {"threads": threads, "torch_threads": torch.get_num_threads(), "pools": pools, "treelstm": [], "gemm": []}
 
     def log(text):
-        print(f"  [t{threads}] {text}", file=sys.stderr, flush=True)
+        print(f"  [{threads} thr] {text}", flush=True)
 
-    workloads = {batch: make_batches(1000 + batch, batch, config["sets"][str(batch)]) for batch in BATCHES}
+    workloads = load_batches(config["batches"])
     for hidden in HIDDENS:
         info = config["modules"][f"treelstm_h{hidden}"]
-        peers = make_peers(import_module(info["name"], info["build"]), hidden)
-        for batch_size, batches in workloads.items():
-            # Same function first: every peer's root states against the generated module's.
-            for k, batch in enumerate(batches):
-                want = peers["generated"](batch)
-                assert want.shape == (batch_size, hidden)
-                for peer in PEERS[1:]:
-                    got = np.asarray(peers[peer](batch))
-                    if got.shape != want.shape or not np.allclose(got, want, atol=ATOL):
-                        diff = float(np.max(np.abs(got - want))) if got.shape == want.shape else float("nan")
-                        raise SystemExit(f"{peer} differs from the generated module (hidden {hidden}, batch "
-                                         f"{batch_size}, set {k}): max |diff| {diff:.3g}; refusing to time "
-                                         "different functions")
-            for peer in PEERS:
-                fn = peers[peer]
-
-                def run_set(fn=fn, batches=batches):
-                    for batch in batches:
-                        fn(batch)
-
-                seconds, reps = measure(run_set, target, min_reps)
-                ms = 1000 * seconds / len(batches)
-                out["treelstm"].append({"hidden": hidden, "batch": batch_size, "peer": peer, "median_ms": ms,
-                                        "reps": reps, "batches_per_rep": len(batches)})
-                log(f"h{hidden} batch {batch_size:2d} {peer:12s} {ms:9.3f} ms/batch ({reps} reps)")
-
-    rng = np.random.default_rng(7)
-    for hidden in HIDDENS:
-        k, n = 2 * hidden, 5 * hidden
-        info = config["modules"][f"gemm_k{k}_n{n}"]
         model = import_module(info["name"], info["build"]).Model(seed=0)
-        w = np.array(model.parameters()["w"], dtype=np.float32, copy=True)
-        for m in GEMM_M:
-            x = rng.standard_normal((m, k), dtype=np.float32)
-            y = model.forward(x=x)["y"]
-            if not np.allclose(y, x @ w, atol=ATOL, rtol=1e-4):
-                raise SystemExit(f"generated GEMM [{m},{k}]@[{k},{n}] differs from numpy")
-            for peer, fn in (("generated", lambda: model.forward(x=x)), ("numpy", lambda: x @ w)):
+        reference, fn = make_peer("generated", model, hidden), make_peer(peer, model, hidden)
+        for batch_size, batches in workloads.items():
+            # The same function first: root states against the generated module's, on every batch.
+            for k, batch in enumerate(batches):
+                want, got = reference(batch), np.asarray(fn(batch))
+                assert want.shape == (batch_size, hidden), want.shape
+                if got.shape != want.shape or not np.allclose(got, want, atol=ATOL):
+                    diff = float(np.max(np.abs(got - want))) if got.shape == want.shape else float("nan")
+                    raise SystemExit(f"{peer} differs from the generated module (hidden {hidden}, batch "
+                                     f"{batch_size}, set {k}): max |diff| {diff:.3g}; refusing to time "
+                                     "different functions")
+
+            def run_set(fn=fn, batches=batches):
+                for batch in batches:
+                    fn(batch)
+
+            seconds, reps = measure(run_set, target, min_reps)
+            ms = 1000 * seconds / len(batches)
+            out["treelstm"].append({"hidden": hidden, "batch": batch_size, "peer": peer, "median_ms": ms,
+                                    "reps": reps, "batches_per_rep": len(batches)})
+            log(f"h{hidden} batch {batch_size:2d} {peer:12s} {ms:9.3f} ms/batch ({reps} reps)")
+
+    if peer in GEMM_PEER:
+        rng = np.random.default_rng(7)
+        for hidden in HIDDENS:
+            k, n = 2 * hidden, 5 * hidden
+            info = config["modules"][f"gemm_k{k}_n{n}"]
+            model = import_module(info["name"], info["build"]).Model(seed=0)
+            w = np.array(model.parameters()["w"], dtype=np.float32, copy=True)
+            for m in GEMM_M:
+                x = rng.standard_normal((m, k), dtype=np.float32)
+                if not np.allclose(model.forward(x=x)["y"], x @ w, atol=ATOL, rtol=1e-4):
+                    raise SystemExit(f"generated GEMM [{m},{k}]@[{k},{n}] differs from numpy")
+                fn = (lambda: model.forward(x=x)) if peer == "generated" else (lambda: x @ w)
                 seconds, reps = measure(fn, target, min_reps)
                 gflops = 2 * m * k * n / seconds / 1e9
-                out["gemm"].append({"hidden": hidden, "M": m, "K": k, "N": n, "peer": peer,
+                out["gemm"].append({"hidden": hidden, "M": m, "K": k, "N": n, "peer": GEMM_PEER[peer],
                                     "median_ms": 1000 * seconds, "gflops": gflops, "reps": reps})
-                log(f"gemm [{m:3d},{k}]@[{k},{n}] {peer:9s} {1000 * seconds:8.3f} ms {gflops:7.2f} GFLOP/s")
+                log(f"gemm [{m:3d},{k}]@[{k},{n}] {GEMM_PEER[peer]:9s} {1000 * seconds:8.3f} ms "
+                    f"{gflops:7.2f} GFLOP/s")
     if limiter is not None:
         limiter.restore_original_limits()
     Path(config["out"]).write_text(json.dumps(out))
 
 
-def run_child(config: dict, threads: int) -> dict:
+def run_child(config: dict, threads: int, peer: str, tmp: Path) -> dict:
     env = dict(os.environ)
-    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "VECLIB_MAXIMUM_THREADS",
-                "NUMEXPR_NUM_THREADS"):
-        env[var] = str(threads)
+    env.update({var: str(threads) for var in THREAD_VARS})
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    with tempfile.TemporaryDirectory() as tmp:
-        cfg = dict(config, threads=threads, out=str(Path(tmp) / "out.json"))
-        proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(cfg)], env=env)
-        if proc.returncode != 0:
-            raise SystemExit(f"the measurement with {threads} thread(s) failed (exit {proc.returncode})")
-        return json.loads(Path(cfg["out"]).read_text())
+    cfg = dict(config, threads=threads, peer=peer, out=str(tmp / f"t{threads}-{peer}.json"))
+    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(cfg)], env=env)
+    if proc.returncode != 0:
+        raise SystemExit(f"the {peer} measurement with {threads} thread(s) failed (exit {proc.returncode})")
+    return json.loads(Path(cfg["out"]).read_text())
 
 
 # ----------------------------------------------------------------------------
@@ -461,13 +513,14 @@ def run_child(config: dict, threads: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", metavar="FILE", help="write every figure to FILE as JSON")
-    parser.add_argument("--quick", action="store_true", help="fewer batches and repetitions (~1 minute)")
+    parser.add_argument("--quick", action="store_true", help="fewer batches and repetitions (about a minute)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(json.loads(args.child))
         return
     sys.path.insert(0, str(ROOT))
+    import numpy as np
 
     print("Building the generated modules (cached under build/bench/):", flush=True)
     modules = {}
@@ -475,36 +528,44 @@ def main() -> None:
         info = build_module(model_def)
         modules[info["name"]] = info
 
-    sets = {"1": 8, "10": 2} if args.quick else {"1": 24, "10": 6}
-    config = {"modules": modules, "sets": sets, "target_s": 0.05 if args.quick else 0.3,
-              "min_reps": 3 if args.quick else 5}
-    workloads = {b: workload_stats(make_batches(1000 + b, b, sets[str(b)])) for b in BATCHES}
+    sets = {1: 6, 10: 2} if args.quick else {1: 24, 10: 6}
+    workloads = {b: make_batches(1000 + b, b, sets[b]) for b in BATCHES}
+    stats = {b: workload_stats(batches) for b, batches in workloads.items()}
     print("\nWorkload (seeded; binary trees by random merges, leaves per tree gamma(mean 18) clipped to [2, 50]):")
-    for b, w in workloads.items():
+    for b, w in stats.items():
         print(f"  batch {b:2d}: {w['batches']} batches, {w['nodes_per_batch']} nodes/batch, "
-              f"{w['leaves_per_tree']} leaves/tree, {w['levels_per_batch']} levels/batch, internal level rows "
-              f"median {w['internal_level_rows_median']:g} mean {w['internal_level_rows_mean']} "
+              f"{w['leaves_per_tree']} leaves/tree, {w['levels_per_batch']} levels/batch, rows per internal "
+              f"level: median {w['internal_level_rows_median']:g}, mean {w['internal_level_rows_mean']}, "
               f"max {w['internal_level_rows_max']}")
+    load = os.getloadavg()[0]
+    if load > 0.5:
+        print(f"\nWARNING: load average {load:.2f} before measuring: other processes are running, "
+              "the figures will be noisy (multi-threaded ones most)", flush=True)
 
+    config = {"modules": modules, "target_s": 0.05 if args.quick else 0.3, "min_reps": 3 if args.quick else 5}
+    results = []
     t0 = time.perf_counter()
-    results = {}
-    for threads in THREADS:
-        print(f"\nMeasuring with {threads} thread(s) (child process)...", flush=True)
-        results[threads] = run_child(config, threads)
+    with tempfile.TemporaryDirectory() as tmp:
+        config["batches"] = str(Path(tmp) / "batches.npz")
+        save_batches(Path(config["batches"]), workloads)
+        for threads in THREADS:
+            print(f"\nMeasuring with {threads} thread(s), one child process per peer:", flush=True)
+            for peer in PEERS:
+                results.append(run_child(config, threads, peer, Path(tmp)))
     elapsed = time.perf_counter() - t0
 
-    import numpy as np
-
-    records, gemm = [], []
-    for threads, res in results.items():
-        by = {(r["hidden"], r["batch"], r["peer"]): r for r in res["treelstm"]}
-        for (hidden, batch, peer), r in by.items():
-            gen = by[(hidden, batch, "generated")]["median_ms"]
-            records.append({"model": f"treelstm_h{hidden}", "hidden": hidden, "batch": batch, "threads": threads,
-                            "peer": peer, "median_ms": round(r["median_ms"], 4), "reps": r["reps"],
-                            "ratio_to_generated": round(r["median_ms"] / gen, 4)})
+    times = {(r["hidden"], r["batch"], res["threads"], r["peer"]): r for res in results for r in res["treelstm"]}
+    records = []
+    for (hidden, batch, threads, peer), r in sorted(times.items()):
+        gen = times[(hidden, batch, threads, "generated")]["median_ms"]
+        records.append({"kind": "treelstm", "model": f"treelstm_h{hidden}", "hidden": hidden, "batch": batch,
+                        "threads": threads, "peer": peer, "median_ms": round(r["median_ms"], 4), "reps": r["reps"],
+                        "batches_per_rep": r["batches_per_rep"],
+                        "ratio_to_generated": round(r["median_ms"] / gen, 4)})
+    gemm = []
+    for res in results:
         for r in res["gemm"]:
-            gemm.append({"model": f"gemm_k{r['K']}_n{r['N']}", "threads": threads,
+            gemm.append({"kind": "gemm", "model": f"gemm_k{r['K']}_n{r['N']}", "threads": res["threads"],
                          **{k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()}})
 
     print(f"\nTreeLSTM forward, median latency per batch (ms); ratios = peer / generated "
@@ -513,17 +574,16 @@ def main() -> None:
             f"{'numpy-lvl':>9} | {'node/gen':>8} {'lvl/gen':>8} {'np/gen':>8}")
     print(head)
     print("-" * len(head))
-    idx = {(r["hidden"], r["batch"], r["threads"], r["peer"]): r for r in records}
     for hidden in HIDDENS:
         for batch in BATCHES:
             for threads in THREADS:
-                ms = {p: idx[(hidden, batch, threads, p)]["median_ms"] for p in PEERS}
+                ms = {p: times[(hidden, batch, threads, p)]["median_ms"] for p in PEERS}
                 print(f"{hidden:>4} {batch:>5} {threads:>3} | {ms['generated']:9.3f} {ms['torch-node']:10.3f} "
                       f"{ms['torch-level']:9.3f} {ms['numpy-level']:9.3f} | "
                       f"{ms['torch-node'] / ms['generated']:8.2f} {ms['torch-level'] / ms['generated']:8.2f} "
                       f"{ms['numpy-level'] / ms['generated']:8.2f}")
 
-    print("\nLevel GEMM [M, 2H] @ [2H, 5H], GFLOP/s = 2*M*K*N / median time "
+    print("\nLevel GEMM [M, 2H] @ [2H, 5H] in GFLOP/s = 2*M*K*N / median time "
           "(generated: a whole forward() of a one-matmul model, nothing subtracted)")
     head = f"{'H':>4} {'M':>4} {'K':>5} {'N':>5} {'thr':>3} | {'generated':>9} {'numpy':>9} | {'numpy/gen':>9}"
     print(head)
@@ -546,17 +606,20 @@ def main() -> None:
         "python": sys.version.split()[0], "numpy": np.__version__, "torch": torch_version,
         "machine": platform.machine(), "cpu": _cpu_name(), "cores": os.cpu_count(),
         "generated_uses_openmp": any(m["openmp"] for m in modules.values()),
-        "compiler": next(iter(modules.values()))["compiler"],
-        "thread_pools": {str(t): r["pools"] for t, r in results.items()},
-        "torch_threads": {str(t): r["torch_threads"] for t, r in results.items()},
-        "quick": args.quick, "atol": ATOL, "measure_seconds": round(elapsed, 1),
+        "compiler": modules[f"treelstm_h{HIDDENS[0]}"]["compiler"],
+        "children": [{k: r.get(k) for k in ("threads", "peer", "loadavg", "torch_threads", "pools")}
+                     for r in results],
+        "loadavg_before": round(load, 2), "quick": args.quick, "atol": ATOL, "measure_seconds": round(elapsed, 1),
     }
-    print(f"\nGenerated code uses OpenMP: {'yes' if env['generated_uses_openmp'] else 'no (single-threaded)'}; "
+    print(f"\nGenerated code: {'OpenMP' if env['generated_uses_openmp'] else 'no OpenMP (single-threaded)'}; "
           f"compiler: {env['compiler'] or '?'}")
-    print(f"numpy {env['numpy']}, torch {env['torch']}, {env['cpu']}, {env['cores']} cores")
+    print(f"numpy {env['numpy']}, torch {env['torch']}, {env['cpu']}, {env['cores']} cores; "
+          f"load average before/at each child: {load:.2f} / "
+          f"{', '.join('%.2f' % r['loadavg'] for r in results)}")
     if args.json:
-        Path(args.json).write_text(json.dumps({"environment": env, "modules": modules, "workloads": {
-            str(b): w for b, w in workloads.items()}, "records": records, "gemm": gemm}, indent=1) + "\n")
+        Path(args.json).write_text(json.dumps({"environment": env, "modules": modules,
+                                               "workloads": {str(b): w for b, w in stats.items()},
+                                               "records": records, "gemm": gemm}, indent=1) + "\n")
         print(f"wrote {args.json}")
 
 

@@ -161,3 +161,21 @@ def test_hoisting_is_visible_in_the_generated_code():
     assert hoisted < loop
     assert "dg::matmul(wx_gather" in model[hoisted:loop] or "@ w" in model[hoisted:loop]
     assert "std::vector" not in model[loop : model.index("dg::unsort_rows")], "no allocation inside the loop"
+
+
+def test_generated_module_converts_nested_trees(model):
+    graph, module, node = model
+    spec = node.attrs["spec"]
+    nested = [((1, 2), 3), 4, (5, [6, (7, 8)])] if spec.arity >= 2 else [((1,),), 2]
+    convert = getattr(module, node.inputs[0].name.removesuffix("_children") + "_from_nested")
+    inputs = convert(nested)
+    want = _inputs(node, from_nested(nested, spec.arity))
+    assert set(inputs) == set(want)
+    for key in want:
+        np.testing.assert_array_equal(inputs[key], want[key])
+    deep = 0
+    for _ in range(3000):
+        deep = (deep,)
+    assert convert([deep])[node.inputs[0].name].shape == (3001, spec.arity)
+    with pytest.raises(ValueError, match="a tree node must be"):
+        convert([(1, "x")])

@@ -258,4 +258,9 @@ def lower(graph, target) -> ProjectPlan:
         graph_text=format_graph(graph),
         kernel_ext=target.kernel_ext,
         train=train,
+        trees=[
+            {"arity": n.attrs["spec"].arity, "children": n.inputs[0].name, "words": n.inputs[1].name,
+             "roots": n.inputs[2].name, "function": n.inputs[0].name.removesuffix("_children") + "_from_nested"}
+            for n in graph.nodes if n.op == "recurse"
+        ],
     )

@@ -100,4 +100,5 @@ class ProjectPlan:
     graph_text: str  # `deepgen ir` of the model, for the README
     kernel_ext: str = ".cpp"
     train: TrainPlan | None = None
+    trees: list = field(default_factory=list)  # [{arity, children, words, roots}] of recursive ops
     extra: dict = field(default_factory=dict)

@@ -69,4 +69,64 @@ py::array param_view(Tensor<T>& t, py::handle owner) {
   return py::array_t<T>(t.shape, t.ptr(), owner);
 }
 
+// Flat arrays for a list of nested trees, as generator.treebatch.from_nested
+// makes them: a leaf is a word id (int); an internal node is a tuple of
+// children, or (word, [children...]). Iterative: deep trees are fine.
+inline py::dict trees_from_nested(const py::sequence& trees, int64_t arity) {
+  std::vector<int64_t> children, words, roots;
+  struct Item {
+    py::handle node;
+    bool expanded;
+  };
+  for (py::handle tree : trees) {
+    std::vector<Item> stack{{tree, false}};
+    std::vector<int64_t> done;
+    while (!stack.empty()) {
+      Item item = stack.back();
+      stack.pop_back();
+      int64_t word = -1;
+      py::sequence kids;
+      bool leaf = false;
+      if (py::isinstance<py::int_>(item.node) && !py::isinstance<py::bool_>(item.node)) {
+        word = item.node.cast<int64_t>();
+        leaf = true;
+      } else if (py::isinstance<py::tuple>(item.node) && py::len(item.node) == 2 &&
+                 py::isinstance<py::list>(py::reinterpret_borrow<py::tuple>(item.node)[1])) {
+        auto pair = py::reinterpret_borrow<py::tuple>(item.node);
+        word = pair[0].cast<int64_t>();
+        kids = pair[1];
+      } else if ((py::isinstance<py::tuple>(item.node) || py::isinstance<py::list>(item.node)) &&
+                 py::len(item.node) > 0) {
+        kids = py::reinterpret_borrow<py::sequence>(item.node);
+      } else {
+        throw py::value_error("a tree node must be a word id, a tuple of children or (word, [children]), got " +
+                              std::string(py::repr(item.node)));
+      }
+      const int64_t count = leaf ? 0 : static_cast<int64_t>(py::len(kids));
+      if (leaf || item.expanded) {
+        if (count > arity)
+          throw py::value_error("a node has " + std::to_string(count) + " children, more than the arity " +
+                                std::to_string(arity));
+        std::vector<int64_t> ids(done.end() - count, done.end());
+        done.resize(done.size() - count);
+        ids.resize(arity, -1);
+        children.insert(children.end(), ids.begin(), ids.end());
+        words.push_back(word);
+        done.push_back(static_cast<int64_t>(words.size()) - 1);
+      } else {
+        stack.push_back({item.node, true});
+        for (int64_t k = count - 1; k >= 0; --k) stack.push_back({kids[k], false});
+      }
+    }
+    roots.push_back(done.back());
+  }
+  if (roots.empty()) throw py::value_error("empty batch: no trees");
+  const int64_t nodes = static_cast<int64_t>(words.size());
+  py::dict batch;
+  batch["children"] = py::array_t<int64_t>(std::vector<int64_t>{nodes, arity}, children.data());
+  batch["words"] = py::array_t<int64_t>(std::vector<int64_t>{nodes}, words.data());
+  batch["roots"] = py::array_t<int64_t>(std::vector<int64_t>{static_cast<int64_t>(roots.size())}, roots.data());
+  return batch;
+}
+
 }  // namespace dg
