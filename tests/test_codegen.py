@@ -66,6 +66,7 @@ def test_generated_code_names_come_from_the_user():
         assert name in model
     assert "// tiny.py:11  h = dg.dense(x, 4, act=dg.relu)" in model
     assert "fmaxf(0.0F, h_add[i0])" in files["src/kernels.cpp"].decode()
+    assert "float* h_matmul = arena.at(" in model
 
 
 def test_generated_cpp_is_formatted():

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import __version__
+from ..errors import DeepgenError
 from ..names import comment_text, cpp_string
 from ..ops import get_op
 from ..printing import format_graph
@@ -41,15 +42,36 @@ class LowerCtx:
         self.comment = ""
         self.decls = None  # in lower_nodes: declarations to place before a block
         self.subs = {}  # in lower_nodes: dims to size those declarations with
+        # Memory planning: intermediates live in one arena; offsets are filled in
+        # after lowering, once liveness is known (see generator/memory.py).
+        self.position = 0  # index of the node being lowered, in schedule order
+        self.phase = "forward"
+        self.buffers = {}  # id(value) -> memory.Buffer
+        self.root = {}  # id(alias value) -> id(value whose buffer it reads)
+        self.producer_of = {}  # id(value) -> node, for in-place decisions
+        self.outputs = set()  # id(value) of graph outputs: own storage, handed to the caller
 
     def name(self, v) -> str:
         return v.name
 
     def ptr(self, v) -> str:
+        root = self.root.get(id(v), id(v))
+        if root in self.buffers:
+            self.buffers[root].last = max(self.buffers[root].last, self.position)
         return self.expr[id(v)]
 
     def out(self, v) -> str:
         """Declare v's buffer (once) and return a pointer to write it."""
+        if id(v) not in self.expr and self.decls is None and id(v) not in self.outputs and v.dtype == "float32":
+            from ..memory import Buffer
+
+            size = numel(v.shape)
+            self.buffers[id(v)] = Buffer(v.name, size, self.position, self.position, self.phase,
+                                         label=self.comment, shape=v.shape)
+            self.producer_of[id(v)] = v.producer
+            self.pending.append(f"float* {v.name} = arena.at(@@{v.name}@@, {self.size(size)});")
+            self.expr[id(v)] = v.name
+            return v.name
         if id(v) not in self.expr:
             if self.decls is not None:  # inside a block: allocate once, before it
                 size = numel(tuple(d if isinstance(d, int) else d.xreplace(self.subs) for d in v.shape))
@@ -87,6 +109,8 @@ class LowerCtx:
 
     def alias(self, v, src):
         """v shares src's data (a reshape): a named pointer, no copy."""
+        self.root[id(v)] = self.root.get(id(src), id(src))
+        self.ptr(src)
         self.pending.append(
             f"const {CTYPE[v.dtype]}* {v.name} = {self.ptr(src)};  // same data, shape {fmt_shape(v.shape)}"
         )
@@ -144,8 +168,10 @@ def _statements(ctx, nodes) -> list:
             statements.append(Statement(ctx.comment))
             key = k
         ctx.pending = []
+        ctx.phase = node.phase
         lines = get_op(node.op).lower(node, ctx)
         statements[-1].lines += ctx.pending + lines
+        ctx.position += 1
     return statements
 
 
@@ -221,6 +247,62 @@ def _lower_training(ctx, graph, target, dim_index, bound_dims) -> TrainPlan:
     )
 
 
+def _plan_memory(ctx, graph, statements, train, bound) -> dict:
+    """Decide in-place updates, plan the arena, and write the offsets into the
+    lowered statements (they hold @@name@@ placeholders until now)."""
+    from ..memory import FLOAT_BYTES, arena_size, lower_bound, plan
+
+    buffers = ctx.buffers
+    taken = set()
+    for key, b in buffers.items():
+        node = ctx.producer_of[key]
+        if node is None or node.op != "ewise":
+            continue
+        out = node.outputs[0]
+        for u in node.inputs:
+            src = buffers.get(id(u))
+            if (src is not None and id(u) not in ctx.root and src.last == b.first and id(src) not in taken
+                    and tuple(u.shape) == tuple(out.shape) and src.phase == b.phase):
+                b.inplace_of = src
+                taken.add(id(src))
+                break
+    ordered = list(buffers.values())
+    plan(ordered)
+    offsets = {f"@@{b.name}@@": ctx.size(b.offset) for b in ordered}
+
+    def fill(statement_list):
+        for st in statement_list:
+            st.lines = [_fill_offsets(line, offsets) for line in st.lines]
+
+    fill(statements)
+    if train is not None:
+        fill(train.loss_statements)
+        fill(train.backward_statements)
+    forward = arena_size(ordered, {"forward"})
+    everything = arena_size(ordered, {"forward", "loss", "backward"})
+    if train is not None and not everything.free_symbols <= bound:
+        raise DeepgenError("the training arena depends on sizes only training inputs determine; "
+                           "declare them on a forward input too")
+    size = ctx.size(forward) if train is None else f"outputs != nullptr ? {ctx.size(forward)} : {ctx.size(everything)}"
+    return {
+        "arena": size,
+        "buffers": ordered,
+        "forward_floats": forward,
+        "train_floats": everything if train is not None else None,
+        "forward_bound": lower_bound(ordered, {"forward"}),
+        "train_bound": lower_bound(ordered) if train is not None else None,
+        "float_bytes": FLOAT_BYTES,
+    }
+
+
+def _fill_offsets(line: str, offsets: dict) -> str:
+    if "@@" not in line:
+        return line
+    for token, value in offsets.items():
+        line = line.replace(token, value)
+    return line
+
+
 def lower(graph, target) -> ProjectPlan:
     if graph.train is not None:
         prepare_training(graph)
@@ -235,9 +317,11 @@ def lower(graph, target) -> ProjectPlan:
     forward_inputs = [v for v in graph.inputs if id(v) not in train_inputs]
     bound = {s for v in forward_inputs for d in v.shape for s in getattr(d, "free_symbols", ())}
 
+    ctx.outputs = {id(v) for _, v in graph.outputs}
     statements = _statements(ctx, [n for n in graph.nodes if n.phase == "forward"])
     train = _lower_training(ctx, graph, target, dim_index, bound) if graph.train else None
     outputs = _outputs(ctx, graph, "outputs->" if train else "outputs.")
+    memory = _plan_memory(ctx, graph, statements, train, bound)
 
     requirements = [(f"{ctx.size(expr)} >= 0", cpp_string(why)) for expr, why in graph.requirements]
     source = graph.loc.short.split(":")[0] if graph.loc else "model.py"
@@ -258,6 +342,7 @@ def lower(graph, target) -> ProjectPlan:
         graph_text=format_graph(graph),
         kernel_ext=target.kernel_ext,
         train=train,
+        memory=memory,
         trees=[
             {"arity": n.attrs["spec"].arity, "children": n.inputs[0].name, "words": n.inputs[1].name,
              "roots": n.inputs[2].name, "function": n.inputs[0].name.removesuffix("_children") + "_from_nested"}

@@ -100,5 +100,6 @@ class ProjectPlan:
     graph_text: str  # `deepgen ir` of the model, for the README
     kernel_ext: str = ".cpp"
     train: TrainPlan | None = None
+    memory: dict = field(default_factory=dict)  # the arena plan (see lower._plan_memory)
     trees: list = field(default_factory=list)  # [{arity, children, words, roots}] of recursive ops
     extra: dict = field(default_factory=dict)

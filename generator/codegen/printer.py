@@ -66,6 +66,13 @@ class SizePrinter(C99CodePrinter):
             return "*".join([self.parenthesize(base, 50)] * int(exp))
         raise ValueError(f"size expression {expr} is not a polynomial")
 
+    def _print_Max(self, expr):
+        args = [self._print(a) for a in expr.args]
+        text = args[0]
+        for a in args[1:]:
+            text = f"std::max<int64_t>({text}, {a})"
+        return text
+
 
 _SIZE = SizePrinter()
 

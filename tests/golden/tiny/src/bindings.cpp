@@ -97,6 +97,16 @@ PYBIND11_MODULE(tiny, m) {
       .def(
           "parameters", [](py::object self) { return views(self, self.cast<Model&>().parameters()); },
           "dict of parameter name -> writable numpy view of the model's memory")
+      .def(
+          "memory_stats",
+          [](const Model& m) {
+            py::dict stats;
+            stats["peak_bytes"] = m.memory.peak_bytes;
+            stats["predicted_peak_bytes"] = m.memory.predicted_peak_bytes;
+            stats["calls"] = m.memory.calls;
+            return stats;
+          },
+          "arena bytes of the last call: measured high-water mark and the plan's prediction")
       .def("save", &save, py::arg("path"), "Save the parameters to a .npz file")
       .def("load", &load, py::arg("path"), "Load what save() wrote (shapes are checked first)");
 }

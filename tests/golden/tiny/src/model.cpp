@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "dg_arena.h"
 #include "dg_ops.h"
 #include "dg_rng.h"
 #include "dg_tree.h"
@@ -42,23 +43,26 @@ Outputs Model::forward(const Inputs& inputs) const {
   check.fixed(1, 3);
   const int64_t N = check.dim(0);
   const float* x = inputs.x.data;
+  // Every intermediate lives in this arena, at an offset planned by deepgen (see README.md).
+  dg::Arena arena(6 * N);
 
   // tiny.py:11  h = dg.dense(x, 4, act=dg.relu)
-  std::vector<float> h_matmul(4 * N);
-  dg::matmul(x, h_w.ptr(), h_matmul.data(), N, 3, 4);
-  std::vector<float> h_add(4 * N);
-  kernels::h_add(h_matmul.data(), h_b.ptr(), h_add.data(), N);
-  std::vector<float> h(4 * N);
-  kernels::h(h_add.data(), h.data(), N);
+  float* h_matmul = arena.at(0, 4 * N);
+  dg::matmul(x, h_w.ptr(), h_matmul, N, 3, 4);
+  float* h_add = arena.at(0, 4 * N);
+  kernels::h_add(h_matmul, h_b.ptr(), h_add, N);
+  float* h = arena.at(0, 4 * N);
+  kernels::h(h_add, h, N);
 
   // tiny.py:12  y = dg.dense(h, 2)
-  std::vector<float> y_matmul(2 * N);
-  dg::matmul(h.data(), y_w.ptr(), y_matmul.data(), N, 4, 2);
+  float* y_matmul = arena.at(4 * N, 2 * N);
+  dg::matmul(h, y_w.ptr(), y_matmul, N, 4, 2);
   std::vector<float> y(2 * N);
-  kernels::y(y_matmul.data(), y_b.ptr(), y.data(), N);
+  kernels::y(y_matmul, y_b.ptr(), y.data(), N);
 
   Outputs outputs;
   outputs.y = dg::Tensor<float>({N, 2}, std::move(y));
+  memory.record(arena);
   return outputs;
 }
 

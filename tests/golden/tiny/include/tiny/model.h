@@ -7,6 +7,7 @@
 #include <utility>
 #include <vector>
 
+#include "dg_arena.h"
 #include "dg_tensor.h"
 
 namespace tiny {
@@ -32,6 +33,9 @@ class Model {
 
   // Every parameter by name, in declaration order.
   std::vector<std::pair<std::string, dg::Tensor<float>*>> parameters();
+
+  // The last call's arena: planned size and measured high-water mark.
+  mutable dg::MemoryStats memory;
 
   // Parameters: public, so hand-written code can read or set them.
   dg::Tensor<float> h_w{std::vector<int64_t>{3, 4}};  // [3, 4]

@@ -1,0 +1,137 @@
+"""Static memory planning: liveness over the lowered schedule and one arena per
+call, with offsets that are sympy expressions in the symbolic dims.
+
+The plan is valid for every value of the dims: a buffer only reuses a freed
+block whose size is at least its own for all (non-negative) dims (the
+difference, expanded, has no negative coefficient), and otherwise goes on top,
+at an offset that is a sum of sizes below it. An elementwise output whose input
+dies at that statement, with the same shape, is computed in place. The arena's
+size is the largest top reached; the lower bound is the largest total of live
+bytes at any statement. Sizes and offsets are counted in floats (4 bytes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import sympy
+
+FLOAT_BYTES = 4
+
+
+@dataclass(eq=False)
+class Buffer:
+    name: str
+    size: object  # floats, a sympy expression or int
+    first: int  # schedule position that writes it
+    last: int  # last position that reads it
+    phase: str  # forward | loss | backward
+    inplace_of: "Buffer | None" = None  # shares this buffer's block (elementwise in place)
+    offset: object = None
+    label: str = ""  # the statement, for reports
+    shape: tuple = ()
+
+
+def dominates(a, b) -> bool:
+    """a >= b for every non-negative value of the symbols (a sufficient test:
+    the expanded difference has no negative coefficient; Max is split up)."""
+    a, b = sympy.sympify(a), sympy.sympify(b)
+    if isinstance(b, sympy.Max):
+        return all(dominates(a, x) for x in b.args)
+    if isinstance(a, sympy.Max):
+        return any(dominates(x, b) for x in a.args)
+    diff = sympy.expand(a - b)
+    if diff.is_number:
+        return diff >= 0
+    poly = sympy.Poly(diff, *sorted(diff.free_symbols, key=str))
+    return all(c >= 0 for c in poly.coeffs())
+
+
+def sym_max(a, b):
+    if dominates(a, b):
+        return a
+    if dominates(b, a):
+        return b
+    return sympy.Max(a, b)
+
+
+def _same(a, b) -> bool:
+    return sympy.expand(sympy.sympify(a) - sympy.sympify(b)) == 0
+
+
+def plan(buffers: list):
+    """Assign offsets; returns the arena size (floats) as an expression."""
+    top, peak, free = sympy.Integer(0), sympy.Integer(0), []  # free: [(offset, size)]
+    order = sorted(buffers, key=lambda b: b.first)
+    positions = sorted({b.first for b in buffers} | {b.last + 1 for b in buffers})
+    owner = {}  # id(buffer) -> the buffer whose block it holds (in-place chains)
+    released = set()
+    for p in positions:
+        for b in buffers:  # release blocks whose holders are no longer read
+            if b.last < p and id(b) not in released and owner.get(id(b), b) is b:
+                released.add(id(b))
+                top = _release(free, b.offset, b.size, top)
+        for b in (b for b in order if b.first == p):
+            if b.inplace_of is not None:
+                b.offset = b.inplace_of.offset
+                owner[id(b.inplace_of)] = b  # the block now lives as long as b
+                released.add(id(b.inplace_of))
+                continue
+            fits = [i for i, (_, size) in enumerate(free) if dominates(size, b.size)]
+            if fits:
+                i = min(fits, key=lambda i: (sympy.count_ops(free[i][1]), i))
+                offset, size = free.pop(i)
+                b.offset = offset
+                rest = sympy.expand(size - b.size)
+                if rest != 0:
+                    free.append((sympy.expand(offset + b.size), rest))
+            else:
+                b.offset = top
+                top = sympy.expand(top + b.size)
+                peak = sym_max(peak, top)
+    return peak
+
+
+def _release(free, offset, size, top):
+    """Return a block to the free list, merging neighbours; a block at the top lowers it."""
+    block = (offset, size)
+    merged = True
+    while merged:
+        merged = False
+        for i, (o, s) in enumerate(free):
+            if _same(o + s, block[0]):
+                block = (o, sympy.expand(s + block[1]))
+            elif _same(block[0] + block[1], o):
+                block = (block[0], sympy.expand(block[1] + s))
+            else:
+                continue
+            free.pop(i)
+            merged = True
+            break
+    if _same(block[0] + block[1], top):
+        return block[0]
+    free.append(block)
+    return top
+
+
+def lower_bound(buffers: list, phases=None):
+    """max over statements of the floats live there (in-place pairs count once)."""
+    chosen = [b for b in buffers if phases is None or b.phase in phases]
+    positions = sorted({b.first for b in chosen})
+    bound = sympy.Integer(0)
+    for p in positions:
+        live = [b for b in chosen if b.first <= p <= b.last]
+        shared = {id(b.inplace_of) for b in live if b.inplace_of is not None and b.first <= p}
+        total = sum((b.size for b in live if id(b) not in shared or b.first > p), sympy.Integer(0))
+        bound = sym_max(bound, sympy.expand(total))
+    return bound
+
+
+def arena_size(buffers: list, phases) -> object:
+    """The top of the blocks used by buffers of these phases (the arena a call of
+    that kind touches)."""
+    size = sympy.Integer(0)
+    for b in buffers:
+        if b.phase in phases:
+            size = sym_max(size, sympy.expand(b.offset + b.size))
+    return size
