@@ -65,6 +65,27 @@ def cmd_ir(args):
     print(graph, end="")
 
 
+def cmd_memory(args):
+    from .codegen.lower import lower
+    from .codegen.targets import load_target
+    from .memory_report import parse_bytes, plot_png, report
+
+    graph = _graph(args)
+    plan = lower(graph, load_target("cpu"))
+    dims = {}
+    for item in args.dim or []:
+        name, _, value = item.partition("=")
+        match = [d for d in graph.dims if str(d) == name]
+        if not match or not value.isdigit():
+            raise DeepgenError(f"--dim {item!r}: expected NAME=INT with NAME one of {', '.join(map(str, graph.dims))}")
+        dims[match[0]] = int(value)
+    budget = parse_bytes(args.budget) if args.budget else None
+    print(report(graph, plan, batch=args.batch, dims=dims, budget=budget), end="")
+    if args.plot:
+        plot_png(graph, plan, args.plot, batch=args.batch, dims=dims)
+        print(f"plot written to {args.plot}")
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="deepgen", description="Compile a Python DSL model into a readable C++ project.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -84,6 +105,13 @@ def parser() -> argparse.ArgumentParser:
     c = sub.add_parser("check", help="check a model's shapes without generating code")
     c.add_argument("model")
     c.set_defaults(func=cmd_check)
+    mem = sub.add_parser("memory", help="static memory analysis: per-statement table, peak formula, budget")
+    mem.add_argument("model")
+    mem.add_argument("--batch", type=int, default=32, help="value of the symbolic sizes in the table (default 32)")
+    mem.add_argument("--dim", action="append", help="NAME=INT: a symbolic size other than the batch")
+    mem.add_argument("--budget", help="memory budget, e.g. 2GiB: prints the largest batch that fits")
+    mem.add_argument("--plot", help="write a PNG of live bytes over the schedule")
+    mem.set_defaults(func=cmd_memory)
     i = sub.add_parser("ir", help="print a model's graph")
     i.add_argument("model")
     i.add_argument("--grad", action="store_true", help="include the backward pass (gradient nodes)")

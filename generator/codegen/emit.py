@@ -111,6 +111,9 @@ def render(graph, target_name: str = "cpu") -> dict:
     target = load_target(target_name)
     plan = lower(graph, target)
     _extras(plan, graph)
+    from ..memory_report import report
+
+    plan.extra["memory_report"] = report(graph, plan, batch=32)
     env = _environment(target)
     name = plan.name
     cpp = {
