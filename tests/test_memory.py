@@ -115,3 +115,13 @@ def test_largest_batch_really_fits():
     budget = 50 * 2**20
     best = m.largest_batch(budget, n, {})
     assert m.at(m.total, {n: best}) <= budget < m.at(m.total, {n: best + 1})
+
+
+def test_parameter_updates_are_scheduled_as_soon_as_possible():
+    """DeepDSL's rescheduling: each update sits right after its last use in backward."""
+    from generator.codegen.emit import render
+
+    model = render(load_example("mlp").build())["src/model.cpp"].decode()
+    update = model.index("kernels::momentum_update(logits_w.ptr()")
+    assert model.index("dg::matmul_nt(d_logits, logits_w.ptr()") < update  # still read before it changes
+    assert update < model.index("gradient of mlp.py:14")  # and before the earlier layers' gradients

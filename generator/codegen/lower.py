@@ -50,11 +50,18 @@ class LowerCtx:
         self.root = {}  # id(alias value) -> id(value whose buffer it reads)
         self.producer_of = {}  # id(value) -> node, for in-place decisions
         self.outputs = set()  # id(value) of graph outputs: own storage, handed to the caller
+        # Scheduling parameter updates (DeepDSL): where each value is made and
+        # each parameter last read, and which statement holds each position.
+        self.made_at = {}
+        self.param_last = {}
+        self.statement_at = {}
 
     def name(self, v) -> str:
         return v.name
 
     def ptr(self, v) -> str:
+        if v.kind == "param" and self.decls is None:
+            self.param_last[id(v)] = self.position
         root = self.root.get(id(v), id(v))
         if root in self.buffers:
             self.buffers[root].last = max(self.buffers[root].last, self.position)
@@ -169,6 +176,9 @@ def _statements(ctx, nodes) -> list:
             key = k
         ctx.pending = []
         ctx.phase = node.phase
+        for v in node.outputs:
+            ctx.made_at[id(v)] = ctx.position
+        ctx.statement_at[ctx.position] = statements[-1]
         lines = get_op(node.op).lower(node, ctx)
         statements[-1].lines += ctx.pending + lines
         ctx.position += 1
@@ -223,11 +233,20 @@ def _lower_training(ctx, graph, target, dim_index, bound_dims) -> TrainPlan:
     ctx.kernels.append(kernel)
     scalars = [a.name for a in kernel.args if a.ctype == "float"]
     slots = {p: [(slot, graph.names.unique(f"{p}_{slot}")) for slot in opt.slots] for p, _, _ in grads}
+    # DeepDSL's rescheduling: update a parameter in the statement where its
+    # gradient is complete and it is not read any more, not after the whole pass.
     updates = []
+    copied = {p for p, _, _ in copies}
+    params = {p.name: p for p in graph.params}
     for p, member, _ in grads:
         args = [f"{p}.ptr()", f"{member}.ptr()"] + [f"{m}.ptr()" for _, m in slots[p]] + [f"{p}.size()"]
         args += [s if s in ("c1", "c2") else f"hyper.{s}" for s in scalars]
-        updates.append(f"kernels::{kernel.name}({', '.join(args)});")
+        call = f"kernels::{kernel.name}({', '.join(args)});"
+        ready = max(ctx.made_at.get(id(spec.grads[p]), -1), ctx.param_last.get(id(params[p]), -1))
+        if p in copied or ready not in ctx.statement_at or ctx.statement_at[ready] not in backward_statements:
+            updates.append(call)
+        else:
+            ctx.statement_at[ready].lines += [f"// {p}: gradient complete and no longer read: update it now", call]
     hyper = [(name, f"{np.float32(value)!r}".replace("np.float32(", "").rstrip(")") + "f") for name, value in spec.hyper]
     return TrainPlan(
         optimizer=opt.describe(),
