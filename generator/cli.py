@@ -33,7 +33,12 @@ def cmd_generate(args):
 
     start = time.perf_counter()
     graph = _graph(args)
-    files = generate(graph, args.output, target=args.target, force=args.force)
+    report = [] if args.report else None
+    files = generate(graph, args.output, target=args.target, force=args.force, opt=args.opt, report=report)
+    if report is not None:
+        print(f"passes ({args.opt}): nodes before -> after")
+        for name, before, after in report:
+            print(f"  {name:<10} {before:>5} -> {after:<5}{'  (no change)' if before == after else ''}")
     print(f"generated {graph.name} ({args.target}) in {args.output}: {len(files)} files, "
           f"{time.perf_counter() - start:.2f} s")
     print(f"next: deepgen build {args.output}   (or: pip install {args.output})")
@@ -54,6 +59,10 @@ def cmd_check(args):
 
 def cmd_ir(args):
     graph = _graph(args)
+    if args.after:
+        from .passes import optimize
+
+        optimize(graph, "O2", until=args.after)
     if args.grad:
         from .autodiff import prepare_training
 
@@ -70,7 +79,9 @@ def cmd_memory(args):
     from .codegen.targets import load_target
     from .memory_report import parse_bytes, plot_png, report
 
-    graph = _graph(args)
+    from .codegen.emit import prepare
+
+    graph = prepare(_graph(args), args.opt)
     plan = lower(graph, load_target("cpu"))
     dims = {}
     for item in args.dim or []:
@@ -97,6 +108,9 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--target", default="cpu", choices=available())
     g.add_argument("--name", help="project and module name (default: the model's name)")
     g.add_argument("--force", action="store_true", help="overwrite files edited since the last generation")
+    g.add_argument("-O", dest="opt", default="O2", choices=["O0", "O1", "O2"], type=lambda s: s if s.startswith("O") else "O" + s,
+                   help="optimization level: -O0 none, -O1 SSA passes, -O2 also fusion (default)")
+    g.add_argument("--report", action="store_true", help="print what each optimization pass changed")
     g.set_defaults(func=cmd_generate)
     b = sub.add_parser("build", help="build a generated project and install its Python module")
     b.add_argument("project")
@@ -111,10 +125,13 @@ def parser() -> argparse.ArgumentParser:
     mem.add_argument("--dim", action="append", help="NAME=INT: a symbolic size other than the batch")
     mem.add_argument("--budget", help="memory budget, e.g. 2GiB: prints the largest batch that fits")
     mem.add_argument("--plot", help="write a PNG of live bytes over the schedule")
+    mem.add_argument("-O", dest="opt", default="O2", choices=["O0", "O1", "O2"], type=lambda s: s if s.startswith("O") else "O" + s,
+                     help="optimization level the analysis assumes (as for generate)")
     mem.set_defaults(func=cmd_memory)
     i = sub.add_parser("ir", help="print a model's graph")
     i.add_argument("model")
     i.add_argument("--grad", action="store_true", help="include the backward pass (gradient nodes)")
+    i.add_argument("--after", help="print the graph after this pass of -O2 (dce, cse, copyprop, fuse, simplify)")
     i.set_defaults(func=cmd_ir)
     return p
 

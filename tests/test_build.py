@@ -46,9 +46,10 @@ def test_hand_edit_of_model_cpp_changes_the_module(tmp_path):
     # The user swaps the activation by hand: relu's kernel call becomes a tanh loop.
     model_cpp = project / "src" / "model.cpp"
     text = model_cpp.read_text()
-    call = "kernels::h(h_add, h, N);"
+    call = "kernels::h(h_matmul, h_b.ptr(), h, N);"  # the fused bias add + relu
     assert call in text
-    model_cpp.write_text(text.replace(call, "for (int64_t i = 0; i < N * 4; ++i) h[i] = std::tanh(h_add[i]);"))
+    by_hand = "for (int64_t i = 0; i < N * 4; ++i) h[i] = std::tanh(h_matmul[i] + h_b.ptr()[i % 4]);"
+    model_cpp.write_text(text.replace(call, by_hand))
     cmake_build(project, build)
 
     tanh = load_model(TINY + ":tiny_tanh").build()

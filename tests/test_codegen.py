@@ -65,7 +65,7 @@ def test_generated_code_names_come_from_the_user():
     for name in ("h_matmul", "h_w", "h_b", "y_w", "kernels::h("):
         assert name in model
     assert "// tiny.py:11  h = dg.dense(x, 4, act=dg.relu)" in model
-    assert "fmaxf(0.0F, h_add[i0])" in files["src/kernels.cpp"].decode()
+    assert "fmaxf(0.0F, h_matmul[4 * i0 + i1] + h_b[i1])" in files["src/kernels.cpp"].decode()
     assert "float* h_matmul = arena.at(" in model
 
 

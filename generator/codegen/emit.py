@@ -106,9 +106,23 @@ def _expected_npz(graph) -> bytes:
     return buf.getvalue()
 
 
-def render(graph, target_name: str = "cpu") -> dict:
+def prepare(graph, opt: str = "O2", report=None):
+    """The pass pipeline before lowering: optimize the forward graph, add the
+    backward pass (for a trainable model), and optimize again."""
+    from ..autodiff import prepare_training
+    from ..passes import optimize
+
+    optimize(graph, opt, report=report)
+    if graph.train is not None and not graph.train.prepared:
+        prepare_training(graph)
+        optimize(graph, opt, report=report)
+    return graph
+
+
+def render(graph, target_name: str = "cpu", opt: str = "O2", report=None) -> dict:
     """All files of the generated project: {relative path: bytes}."""
     target = load_target(target_name)
+    prepare(graph, opt, report)
     plan = lower(graph, target)
     _extras(plan, graph)
     from ..memory_report import report
@@ -180,5 +194,5 @@ def write_project(out_dir, files: dict, force: bool = False) -> list:
     return written
 
 
-def generate(graph, out_dir, target: str = "cpu", force: bool = False) -> list:
-    return write_project(out_dir, render(graph, target), force)
+def generate(graph, out_dir, target: str = "cpu", force: bool = False, opt: str = "O2", report=None) -> list:
+    return write_project(out_dir, render(graph, target, opt, report), force)

@@ -133,7 +133,12 @@ class LowerCtx:
 
     def call_kernel(self, node) -> str:
         names = {v: v.name for v in node.inputs + node.outputs}
-        kernel = ewise_kernel(node, names, self.comment, self.printer_cls)
+        comment = self.comment
+        fused = node.attrs.get("fused_from")
+        if fused:  # a fused kernel lists every DSL statement it holds
+            lines = list(dict.fromkeys(f"{loc.short}  {comment_text(loc.text)}" for loc in fused if loc))
+            comment = f"fuses {' + '.join(node.attrs['fused_fns'])}: " + " | ".join(lines)
+        kernel = ewise_kernel(node, names, comment, self.printer_cls)
         self.kernels.append(kernel)
         args = [self.ptr(v) for v in node.inputs] + [self.out(node.outputs[0])]
         args += [a.name for a in kernel.args[len(args) :]]

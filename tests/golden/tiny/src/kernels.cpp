@@ -8,19 +8,12 @@
 namespace tiny {
 namespace kernels {
 
-// tiny.py:11  h = dg.dense(x, 4, act=dg.relu)
-void h_add(const float* h_matmul, const float* h_b, float* h_add, int64_t N) {
+// fuses add + relu: tiny.py:11  h = dg.dense(x, 4, act=dg.relu)
+void h(const float* h_matmul, const float* h_b, float* h, int64_t N) {
   for (int64_t i0 = 0; i0 < N; ++i0) {
     for (int64_t i1 = 0; i1 < 4; ++i1) {
-      h_add[4 * i0 + i1] = h_matmul[4 * i0 + i1] + h_b[i1];
+      h[4 * i0 + i1] = fmaxf(0.0F, h_matmul[4 * i0 + i1] + h_b[i1]);
     }
-  }
-}
-
-// tiny.py:11  h = dg.dense(x, 4, act=dg.relu)
-void h(const float* h_add, float* h, int64_t N) {
-  for (int64_t i0 = 0; i0 < 4 * N; ++i0) {
-    h[i0] = fmaxf(0.0F, h_add[i0]);
   }
 }
 

@@ -7,10 +7,8 @@
 namespace tiny {
 namespace kernels {
 
-// tiny.py:11  h = dg.dense(x, 4, act=dg.relu)
-void h_add(const float* h_matmul, const float* h_b, float* h_add, int64_t N);
-// tiny.py:11  h = dg.dense(x, 4, act=dg.relu)
-void h(const float* h_add, float* h, int64_t N);
+// fuses add + relu: tiny.py:11  h = dg.dense(x, 4, act=dg.relu)
+void h(const float* h_matmul, const float* h_b, float* h, int64_t N);
 // tiny.py:12  y = dg.dense(h, 2)
 void y(const float* y_matmul, const float* y_b, float* y, int64_t N);
 

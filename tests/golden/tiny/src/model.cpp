@@ -49,10 +49,8 @@ Outputs Model::forward(const Inputs& inputs) const {
   // tiny.py:11  h = dg.dense(x, 4, act=dg.relu)
   float* h_matmul = arena.at(0, 4 * N);
   dg::matmul(x, h_w.ptr(), h_matmul, N, 3, 4);
-  float* h_add = arena.at(0, 4 * N);
-  kernels::h_add(h_matmul, h_b.ptr(), h_add, N);
   float* h = arena.at(0, 4 * N);
-  kernels::h(h_add, h, N);
+  kernels::h(h_matmul, h_b.ptr(), h, N);
 
   // tiny.py:12  y = dg.dense(h, 2)
   float* y_matmul = arena.at(4 * N, 2 * N);

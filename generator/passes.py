@@ -1,0 +1,216 @@
+"""Optimization passes: each a function Graph -> Graph (rewriting in place and
+returning it), run in order by `optimize(graph, level)`.
+
+Expression level: `fuse` merges chains of elementwise ops into one `ewise` node
+whose expression is the composition (so its kernel, its reference and its
+derivative come from one sympy expression, printed with sympy.cse), then
+`simplify` simplifies fused expressions. SSA level: `cse` (common
+subexpressions), `copyprop` (identity ops), `dce` (dead code). They also run
+inside recursive cells. Loop-invariant code motion for recursion is done where
+the level loop is built (ops/recurse.py hoists child-independent work).
+"""
+
+from __future__ import annotations
+
+import sympy
+
+from .ops import ARGS
+
+LEVELS = {
+    "O0": [],
+    "O1": ["dce", "cse", "copyprop", "dce"],
+    "O2": ["dce", "cse", "copyprop", "fuse", "simplify", "dce"],
+}
+
+
+def _regions(graph):
+    """(node list, values that must survive) for the graph and each recursive cell."""
+    keep = {id(v) for _, v in graph.outputs}
+    if graph.train is not None:
+        keep.add(id(graph.train.loss))
+        keep |= {id(g) for g in graph.train.grads.values()}
+    yield graph.nodes, keep
+    for node in graph.nodes:
+        if node.op == "recurse":
+            spec = node.attrs["spec"]
+            for cell in (spec.leaf, spec.internal):
+                yield cell.nodes, {id(v) for v in cell.outputs}
+
+
+def _uses(nodes) -> dict:
+    uses = {}
+    for node in nodes:
+        for v in node.inputs:
+            uses.setdefault(id(v), []).append(node)
+    return uses
+
+
+def _replace(graph, old, new):
+    """Every read of `old` reads `new` instead (nodes, cells, outputs, training)."""
+    for nodes, _ in list(_regions(graph)):
+        for node in nodes:
+            node.inputs = [new if v is old else v for v in node.inputs]
+    graph.outputs = [(name, new if v is old else v) for name, v in graph.outputs]
+    if graph.train is not None:
+        if graph.train.loss is old:
+            graph.train.loss = new
+        graph.train.grads = {p: new if g is old else g for p, g in graph.train.grads.items()}
+    for node in graph.nodes:
+        if node.op == "recurse":
+            spec = node.attrs["spec"]
+            spec.free = [new if v is old else v for v in spec.free]
+            for cell in (spec.leaf, spec.internal):
+                cell.outputs = [new if v is old else v for v in cell.outputs]
+                cell.free = [new if v is old else v for v in cell.free]
+
+
+def dce(graph):
+    """Drop nodes whose outputs nothing needs."""
+    for nodes, keep in list(_regions(graph)):
+        need = set(keep)
+        alive = []
+        for node in reversed(nodes):
+            if any(id(v) in need for v in node.outputs):
+                need.update(id(v) for v in node.inputs)
+                alive.append(node)
+        nodes[:] = reversed(alive)
+    return graph
+
+
+def _key(node):
+    attrs = tuple(sorted((k, sympy.srepr(v) if isinstance(v, sympy.Basic) else repr(v))
+                         for k, v in node.attrs.items()))
+    return node.op, tuple(id(v) for v in node.inputs), attrs
+
+
+def cse(graph):
+    """A node equal to an earlier one (same op, operands, attrs) is replaced by it."""
+    for nodes, keep in list(_regions(graph)):
+        seen, kept = {}, []
+        for node in nodes:
+            if node.op == "recurse":
+                kept.append(node)
+                continue
+            key = _key(node)
+            if key in seen and not any(id(v) in keep for v in node.outputs):
+                for old, new in zip(node.outputs, seen[key].outputs):
+                    _replace(graph, old, new)
+                continue
+            seen.setdefault(key, node)
+            kept.append(node)
+        nodes[:] = kept
+    return graph
+
+
+def copyprop(graph):
+    """An elementwise node that only copies its operand (x * 1, x + 0) is removed."""
+    for nodes, keep in list(_regions(graph)):
+        kept = []
+        for node in nodes:
+            if (node.op == "ewise" and len(node.inputs) == 1 and sympy.simplify(node.attrs["expr"] - ARGS[0]) == 0
+                    and tuple(node.inputs[0].shape) == tuple(node.outputs[0].shape)
+                    and not any(id(v) in keep for v in node.outputs)):
+                _replace(graph, node.outputs[0], node.inputs[0])
+                continue
+            kept.append(node)
+        nodes[:] = kept
+    return graph
+
+
+MAX_OPERANDS = 8  # a fused kernel reads at most this many arrays (readable signatures)
+
+
+def fuse(graph):
+    """Merge an elementwise producer into its only consumer when that consumer is
+    elementwise, in the same phase, and reads it at full shape (no broadcast, so
+    nothing is recomputed). The fused node remembers every DSL line it holds."""
+    for nodes, keep in list(_regions(graph)):
+        changed = True
+        while changed:
+            changed = False
+            uses = _uses(nodes)
+            for consumer in nodes:
+                if consumer.op != "ewise":
+                    continue
+                for k, u in enumerate(consumer.inputs):
+                    producer = u.producer
+                    if (producer is None or producer.op != "ewise" or producer not in nodes
+                            or len(uses.get(id(u), [])) != 1 or id(u) in keep
+                            or producer.phase != consumer.phase
+                            or tuple(u.shape) != tuple(consumer.outputs[0].shape)
+                            or len({id(v) for v in consumer.inputs + producer.inputs}) - 1 > MAX_OPERANDS):
+                        continue
+                    _merge(producer, consumer, k)
+                    nodes.remove(producer)
+                    changed = True
+                    break
+                if changed:
+                    break
+    return graph
+
+
+def _merge(producer, consumer, k):
+    """consumer := consumer with operand k replaced by producer's expression."""
+    inputs = [v for i, v in enumerate(consumer.inputs) if i != k]
+    mapping = {}
+    for j, v in enumerate(consumer.inputs):
+        if j != k:
+            mapping[ARGS[j]] = ARGS[inputs.index(v)]
+    inner = {}
+    for j, v in enumerate(producer.inputs):
+        if v not in inputs:
+            inputs.append(v)
+        inner[ARGS[j]] = ARGS[inputs.index(v)]
+    sub = producer.attrs["expr"].xreplace(inner)
+    temp = sympy.Dummy("fused")
+    expr = consumer.attrs["expr"].xreplace({ARGS[k]: temp}).xreplace(mapping).xreplace({temp: sub})
+    fused_from = producer.attrs.get("fused_from", [producer.loc]) + consumer.attrs.get("fused_from", [consumer.loc])
+    names = producer.attrs.get("fused_fns", [producer.attrs["fn"]]) + consumer.attrs.get("fused_fns", [consumer.attrs["fn"]])
+    consumer.inputs = inputs
+    consumer.attrs = {**consumer.attrs, "expr": expr, "fn": "fused", "fused_from": fused_from, "fused_fns": names}
+
+
+def simplify(graph):
+    """sympy simplification of fused expressions, kept only when it is smaller and
+    brings in no new functions (see ops.scalar.derivative for why)."""
+    from .ops.scalar import _functions
+
+    for nodes, _ in list(_regions(graph)):
+        for node in nodes:
+            if node.op == "ewise" and node.attrs.get("fn") == "fused":
+                expr = node.attrs["expr"]
+                try:
+                    simple = sympy.simplify(expr)
+                except Exception:  # noqa: BLE001  (simplification is optional)
+                    continue
+                if sympy.count_ops(simple) < sympy.count_ops(expr) and _functions(simple) <= _functions(expr):
+                    node.attrs = {**node.attrs, "expr": simple}
+    return graph
+
+
+PASSES = {"dce": dce, "cse": cse, "copyprop": copyprop, "fuse": fuse, "simplify": simplify}
+
+
+def optimize(graph, level: str = "O2", until: str | None = None, report=None):
+    """Run the passes of `level` in order (stopping after `until` if given).
+    `report`, a list, receives (pass, nodes before, nodes after) per pass."""
+    if level not in LEVELS:
+        raise ValueError(f"unknown optimization level {level!r}; use one of {', '.join(LEVELS)}")
+    names = LEVELS[level] if until is None else _until(until)
+    for name in names:
+        before = _count(graph)
+        PASSES[name](graph)
+        if report is not None:
+            report.append((name, before, _count(graph)))
+    return graph
+
+
+def _until(name):
+    order = LEVELS["O2"]
+    if name not in order:
+        raise ValueError(f"unknown pass {name!r}; passes: {', '.join(dict.fromkeys(order))}")
+    return order[: order.index(name) + 1]
+
+
+def _count(graph) -> int:
+    return sum(len(nodes) for nodes, _ in _regions(graph))

@@ -1,0 +1,123 @@
+"""Optimization passes: each preserves semantics (random graphs, every example at
+-O0 against -O2) and does its job (kernels and buffers drop)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import generator as dg
+from conftest import ROOT, load_example
+from generator import reference
+from generator.codegen.emit import prepare
+from generator.passes import LEVELS, optimize
+from generator.samples import sample_inputs
+
+EXAMPLES = sorted(p.stem for p in (ROOT / "examples").glob("*.py"))
+UNARY = ["relu", "tanh", "sigmoid", "exp", "neg", "square", "softsign"]
+
+
+def _random_model(program):
+    """A model from a hypothesis-drawn program of elementwise, matmul and reduction steps."""
+
+    def randomnet():
+        x = dg.input("x", (dg.dim("N"), 4))
+        y = dg.input("y", (4,))
+        w = dg.param("w", (4, 4), init=dg.uniform(-0.5, 0.5))
+        values = [x]
+        for kind, a, b, fn in program:
+            p, q = values[a % len(values)], values[b % len(values)]
+            if kind == "unary":
+                values.append(getattr(dg, fn)(p * 0.5))
+            elif kind == "binary":
+                values.append(p + q * 0.25 - y)
+            elif kind == "matmul":
+                values.append(p @ w)
+            else:
+                values.append(dg.softmax(p) + p)  # reduction inside
+        return {"last": values[-1], "copy1": values[-1] * 1.0, "copy2": values[-1] * 1.0}
+
+    return dg.model(randomnet)
+
+
+STEP = st.tuples(st.sampled_from(["unary", "binary", "matmul", "softmax"]), st.integers(0, 8), st.integers(0, 8),
+                 st.sampled_from(UNARY))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(STEP, min_size=1, max_size=8), st.sampled_from(["dce", "cse", "copyprop", "fuse", "simplify"]))
+def test_passes_preserve_semantics_on_random_graphs(program, until):
+    model = _random_model(program)
+    plain, optimized = model.build(), optimize(model.build(), "O2", until=until)
+    rng = np.random.default_rng(0)
+    inputs = {"x": rng.uniform(-1, 1, (3, 4)).astype(np.float32), "y": rng.uniform(-1, 1, 4).astype(np.float32)}
+    want, got = reference.run(plain, inputs), reference.run(optimized, inputs)
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_every_example_is_the_same_at_o0_and_o2(name):
+    o0, o2 = prepare(load_example(name).build(), "O0"), prepare(load_example(name).build(), "O2")
+    inputs = sample_inputs(o0)
+    want, got = reference.run(o0, inputs), reference.run(o2, inputs)
+    for key in want:
+        np.testing.assert_allclose(got[key], want[key], rtol=1e-5, atol=1e-6)
+    if o0.train is not None:
+        params = reference.init_params(o0)
+        loss0, grads0 = reference.gradients(o0, inputs, params)
+        loss2, grads2 = reference.gradients(o2, inputs, params)
+        assert abs(loss0 - loss2) <= 1e-5 * max(1, abs(loss0))
+        for p in grads0:
+            np.testing.assert_allclose(grads2[p], grads0[p], rtol=1e-4, atol=1e-6)
+
+
+def test_fusion_reduces_kernels_and_buffers():
+    from generator.codegen.lower import lower
+    from generator.codegen.targets import load_target
+
+    for name in ("mlp", "bow"):
+        counts = {}
+        for level in ("O0", "O2"):
+            graph = prepare(load_example(name).build(), level)
+            plan = lower(graph, load_target("cpu"))
+            counts[level] = (len(plan.kernels), len([b for b in plan.memory["buffers"] if b.inplace_of is None]),
+                             len(plan.memory["buffers"]))
+        assert counts["O2"][0] < counts["O0"][0], (name, counts)  # fewer kernels
+        assert counts["O2"][2] <= counts["O0"][2], (name, counts)  # no more buffers
+    assert counts["O2"][2] < counts["O0"][2], counts  # bow: fewer intermediate buffers
+
+
+def test_fused_kernel_lists_its_dsl_statements():
+    from generator.codegen.emit import render
+
+    kernels = render(load_example("mlp").build())["src/kernels.cpp"].decode()
+    assert "// fuses add + relu: mlp.py:13  h1 = dg.dense(x, 512, act=dg.relu)" in kernels
+
+
+def test_cse_and_copyprop_and_dce():
+    @dg.model
+    def dup():
+        x = dg.input("x", (2, 3))
+        a = dg.tanh(x)
+        b = dg.tanh(x)  # the same as a
+        unused = dg.exp(x)  # noqa: F841  (dead)
+        c = (a + b) * 1  # a copy
+        return {"total": dg.sin(c)}
+
+    graph = optimize(dup.build(), "O1")
+    ops = [n.attrs.get("fn", n.op) for n in graph.nodes]
+    assert ops.count("tanh") == 1 and "exp" not in ops and "mul" not in ops, ops
+
+
+def test_levels_and_ir_after(capsys):
+    from generator import cli
+
+    assert LEVELS["O0"] == []
+    assert cli.main(["ir", str(ROOT / "examples" / "mlp.py"), "--after", "fuse"]) == 0
+    assert "fused(h1_matmul, h1_b)" in capsys.readouterr().out
+    assert cli.main(["generate", str(ROOT / "examples" / "mlp.py"), "-o", str(ROOT / "build" / "o0"), "-O0",
+                     "--force", "--report"]) == 0
+    assert "passes (O0)" in capsys.readouterr().out
