@@ -406,19 +406,23 @@ def _numpy_level(params, hidden):
 # ----------------------------------------------------------------------------
 
 
-def measure(fn, target_s: float, min_reps: int):
-    """Median seconds of fn() after a warm-up, with enough repetitions for ~target_s."""
+def measure(fn, target_s: float, min_reps: int) -> dict:
+    """Median seconds of fn() after a warm-up, with enough repetitions for ~target_s;
+    also the fastest run and the process's CPU time per wall second (below 1 for a
+    single-threaded peer means it was preempted: another process wanted the cores)."""
     fn()
     t0 = time.perf_counter()
     fn()
     once = time.perf_counter() - t0
     reps = max(min_reps, min(10000, math.ceil(target_s / max(once, 1e-7))))
     times = []
+    cpu0 = time.process_time()
     for _ in range(reps):
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
-    return statistics.median(times), reps
+    cpu = (time.process_time() - cpu0) / max(sum(times), 1e-9)
+    return {"median": statistics.median(times), "min": min(times), "reps": reps, "cpu_per_wall": cpu}
 
 
 def child(config: dict) -> None:
@@ -465,11 +469,13 @@ def child(config: dict) -> None:
                 for batch in batches:
                     fn(batch)
 
-            seconds, reps = measure(run_set, target, min_reps)
-            ms = 1000 * seconds / len(batches)
+            t = measure(run_set, target, min_reps)
+            ms = 1000 * t["median"] / len(batches)
             out["treelstm"].append({"hidden": hidden, "batch": batch_size, "peer": peer, "median_ms": ms,
-                                    "reps": reps, "batches_per_rep": len(batches)})
-            log(f"h{hidden} batch {batch_size:2d} {peer:12s} {ms:9.3f} ms/batch ({reps} reps)")
+                                    "min_ms": 1000 * t["min"] / len(batches), "reps": t["reps"],
+                                    "batches_per_rep": len(batches), "cpu_per_wall": t["cpu_per_wall"]})
+            log(f"h{hidden} batch {batch_size:2d} {peer:12s} {ms:9.3f} ms/batch ({t['reps']} reps, "
+                f"cpu/wall {t['cpu_per_wall']:.2f})")
 
     if peer in GEMM_PEER:
         rng = np.random.default_rng(7)
@@ -483,10 +489,12 @@ def child(config: dict) -> None:
                 if not np.allclose(model.forward(x=x)["y"], x @ w, atol=ATOL, rtol=1e-4):
                     raise SystemExit(f"generated GEMM [{m},{k}]@[{k},{n}] differs from numpy")
                 fn = (lambda: model.forward(x=x)) if peer == "generated" else (lambda: x @ w)
-                seconds, reps = measure(fn, target, min_reps)
+                t = measure(fn, target, min_reps)
+                seconds = t["median"]
                 gflops = 2 * m * k * n / seconds / 1e9
                 out["gemm"].append({"hidden": hidden, "M": m, "K": k, "N": n, "peer": GEMM_PEER[peer],
-                                    "median_ms": 1000 * seconds, "gflops": gflops, "reps": reps})
+                                    "median_ms": 1000 * seconds, "min_ms": 1000 * t["min"], "gflops": gflops,
+                                    "reps": t["reps"], "cpu_per_wall": t["cpu_per_wall"]})
                 log(f"gemm [{m:3d},{k}]@[{k},{n}] {GEMM_PEER[peer]:9s} {1000 * seconds:8.3f} ms "
                     f"{gflops:7.2f} GFLOP/s")
     if limiter is not None:
@@ -559,8 +567,9 @@ def main() -> None:
     for (hidden, batch, threads, peer), r in sorted(times.items()):
         gen = times[(hidden, batch, threads, "generated")]["median_ms"]
         records.append({"kind": "treelstm", "model": f"treelstm_h{hidden}", "hidden": hidden, "batch": batch,
-                        "threads": threads, "peer": peer, "median_ms": round(r["median_ms"], 4), "reps": r["reps"],
-                        "batches_per_rep": r["batches_per_rep"],
+                        "threads": threads, "peer": peer, "median_ms": round(r["median_ms"], 4),
+                        "min_ms": round(r["min_ms"], 4), "reps": r["reps"], "batches_per_rep": r["batches_per_rep"],
+                        "cpu_per_wall": round(r["cpu_per_wall"], 3),
                         "ratio_to_generated": round(r["median_ms"] / gen, 4)})
     gemm = []
     for res in results:
@@ -582,6 +591,11 @@ def main() -> None:
                       f"{ms['torch-level']:9.3f} {ms['numpy-level']:9.3f} | "
                       f"{ms['torch-node'] / ms['generated']:8.2f} {ms['torch-level'] / ms['generated']:8.2f} "
                       f"{ms['numpy-level'] / ms['generated']:8.2f}")
+
+    preempted = [r for r in records if r["threads"] == 1 and r["cpu_per_wall"] < 0.9]
+    if preempted:
+        print("NOTE: preempted while measuring (1 thread, CPU time < 0.9 x wall time): " + ", ".join(
+            f"H{r['hidden']} batch {r['batch']} {r['peer']} ({r['cpu_per_wall']:.2f})" for r in preempted))
 
     print("\nLevel GEMM [M, 2H] @ [2H, 5H] in GFLOP/s = 2*M*K*N / median time "
           "(generated: a whole forward() of a one-matmul model, nothing subtracted)")

@@ -1,8 +1,9 @@
 """Static memory planning: liveness over the lowered schedule and one arena per
 call, with offsets that are sympy expressions in the symbolic dims.
 
-The plan is valid for every value of the dims: a buffer only reuses a freed
-block whose size is at least its own for all (non-negative) dims (the
+The plan is valid for every value of the dims (each at least 1, which the
+generated code checks): a buffer only reuses a freed block whose size is at
+least its own for all such values (the
 difference, expanded, has no negative coefficient), and otherwise goes on top,
 at an offset that is a sum of sizes below it. An elementwise output whose input
 dies at that statement, with the same shape, is computed in place. The arena's
@@ -33,14 +34,19 @@ class Buffer:
 
 
 def dominates(a, b) -> bool:
-    """a >= b for every non-negative value of the symbols (a sufficient test:
-    the expanded difference has no negative coefficient; Max is split up)."""
+    """a >= b for every value >= 1 of the symbols (symbolic sizes are at least 1;
+    the generated code checks it). A sufficient test: with each symbol s written
+    as 1 + t (t >= 0), the expanded difference has no negative coefficient; Max
+    is split up."""
     a, b = sympy.sympify(a), sympy.sympify(b)
     if isinstance(b, sympy.Max):
         return all(dominates(a, x) for x in b.args)
     if isinstance(a, sympy.Max):
         return any(dominates(x, b) for x in a.args)
     diff = sympy.expand(a - b)
+    if diff.is_number:
+        return diff >= 0
+    diff = sympy.expand(diff.xreplace({s: s + 1 for s in diff.free_symbols}))
     if diff.is_number:
         return diff >= 0
     poly = sympy.Poly(diff, *sorted(diff.free_symbols, key=str))
@@ -78,8 +84,8 @@ def plan(buffers: list):
                 released.add(id(b.inplace_of))
                 continue
             fits = [i for i, (_, size) in enumerate(free) if dominates(size, b.size)]
-            if fits:
-                i = min(fits, key=lambda i: (sympy.count_ops(free[i][1]), i))
+            if fits:  # best fit: the smallest block at a typical size (dims = 64)
+                i = min(fits, key=lambda i: (_typical(free[i][1]), i))
                 offset, size = free.pop(i)
                 b.offset = offset
                 rest = sympy.expand(size - b.size)
@@ -90,6 +96,11 @@ def plan(buffers: list):
                 top = sympy.expand(top + b.size)
                 peak = sym_max(peak, top)
     return peak
+
+
+def _typical(expr) -> float:
+    expr = sympy.sympify(expr)
+    return float(expr.xreplace({s: 64 for s in expr.free_symbols}))
 
 
 def _release(free, offset, size, top):

@@ -121,6 +121,9 @@ def bind_dims(shape, actual, bound: dict, bound_by: dict | None = None, name: st
                         )
                     return f"dimension {axis} is {fmt_dim(d)} = {int(value)}, got {a}"
             elif isinstance(d, sympy.Symbol):
+                if a < 1:
+                    return (f"dimension {axis} is {fmt_dim(d)}, which must be at least 1 (got {a}); "
+                            "memory plans assume every symbolic size is 1 or more")
                 bound[d] = a
                 if bound_by is not None and name is not None:
                     bound_by[d] = name

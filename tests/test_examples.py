@@ -128,10 +128,14 @@ def test_wrong_concrete_dimension_names_expected_shape(builds):
         module.Model().forward(x=np.zeros((3, 783), np.float32))
 
 
-def test_batch_of_zero(builds):
+def test_batch_of_zero_is_refused(builds):
+    """Memory plans assume symbolic sizes of at least 1; an empty batch is a clear error."""
     graph = load_example("mlp").build()
     module, _ = builds.module(graph)
-    assert module.Model().forward(x=np.zeros((0, 784), np.float32))["logits"].shape == (0, 10)
+    with pytest.raises(ValueError, match=r"input 'x': dimension 0 is N, which must be at least 1 \(got 0\)"):
+        module.Model().forward(x=np.zeros((0, 784), np.float32))
+    with pytest.raises(ValueError, match="must be at least 1"):
+        reference.run(graph, {"x": np.zeros((0, 784), np.float32)})
 
 
 def test_generated_project_tests_pass(example):

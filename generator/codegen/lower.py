@@ -219,10 +219,11 @@ def _lower_training(ctx, graph, target, dim_index, bound_dims) -> TrainPlan:
         g = spec.grads.get(p.name)
         if g is None:
             continue
-        direct = g.producer is not None and g.producer.phase == "backward" and g.producer.op != "reshape"
+        direct = (g.producer is not None and g.producer.phase == "backward" and g.producer.op != "reshape"
+                  and id(g) not in ctx.expr and sum(x is g for x in spec.grads.values()) == 1)
         member = g.name if direct and g.name == f"d_{p.name}" else graph.names.unique(f"d_{p.name}")
         grads.append((p.name, member, _shape_list(p.shape)))
-        if direct and member == g.name:
+        if direct:  # the backward pass writes the gradient straight into the member
             ctx.expr[id(g)] = f"{member}.ptr()"
         else:
             copies.append((p.name, g, member))

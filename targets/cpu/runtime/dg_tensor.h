@@ -81,6 +81,9 @@ class ShapeChecker {
   // that uses a dim sets its size, later ones must agree.
   void symbolic(size_t axis, size_t index, const char* dim) {
     const int64_t actual = (*shape_)[axis];
+    if (actual < 1)
+      fail("dimension " + std::to_string(axis) + " is " + dim + ", which must be at least 1 (got " +
+           std::to_string(actual) + "); memory plans assume every symbolic size is 1 or more");
     if (bound_by_[index].empty()) {
       value_[index] = actual;
       bound_by_[index] = name_;
