@@ -114,15 +114,10 @@ CTYPE_BYTES = {"float": 4, "double": 8, "int64_t": 8, "int32_t": 4, "uint8_t": 1
 # ----------------------------------------------------------------------------
 
 
-def cmake_build(project: Path, build: Path, jobs: int) -> None:
-    """Configure and build a generated project with plain CMake (as tests/conftest.py does)."""
-    gen = ["-G", "Ninja"] if shutil.which("ninja") else []
-    cfg = ["cmake", "-S", str(project), "-B", str(build), *gen, "-DCMAKE_BUILD_TYPE=Release",
-           f"-DPython_EXECUTABLE={sys.executable}"]
-    for cmd in (cfg, ["cmake", "--build", str(build), "--parallel", str(jobs)]):
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
+def cmake_build(project, build, jobs):
+    from generator.build import cmake_build as build_project
+
+    build_project(project, build, jobs)
 
 
 def build_example(name: str) -> dict:

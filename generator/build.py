@@ -56,6 +56,21 @@ def build_project(project_dir, echo=print, target_dir=None) -> float:
     return now - start
 
 
+def cmake_build(project, build, jobs: int = 2) -> None:
+    """Configure and build a generated project with plain CMake, as a user would
+    (Release; Ninja when available; the module for this Python). Used by the tests
+    and the benchmarks; raises BuildError with CMake's output on failure."""
+    import shutil
+
+    gen = ["-G", "Ninja"] if shutil.which("ninja") else []
+    configure = ["cmake", "-S", str(project), "-B", str(build), *gen, "-DCMAKE_BUILD_TYPE=Release",
+                 f"-DPython_EXECUTABLE={sys.executable}"]
+    for cmd in (configure, ["cmake", "--build", str(build), "--parallel", str(jobs)]):
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            raise BuildError(f"{' '.join(cmd)} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
+
+
 def _errors(log: list) -> str:
     """The compiler's error lines with a little context, or the log's tail."""
     picked = []

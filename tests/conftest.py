@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+from generator.build import cmake_build  # noqa: F401  (tests import it from here)
+
 ROOT = Path(__file__).resolve().parents[1]
 
 # Golden copies of generated projects hold a test file of their own; it is not ours to run.
@@ -33,15 +35,7 @@ def _cache_root() -> Path:
     return Path(root)
 
 
-def cmake_build(project: Path, build: Path, jobs: int = 2) -> None:
-    """Configure and build a generated project with plain CMake (as a user would)."""
-    gen = ["-G", "Ninja"] if shutil.which("ninja") else []
-    cfg = ["cmake", "-S", str(project), "-B", str(build), *gen, "-DCMAKE_BUILD_TYPE=Release",
-           f"-DPython_EXECUTABLE={sys.executable}"]
-    for cmd in (cfg, ["cmake", "--build", str(build), "--parallel", str(jobs)]):
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
+# cmake_build: generator.build.cmake_build (shared with the tests and the other benchmarks).
 
 
 class Builds:
