@@ -24,9 +24,13 @@ another's. Every child checks its peer's root states against the generated
 module's (np.allclose, atol 1e-4) on every batch before it times anything.
 
 Timings are medians of repeated runs (time.perf_counter) after a warm-up, each
-run covering the whole set of batches. The peers' timed region starts from the
-same int64 numpy arrays the generated module takes, so it includes their own
-scheduling (heights, level order), as forward() includes its inspector.
+run covering the whole set of batches, pooled over 3 rounds (1 with --quick) in
+which every child runs once, the peers' order reversed every other round. The
+peers' timed region starts from the same int64 numpy arrays the generated module
+takes, so it includes their own scheduling (heights, level order), as forward()
+includes its inspector. The run reports how steady the machine was: CPU taken by
+other processes or the hypervisor while each child ran, and a fixed speed probe
+at each child's start and end (a VM's host can slow it down invisibly).
 
 GEMM: the matmul the generated code runs once per tree level, [M, 2H] @ [2H, 5H],
 as its own tiny generated model (y = x[M, K] @ w[K, N]) timed through forward()
@@ -42,7 +46,6 @@ import math
 import os
 import platform
 import re
-import shutil
 import statistics
 import subprocess
 import sys
@@ -61,8 +64,14 @@ MEAN_LEAVES, MIN_LEAVES, MAX_LEAVES = 18, 2, 50
 PEERS = ("generated", "torch-node", "torch-level", "numpy-level")
 GEMM_PEER = {"generated": "generated", "numpy-level": "numpy"}  # which child also times the GEMM
 ATOL = 1e-4
-THREAD_VARS = ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "VECLIB_MAXIMUM_THREADS",
-               "NUMEXPR_NUM_THREADS")
+BUSY_LIMIT = 0.1  # cores taken by other processes (or the hypervisor) while measuring: warn above
+THREAD_VARS = (
+    "OMP_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "VECLIB_MAXIMUM_THREADS",
+    "NUMEXPR_NUM_THREADS",
+)
 
 
 # ----------------------------------------------------------------------------
@@ -120,19 +129,10 @@ def gemm_model(k: int, n: int):
     return gemm
 
 
-def cmake_build(project: Path, build: Path, jobs: int) -> None:
-    gen = ["-G", "Ninja"] if shutil.which("ninja") else []
-    cfg = ["cmake", "-S", str(project), "-B", str(build), *gen, "-DCMAKE_BUILD_TYPE=Release",
-           f"-DPython_EXECUTABLE={sys.executable}"]
-    for cmd in (cfg, ["cmake", "--build", str(build), "--parallel", str(jobs)]):
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        if proc.returncode != 0:
-            raise RuntimeError(f"{' '.join(cmd)} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
-
-
 def build_module(model_def) -> dict:
     """Generate into build/bench/<name>/src and build into build/bench/<name>/build;
     a build whose generated sources (and Python) are unchanged is reused."""
+    from generator.build import cmake_build  # plain CMake: Release, Ninja when available, this Python
     from generator.codegen.emit import MANIFEST, generate
 
     graph = model_def.build()
@@ -140,8 +140,14 @@ def build_module(model_def) -> dict:
     src, build = folder / "src", folder / "build"
     t0 = time.perf_counter()
     generate(graph, src, force=True)  # unchanged files keep their mtimes: incremental rebuilds
-    key = json.dumps({"files": json.loads((src / MANIFEST).read_text())["files"], "python": sys.executable,
-                      "version": sys.version}, sort_keys=True)
+    key = json.dumps(
+        {
+            "files": json.loads((src / MANIFEST).read_text())["files"],
+            "python": sys.executable,
+            "version": sys.version,
+        },
+        sort_keys=True,
+    )
     stamp = build / ".bench-ok"
     built = list(build.glob(f"{graph.name}*.so")) + list(build.glob(f"{graph.name}*.pyd"))
     reused = stamp.is_file() and stamp.read_text() == key and bool(built)
@@ -151,8 +157,10 @@ def build_module(model_def) -> dict:
         cmake_build(src, build, jobs=os.cpu_count() or 2)
         stamp.write_text(key)
     seconds = time.perf_counter() - t0
-    texts = [p.read_text() for p in [*(src / "src").glob("*.cpp"), *(src / "runtime").glob("*.h"),
-                                     src / "CMakeLists.txt"]]
+    texts = [
+        p.read_text()
+        for p in [*(src / "src").glob("*.cpp"), *(src / "runtime").glob("*.h"), src / "CMakeLists.txt"]
+    ]
     openmp = any(re.search(r"#\s*pragma\s+omp|OpenMP|fopenmp", t) for t in texts)
     compiler = []
     cache = build / "CMakeCache.txt"
@@ -161,8 +169,14 @@ def build_module(model_def) -> dict:
             if line.startswith(("CMAKE_CXX_COMPILER:", "CMAKE_CXX_FLAGS:", "CMAKE_CXX_FLAGS_RELEASE:")):
                 compiler.append(line.split("=", 1)[1])
     print(f"  {graph.name}: {'reused' if reused else 'built'} in {seconds:.1f} s ({build})", flush=True)
-    return {"name": graph.name, "build": str(build), "reused": reused, "seconds": round(seconds, 2),
-            "openmp": openmp, "compiler": " ".join(c for c in compiler if c)}
+    return {
+        "name": graph.name,
+        "build": str(build),
+        "reused": reused,
+        "seconds": round(seconds, 2),
+        "openmp": openmp,
+        "compiler": " ".join(c for c in compiler if c),
+    }
 
 
 def import_module(name: str, build: str):
@@ -219,8 +233,12 @@ def make_batches(seed: int, trees: int, count: int) -> list:
 def save_batches(path: Path, workloads: dict) -> None:
     import numpy as np
 
-    arrays = {f"b{size}/{k}/{field}": a for size, batches in workloads.items()
-              for k, batch in enumerate(batches) for field, a in batch.items()}
+    arrays = {
+        f"b{size}/{k}/{field}": a
+        for size, batches in workloads.items()
+        for k, batch in enumerate(batches)
+        for field, a in batch.items()
+    }
     np.savez(path, **arrays)
 
 
@@ -318,7 +336,7 @@ def _torch_node(tp, hidden):
         for n, (left, right) in enumerate(children):  # children before parents
             if left < 0:
                 w = words[n]
-                i, o, g = torch.addmm(b_leaf, emb[w:w + 1], w_leaf).chunk(3, 1)
+                i, o, g = torch.addmm(b_leaf, emb[w : w + 1], w_leaf).chunk(3, 1)
                 c = sig(i) * tanh(g)
             else:
                 gates = torch.addmm(b, torch.cat((hs[left], hs[right]), 1), u)
@@ -348,7 +366,7 @@ def _torch_level(tp, hidden):
         child_rows = torch.from_numpy(s["child_rows"])
         for level in range(1, len(start) - 1):
             lo, hi = start[level], start[level + 1]
-            idx = child_rows[2 * lo:2 * hi]  # [left0, right0, left1, ...]
+            idx = child_rows[2 * lo : 2 * hi]  # [left0, right0, left1, ...]
             hcat = hs.index_select(0, idx).view(hi - lo, 2 * hidden)  # = concat([h_l, h_r], 1)
             cc = cs.index_select(0, idx).view(hi - lo, 2, hidden)
             i, o, g, f_l, f_r = torch.addmm(b, hcat, u).chunk(5, 1)
@@ -380,22 +398,22 @@ def _numpy_level(params, hidden):
         gates = emb[s["leaf_words"]] @ w_leaf
         gates += b_leaf
         with np.errstate(over="ignore"):
-            c = sigmoid_(gates[:, :hd]) * np.tanh(gates[:, 2 * hd:])
+            c = sigmoid_(gates[:, :hd]) * np.tanh(gates[:, 2 * hd :])
             cs[:leaves] = c
-            np.multiply(sigmoid_(gates[:, hd:2 * hd]), np.tanh(c), out=hs[:leaves])
+            np.multiply(sigmoid_(gates[:, hd : 2 * hd]), np.tanh(c), out=hs[:leaves])
             child_rows = s["child_rows"]
             for level in range(1, len(start) - 1):
                 lo, hi = start[level], start[level + 1]
-                idx = child_rows[2 * lo:2 * hi]  # [left0, right0, left1, ...]
+                idx = child_rows[2 * lo : 2 * hi]  # [left0, right0, left1, ...]
                 hcat = hs[idx].reshape(hi - lo, 2 * hd)  # = concat([h_l, h_r], 1)
                 cc = cs[idx].reshape(hi - lo, 2, hd)
                 gates = hcat @ u
                 gates += b
-                c = sigmoid_(gates[:, :hd]) * np.tanh(gates[:, 2 * hd:3 * hd])
-                c += sigmoid_(gates[:, 3 * hd:4 * hd]) * cc[:, 0]
-                c += sigmoid_(gates[:, 4 * hd:]) * cc[:, 1]
+                c = sigmoid_(gates[:, :hd]) * np.tanh(gates[:, 2 * hd : 3 * hd])
+                c += sigmoid_(gates[:, 3 * hd : 4 * hd]) * cc[:, 0]
+                c += sigmoid_(gates[:, 4 * hd :]) * cc[:, 1]
                 cs[lo:hi] = c
-                np.multiply(sigmoid_(gates[:, hd:2 * hd]), np.tanh(c), out=hs[lo:hi])
+                np.multiply(sigmoid_(gates[:, hd : 2 * hd]), np.tanh(c), out=hs[lo:hi])
         return hs[s["root_rows"]]
 
     return numpy_level
@@ -407,8 +425,8 @@ def _numpy_level(params, hidden):
 
 
 def measure(fn, target_s: float, min_reps: int) -> dict:
-    """Median seconds of fn() after a warm-up, with enough repetitions for ~target_s;
-    also the fastest run and the process's CPU time per wall second (below 1 for a
+    """Seconds of each of repeated fn() runs after a warm-up, with enough repetitions
+    for ~target_s; also the process's CPU time per wall second (below 1 for a
     single-threaded peer means it was preempted: another process wanted the cores)."""
     fn()
     t0 = time.perf_counter()
@@ -421,15 +439,26 @@ def measure(fn, target_s: float, min_reps: int) -> dict:
         t0 = time.perf_counter()
         fn()
         times.append(time.perf_counter() - t0)
-    cpu = (time.process_time() - cpu0) / max(sum(times), 1e-9)
-    return {"median": statistics.median(times), "min": min(times), "reps": reps, "cpu_per_wall": cpu}
+    return {"times": times, "cpu_per_wall": (time.process_time() - cpu0) / max(sum(times), 1e-9)}
+
+
+def speed_probe(config: dict) -> float:
+    """Median ms of one fixed single-threaded job (the generated [20, 512] @ [512, 1280]
+    GEMM): the same in every child on a steady machine. A host that slows the VM
+    down without showing it as steal time shows up here."""
+    import numpy as np
+
+    info = config["modules"]["gemm_k512_n1280"]
+    model = import_module(info["name"], info["build"]).Model(seed=0)
+    x = np.ones((20, 512), np.float32)
+    return 1000 * statistics.median(measure(lambda: model.forward(x=x), 0.15, 20)["times"])
 
 
 def child(config: dict) -> None:
     import numpy as np
 
     threads, peer = config["threads"], config["peer"]
-    out = {"threads": threads, "peer": peer, "loadavg": os.getloadavg()[0], "treelstm": [], "gemm": []}
+    out = {"threads": threads, "peer": peer, "round": config["round"], "treelstm": [], "gemm": []}
     if peer.startswith("torch"):
         import torch
 
@@ -440,16 +469,24 @@ def child(config: dict) -> None:
         from threadpoolctl import threadpool_info, threadpool_limits
 
         limiter = threadpool_limits(limits=threads)
-        out["pools"] = [{"api": p.get("internal_api"), "lib": os.path.basename(p.get("filepath", "")),
-                         "threads": p.get("num_threads")} for p in threadpool_info()]
+        out["pools"] = [
+            {
+                "api": p.get("internal_api"),
+                "lib": os.path.basename(p.get("filepath", "")),
+                "threads": p.get("num_threads"),
+            }
+            for p in threadpool_info()
+        ]
     except ImportError:
         out["pools"] = []
     target, min_reps = config["target_s"], config["min_reps"]
+    out["probe_ms"] = [speed_probe(config)]
 
     def log(text):
-        print(f"  [{threads} thr] {text}", flush=True)
+        print(f"  [round {config['round'] + 1}, {threads} thr] {text}", flush=True)
 
     workloads = load_batches(config["batches"])
+    out["max_abs_diff"] = 0.0
     for hidden in HIDDENS:
         info = config["modules"][f"treelstm_h{hidden}"]
         model = import_module(info["name"], info["build"]).Model(seed=0)
@@ -461,21 +498,33 @@ def child(config: dict) -> None:
                 assert want.shape == (batch_size, hidden), want.shape
                 if got.shape != want.shape or not np.allclose(got, want, atol=ATOL):
                     diff = float(np.max(np.abs(got - want))) if got.shape == want.shape else float("nan")
-                    raise SystemExit(f"{peer} differs from the generated module (hidden {hidden}, batch "
-                                     f"{batch_size}, set {k}): max |diff| {diff:.3g}; refusing to time "
-                                     "different functions")
+                    raise SystemExit(
+                        f"{peer} differs from the generated module (hidden {hidden}, batch "
+                        f"{batch_size}, set {k}): max |diff| {diff:.3g}; refusing to time "
+                        "different functions"
+                    )
+                out["max_abs_diff"] = max(out["max_abs_diff"], float(np.max(np.abs(got - want))))
 
             def run_set(fn=fn, batches=batches):
                 for batch in batches:
                     fn(batch)
 
             t = measure(run_set, target, min_reps)
-            ms = 1000 * t["median"] / len(batches)
-            out["treelstm"].append({"hidden": hidden, "batch": batch_size, "peer": peer, "median_ms": ms,
-                                    "min_ms": 1000 * t["min"] / len(batches), "reps": t["reps"],
-                                    "batches_per_rep": len(batches), "cpu_per_wall": t["cpu_per_wall"]})
-            log(f"h{hidden} batch {batch_size:2d} {peer:12s} {ms:9.3f} ms/batch ({t['reps']} reps, "
-                f"cpu/wall {t['cpu_per_wall']:.2f})")
+            per_batch = [1000 * s / len(batches) for s in t["times"]]  # ms per batch, one per run of the set
+            out["treelstm"].append(
+                {
+                    "hidden": hidden,
+                    "batch": batch_size,
+                    "peer": peer,
+                    "times_ms": per_batch,
+                    "batches_per_rep": len(batches),
+                    "cpu_per_wall": t["cpu_per_wall"],
+                }
+            )
+            log(
+                f"h{hidden} batch {batch_size:2d} {peer:12s} {statistics.median(per_batch):9.3f} ms/batch "
+                f"({len(per_batch)} reps, cpu/wall {t['cpu_per_wall']:.2f})"
+            )
 
     if peer in GEMM_PEER:
         rng = np.random.default_rng(7)
@@ -490,27 +539,57 @@ def child(config: dict) -> None:
                     raise SystemExit(f"generated GEMM [{m},{k}]@[{k},{n}] differs from numpy")
                 fn = (lambda: model.forward(x=x)) if peer == "generated" else (lambda: x @ w)
                 t = measure(fn, target, min_reps)
-                seconds = t["median"]
-                gflops = 2 * m * k * n / seconds / 1e9
-                out["gemm"].append({"hidden": hidden, "M": m, "K": k, "N": n, "peer": GEMM_PEER[peer],
-                                    "median_ms": 1000 * seconds, "min_ms": 1000 * t["min"], "gflops": gflops,
-                                    "reps": t["reps"], "cpu_per_wall": t["cpu_per_wall"]})
-                log(f"gemm [{m:3d},{k}]@[{k},{n}] {GEMM_PEER[peer]:9s} {1000 * seconds:8.3f} ms "
-                    f"{gflops:7.2f} GFLOP/s")
+                times = [1000 * s for s in t["times"]]
+                out["gemm"].append(
+                    {
+                        "hidden": hidden,
+                        "M": m,
+                        "K": k,
+                        "N": n,
+                        "peer": GEMM_PEER[peer],
+                        "times_ms": times,
+                        "cpu_per_wall": t["cpu_per_wall"],
+                    }
+                )
+                med = statistics.median(times)
+                log(
+                    f"gemm [{m:3d},{k}]@[{k},{n}] {GEMM_PEER[peer]:9s} {med:8.3f} ms "
+                    f"{2 * m * k * n / med / 1e6:7.2f} GFLOP/s"
+                )
+    out["probe_ms"].append(speed_probe(config))
     if limiter is not None:
         limiter.restore_original_limits()
     Path(config["out"]).write_text(json.dumps(out))
 
 
-def run_child(config: dict, threads: int, peer: str, tmp: Path) -> dict:
+def run_child(config: dict, threads: int, peer: str, rnd: int, tmp: Path) -> dict:
     env = dict(os.environ)
     env.update({var: str(threads) for var in THREAD_VARS})
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    cfg = dict(config, threads=threads, peer=peer, out=str(tmp / f"t{threads}-{peer}.json"))
-    proc = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(cfg)], env=env)
+    cfg = dict(config, threads=threads, peer=peer, round=rnd, out=str(tmp / f"r{rnd}-t{threads}-{peer}.json"))
+    before, t0 = cpu_accounting(), time.perf_counter()
+    proc = subprocess.run(
+        [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(cfg)], env=env
+    )
+    after, wall = cpu_accounting(), time.perf_counter() - t0
     if proc.returncode != 0:
         raise SystemExit(f"the {peer} measurement with {threads} thread(s) failed (exit {proc.returncode})")
-    return json.loads(Path(cfg["out"]).read_text())
+    result = json.loads(Path(cfg["out"]).read_text())
+    # Contention while the child ran: CPU time the machine spent outside our child, and time the
+    # hypervisor took away (steal), both in cores on average.
+    result["other_cores"] = result["steal_cores"] = None
+    if before and after:
+        result["other_cores"] = round(
+            max(0.0, (after["busy"] - before["busy"]) - (after["child"] - before["child"])) / wall, 3
+        )
+        result["steal_cores"] = round((after["steal"] - before["steal"]) / wall, 3)
+        if result["other_cores"] > BUSY_LIMIT or result["steal_cores"] > BUSY_LIMIT:
+            print(
+                f"  WARNING: while measuring {peer}, other processes used {result['other_cores']:.2f} cores "
+                f"and the hypervisor took {result['steal_cores']:.2f}: these figures are noisy",
+                flush=True,
+            )
+    return result
 
 
 # ----------------------------------------------------------------------------
@@ -518,10 +597,25 @@ def run_child(config: dict, threads: int, peer: str, tmp: Path) -> dict:
 # ----------------------------------------------------------------------------
 
 
+def _pool(results, section, key_fields):
+    """Every run's times of each measurement, pooled over the rounds; and each round's median."""
+    pooled, rounds = {}, {}
+    for res in results:
+        for r in res[section]:
+            key = tuple(r[f] for f in key_fields[:-2]) + (res["threads"], r["peer"])
+            entry = pooled.setdefault(key, {"times": [], "cpu": [], "meta": r})
+            entry["times"] += r["times_ms"]
+            entry["cpu"].append(r["cpu_per_wall"])
+            rounds.setdefault(key, {})[res["round"]] = statistics.median(r["times_ms"])
+    return pooled, rounds
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", metavar="FILE", help="write every figure to FILE as JSON")
-    parser.add_argument("--quick", action="store_true", help="fewer batches and repetitions (about a minute)")
+    parser.add_argument(
+        "--quick", action="store_true", help="fewer batches, repetitions and rounds (about a minute)"
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -539,67 +633,143 @@ def main() -> None:
     sets = {1: 6, 10: 2} if args.quick else {1: 24, 10: 6}
     workloads = {b: make_batches(1000 + b, b, sets[b]) for b in BATCHES}
     stats = {b: workload_stats(batches) for b, batches in workloads.items()}
-    print("\nWorkload (seeded; binary trees by random merges, leaves per tree gamma(mean 18) clipped to [2, 50]):")
+    print(
+        "\nWorkload (seeded; binary trees by random merges, leaves per tree gamma(mean 18) "
+        "clipped to [2, 50]):"
+    )
     for b, w in stats.items():
-        print(f"  batch {b:2d}: {w['batches']} batches, {w['nodes_per_batch']} nodes/batch, "
-              f"{w['leaves_per_tree']} leaves/tree, {w['levels_per_batch']} levels/batch, rows per internal "
-              f"level: median {w['internal_level_rows_median']:g}, mean {w['internal_level_rows_mean']}, "
-              f"max {w['internal_level_rows_max']}")
-    load = os.getloadavg()[0]
-    if load > 0.5:
-        print(f"\nWARNING: load average {load:.2f} before measuring: other processes are running, "
-              "the figures will be noisy (multi-threaded ones most)", flush=True)
+        print(
+            f"  batch {b:2d}: {w['batches']} batches, {w['nodes_per_batch']} nodes/batch, "
+            f"{w['leaves_per_tree']} leaves/tree, {w['levels_per_batch']} levels/batch, rows per internal "
+            f"level: median {w['internal_level_rows_median']:g}, mean {w['internal_level_rows_mean']}, "
+            f"max {w['internal_level_rows_max']}"
+        )
 
-    config = {"modules": modules, "target_s": 0.05 if args.quick else 0.3, "min_reps": 3 if args.quick else 5}
+    # Rounds: every (threads, peer) child once per round, the peers' order reversed every other
+    # round, so that a slow spell of the machine does not fall on one peer only. Each measurement
+    # gets ~0.3 s of runs over all rounds; its median is taken over the pooled runs.
+    rounds = 1 if args.quick else 3
+    config = {
+        "modules": modules,
+        "target_s": 0.05 if args.quick else 0.3 / rounds,
+        "min_reps": 3 if args.quick else 2,
+    }
     results = []
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         config["batches"] = str(Path(tmp) / "batches.npz")
         save_batches(Path(config["batches"]), workloads)
-        for threads in THREADS:
-            print(f"\nMeasuring with {threads} thread(s), one child process per peer:", flush=True)
-            for peer in PEERS:
-                results.append(run_child(config, threads, peer, Path(tmp)))
+        for rnd in range(rounds):
+            for threads in THREADS:
+                print(
+                    f"\nRound {rnd + 1} of {rounds}, {threads} thread(s), one child process per peer:",
+                    flush=True,
+                )
+                for peer in (PEERS if rnd % 2 == 0 else PEERS[::-1]):
+                    results.append(run_child(config, threads, peer, rnd, Path(tmp)))
     elapsed = time.perf_counter() - t0
 
-    times = {(r["hidden"], r["batch"], res["threads"], r["peer"]): r for res in results for r in res["treelstm"]}
+    times, round_ms = _pool(results, "treelstm", ("hidden", "batch", "threads", "peer"))
     records = []
-    for (hidden, batch, threads, peer), r in sorted(times.items()):
-        gen = times[(hidden, batch, threads, "generated")]["median_ms"]
-        records.append({"kind": "treelstm", "model": f"treelstm_h{hidden}", "hidden": hidden, "batch": batch,
-                        "threads": threads, "peer": peer, "median_ms": round(r["median_ms"], 4),
-                        "min_ms": round(r["min_ms"], 4), "reps": r["reps"], "batches_per_rep": r["batches_per_rep"],
-                        "cpu_per_wall": round(r["cpu_per_wall"], 3),
-                        "ratio_to_generated": round(r["median_ms"] / gen, 4)})
+    for key, entry in sorted(times.items()):
+        hidden, batch, threads, peer = key
+        gen_key = (hidden, batch, threads, "generated")
+        median = statistics.median(entry["times"])
+        per_round = [round_ms[key][r] / round_ms[gen_key][r] for r in sorted(round_ms[key])]
+        records.append(
+            {
+                "kind": "treelstm",
+                "model": f"treelstm_h{hidden}",
+                "hidden": hidden,
+                "batch": batch,
+                "threads": threads,
+                "peer": peer,
+                "median_ms": round(median, 4),
+                "min_ms": round(min(entry["times"]), 4),
+                "reps": len(entry["times"]),
+                "batches_per_rep": entry["meta"]["batches_per_rep"],
+                "cpu_per_wall": round(statistics.mean(entry["cpu"]), 3),
+                "ratio_to_generated": round(median / statistics.median(times[gen_key]["times"]), 4),
+                "ratio_to_generated_by_round": [round(r, 4) for r in per_round],
+            }
+        )
+    gtimes, _ = _pool(results, "gemm", ("hidden", "M", "threads", "peer"))
     gemm = []
-    for res in results:
-        for r in res["gemm"]:
-            gemm.append({"kind": "gemm", "model": f"gemm_k{r['K']}_n{r['N']}", "threads": res["threads"],
-                         **{k: (round(v, 4) if isinstance(v, float) else v) for k, v in r.items()}})
+    for (hidden, m, threads, peer), entry in sorted(gtimes.items()):
+        meta, median = entry["meta"], statistics.median(entry["times"])
+        gemm.append(
+            {
+                "kind": "gemm",
+                "model": f"gemm_k{meta['K']}_n{meta['N']}",
+                "hidden": hidden,
+                "M": m,
+                "K": meta["K"],
+                "N": meta["N"],
+                "threads": threads,
+                "peer": peer,
+                "median_ms": round(median, 5),
+                "min_ms": round(min(entry["times"]), 5),
+                "gflops": round(2 * m * meta["K"] * meta["N"] / median / 1e6, 3),
+                "reps": len(entry["times"]),
+                "cpu_per_wall": round(statistics.mean(entry["cpu"]), 3),
+            }
+        )
 
-    print(f"\nTreeLSTM forward, median latency per batch (ms); ratios = peer / generated "
-          f"(> 1: generated is faster). Measured in {elapsed:.0f} s.")
-    head = (f"{'H':>4} {'batch':>5} {'thr':>3} | {'generated':>9} {'torch-node':>10} {'torch-lvl':>9} "
-            f"{'numpy-lvl':>9} | {'node/gen':>8} {'lvl/gen':>8} {'np/gen':>8}")
+    diff = max(r["max_abs_diff"] for r in results)
+    print(
+        f"\nEvery peer's root states matched the generated module's on every batch before timing "
+        f"(np.allclose, atol {ATOL:g}; largest |difference| {diff:.1e})."
+    )
+    print(
+        f"TreeLSTM forward, median latency per batch (ms); ratios = peer / generated "
+        f"(> 1: generated is faster). Measured in {elapsed:.0f} s, {rounds} round(s)."
+    )
+    head = (
+        f"{'H':>4} {'batch':>5} {'thr':>3} | {'generated':>9} {'torch-node':>10} {'torch-lvl':>9} "
+        f"{'numpy-lvl':>9} | {'node/gen':>8} {'lvl/gen':>8} {'np/gen':>8}"
+    )
     print(head)
     print("-" * len(head))
+    idx = {(r["hidden"], r["batch"], r["threads"], r["peer"]): r for r in records}
     for hidden in HIDDENS:
         for batch in BATCHES:
             for threads in THREADS:
-                ms = {p: times[(hidden, batch, threads, p)]["median_ms"] for p in PEERS}
-                print(f"{hidden:>4} {batch:>5} {threads:>3} | {ms['generated']:9.3f} {ms['torch-node']:10.3f} "
-                      f"{ms['torch-level']:9.3f} {ms['numpy-level']:9.3f} | "
-                      f"{ms['torch-node'] / ms['generated']:8.2f} {ms['torch-level'] / ms['generated']:8.2f} "
-                      f"{ms['numpy-level'] / ms['generated']:8.2f}")
-
+                r = {p: idx[(hidden, batch, threads, p)] for p in PEERS}
+                print(
+                    f"{hidden:>4} {batch:>5} {threads:>3} | "
+                    + " ".join(f"{r[p]['median_ms']:{w}.3f}" for p, w in zip(PEERS, (9, 10, 9, 9)))
+                    + " | "
+                    + " ".join(f"{r[p]['ratio_to_generated']:8.2f}" for p in PEERS[1:])
+                )
+    if rounds > 1:
+        spreads = sorted(
+            (max(r["ratio_to_generated_by_round"]) / min(r["ratio_to_generated_by_round"]) - 1, r)
+            for r in records
+            if r["peer"] != "generated"
+        )
+        worst = spreads[-1][1]
+        print(
+            f"Spread of a ratio between rounds (max/min - 1): "
+            f"median {100 * spreads[len(spreads) // 2][0]:.0f}%, "
+            f"largest {100 * spreads[-1][0]:.0f}% (H{worst['hidden']} batch {worst['batch']} "
+            f"{worst['threads']} thr {worst['peer']}: {worst['ratio_to_generated_by_round']})"
+        )
     preempted = [r for r in records if r["threads"] == 1 and r["cpu_per_wall"] < 0.9]
     if preempted:
-        print("NOTE: preempted while measuring (1 thread, CPU time < 0.9 x wall time): " + ", ".join(
-            f"H{r['hidden']} batch {r['batch']} {r['peer']} ({r['cpu_per_wall']:.2f})" for r in preempted))
+        print(
+            "NOTE: preempted while measuring (1 thread, CPU time < 0.9 x wall time): "
+            + ", ".join(
+                f"H{r['hidden']} batch {r['batch']} {r['peer']} ({r['cpu_per_wall']:.2f})" for r in preempted
+            )
+        )
 
-    print("\nLevel GEMM [M, 2H] @ [2H, 5H] in GFLOP/s = 2*M*K*N / median time "
-          "(generated: a whole forward() of a one-matmul model, nothing subtracted)")
-    head = f"{'H':>4} {'M':>4} {'K':>5} {'N':>5} {'thr':>3} | {'generated':>9} {'numpy':>9} | {'numpy/gen':>9}"
+    print(
+        "\nLevel GEMM [M, 2H] @ [2H, 5H] in GFLOP/s = 2*M*K*N / median time "
+        "(generated: a whole forward() of a one-matmul model, nothing subtracted)"
+    )
+    head = (
+        f"{'H':>4} {'M':>4} {'K':>5} {'N':>5} {'thr':>3} | {'generated':>9} {'numpy':>9} | {'numpy/gen':>9}"
+    )
     print(head)
     print("-" * len(head))
     gi = {(r["hidden"], r["M"], r["threads"], r["peer"]): r for r in gemm}
@@ -607,8 +777,10 @@ def main() -> None:
         for m in GEMM_M:
             for threads in THREADS:
                 g, n = gi[(hidden, m, threads, "generated")], gi[(hidden, m, threads, "numpy")]
-                print(f"{hidden:>4} {m:>4} {g['K']:>5} {g['N']:>5} {threads:>3} | {g['gflops']:9.2f} "
-                      f"{n['gflops']:9.2f} | {n['gflops'] / g['gflops']:9.1f}")
+                print(
+                    f"{hidden:>4} {m:>4} {g['K']:>5} {g['N']:>5} {threads:>3} | {g['gflops']:9.2f} "
+                    f"{n['gflops']:9.2f} | {n['gflops'] / g['gflops']:9.1f}"
+                )
 
     try:
         import torch
@@ -616,25 +788,120 @@ def main() -> None:
         torch_version = torch.__version__
     except ImportError:
         torch_version = None
+    probes = [p for r in results for p in r["probe_ms"]]
     env = {
-        "python": sys.version.split()[0], "numpy": np.__version__, "torch": torch_version,
-        "machine": platform.machine(), "cpu": _cpu_name(), "cores": os.cpu_count(),
+        "python": sys.version.split()[0],
+        "numpy": np.__version__,
+        "torch": torch_version,
+        "machine": platform.machine(),
+        "cpu": _cpu_name(),
+        "cores": os.cpu_count(),
         "generated_uses_openmp": any(m["openmp"] for m in modules.values()),
         "compiler": modules[f"treelstm_h{HIDDENS[0]}"]["compiler"],
-        "children": [{k: r.get(k) for k in ("threads", "peer", "loadavg", "torch_threads", "pools")}
-                     for r in results],
-        "loadavg_before": round(load, 2), "quick": args.quick, "atol": ATOL, "measure_seconds": round(elapsed, 1),
+        "children": [
+            {
+                k: r.get(k)
+                for k in (
+                    "round",
+                    "threads",
+                    "peer",
+                    "probe_ms",
+                    "other_cores",
+                    "steal_cores",
+                    "torch_threads",
+                    "pools",
+                )
+            }
+            for r in results
+        ],
+        "max_abs_diff_root_h": diff,
+        "git": _git_state(),
+        "quick": args.quick,
+        "rounds": rounds,
+        "atol": ATOL,
+        "measure_seconds": round(elapsed, 1),
     }
-    print(f"\nGenerated code: {'OpenMP' if env['generated_uses_openmp'] else 'no OpenMP (single-threaded)'}; "
-          f"compiler: {env['compiler'] or '?'}")
-    print(f"numpy {env['numpy']}, torch {env['torch']}, {env['cpu']}, {env['cores']} cores; "
-          f"load average before/at each child: {load:.2f} / "
-          f"{', '.join('%.2f' % r['loadavg'] for r in results)}")
+    print(
+        f"\nGenerated code ({env['git'] or 'not a git checkout'}): "
+        f"{'OpenMP' if env['generated_uses_openmp'] else 'no OpenMP (single-threaded)'}; "
+        f"compiler: {env['compiler'] or '?'}"
+    )
+    busy = [max(r["other_cores"], r["steal_cores"]) for r in results if r["other_cores"] is not None]
+    ordered = sorted(probes)
+    trim = len(ordered) // 10  # one slow probe is not a drift: leave out the extreme tenths
+    drift = ordered[len(ordered) - 1 - trim] / ordered[trim]
+    print(f"numpy {env['numpy']}, torch {env['torch']}, {env['cpu']}, {env['cores']} cores")
+    print(
+        f"Machine steadiness: contention (other processes or steal) up to "
+        f"{max(busy, default=float('nan')):.2f} cores; speed probe (a fixed GEMM at each child's start "
+        f"and end) {min(probes):.3f}..{max(probes):.3f} ms, "
+        f"middle 80% within {100 * (drift - 1):.0f}%"
+    )
+    if any(b > BUSY_LIMIT for b in busy):
+        print(
+            "WARNING: other processes were running during the measurement; the figures are noisy "
+            "(multi-threaded ones most: a spinning thread pool loses its core). Rerun on an idle machine."
+        )
+    if drift > 1.1:
+        print(
+            f"WARNING: the machine's speed changed by {100 * (drift - 1):.0f}% during the measurement "
+            "(the host, not this process); compare ratios from the same round, and rerun."
+        )
     if args.json:
-        Path(args.json).write_text(json.dumps({"environment": env, "modules": modules,
-                                               "workloads": {str(b): w for b, w in stats.items()},
-                                               "records": records, "gemm": gemm}, indent=1) + "\n")
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    "environment": env,
+                    "modules": modules,
+                    "workloads": {str(b): w for b, w in stats.items()},
+                    "records": records,
+                    "gemm": gemm,
+                },
+                indent=1,
+            )
+            + "\n"
+        )
         print(f"wrote {args.json}")
+
+
+def cpu_accounting():
+    """CPU seconds so far: the machine's busy time without steal (/proc/stat), the steal
+    time, and our finished children's time (getrusage); None where /proc/stat is missing."""
+    import resource
+
+    try:
+        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+    tick = os.sysconf("SC_CLK_TCK")
+    steal = fields[7] if len(fields) > 7 else 0
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return {
+        "busy": (sum(fields[:8]) - idle - steal) / tick,
+        "steal": steal / tick,
+        "child": usage.ru_utime + usage.ru_stime,
+    }
+
+
+def _git_state():
+    """The commit the generator came from, with '+dirty' for uncommitted changes; None outside git."""
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(ROOT), "status", "--porcelain", "--", "generator", "templates", "targets"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return head + ("+dirty" if dirty else "")
 
 
 def _cpu_name() -> str:
