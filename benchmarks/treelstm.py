@@ -80,38 +80,11 @@ THREAD_VARS = (
 
 
 def treelstm_model(hidden: int):
-    """examples/treelstm.py with HIDDEN as a parameter (model name treelstm_h<H>)."""
-    import generator as dg
+    """examples/treelstm.py at another hidden size (model name treelstm_h<H>)."""
+    import runpy
 
-    @dg.model(name=f"treelstm_h{hidden}")
-    def treelstm():
-        trees = dg.trees("trees", arity=2)
-        emb = dg.param("emb", (VOCAB, EMBED), init=dg.normal(0, 0.1))
-        w_leaf = dg.param("w_leaf", (EMBED, 3 * hidden))
-        b_leaf = dg.param("b_leaf", (3 * hidden,), init=dg.zeros())
-        u = dg.param("u", (2 * hidden, 5 * hidden))
-        b = dg.param("b", (5 * hidden,), init=dg.zeros())
-
-        def leaf(words):
-            x = dg.gather(emb, words)
-            i, o, g = dg.split(x @ w_leaf + b_leaf, 3, axis=1)
-            c = dg.sigmoid(i) * dg.tanh(g)
-            h = dg.sigmoid(o) * dg.tanh(c)
-            return h, c
-
-        def internal(words, children):
-            (h_l, c_l), (h_r, c_r) = children
-            gates = dg.concat([h_l, h_r], axis=1) @ u + b
-            i, o, g, f_l, f_r = dg.split(gates, 5, axis=1)
-            c = dg.sigmoid(i) * dg.tanh(g) + dg.sigmoid(f_l) * c_l + dg.sigmoid(f_r) * c_r
-            h = dg.sigmoid(o) * dg.tanh(c)
-            return h, c
-
-        h, c = dg.recurse(trees, leaf, internal, names=("h", "c"))
-        root_h = dg.roots(trees, h)
-        return {"h": h, "root_h": root_h}
-
-    return treelstm
+    example = runpy.run_path(str(ROOT / "examples" / "treelstm.py"))
+    return example["treelstm_model"](hidden, f"treelstm_h{hidden}")
 
 
 def gemm_model(k: int, n: int):
