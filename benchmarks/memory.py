@@ -141,14 +141,9 @@ def build_example(name: str) -> dict:
         digest.update(rel.encode() + b"\0" + hashlib.sha256(data).digest())
     digest.update(sys.executable.encode() + b"\0" + sys.version.encode())
     key = digest.hexdigest()
-    stamp = build / ".bench-memory-ok"
-    built = list(build.glob(f"{graph.name}*.so")) + list(build.glob(f"{graph.name}*.pyd"))
-    reused = stamp.is_file() and stamp.read_text() == key and bool(built)
-    if not reused:
-        if stamp.is_file():
-            stamp.unlink()
-        cmake_build(src, build, jobs=os.cpu_count() or 2)
-        stamp.write_text(key)
+    from generator.build import build_if_changed
+
+    reused = build_if_changed(src, build, graph.name, key, jobs=os.cpu_count() or 2)
     seconds = time.perf_counter() - t0
     sys.path.insert(0, str(build))
     try:

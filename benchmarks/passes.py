@@ -114,15 +114,10 @@ def build_example(example: str, level: str) -> dict:
     files = json.loads((src / MANIFEST).read_text())["files"]
     key = hashlib.sha256(json.dumps({"files": files, "python": sys.executable, "version": sys.version},
                                     sort_keys=True).encode()).hexdigest()
-    stamp = build / ".bench-passes-ok"
-    built = list(build.glob(f"{name}*.so")) + list(build.glob(f"{name}*.pyd"))
-    reused = stamp.is_file() and stamp.read_text() == key and bool(built)
+    from generator.build import build_if_changed
+
     t1 = time.perf_counter()
-    if not reused:
-        if stamp.is_file():
-            stamp.unlink()
-        cmake_build(src, build, jobs=os.cpu_count() or 2)
-        stamp.write_text(key)
+    reused = build_if_changed(src, build, name, key, jobs=os.cpu_count() or 2)
     build_seconds = time.perf_counter() - t1
     sys.path.insert(0, str(build))
     try:

@@ -71,6 +71,23 @@ def cmake_build(project, build, jobs: int = 2) -> None:
             raise BuildError(f"{' '.join(cmd)} failed:\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
 
 
+def build_if_changed(project, build, module: str, key: str, jobs: int = 2) -> bool:
+    """cmake_build unless `build` already holds module `module` built from sources
+    whose digest is `key` (a stamp file records it). Returns True if reused."""
+    from pathlib import Path
+
+    build = Path(build)
+    stamp = build / ".deepgen-build-key"
+    built = list(build.glob(f"{module}*.so")) + list(build.glob(f"{module}*.pyd"))
+    if stamp.is_file() and stamp.read_text() == key and built:
+        return True
+    if stamp.is_file():
+        stamp.unlink()
+    cmake_build(project, build, jobs)
+    stamp.write_text(key)
+    return False
+
+
 def _errors(log: list) -> str:
     """The compiler's error lines with a little context, or the log's tail."""
     picked = []
