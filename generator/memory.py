@@ -66,7 +66,64 @@ def _same(a, b) -> bool:
 
 
 def plan(buffers: list):
-    """Assign offsets; returns the arena size (floats) as an expression."""
+    """Assign offsets with each planner below and keep the plan whose whole arena,
+    then forward() arena, is smallest at a typical size; returns the arena size
+    (floats)."""
+    best = None
+    for planner in (_plan_online, lambda bs: _plan_by_size(bs, True), lambda bs: _plan_by_size(bs, False)):
+        peak = planner(buffers)
+        key = (_typical(peak), _typical(arena_size(buffers, {"forward"})))
+        if best is None or key < best[0]:
+            best = (key, peak, {id(b): b.offset for b in buffers})
+    _, peak, offsets = best
+    for b in buffers:
+        b.offset = offsets[id(b)]
+    return peak
+
+
+def _plan_by_size(buffers: list, phase_first: bool):
+    """Offline "greedy by size": the largest blocks are placed first, each at the
+    lowest offset where it overlaps no placed block that is live at the same time.
+    With `phase_first`, phases are planned in order (forward first), so forward()
+    touches only the bottom of the arena. An in-place chain is one block living as
+    long as all of it."""
+    chains = {}
+    for b in buffers:
+        root = b
+        while root.inplace_of is not None:
+            root = root.inplace_of
+        members = chains.setdefault(id(root), [root])
+        if b is not root:
+            members.append(b)
+    blocks = []  # (size, first, last, phase rank, members)
+    rank = {"forward": 0, "loss": 1, "backward": 2}
+    for members in chains.values():
+        root = members[0]
+        blocks.append((root.size, min(b.first for b in members), max(b.last for b in members),
+                       rank.get(root.phase, 2), members))
+    blocks.sort(key=lambda k: (k[3] if phase_first else 0, -_typical(k[0]), k[1]))
+    placed, peak = [], sympy.Integer(0)  # placed: (offset, size, first, last)
+    for size, first, last, _, members in blocks:
+        live = [(o, s) for o, s, f, l in placed if f <= last and first <= l]
+        candidates = sorted({sympy.Integer(0)} | {sympy.expand(o + s) for o, s in live}, key=_typical)
+        for offset in candidates:
+            end = sympy.expand(offset + size)
+            if all(dominates(o, end) or dominates(offset, o + s) for o, s in live):
+                break
+        else:  # no gap is safe for every size: on top of everything live
+            offset = sympy.Integer(0)
+            for o, s in live:
+                offset = sym_max(offset, sympy.expand(o + s))
+        for b in members:
+            b.offset = offset
+        placed.append((offset, size, first, last))
+        peak = sym_max(peak, sympy.expand(offset + size))
+    return peak
+
+
+def _plan_online(buffers: list):
+    """Buffers in order of first use; a freed block is reused (best fit) when it is
+    large enough for every size, else the buffer goes on top."""
     top, peak, free = sympy.Integer(0), sympy.Integer(0), []  # free: [(offset, size)]
     order = sorted(buffers, key=lambda b: b.first)
     positions = sorted({b.first for b in buffers} | {b.last + 1 for b in buffers})

@@ -4,7 +4,8 @@ returning it), run in order by `optimize(graph, level)`.
 Expression level: `fuse` merges chains of elementwise ops into one `ewise` node
 whose expression is the composition (so its kernel, its reference and its
 derivative come from one sympy expression, printed with sympy.cse), then
-`simplify` simplifies fused expressions. SSA level: `cse` (common
+`simplify` simplifies fused expressions, `epilogue` folds an elementwise consumer
+into the GEMM before it, `fold` substitutes constant tensors. SSA level: `cse` (common
 subexpressions), `copyprop` (identity ops), `dce` (dead code). They also run
 inside recursive cells. Loop-invariant code motion for recursion is done where
 the level loop is built (ops/recurse.py hoists child-independent work).
@@ -18,8 +19,8 @@ from .ops import ARGS
 
 LEVELS = {
     "O0": [],
-    "O1": ["dce", "cse", "copyprop", "dce"],
-    "O2": ["dce", "cse", "copyprop", "fuse", "simplify", "dce"],
+    "O1": ["dce", "cse", "fold", "copyprop", "dce"],
+    "O2": ["dce", "cse", "fold", "copyprop", "fuse", "simplify", "epilogue", "dce"],
 }
 
 
@@ -117,6 +118,53 @@ def copyprop(graph):
     return graph
 
 
+def _fill_value(v):
+    """The value of a tensor made by `fill`, else None."""
+    p = v.producer
+    return p.attrs["value"] if p is not None and p.op == "fill" else None
+
+
+def _to_fill(node, value):
+    """Turn `node` into a fill of its output's shape with `value`."""
+    node.op, node.inputs = "fill", []
+    node.attrs = {"shape": tuple(node.outputs[0].shape), "value": float(value)}
+
+
+def fold(graph):
+    """Constant folding. Tensors of one value (`fill`: the zeros and the loss
+    gradient's 1 that autodiff makes) are substituted into the elementwise
+    expressions that read them; an elementwise op left without operands, a
+    reshape/transpose/mean/max of a fill, a static-size sum of one and a matmul
+    by zeros become fills themselves (and dce drops fills nothing reads)."""
+    from .shapes import broadcast, numel
+
+    for nodes, _ in list(_regions(graph)):
+        for node in nodes:
+            consts = [_fill_value(v) for v in node.inputs]
+            if node.op == "ewise" and any(c is not None for c in consts):
+                keep = [v for v, c in zip(node.inputs, consts) if c is None]
+                values = {ARGS[k]: sympy.Float(c) for k, c in enumerate(consts) if c is not None}
+                expr = node.attrs["expr"].xreplace(values).xreplace(
+                    {ARGS[node.inputs.index(v)]: ARGS[j] for j, v in enumerate(keep)})
+                out = node.outputs[0]
+                if not keep and expr.is_number:
+                    _to_fill(node, expr)
+                    continue
+                attrs = {**node.attrs, "expr": expr}  # with no operands left: a function of the sizes (1/N)
+                if not keep or tuple(broadcast([v.shape for v in keep])) != tuple(out.shape):
+                    attrs["shape"] = tuple(out.shape)
+                node.inputs, node.attrs = keep, attrs
+            elif node.op in ("reshape", "transpose", "mean", "max") and consts and consts[0] is not None:
+                _to_fill(node, consts[0])
+            elif node.op == "sum" and consts and consts[0] is not None:
+                count = sympy.sympify(numel(node.inputs[0].shape)) / sympy.sympify(numel(node.outputs[0].shape))
+                if count.is_number:
+                    _to_fill(node, consts[0] * float(count))
+            elif node.op == "matmul" and "epilogue" not in node.attrs and 0.0 in consts[:2]:
+                _to_fill(node, 0.0)
+    return graph
+
+
 MAX_OPERANDS = 8  # a fused kernel reads at most this many arrays (readable signatures)
 
 
@@ -170,6 +218,53 @@ def _merge(producer, consumer, k):
     consumer.attrs = {**consumer.attrs, "expr": expr, "fn": "fused", "fused_from": fused_from, "fused_fns": names}
 
 
+def epilogue(graph):
+    """Fold an elementwise consumer of a matmul into the GEMM as its epilogue
+    (Cortex/DeepDSL's bias + activation fusion): the GEMM applies the expression
+    to each block of C once its sums are complete, while the block is still in
+    cache, and the matmul's own output buffer disappears. The consumer must be the
+    matmul's only reader, read it at full shape, and read every other operand per
+    element of C (ops.linalg.epilogue_role). In a model that trains, this waits
+    until the backward pass exists (the gradients come from the unfused nodes)."""
+    from .ops.linalg import epilogue_role
+
+    if graph.train is not None and not graph.train.prepared:
+        return graph
+    for nodes, keep in list(_regions(graph)):
+        uses = _uses(nodes)
+        for mm in list(nodes):
+            if mm.op != "matmul" or "epilogue" in mm.attrs or len(mm.outputs) != 1:
+                continue
+            u = mm.outputs[0]
+            readers = uses.get(id(u), [])
+            if id(u) in keep or len(readers) != 1:
+                continue
+            consumer = readers[0]
+            out = consumer.outputs[0] if consumer.outputs else None
+            if (consumer.op != "ewise" or consumer.phase != mm.phase or consumer not in nodes
+                    or sum(v is u for v in consumer.inputs) != 1 or tuple(out.shape) != tuple(u.shape)):
+                continue
+            extras = [v for v in consumer.inputs if v is not u]
+            if any(epilogue_role(v, u.shape) is None or v.dtype != "float32" for v in extras):
+                continue
+            order = [u] + extras
+            expr = consumer.attrs["expr"].xreplace({ARGS[j]: ARGS[order.index(v)]
+                                                    for j, v in enumerate(consumer.inputs)})
+            mm.attrs = {**mm.attrs, "epilogue": expr,
+                        "epilogue_fns": consumer.attrs.get("fused_fns", [consumer.attrs["fn"]]),
+                        "epilogue_from": consumer.attrs.get("fused_from", [consumer.loc])}
+            mm.inputs = mm.inputs + extras
+            mm.outputs = consumer.outputs
+            for v in mm.outputs:
+                v.producer = mm
+            # The GEMM moves to the consumer's place: its extra operands may be
+            # made between the two, and its own operands are all made before it.
+            nodes.remove(mm)
+            nodes[nodes.index(consumer)] = mm
+            uses = _uses(nodes)
+    return graph
+
+
 def simplify(graph):
     """sympy simplification of fused expressions, kept only when it is smaller and
     brings in no new functions (see ops.scalar.derivative for why)."""
@@ -188,7 +283,8 @@ def simplify(graph):
     return graph
 
 
-PASSES = {"dce": dce, "cse": cse, "copyprop": copyprop, "fuse": fuse, "simplify": simplify}
+PASSES = {"dce": dce, "cse": cse, "copyprop": copyprop, "fuse": fuse, "simplify": simplify, "epilogue": epilogue,
+          "fold": fold}
 
 
 def optimize(graph, level: str = "O2", until: str | None = None, report=None):

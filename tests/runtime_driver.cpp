@@ -6,6 +6,7 @@
 // the order each op documents below.  Float parameters on the command line are
 // passed as their uint32 bit patterns so they arrive exactly.
 // std::invalid_argument is reported on stderr with exit status 3.
+#include <algorithm>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -16,7 +17,12 @@
 #include <vector>
 
 #include "dg_ops.h"
+#include "dg_parallel.h"
 #include "dg_rng.h"
+
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 
 // The stream hash must be usable at compile time (for generated constants).
 static_assert(dg::name_stream("") == 0xCBF29CE484222325ULL, "FNV-1a offset basis");
@@ -105,6 +111,87 @@ int run_matmul(char** argv) {
     return 0;
 }
 
+// matmul_tn <M> <K> <N>, input a stored [K,M] then b [K,N]  ->  c = a^T @ b
+// matmul_nt <M> <K> <N>, input a [M,K] then b stored [N,K]  ->  c = a @ b^T
+int run_matmul_t(const std::string& op, char** argv) {
+    const int64_t M = int_arg(argv, 2), K = int_arg(argv, 3), N = int_arg(argv, 4);
+    Input in;
+    const std::vector<float> a = in.take<float>(M * K);
+    const std::vector<float> b = in.take<float>(K * N);
+    std::vector<float> c(static_cast<size_t>(M * N), -1.0f);  // must be overwritten
+    if (op == "matmul_tn") dg::matmul_tn(a.data(), b.data(), c.data(), M, K, N);
+    if (op == "matmul_nt") dg::matmul_nt(a.data(), b.data(), c.data(), M, K, N);
+    write(c);
+    return 0;
+}
+
+// The epilogue of the gemm cases: c = max(c + bias[col], 0), and for every
+// element it is called on, one more in `count` and the OpenMP thread in `thread`.
+struct BiasReluEpilogue {
+    const float* bias;
+    float* count;
+    float* thread;
+    int64_t M, N, ldc;
+    void operator()(int64_t row, int64_t col0, float* c, int64_t n) const {
+        if (row < 0 || row >= M || col0 < 0 || n < 1 || col0 + n > N) {
+            count[0] = 1e9f;  // a piece outside C: fails the test's count check
+            return;
+        }
+#ifdef _OPENMP
+        const float id = static_cast<float>(omp_get_thread_num());
+#else
+        const float id = 0.0f;
+#endif
+        for (int64_t j = 0; j < n; ++j) {
+            c[j] = std::max(c[j] + bias[col0 + j], 0.0f);
+            count[row * ldc + col0 + j] += 1.0f;
+            thread[row * ldc + col0 + j] = id;
+        }
+    }
+};
+
+// gemm <ta> <tb> <M> <N> <K> <lda> <ldb> <ldc> <threads> <epilogue 0|1>,
+// input A (stored [K,lda] if ta else [M,lda]), B (stored [N,ldb] if tb else
+// [K,ldb]), the initial C [M,ldc], then bias [N] if epilogue
+//   ->  C [M,ldc], then (epilogue only) count [M,ldc] and thread [M,ldc]
+int run_gemm(char** argv) {
+    const bool ta = int_arg(argv, 2) != 0, tb = int_arg(argv, 3) != 0;
+    const int64_t M = int_arg(argv, 4), N = int_arg(argv, 5), K = int_arg(argv, 6);
+    const int64_t lda = int_arg(argv, 7), ldb = int_arg(argv, 8), ldc = int_arg(argv, 9);
+    const int threads = static_cast<int>(int_arg(argv, 10));
+    const bool epilogue = int_arg(argv, 11) != 0;
+    Input in;
+    const std::vector<float> a = in.take<float>((ta ? K : M) * lda);
+    const std::vector<float> b = in.take<float>((tb ? N : K) * ldb);
+    std::vector<float> c = in.take<float>(M * ldc);
+    dg::set_num_threads(threads);
+    if (epilogue) {
+        const std::vector<float> bias = in.take<float>(N);
+        std::vector<float> count(c.size(), 0.0f), thread(c.size(), -1.0f);
+        const BiasReluEpilogue epi{bias.data(), count.data(), thread.data(), M, N, ldc};
+        dg::gemm(ta, tb, M, N, K, a.data(), lda, b.data(), ldb, c.data(), ldc, epi);
+        write(c);
+        write(count);
+        write(thread);
+    } else {
+        dg::gemm(ta, tb, M, N, K, a.data(), lda, b.data(), ldb, c.data(), ldc);
+        write(c);
+    }
+    return 0;
+}
+
+// gemm_info <threads>  ->  "<isa> <get_num_threads() after set_num_threads(threads)> <openmp 0|1>"
+int run_gemm_info(char** argv) {
+    dg::set_num_threads(static_cast<int>(int_arg(argv, 2)));
+#ifdef _OPENMP
+    const int openmp = 1;
+#else
+    const int openmp = 0;
+#endif
+    std::printf("%s %d %d\n", dg::gemm_isa(), dg::get_num_threads(), openmp);
+    return 0;
+}
+
 // transpose <ndim> <shape...> <perm...>, input x  ->  y
 int run_transpose(char** argv) {
     const int ndim = static_cast<int>(int_arg(argv, 2));
@@ -165,6 +252,9 @@ int dispatch(int argc, char** argv) {
     }
     if (op.rfind("init_", 0) == 0) return run_rng(op, argv);
     if (op == "matmul") return run_matmul(argv);
+    if (op == "matmul_tn" || op == "matmul_nt") return run_matmul_t(op, argv);
+    if (op == "gemm") return run_gemm(argv);
+    if (op == "gemm_info") return run_gemm_info(argv);
     if (op == "transpose") return run_transpose(argv);
     if (op == "copy_axis") return run_copy_axis(argv);
     if (op == "gather_rows_i32") return run_gather<int32_t>(argv);

@@ -43,12 +43,14 @@ def test_hand_edit_of_model_cpp_changes_the_module(tmp_path):
     x = sample_inputs(relu)["x"]
     np.testing.assert_allclose(_forward(build, x), reference.run(relu, {"x": x})["y"], rtol=1e-5, atol=1e-6)
 
-    # The user swaps the activation by hand: relu's kernel call becomes a tanh loop.
+    # The user swaps the activation by hand: the GEMM with its fused bias + relu epilogue
+    # becomes a plain GEMM followed by a tanh loop.
     model_cpp = project / "src" / "model.cpp"
     text = model_cpp.read_text()
-    call = "kernels::h(h_matmul, h_b.ptr(), h, N);"  # the fused bias add + relu
+    call = "dg::matmul(x, h_w.ptr(), h, N, 3, 4, kernels::h_epilogue{h_b.ptr()});"
     assert call in text
-    by_hand = "for (int64_t i = 0; i < N * 4; ++i) h[i] = std::tanh(h_matmul[i] + h_b.ptr()[i % 4]);"
+    by_hand = ("dg::matmul(x, h_w.ptr(), h, N, 3, 4);\n"
+               "  for (int64_t i = 0; i < N * 4; ++i) h[i] = std::tanh(h[i] + h_b.ptr()[i % 4]);")
     model_cpp.write_text(text.replace(call, by_hand))
     cmake_build(project, build)
 

@@ -63,11 +63,17 @@ def test_golden_files(update_golden):
 def test_generated_code_names_come_from_the_user():
     files = render(_tiny())
     model = files["src/model.cpp"].decode()
-    for name in ("h_matmul", "h_w", "h_b", "y_w", "kernels::h("):
+    for name in ("h_w", "h_b", "y_w", "kernels::h_epilogue{h_b.ptr()}"):
         assert name in model
     assert "// tiny.py:11  h = dg.dense(x, 4, act=dg.relu)" in model
-    assert "fmaxf(0.0F, h_matmul[4 * i0 + i1] + h_b[i1])" in files["src/kernels.cpp"].decode()
-    assert "float* h_matmul = arena.at(" in model
+    # -O2 folds the bias + relu into the GEMM: the epilogue is named after the user's h.
+    assert "struct h_epilogue {" in files["src/kernels.h"].decode()
+    assert "fmaxf(0.0F, acc[j] + h_b[col0 + j])" in files["src/kernels.h"].decode()
+    assert "float* h = arena.at(" in model
+    # Without fusion the matmul keeps its own buffer, named after the statement it serves.
+    plain = render(_tiny(), opt="O0")
+    assert "float* h_matmul = arena.at(" in plain["src/model.cpp"].decode()
+    assert "h_add[4 * i0 + i1] = h_matmul[4 * i0 + i1] + h_b[i1];" in plain["src/kernels.cpp"].decode()
 
 
 def test_generated_cpp_is_formatted():

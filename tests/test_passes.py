@@ -12,6 +12,7 @@ import generator as dg
 from conftest import ROOT, load_example
 from generator import reference
 from generator.codegen.emit import prepare
+from generator.memory import dominates
 from generator.passes import LEVELS, optimize
 from generator.samples import sample_inputs
 
@@ -47,7 +48,7 @@ STEP = st.tuples(st.sampled_from(["unary", "binary", "matmul", "softmax"]), st.i
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.lists(STEP, min_size=1, max_size=8), st.sampled_from(["dce", "cse", "copyprop", "fuse", "simplify"]))
+@given(st.lists(STEP, min_size=1, max_size=8), st.sampled_from(["dce", "cse", "fold", "copyprop", "fuse", "simplify", "epilogue"]))
 def test_passes_preserve_semantics_on_random_graphs(program, until):
     model = _random_model(program)
     plain, optimized = model.build(), optimize(model.build(), "O2", until=until)
@@ -93,8 +94,59 @@ def test_fusion_reduces_kernels_and_buffers():
 def test_fused_kernel_lists_its_dsl_statements():
     from generator.codegen.emit import render
 
-    kernels = render(load_example("mlp").build())["src/kernels.cpp"].decode()
-    assert "// fuses add + relu: mlp.py:13  h1 = dg.dense(x, 512, act=dg.relu)" in kernels
+    files = render(load_example("mlp").build(), opt="O2")
+    assert "// the GEMM's epilogue, fusing add + relu: mlp.py:13  h1 = dg.dense(x, 512, act=dg.relu)" in (
+        files["src/kernels.h"].decode())
+    files = render(load_example("treelstm").build(), opt="O2")
+    assert "// fuses tanh + sigmoid + mul: treelstm.py:37  h = dg.sigmoid(o) * dg.tanh(c)" in (
+        files["src/kernels.cpp"].decode())
+
+
+def test_epilogue_fusion_folds_bias_and_activation_into_the_gemm():
+    """mlp at O2: every matmul's bias + relu (forward) and relu' (backward) run
+    inside the GEMM; no pre-activation buffer is left, and the training arena
+    does not grow."""
+    from generator.codegen.lower import lower
+    from generator.codegen.targets import load_target
+
+    plans = {}
+    for level in ("O1", "O2"):
+        graph = prepare(load_example("mlp").build(), level)
+        plans[level] = (graph, lower(graph, load_target("cpu")))
+    graph, plan = plans["O2"]
+    fused = [n for n in graph.nodes if n.op == "matmul" and "epilogue" in n.attrs]
+    assert len(fused) == 5, [n.outputs[0].name for n in fused]  # h1, h2, logits; d_h1, d_h2
+    assert not any(b.name.endswith("_matmul") and b.phase == "forward" for b in plan.memory["buffers"])
+    assert [k.kind for k in plan.kernels].count("epilogue") == 5
+    buffers = {level: len(plans[level][1].memory["buffers"]) for level in plans}
+    assert buffers["O2"] < buffers["O1"], buffers
+    train = {level: plans[level][1].memory["train_floats"] for level in plans}
+    assert dominates(train["O1"], train["O2"]), train
+
+
+def test_epilogue_reads_rows_columns_and_full_operands():
+    """A consumer reading a per-row, per-column, scalar and full operand fuses; its
+    reference result equals the unfused graph's."""
+
+    @dg.model
+    def epi():
+        x = dg.input("x", (dg.dim("N"), 3))
+        r = dg.input("r", (dg.dim("N"), 1))
+        s = dg.input("s", (1, 1))
+        w = dg.param("w", (3, 5), init=dg.uniform(-1, 1))
+        c = dg.param("c", (5,), init=dg.uniform(-1, 1))
+        full = dg.tanh(x @ dg.param("v", (3, 5), init=dg.uniform(-1, 1)))
+        return {"y": dg.sigmoid((x @ w) * r + c - s) * full}
+
+    plain, fused = prepare(epi.build(), "O1"), prepare(epi.build(), "O2")
+    mm = [n for n in fused.nodes if n.op == "matmul"]
+    assert any("epilogue" in n.attrs and len(n.inputs) == 6 for n in mm), [n.inputs for n in mm]
+    rng = np.random.default_rng(1)
+    inputs = {"x": rng.normal(size=(4, 3)).astype(np.float32), "r": rng.normal(size=(4, 1)).astype(np.float32),
+              "s": np.float32([[0.3]])}
+    params = reference.init_params(plain)
+    np.testing.assert_allclose(reference.run(fused, inputs, params)["y"], reference.run(plain, inputs, params)["y"],
+                               rtol=1e-5, atol=1e-6)
 
 
 def test_cse_and_copyprop_and_dce():
@@ -121,3 +173,29 @@ def test_levels_and_ir_after(capsys):
     assert cli.main(["generate", str(ROOT / "examples" / "mlp.py"), "-o", str(ROOT / "build" / "o0"), "-O0",
                      "--force", "--report"]) == 0
     assert "passes (O0)" in capsys.readouterr().out
+
+
+def test_fold_substitutes_the_constants_autodiff_makes():
+    """The loss gradient's 1 and the zero padding of an unused split piece are
+    folded away; gradients are unchanged."""
+
+    @dg.model
+    def folded():
+        x = dg.input("x", (dg.dim("N"), 6))
+        t = dg.input("t", (dg.dim("N"), 2))
+        w = dg.param("w", (6, 6), init=dg.uniform(-1, 1))
+        a, _unused, c = dg.split(dg.tanh(x @ w), 3, axis=1)
+        loss = dg.mse(a * c, t)
+        dg.train(loss, dg.sgd(0.1))
+        return {"a": a}
+
+    plain, folded_graph = prepare(folded.build(), "O0"), prepare(folded.build(), "O2")
+    fills = lambda g: [n for n in g.nodes if n.op == "fill"]  # noqa: E731
+    assert len(fills(folded_graph)) < len(fills(plain)), (fills(plain), fills(folded_graph))
+    rng = np.random.default_rng(2)
+    inputs = {"x": rng.normal(size=(3, 6)).astype(np.float32), "t": rng.normal(size=(3, 2)).astype(np.float32)}
+    params = reference.init_params(plain)
+    loss0, grads0 = reference.gradients(plain, inputs, params)
+    loss2, grads2 = reference.gradients(folded_graph, inputs, params)
+    assert abs(loss0 - loss2) <= 1e-6 * max(1.0, abs(loss0))
+    np.testing.assert_allclose(grads2["w"], grads0["w"], rtol=1e-5, atol=1e-7)

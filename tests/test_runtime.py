@@ -8,7 +8,9 @@ compares against numpy (for the ops) or against generator/rng.py bit for bit
 
 from __future__ import annotations
 
+import functools
 import itertools
+import platform
 import shutil
 import subprocess
 import sys
@@ -381,3 +383,299 @@ def test_gather_rows_out_of_range(driver, id_dtype, bad, position):
 def test_gather_rows_large_int64_id(driver):
     message = driver.error("gather_rows_i64", 5, 2, 1, "e", inputs=[rand(5, 2), np.array([2**40], np.int64)])
     assert message == f"e: index {2**40} at position 0 is out of range [0, 5)"
+
+
+# --------------------------------------------------------------------------- gemm
+#
+# dg::gemm (dg_gemm.h) against numpy in float64.  The default driver above is
+# built with the compiler's default target and without OpenMP; GEMM_BUILDS adds
+# builds with OpenMP whose micro-kernel is forced: the portable C++ one and
+# AVX2 + FMA (run only where the CPU has them).  The AVX-512 kernel is compiled
+# (to an object file) but not run: most test machines cannot run it.
+
+X86 = platform.machine().lower() in ("x86_64", "amd64", "i686", "i386")
+GEMM_BUILDS = {
+    "portable": ["-march=x86-64", "-fopenmp"],
+    "avx2": ["-mavx2", "-mfma", "-fopenmp"],
+}
+AVX512_FLAGS = ["-mavx512f", "-mavx512vl", "-mavx512bw", "-mavx512dq", "-mfma", "-fopenmp"]
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags (Linux; empty elsewhere, which skips the AVX2 runs)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return frozenset(line.split(":", 1)[1].split())
+    return frozenset()
+
+
+@pytest.fixture(scope="session")
+def gemm_builds(compiled, tmp_path_factory):
+    """{name: (Driver or None, diagnostics)} for GEMM_BUILDS and "avx512" (an
+    object file only, Driver None), compiled in parallel; "default" is the
+    driver every other test uses."""
+    if not X86:
+        pytest.skip("the forced-ISA GEMM builds need an x86 compiler")
+    cxx = shutil.which("g++")
+    folder = tmp_path_factory.mktemp("gemm_builds")
+    base = [cxx, *CXX_FLAGS, "-I", str(RUNTIME_DIR), str(DRIVER_SRC)]
+    jobs = {name: base + flags + ["-o", str(folder / name)] for name, flags in GEMM_BUILDS.items()}
+    jobs["avx512"] = base + AVX512_FLAGS + ["-c", "-o", str(folder / "avx512.o")]
+    procs = {
+        name: subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        for name, cmd in jobs.items()
+    }
+    builds = {"default": (compiled[0], compiled[1])}
+    for name, proc in procs.items():
+        _, err = proc.communicate()
+        assert proc.returncode == 0, f"compile failed:\n{' '.join(jobs[name])}\n{err}"
+        builds[name] = (None if name == "avx512" else Driver(folder / name), err)
+    return builds
+
+
+RUNNABLE = {"portable": set(), "avx2": {"avx2", "fma"}}  # the CPU flags each build needs
+
+
+@pytest.fixture(params=list(RUNNABLE))
+def gemm_driver(request, gemm_builds) -> Driver:
+    """Each GEMM build in turn (skipped where the CPU lacks its ISA)."""
+    missing = RUNNABLE[request.param] - cpu_flags()
+    if missing:
+        pytest.skip(f"this CPU lacks {sorted(missing)}")
+    return gemm_builds[request.param][0]
+
+
+def gemm_info(driver: Driver, threads: int = 1) -> tuple[str, int, bool]:
+    proc = driver.call("gemm_info", threads)
+    assert proc.returncode == 0, proc.stderr
+    isa, n, openmp = proc.stdout.decode().split()
+    return isa, int(n), openmp == "1"
+
+
+def run_gemm(driver, ta, tb, M, N, K, pad=(0, 0, 0), threads=1, bias=None, c0=None):
+    """Runs dg::gemm on random operands stored with `pad` extra columns
+    (lda - width, ldb - width, ldc - N).  Returns (stored a, stored b, C as
+    stored [M, ldc], and with `bias`: the epilogue's count and thread arrays)."""
+    lda = (M if ta else K) + pad[0]
+    ldb = (K if tb else N) + pad[1]
+    ldc = N + pad[2]
+    a = rand(K if ta else M, lda)
+    b = rand(N if tb else K, ldb)
+    c = np.full((M, ldc), np.nan, np.float32) if c0 is None else c0
+    inputs = [a, b, c] + ([bias] if bias is not None else [])
+    args = (int(ta), int(tb), M, N, K, lda, ldb, ldc, threads, int(bias is not None))
+    out = driver("gemm", *args, inputs=inputs)
+    size = M * ldc
+    got = out[:size].reshape(M, ldc)
+    if bias is None:
+        assert out.size == size
+        return a, b, got
+    assert out.size == 3 * size
+    return a, b, got, out[size : 2 * size].reshape(M, ldc), out[2 * size :].reshape(M, ldc)
+
+
+def gemm_reference(a, b, ta, tb, M, N, K) -> np.ndarray:
+    """op(A) @ op(B) in float64, reading only the logical part of each stored operand."""
+    opa = a[:K, :M].T if ta else a[:M, :K]
+    opb = b[:N, :K].T if tb else b[:K, :N]
+    return opa.astype(np.float64) @ opb.astype(np.float64)
+
+
+def assert_gemm_close(got, expected, K):
+    # float32 sums of K products of standard normals: errors grow with K.
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=2e-6 * (K + 1))
+
+
+# (M, N, K): 1x1x1, primes, one less / equal / one more than the tiles (MR x NR
+# = 4 x 8, 6 x 16, 12 x 32) and the K blocks (KC = 192, 256).
+# fmt: off
+EDGE_SHAPES = [
+    (1, 1, 1), (1, 1, 7), (2, 3, 1), (7, 13, 29), (13, 7, 29), (29, 13, 7),
+    (3, 7, 9), (4, 8, 8), (5, 9, 17), (5, 15, 16), (6, 16, 191), (7, 17, 193),
+    (11, 31, 255), (12, 32, 256), (13, 33, 257), (25, 47, 100), (47, 63, 385), (49, 65, 64),
+    (143, 95, 31), (145, 97, 513),
+]
+# fmt: on
+TATB = [(False, False), (True, False), (False, True), (True, True)]
+
+
+@pytest.mark.parametrize("ta,tb", TATB)
+def test_gemm_edge_shapes(gemm_driver, ta, tb):
+    for M, N, K in EDGE_SHAPES:
+        a, b, got = run_gemm(gemm_driver, ta, tb, M, N, K)
+        assert_gemm_close(got, gemm_reference(a, b, ta, tb, M, N, K), K)
+
+
+# The products the models run (M, N, K, ta, tb): TreeLSTM level GEMMs
+# [M, 2H] @ [2H, 5H] at H = 256 and 512, and an MLP 784-512-256-10 at batch 64
+# and 256: forward x @ W, input gradient dY @ W^T, weight gradient X^T @ dY.
+# fmt: off
+MODEL_SHAPES = [
+    *[(m, 1280, 512, False, False) for m in (1, 2, 3, 4, 9, 20, 70)],
+    (9, 2560, 1024, False, False),
+    (64, 512, 784, False, False), (256, 256, 512, False, False), (64, 10, 256, False, False),
+    (64, 784, 512, False, True), (256, 256, 10, False, True),
+    (784, 512, 64, True, False), (256, 10, 256, True, False),
+]
+# fmt: on
+
+
+@pytest.mark.parametrize("M,N,K,ta,tb", MODEL_SHAPES)
+def test_gemm_model_shapes(gemm_driver, M, N, K, ta, tb):
+    a, b, got = run_gemm(gemm_driver, ta, tb, M, N, K)
+    assert_gemm_close(got, gemm_reference(a, b, ta, tb, M, N, K), K)
+
+
+@pytest.mark.parametrize("ta,tb", TATB)
+@pytest.mark.parametrize("M,N,K", [(1, 40, 9), (3, 33, 20), (7, 13, 29), (50, 70, 300)])
+def test_gemm_leading_dimensions(gemm_driver, ta, tb, M, N, K):
+    """Rows longer than the matrix: the padding is never read (it holds random
+    values) and the padding of C is left as it was."""
+    pad = (3, 5, 7)
+    c0 = rand(M, N + pad[2])
+    a, b, got = run_gemm(gemm_driver, ta, tb, M, N, K, pad=pad, c0=c0)
+    assert_gemm_close(got[:, :N], gemm_reference(a, b, ta, tb, M, N, K), K)
+    assert same_bits(got[:, N:], c0[:, N:])
+
+
+@pytest.mark.parametrize(
+    "M,N,K,ta,tb",
+    [
+        (1, 1, 1, False, False),
+        (2, 100, 30, False, False),
+        (3, 1280, 512, False, False),
+        (7, 13, 29, True, True),
+        (9, 1280, 512, False, False),
+        (70, 1280, 512, False, False),
+        (64, 10, 256, False, False),
+        (64, 784, 512, False, True),
+        (784, 512, 64, True, False),
+    ],
+)
+def test_gemm_epilogue_once_per_element(gemm_driver, M, N, K, ta, tb):
+    """c = max(c + bias[col], 0), applied exactly once to every element of C
+    (and never to the padding of C), after the whole sum."""
+    bias = rand(N)
+    a, b, got, count, _ = run_gemm(gemm_driver, ta, tb, M, N, K, pad=(0, 0, 2), threads=2, bias=bias)
+    assert np.array_equal(count[:, :N], np.ones((M, N), np.float32))
+    assert np.array_equal(count[:, N:], np.zeros((M, 2), np.float32))
+    expected = np.maximum(gemm_reference(a, b, ta, tb, M, N, K) + bias, 0.0)
+    assert_gemm_close(got[:, :N], expected, K)
+
+
+@pytest.mark.parametrize("ta,tb", TATB)
+def test_gemm_k_zero_gives_zeros_then_epilogue(gemm_driver, ta, tb):
+    M, N = 5, 19
+    bias = rand(N)
+    _, _, got, count, _ = run_gemm(gemm_driver, ta, tb, M, N, 0, bias=bias)
+    assert np.array_equal(count, np.ones((M, N), np.float32))
+    np.testing.assert_array_equal(got, np.broadcast_to(np.maximum(bias, 0.0), (M, N)))
+    _, _, got = run_gemm(gemm_driver, ta, tb, M, N, 0)
+    assert np.array_equal(got, np.zeros((M, N), np.float32))
+
+
+def test_gemm_empty_output(gemm_driver):
+    for M, N in [(0, 5), (5, 0), (0, 0)]:
+        _, _, got = run_gemm(gemm_driver, False, False, M, N, 4)
+        assert got.size == 0
+
+
+# fmt: off
+THREAD_SHAPES = [
+    (1, 1280, 512, False, False), (3, 1300, 700, False, False), (9, 1280, 512, False, False),
+    (70, 1280, 512, False, False), (64, 512, 784, False, False), (64, 784, 512, False, True),
+    (784, 512, 64, True, False), (256, 10, 256, True, False), (130, 70, 300, True, True),
+]
+# fmt: on
+
+
+@pytest.mark.parametrize("build", list(GEMM_BUILDS))
+@pytest.mark.parametrize("M,N,K,ta,tb", THREAD_SHAPES)
+def test_gemm_same_bits_for_1_and_2_threads(gemm_builds, build, M, N, K, ta, tb):
+    """K is never split over threads, so the result does not depend on the
+    thread count; the epilogue shows that two threads did take part."""
+    missing = RUNNABLE[build] - cpu_flags()
+    if missing:
+        pytest.skip(f"this CPU lacks {sorted(missing)}")
+    driver = gemm_builds[build][0]
+    bias = rand(N)
+    results = {}
+    for threads in (1, 2):
+        state = GEN.bit_generator.state
+        results[threads] = run_gemm(driver, ta, tb, M, N, K, threads=threads, bias=bias)
+        GEN.bit_generator.state = state  # the same operands for both runs
+    (a, b, one, _, thread1), (_, _, two, count, thread2) = results[1], results[2]
+    assert same_bits(one, two)
+    assert np.array_equal(count, np.ones((M, N), np.float32))
+    assert set(np.unique(thread1)) == {0.0}
+    _, threads, openmp = gemm_info(driver, 2)
+    assert openmp
+    if threads == 2:
+        assert set(np.unique(thread2)) == {0.0, 1.0}
+    assert_gemm_close(one, np.maximum(gemm_reference(a, b, ta, tb, M, N, K) + bias, 0.0), K)
+
+
+@pytest.mark.parametrize(
+    "M,N,K,ta,tb",
+    [
+        (7, 13, 29, False, False),
+        (3, 100, 64, False, False),
+        (70, 1280, 512, False, False),
+        (64, 784, 512, False, True),
+        (784, 512, 64, True, False),
+        (13, 33, 257, True, True),
+    ],
+)
+def test_gemm_default_build(driver, M, N, K, ta, tb):
+    """The driver built with the compiler's default target and without OpenMP."""
+    bias = rand(N)
+    a, b, got, count, thread = run_gemm(driver, ta, tb, M, N, K, threads=2, bias=bias)
+    assert np.array_equal(count, np.ones((M, N), np.float32))
+    assert set(np.unique(thread)) == {0.0}
+    assert_gemm_close(got, np.maximum(gemm_reference(a, b, ta, tb, M, N, K) + bias, 0.0), K)
+
+
+def test_gemm_builds_compile_without_warnings(gemm_builds):
+    for name, (_, diagnostics) in gemm_builds.items():
+        assert diagnostics == "", f"{name}:\n{diagnostics}"
+
+
+def test_gemm_isa_of_each_build(gemm_builds):
+    assert gemm_info(gemm_builds["portable"][0])[0] == "portable"
+    if {"avx2", "fma"} <= cpu_flags():
+        assert gemm_info(gemm_builds["avx2"][0])[0] == "avx2"
+    assert gemm_info(gemm_builds["default"][0])[0] in ("portable", "avx2", "avx512")
+
+
+def test_num_threads(driver):
+    # Without OpenMP the count is always 1; with it, what was set.
+    _, threads, openmp = gemm_info(driver, 3)
+    assert threads == (3 if openmp else 1)
+    message = "dg::set_num_threads: the number of threads must be >= 1, got 0"
+    assert driver.error("gemm_info", 0) == message
+
+
+def test_num_threads_with_openmp(gemm_builds):
+    assert gemm_info(gemm_builds["portable"][0], 3)[1:] == (3, True)
+    assert gemm_builds["portable"][0].error("gemm_info", -2).endswith("got -2")
+
+
+def test_gemm_rejects_bad_leading_dimension(driver):
+    # M=2, N=3, K=4 with lda=3 < K
+    message = driver.error("gemm", 0, 0, 2, 3, 4, 3, 3, 3, 1, 0, inputs=[rand(2, 3), rand(4, 3), rand(2, 3)])
+    assert message.startswith("dg::gemm: a leading dimension is smaller than its row (lda=3 < 4")
+
+
+@pytest.mark.parametrize("M,K,N", [(1, 1, 1), (7, 13, 5), (64, 129, 33), (2, 300, 70)])
+def test_matmul_tn_and_nt(driver, M, K, N):
+    a_t, b = rand(K, M), rand(K, N)
+    got = driver("matmul_tn", M, K, N, inputs=[a_t, b]).reshape(M, N)
+    np.testing.assert_allclose(got, a_t.T.astype(np.float64) @ b, rtol=1e-5, atol=1e-5 * np.sqrt(K))
+    a, b_t = rand(M, K), rand(N, K)
+    got = driver("matmul_nt", M, K, N, inputs=[a, b_t]).reshape(M, N)
+    np.testing.assert_allclose(got, a.astype(np.float64) @ b_t.T, rtol=1e-5, atol=1e-5 * np.sqrt(K))

@@ -31,7 +31,10 @@ MANIFEST = ".deepgen/manifest.json"
 
 def _environment(target) -> jinja2.Environment:
     return jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(resource_dir("templates") / target.templates)),
+        # A target's template folders are searched in order: it overrides only what differs.
+        loader=jinja2.ChoiceLoader(
+            [jinja2.FileSystemLoader(str(resource_dir("templates") / d)) for d in target.template_dirs]
+        ),
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
@@ -132,7 +135,7 @@ def render(graph, target_name: str = "cpu", opt: str = "O2", report=None) -> dic
     name = plan.name
     cpp = {
         f"include/{name}/model.h": "model.h.j2",
-        "src/model.cpp": "model.cpp.j2",
+        f"src/model{target.model_ext}": "model.cpp.j2",
         "src/kernels.h": "kernels.h.j2",
         f"src/kernels{target.kernel_ext}": "kernels.cpp.j2",
         "src/bindings.cpp": "bindings.cpp.j2",
@@ -149,8 +152,8 @@ def render(graph, target_name: str = "cpu", opt: str = "O2", report=None) -> dic
         files[path] = env.get_template(template).render(p=plan).encode()
     files[".clang-format"] = (resource_dir("templates") / "project" / "clang-format").read_bytes()
     files[".gitignore"] = (resource_dir("templates") / "project" / "gitignore").read_bytes()
-    for header in target.runtime:
-        files[f"runtime/{header}"] = (target.folder / "runtime" / header).read_bytes()
+    for header, source in target.runtime_sources().items():
+        files[f"runtime/{header}"] = source.read_bytes()
     return dict(sorted(files.items()))
 
 

@@ -121,3 +121,44 @@ def update_kernel(optimizer, printer_cls=FloatPrinter) -> Kernel:
         temps=temps,
         assign=" ".join(assign),
     )
+
+
+def epilogue_kernel(node, names, comment: str, printer_cls=FloatPrinter) -> Kernel:
+    """The epilogue functor of a matmul node with attrs["epilogue"] (see
+    passes.epilogue): acc[j] = expr(acc[j], extras...) for the n finished
+    elements of C[row, col0 : col0 + n]. x0 is the accumulated value; each other
+    operand is read by its role (ops.linalg.epilogue_role)."""
+    from ..ops.linalg import epilogue_role
+
+    out = node.outputs[0]
+    width = out.shape[-1]
+    col = sympy.Symbol("col0") + sympy.Symbol("j")
+    row = sympy.Symbol("row")
+    loads = {ARGS[0]: "acc[j]"}
+    uses_row = uses_col = False
+    for k, v in enumerate(node.inputs[2:], start=1):
+        role = epilogue_role(v, out.shape)
+        index = {"scalar": 0, "col": col, "row": row, "full": row * width + col}[role]
+        uses_row |= role in ("row", "full")
+        uses_col |= role in ("col", "full")
+        loads[ARGS[k]] = f"{names[v]}[{size_expr(index)}]"
+    printer = printer_cls(loads)
+    replacements, (expr,) = sympy.cse([node.attrs["epilogue"]], symbols=sympy.numbered_symbols("_t"))
+    temps = []
+    for sym, sub in replacements:
+        printer.loads[sym] = str(sym)
+        temps.append(f"const float {sym} = {printer.doprint(sub)};")
+    full = any(epilogue_role(v, out.shape) == "full" for v in node.inputs[2:])
+    dims = sorted(getattr(width, "free_symbols", ()), key=str) if full else []  # the row stride
+    args = [Arg("const float*", names[v]) for v in node.inputs[2:]] + [Arg("int64_t", str(d)) for d in dims]
+    return Kernel(
+        name=f"{names[out]}_epilogue",
+        comment=comment,
+        args=args,
+        loops=[("j", "n")],
+        temps=temps,
+        assign=f"acc[j] = {printer.doprint(expr)};",
+        kind="epilogue",
+        uses_row=uses_row,
+        uses_col=uses_col,
+    )

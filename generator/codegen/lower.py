@@ -18,7 +18,7 @@ from ..ops import get_op
 from ..printing import format_graph
 from ..shapes import fmt_shape, numel
 from ..autodiff import prepare_training, train_only_inputs
-from .kernels import ewise_kernel, update_kernel
+from .kernels import epilogue_kernel, ewise_kernel, update_kernel
 from .plan import InputSpec, OutputSpec, ParamSpec, ProjectPlan, Statement, TrainPlan
 
 CTYPE = {"float32": "float", "int32": "int32_t", "int64": "int64_t"}
@@ -34,6 +34,9 @@ class LowerCtx:
     def __init__(self, graph, printer_cls):
         self.graph = graph
         self.printer_cls = printer_cls
+        # The target's owned-buffer type and copy (std::vector and std::copy on the CPU).
+        self.vector_type = "std::vector"
+        self.copy_fn = "std::copy"
         self.expr = {}  # id(value) -> C++ pointer expression
         self.names = {}  # value -> C++ identifier (its graph name)
         self.owned = set()  # id(value) of values held in a local std::vector
@@ -82,9 +85,9 @@ class LowerCtx:
         if id(v) not in self.expr:
             if self.decls is not None:  # inside a block: allocate once, before it
                 size = numel(tuple(d if isinstance(d, int) else d.xreplace(self.subs) for d in v.shape))
-                self.decls.append(f"std::vector<{CTYPE[v.dtype]}> {v.name}({self.size(size)});")
+                self.decls.append(f"{self.vector_type}<{CTYPE[v.dtype]}> {v.name}({self.size(size)});")
             else:
-                self.pending.append(f"std::vector<{CTYPE[v.dtype]}> {v.name}({self.size(numel(v.shape))});")
+                self.pending.append(f"{self.vector_type}<{CTYPE[v.dtype]}> {v.name}({self.size(numel(v.shape))});")
             self.expr[id(v)] = f"{v.name}.data()"
             self.owned.add(id(v))
         return self.expr[id(v)]
@@ -131,13 +134,33 @@ class LowerCtx:
     def string(self, text: str) -> str:
         return cpp_string(text)
 
+    def _fused_comment(self, locs, fns, what="fuses") -> str:
+        """A fused kernel's comment lists every DSL statement it holds."""
+        lines = list(dict.fromkeys(f"{loc.short}  {comment_text(loc.text)}" for loc in locs if loc))
+        return f"{what} {' + '.join(fns)}: " + " | ".join(lines)
+
+    def epilogue(self, node) -> str:
+        """The functor a matmul with a fused epilogue passes to the GEMM."""
+        names = {v: v.name for v in node.inputs + node.outputs}
+        comment = self._fused_comment(node.attrs["epilogue_from"], node.attrs["epilogue_fns"],
+                                      "the GEMM's epilogue, fusing")
+        kernel = epilogue_kernel(node, names, comment, self.printer_cls)
+        # kernels:: holds one function per value name: keep this type's name apart
+        taken = {k.name for k in self.kernels} | set(self.graph.names.used)
+        base, k = kernel.name, 0
+        while kernel.name in taken:
+            k += 1
+            kernel.name = f"{base}_{k}"
+        self.kernels.append(kernel)
+        members = [self.ptr(v) for v in node.inputs[2:]] + [a.name for a in kernel.args[len(node.inputs) - 2 :]]
+        return f"kernels::{kernel.name}{{{', '.join(members)}}}"
+
     def call_kernel(self, node) -> str:
         names = {v: v.name for v in node.inputs + node.outputs}
         comment = self.comment
         fused = node.attrs.get("fused_from")
-        if fused:  # a fused kernel lists every DSL statement it holds
-            lines = list(dict.fromkeys(f"{loc.short}  {comment_text(loc.text)}" for loc in fused if loc))
-            comment = f"fuses {' + '.join(node.attrs['fused_fns'])}: " + " | ".join(lines)
+        if fused:
+            comment = self._fused_comment(fused, node.attrs["fused_fns"])
         kernel = ewise_kernel(node, names, comment, self.printer_cls)
         self.kernels.append(kernel)
         args = [self.ptr(v) for v in node.inputs] + [self.out(node.outputs[0])]
@@ -161,11 +184,12 @@ def _param_spec(p) -> ParamSpec:
     lit = [f"{np.float32(x)!r}".replace("np.float32(", "").rstrip(")") + "f" for x in prim[1:]]
     target = f"{p.name}.ptr(), {p.name}.size()"
     if prim[0] == "constant":
-        init = f"dg::init_constant({target}, {lit[0]});"
+        args = lit[0]
     else:
-        init = f"dg::init_{prim[0]}({target}, {seed}, dg::name_stream({cpp_string(p.name)}), {lit[0]}, {lit[1]});"
+        args = f"{seed}, dg::name_stream({cpp_string(p.name)}), {lit[0]}, {lit[1]}"
+    init = f"dg::init_{prim[0]}({target}, {args});"
     comment = f"{p.loc.short}  {comment_text(p.loc.text)}" if p.loc else ""
-    return ParamSpec(p.name, list(p.shape), fmt_shape(p.shape), init, comment)
+    return ParamSpec(p.name, list(p.shape), fmt_shape(p.shape), init, comment, f"dg::init_{prim[0]}", args)
 
 
 def _statements(ctx, nodes) -> list:
@@ -202,7 +226,7 @@ def _outputs(ctx, graph, access: str) -> list:
         else:  # an input, a parameter or an alias: copy it
             make = f"dg::Tensor<{ctype}>({shape}, {ctx.ptr(v)})"
         first.setdefault(id(v), name)
-        outputs.append(OutputSpec(name, ctype, v.dtype, fmt_shape(v.shape), make))
+        outputs.append(OutputSpec(name, ctype, v.dtype, fmt_shape(v.shape), make, shape, ctx.ptr(v)))
     return outputs
 
 
@@ -232,7 +256,7 @@ def _lower_training(ctx, graph, target, dim_index, bound_dims) -> TrainPlan:
     loss_statements = _statements(ctx, loss_nodes)
     backward_statements = _statements(ctx, backward)
     copy_lines = [
-        f"std::copy({ctx.ptr(g)}, {ctx.ptr(g)} + {member}.size(), {member}.ptr());" for _, g, member in copies
+        f"{ctx.copy_fn}({ctx.ptr(g)}, {ctx.ptr(g)} + {member}.size(), {member}.ptr());" for _, g, member in copies
     ]
     opt = spec.optimizer
     kernel = update_kernel(opt, target.printer_cls)
@@ -332,6 +356,7 @@ def lower(graph, target) -> ProjectPlan:
     if graph.train is not None:
         prepare_training(graph)
     ctx = LowerCtx(graph, target.printer_cls)
+    ctx.vector_type, ctx.copy_fn = target.vector_type, target.copy_fn
     dims = graph.dims
     dim_index = {d: i for i, d in enumerate(dims)}
     for v in graph.inputs:
@@ -366,6 +391,7 @@ def lower(graph, target) -> ProjectPlan:
         kernels=ctx.kernels,
         graph_text=format_graph(graph),
         kernel_ext=target.kernel_ext,
+        model_ext=target.model_ext,
         train=train,
         memory=memory,
         trees=[

@@ -16,7 +16,11 @@ class Arg:
 
 @dataclass
 class Kernel:
-    """A printed elementwise kernel: nested loops around one assignment."""
+    """A printed elementwise kernel: nested loops around one assignment.
+
+    kind "loop": a function in kernels.cpp. kind "epilogue": a functor struct in
+    kernels.h (its args are members) that a GEMM calls on each finished piece of
+    an output row, so the compiler inlines it into the GEMM."""
 
     name: str
     comment: str
@@ -24,6 +28,9 @@ class Kernel:
     loops: list  # [(loop variable, extent expression)]
     temps: list  # ["const float t0 = ...;"] from sympy.cse
     assign: str  # "h1[i0] = fmaxf(...);"
+    kind: str = "loop"
+    uses_row: bool = False  # epilogue: whether the body reads the row index
+    uses_col: bool = False  # epilogue: whether the body reads the column index
 
 
 @dataclass
@@ -51,6 +58,8 @@ class ParamSpec:
     declared: str
     init: str  # C++ call that fills it
     comment: str
+    init_fn: str = ""  # the same call in parts: the function (dg::init_normal) ...
+    init_args: str = ""  # ... and its arguments after the data pointer and size
 
 
 @dataclass
@@ -60,6 +69,8 @@ class OutputSpec:
     dtype: str
     declared: str
     make: str  # C++ expression building the dg::Tensor
+    shape: str = ""  # C++ shape list, e.g. {N, 10}
+    data: str = ""  # C++ pointer to the output's elements (a device pointer on a GPU target)
 
 
 @dataclass
@@ -99,6 +110,7 @@ class ProjectPlan:
     kernels: list  # [Kernel]
     graph_text: str  # `deepgen ir` of the model, for the README
     kernel_ext: str = ".cpp"
+    model_ext: str = ".cpp"
     train: TrainPlan | None = None
     memory: dict = field(default_factory=dict)  # the arena plan (see lower._plan_memory)
     trees: list = field(default_factory=list)  # [{arity, children, words, roots}] of recursive ops

@@ -1,7 +1,9 @@
 """sympy -> C++ expression printers.
 
 `FloatPrinter` prints an elementwise op's expression in single precision: float
-literals with an F suffix, the float overloads of <cmath> (expf, tanhf, ...),
+literals with an F suffix, the runtime's vectorizable functions for exp, expm1,
+log, log1p, tanh and erf (runtime/dg_math.h: libm's cannot be vectorized without
+-ffast-math) and the float overloads of <cmath> for the rest,
 small integer powers as products, and numeric constants (sqrt(2), pi) as
 literals instead of non-standard M_* macros. Operand symbols are printed as the
 loads given in `loads`. A CUDA printer can subclass this one.
@@ -17,9 +19,29 @@ from sympy.printing.c import C99CodePrinter
 
 
 class FloatPrinter(C99CodePrinter):
+    # sympy function name -> the runtime function printed for it (dg_math.h)
+    VECTOR_MATH = {"exp": "exp_f", "expm1": "expm1_f", "log": "log_f", "log1p": "log1p_f", "tanh": "tanh_f",
+                   "erf": "erf_f"}
+
     def __init__(self, loads: dict | None = None):
         super().__init__({"type_aliases": {real: float32}})
         self.loads = loads or {}
+
+    def _print_Function(self, expr):
+        name = self.VECTOR_MATH.get(type(expr).__name__)
+        if name is not None and len(expr.args) == 1:
+            return f"dg::math::{name}({self._print(expr.args[0])})"
+        return super()._print_Function(expr)
+
+    def _print_exp(self, expr):
+        return self._print_Function(expr)
+
+    def _print_log(self, expr):
+        if len(expr.args) == 1:
+            return self._print_Function(expr)
+        return super()._print_log(expr)
+
+    _print_tanh = _print_erf = _print_log1p = _print_expm1 = _print_exp
 
     def _print_Symbol(self, expr):
         if expr in self.loads:

@@ -1,7 +1,18 @@
 """Targets differ by configuration, not by `if target == ...` in the generator.
 
-A target is a folder targets/<name>/ with a target.json (kernel file extension,
-runtime headers to copy, template folder) and a printer class named here."""
+A target is a folder targets/<name>/ with a target.json:
+
+- `kernel_ext`, `model_ext`: file extensions of src/kernels and src/model
+  (".cpp" for the CPU, ".cu" for CUDA);
+- `printer`: the sympy printer class for kernel expressions (named here);
+- `templates`: a template folder under templates/, or a list of them searched in
+  order, so a target overrides only the templates that differ;
+- `runtime`: header files copied into the project's runtime/ folder, from the
+  target's own runtime/ folder, or `other:file.h` from another target's;
+- `vector`, `copy`: how lowered code declares an owned buffer (`std::vector<T>`)
+  and copies between buffers (`std::copy(first, last, dest)`); the CUDA target
+  names device versions with the same interface.
+"""
 
 from __future__ import annotations
 
@@ -10,9 +21,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..resources import resource_dir
+from .cuda_printer import CudaPrinter
 from .printer import FloatPrinter
 
-PRINTERS = {"FloatPrinter": FloatPrinter}
+PRINTERS = {"FloatPrinter": FloatPrinter, "CudaPrinter": CudaPrinter}
 
 
 @dataclass(frozen=True)
@@ -20,9 +32,22 @@ class Target:
     name: str
     folder: Path
     kernel_ext: str
-    runtime: tuple  # header file names under folder/runtime, copied into the project
-    templates: str  # folder under templates/
+    runtime: tuple  # header file names copied into the project's runtime/ (see runtime_sources)
+    templates: str  # the first template folder under templates/
     printer_cls: type
+    template_dirs: tuple = ()  # every template folder, searched in order
+    model_ext: str = ".cpp"
+    vector_type: str = "std::vector"
+    copy_fn: str = "std::copy"
+
+    def runtime_sources(self) -> dict:
+        """{header name in the project: file it is copied from}."""
+        sources = {}
+        for entry in self.runtime:
+            owner, _, header = entry.rpartition(":")
+            folder = resource_dir("targets") / owner if owner else self.folder
+            sources[header] = folder / "runtime" / header
+        return sources
 
 
 def available() -> list:
@@ -34,11 +59,17 @@ def load_target(name: str) -> Target:
         raise ValueError(f"unknown target {name!r}; available targets: {', '.join(available())}")
     folder = resource_dir("targets") / name
     conf = json.loads((folder / "target.json").read_text())
+    templates = conf["templates"]
+    template_dirs = (templates,) if isinstance(templates, str) else tuple(templates)
     return Target(
         name=name,
         folder=folder,
         kernel_ext=conf["kernel_ext"],
         runtime=tuple(conf["runtime"]),
-        templates=conf["templates"],
+        templates=template_dirs[0],
         printer_cls=PRINTERS[conf["printer"]],
+        template_dirs=template_dirs,
+        model_ext=conf.get("model_ext", ".cpp"),
+        vector_type=conf.get("vector", "std::vector"),
+        copy_fn=conf.get("copy", "std::copy"),
     )

@@ -13,7 +13,7 @@ import sympy
 
 from ..shapes import broadcast, fmt_shape
 from .registry import OpDef, register, require_float
-from .scalar import ARGS, SCALAR_FUNCS, derivative, scalar_expr
+from .scalar import ARGS, SCALAR_FUNCS, derivative, output_derivative, scalar_expr
 
 
 # numpy has no erf/erfc; math's, applied per element, are exact enough for an oracle.
@@ -53,10 +53,10 @@ class Elementwise(OpDef):
         return [("float32", shape)]
 
     def reference(self, args, attrs, dims):
-        shape = np.broadcast_shapes(*(a.shape for a in args))
+        shape = np.broadcast_shapes(*(a.shape for a in args)) if args else ()
         if "shape" in attrs:
             shape = tuple(int(sympy.sympify(d).subs(dims)) for d in attrs["shape"])
-        dtype = np.result_type(*args)
+        dtype = np.result_type(*args) if args else np.float32
         expr = attrs["expr"]
         if expr.free_symbols - set(ARGS):  # sizes such as 1/T in a mean's gradient
             expr = expr.subs(dims)
@@ -80,10 +80,13 @@ class Elementwise(OpDef):
         (g,) = gouts
         out = node.outputs[0]
         n = len(node.inputs)
-        operands = list(node.inputs) + [g]
+        operands = list(node.inputs) + [g, out]
         grads = []
         for k, v in enumerate(node.inputs):
-            d = derivative(node.attrs["expr"], ARGS[k]) * ARGS[n]
+            d = output_derivative(node.attrs["expr"], ARGS[k], ARGS[n + 1])
+            if d is None:
+                d = derivative(node.attrs["expr"], ARGS[k])
+            d = d * ARGS[n]
             dv = gb.ewise(f"d_{node.attrs['fn']}", d, operands, out.shape, f"d_{v.name}")
             grads.append(gb.sum_to(dv, v.shape))
         return grads

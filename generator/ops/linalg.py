@@ -1,18 +1,46 @@
 """Matrix multiply: a[..., M, K] @ b[K, P] -> [..., M, P].
 
 Attrs `ta`/`tb` say an operand is stored transposed (then it must be 2-D): the
-gradients a^T @ g and g @ b^T are computed without materializing a transpose."""
+gradients a^T @ g and g @ b^T are computed without materializing a transpose.
+
+Attr `epilogue` (set by passes.epilogue, never by the DSL): a sympy expression
+applied to each output element inside the GEMM, once its sum is complete. Its x0
+is the sum; x1, x2, ... are the node's operands after a and b, each a scalar, a
+per-column vector (a bias), a per-row vector or a full [..., M, P] array
+(`epilogue_role`)."""
 
 from __future__ import annotations
 
 import numpy as np
+import sympy
 
 from ..shapes import fmt_shape, numel, same
-from .registry import OpDef, register, require_float
+from .registry import OpDef, get_op, register, require_float
+from .scalar import ARGS
 
 
 def _logical(v, transposed):
     return (v.shape[1], v.shape[0]) if transposed else v.shape
+
+
+def epilogue_role(v, out_shape):
+    """How an epilogue reads operand v for output C of `out_shape`: "scalar",
+    "col" (varies along the last axis only), "row" (along the leading axes only),
+    "full", or None when it cannot be read per element of C."""
+    rank = len(out_shape)
+    if v.rank > rank:
+        return None
+    shape = (1,) * (rank - v.rank) + tuple(v.shape)
+    ones = [same(d, 1) for d in shape]
+    if all(ones):
+        return "scalar"
+    if all(ones[:-1]) and same(shape[-1], out_shape[-1]):
+        return "col"
+    if ones[-1] and all(same(d, o) for d, o in zip(shape[:-1], out_shape[:-1])):
+        return "row"
+    if all(same(d, o) for d, o in zip(shape, out_shape)):
+        return "full"
+    return None
 
 
 @register
@@ -20,8 +48,10 @@ class MatMul(OpDef):
     name = "matmul"
 
     def infer(self, inputs, attrs):
-        a, b = inputs
+        a, b = inputs[:2]
         require_float(inputs)
+        if len(inputs) > 2 and "epilogue" not in attrs:
+            raise ValueError(f"matmul takes 2 operands, got {len(inputs)}")
         ta, tb = attrs.get("ta", False), attrs.get("tb", False)
         if a.rank < 1 or b.rank != 2 or (ta and a.rank != 2):
             raise ValueError(
@@ -37,30 +67,42 @@ class MatMul(OpDef):
         return [("float32", tuple(sa[:-1]) + (sb[1],))]
 
     def reference(self, args, attrs, dims):
-        a, b = args
+        a, b = args[:2]
         a = a.T if attrs.get("ta") else a
         b = b.T if attrs.get("tb") else b
-        return [np.matmul(a, b)]
+        out = np.matmul(a, b)
+        if "epilogue" in attrs:
+            ewise = get_op("ewise")
+            out = ewise.reference([out, *args[2:]], {"expr": attrs["epilogue"], "shape": out.shape}, dims)[0]
+        return [out]
 
     def lower(self, node, ctx):
-        a, b = node.inputs
+        a, b = node.inputs[:2]
         ta, tb = node.attrs.get("ta", False), node.attrs.get("tb", False)
         sa, sb = _logical(a, ta), _logical(b, tb)
         fn = "matmul" + ("_tn" if ta else "_nt" if tb else "")
+        epilogue = f", {ctx.epilogue(node)}" if "epilogue" in node.attrs else ""
         return [
             f"dg::{fn}({ctx.ptr(a)}, {ctx.ptr(b)}, {ctx.out(node.outputs[0])}, "
-            f"{ctx.size(numel(sa[:-1]))}, {ctx.size(sa[-1])}, {ctx.size(sb[1])});"
+            f"{ctx.size(numel(sa[:-1]))}, {ctx.size(sa[-1])}, {ctx.size(sb[1])}{epilogue});"
         ]
 
     def describe(self, node):
-        a, b = node.inputs
+        a, b = node.inputs[:2]
         ta = "^T" if node.attrs.get("ta") else ""
         tb = "^T" if node.attrs.get("tb") else ""
-        return f"matmul({a.name}{ta}, {b.name}{tb})"
+        text = f"matmul({a.name}{ta}, {b.name}{tb})"
+        if "epilogue" in node.attrs:
+            names = {ARGS[0]: sympy.Symbol("acc")}
+            names.update({ARGS[k]: sympy.Symbol(v.name) for k, v in enumerate(node.inputs[2:], start=1)})
+            text += f" then {' + '.join(node.attrs['epilogue_fns'])}: {node.attrs['epilogue'].xreplace(names)}"
+        return text
 
     def grad(self, node, gouts, gb):
         (g,) = gouts
-        a, b = node.inputs
+        a, b = node.inputs[:2]
+        if "epilogue" in node.attrs:
+            raise NotImplementedError("gradient of a matmul with a fused epilogue (fuse after autodiff)")
         if node.attrs.get("ta") or node.attrs.get("tb"):
             raise NotImplementedError("second derivatives of transposed matmuls")
         rows = numel(a.shape[:-1])

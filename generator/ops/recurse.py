@@ -105,11 +105,11 @@ class Recurse(OpDef):
             "// Inspector: check the batch and number its nodes by height, leaves first.",
             f"const dg::LevelSchedule {sched} = dg::schedule_levels({ctx.ptr(children)}, {ctx.size(nodes)}, "
             f"{spec.arity}, {ctx.ptr(roots)}, {ctx.size(count)}, {'true' if spec.dag else 'false'}, {what});",
-            f"std::vector<int64_t> {sorted_words}({ctx.size(nodes)});",
+            f"{ctx.vector_type}<int64_t> {sorted_words}({ctx.size(nodes)});",
             f"dg::permute_rows({ctx.ptr(words)}, {sched}.order.data(), {ctx.size(nodes)}, {sorted_words}.data());",
         ]
         for state, width in zip(states, widths):
-            lines.append(f"std::vector<float> {state}({ctx.size(nodes)} * {ctx.size(width)});  // in schedule order")
+            lines.append(f"{ctx.vector_type}<float> {state}({ctx.size(nodes)} * {ctx.size(width)});  // in schedule order")
 
         def run_block(cell, nodes_to_run, count_expr, bound_name, words_ptr, out_rows):
             """Declarations (sized with rows = bound_name) before a block that sets rows."""
@@ -124,7 +124,7 @@ class Recurse(OpDef):
                 for j, v in enumerate(cell.outputs):
                     target = f"{states[j]}.data() + {out_rows} * {ctx.size(widths[j])}"
                     if ctx.expr[id(v)] != target:
-                        body.append(f"std::copy({ctx.expr[id(v)]}, {ctx.expr[id(v)]} + {rows} * "
+                        body.append(f"{ctx.copy_fn}({ctx.expr[id(v)]}, {ctx.expr[id(v)]} + {rows} * "
                                     f"{ctx.size(widths[j])}, {target});")
             return decls + ["{"] + body + ["}"]
 
@@ -153,7 +153,7 @@ class Recurse(OpDef):
         lines.append(f"const int64_t {most} = {sched}.max_level_rows;")
         for slot in cell.children:
             for j, v in enumerate(slot):
-                lines.append(f"std::vector<float> {v.name}({most} * {ctx.size(widths[j])});")
+                lines.append(f"{ctx.vector_type}<float> {v.name}({most} * {ctx.size(widths[j])});")
                 ctx.expr[id(v)] = f"{v.name}.data()"
         level, start = names.unique("level"), names.unique("start")
         for n in hoisted:  # inside the loop, hoisted values are read at the level's rows

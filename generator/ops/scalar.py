@@ -79,5 +79,29 @@ def derivative(expr, symbol):
     return d
 
 
+def output_derivative(expr, symbol, out):
+    """d expr / d symbol written with the op's own output `out` where the outer
+    function allows (relu: out > 0, tanh: 1 - out^2, sigmoid: out (1 - out),
+    exp: out), else None. The backward pass then reads the output, which the
+    next layer keeps anyway, instead of the input: the pre-activation need not
+    survive the forward pass, and a GEMM can take the activation as epilogue."""
+    w = sympy.Wild("w")
+    inner, outer = None, None
+    if isinstance(expr, sympy.Max) and len(expr.args) == 2 and sympy.S.Zero in expr.args:
+        inner = expr.args[1] if expr.args[0] == 0 else expr.args[0]
+        outer = sympy.Piecewise((1, out > 0), (0, True))
+    elif isinstance(expr, sympy.tanh):
+        inner, outer = expr.args[0], 1 - out**2
+    elif isinstance(expr, sympy.exp):
+        inner, outer = expr.args[0], out
+    else:
+        m = expr.match(sympy.tanh(w) / 2 + sympy.Rational(1, 2))
+        if m and m[w].has(symbol):
+            inner, outer = 2 * m[w], out * (1 - out)
+    if inner is None or not inner.has(symbol):
+        return None
+    return outer * derivative(inner, symbol)
+
+
 def _functions(expr) -> set:
     return {type(f) for f in expr.atoms(sympy.Function)} | {type(r) for r in expr.atoms(sympy.core.relational.Relational)}

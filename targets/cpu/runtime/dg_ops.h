@@ -16,22 +16,18 @@
 #include <type_traits>
 #include <vector>
 
+#include "dg_gemm.h"
+
 namespace dg {
 
-// c[M,N] = a[M,K] @ b[K,N]; c is overwritten.
-// i-k-j loop order: the innermost loop walks b and c contiguously, so the
-// compiler can vectorize it.
-inline void matmul(const float* a, const float* b, float* c,
-                   int64_t M, int64_t K, int64_t N) {
-    for (int64_t i = 0; i < M; ++i) {
-        float* c_row = c + i * N;
-        for (int64_t j = 0; j < N; ++j) c_row[j] = 0.0f;
-        for (int64_t k = 0; k < K; ++k) {
-            const float a_ik = a[i * K + k];
-            const float* b_row = b + k * N;
-            for (int64_t j = 0; j < N; ++j) c_row[j] += a_ik * b_row[j];
-        }
-    }
+// c[M,N] = a[M,K] @ b[K,N]; c is overwritten.  All three matmuls run dg::gemm
+// (dg_gemm.h: packed, cache-blocked, SIMD, threaded with OpenMP); `epi`, when
+// given, is called on each finished piece of c (see dg_gemm.h), e.g. to add a
+// bias and apply an activation while the piece is still in cache.
+template <class Epilogue = NoEpilogue>
+void matmul(const float* a, const float* b, float* c, int64_t M, int64_t K, int64_t N,
+            const Epilogue& epi = Epilogue()) {
+    gemm(false, false, M, N, K, a, K, b, N, c, N, epi);
 }
 
 // y[o, i] = sum over l of x[o, l, i].  The innermost loop runs over `inner`,
@@ -202,34 +198,19 @@ void gather_rows(const float* table, int64_t rows, int64_t width,
 }
 
 // c[M,N] = a^T @ b where a is stored [K,M] and b is [K,N] (a weight gradient:
-// activations^T @ output gradient). The k-i-j order streams rows of a, b and c.
-inline void matmul_tn(const float* a, const float* b, float* c,
-                      int64_t M, int64_t K, int64_t N) {
-    for (int64_t i = 0; i < M * N; ++i) c[i] = 0.0f;
-    for (int64_t k = 0; k < K; ++k) {
-        const float* a_row = a + k * M;
-        const float* b_row = b + k * N;
-        for (int64_t i = 0; i < M; ++i) {
-            const float a_ki = a_row[i];
-            float* c_row = c + i * N;
-            for (int64_t j = 0; j < N; ++j) c_row[j] += a_ki * b_row[j];
-        }
-    }
+// activations^T @ output gradient); c is overwritten.
+template <class Epilogue = NoEpilogue>
+void matmul_tn(const float* a, const float* b, float* c, int64_t M, int64_t K, int64_t N,
+               const Epilogue& epi = Epilogue()) {
+    gemm(true, false, M, N, K, a, M, b, N, c, N, epi);
 }
 
 // c[M,N] = a @ b^T where a is [M,K] and b is stored [N,K] (an input gradient:
-// output gradient @ weights^T). Each c[i,j] is a dot product of two rows.
-inline void matmul_nt(const float* a, const float* b, float* c,
-                      int64_t M, int64_t K, int64_t N) {
-    for (int64_t i = 0; i < M; ++i) {
-        const float* a_row = a + i * K;
-        for (int64_t j = 0; j < N; ++j) {
-            const float* b_row = b + j * K;
-            float acc = 0.0f;
-            for (int64_t k = 0; k < K; ++k) acc += a_row[k] * b_row[k];
-            c[i * N + j] = acc;
-        }
-    }
+// output gradient @ weights^T); c is overwritten.
+template <class Epilogue = NoEpilogue>
+void matmul_nt(const float* a, const float* b, float* c, int64_t M, int64_t K, int64_t N,
+               const Epilogue& epi = Epilogue()) {
+    gemm(false, true, M, N, K, a, K, b, K, c, N, epi);
 }
 
 // x[0..n) = value.

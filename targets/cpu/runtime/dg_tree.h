@@ -1,8 +1,8 @@
-// dg_tree.h: the inspector of recursive models. It takes a batch of trees (or
-// DAGs) as flat arrays, checks them, and numbers the nodes by height so that
-// every level is a contiguous block of rows: leaves first, then the nodes whose
-// children are all leaves, and so on. The executor in the generated model.cpp
-// then runs one batched step per level.
+// dg_tree.h: recursive models on the CPU. The inspector (dg_schedule.h) checks a
+// batch of trees (or DAGs) and numbers the nodes by height so that every level
+// is a contiguous block of rows; the executor in the generated model.cpp then
+// runs one batched step per level with the helpers below (gather the children's
+// states, put rows in order and back).
 //
 // Part of the deepgen runtime: hand-written, copied unchanged into every
 // generated project. Header-only, C++17.
@@ -14,100 +14,17 @@
 #include <string>
 #include <vector>
 
+#include "dg_schedule.h"
+
 namespace dg {
 
-struct LevelSchedule {
-  std::vector<int64_t> order;        // row -> original node id (rows sorted by height)
-  std::vector<int64_t> row_of;       // original node id -> row
-  std::vector<int64_t> level_start;  // level l is rows [level_start[l], level_start[l + 1])
-  std::vector<int64_t> child_row;    // [rows * arity]: the row of each child slot, -1 if empty
-  int64_t max_level_rows = 0;        // the largest internal level (buffers are sized for it)
+// On the CPU the executor reads the inspector's schedule (dg_schedule.h) as it is.
+using LevelSchedule = HostSchedule;
 
-  int64_t levels() const { return static_cast<int64_t>(level_start.size()) - 1; }
-  int64_t leaves() const { return level_start.size() > 1 ? level_start[1] : 0; }
-};
-
-// Checks the batch and computes its schedule. `children` is [nodes, arity] with
-// -1 for an empty slot; `roots` lists each tree's root. Errors name the node.
+// Checks the batch and computes its schedule (see inspect_levels).
 inline LevelSchedule schedule_levels(const int64_t* children, int64_t nodes, int64_t arity, const int64_t* roots,
                                      int64_t num_roots, bool dag, const char* what) {
-  auto fail = [&](const std::string& message) { throw std::invalid_argument(std::string(what) + ": " + message); };
-  if (nodes == 0) fail("empty batch: there are no nodes");
-  if (num_roots == 0) fail("empty batch: there are no roots");
-  // Parents per node, and each node's number of children.
-  std::vector<int64_t> parents(nodes, 0), pending(nodes, 0);
-  for (int64_t n = 0; n < nodes; ++n) {
-    for (int64_t k = 0; k < arity; ++k) {
-      const int64_t c = children[n * arity + k];
-      if (c == -1) continue;
-      if (c < 0 || c >= nodes)
-        fail("node " + std::to_string(n) + " has child " + std::to_string(c) + ", outside [0, " +
-             std::to_string(nodes) + ")");
-      if (c == n) fail("node " + std::to_string(n) + " is its own child (a cycle)");
-      ++parents[c];
-      ++pending[n];
-      if (!dag && parents[c] > 1)
-        fail("node " + std::to_string(c) + " has more than one parent (node " + std::to_string(n) +
-             " is another); trees cannot share a child, declare a DAG for that");
-    }
-  }
-  for (int64_t r = 0; r < num_roots; ++r) {
-    const int64_t root = roots[r];
-    if (root < 0 || root >= nodes)
-      fail("root " + std::to_string(r) + " is node " + std::to_string(root) + ", outside [0, " +
-           std::to_string(nodes) + ")");
-    if (!dag && parents[root] != 0) fail("root " + std::to_string(r) + " (node " + std::to_string(root) + ") has a parent");
-  }
-  // Parent lists (CSR), then heights in topological order (Kahn): a node is
-  // ready once all its children are done; nodes never ready lie on a cycle.
-  std::vector<int64_t> first(nodes + 1, 0), parent_of;
-  for (int64_t n = 0; n < nodes; ++n) first[n + 1] = first[n] + parents[n];
-  parent_of.resize(first[nodes]);
-  std::vector<int64_t> fill(first.begin(), first.end() - 1);
-  for (int64_t n = 0; n < nodes; ++n)
-    for (int64_t k = 0; k < arity; ++k) {
-      const int64_t c = children[n * arity + k];
-      if (c != -1) parent_of[fill[c]++] = n;
-    }
-  std::vector<int64_t> height(nodes, 0), ready;
-  ready.reserve(nodes);
-  for (int64_t n = 0; n < nodes; ++n)
-    if (pending[n] == 0) ready.push_back(n);
-  for (size_t i = 0; i < ready.size(); ++i) {
-    const int64_t n = ready[i];
-    for (int64_t p = first[n]; p < first[n + 1]; ++p) {
-      const int64_t parent = parent_of[p];
-      height[parent] = std::max(height[parent], height[n] + 1);
-      if (--pending[parent] == 0) ready.push_back(parent);
-    }
-  }
-  if (static_cast<int64_t>(ready.size()) != nodes) {
-    for (int64_t n = 0; n < nodes; ++n)
-      if (pending[n] != 0) fail("node " + std::to_string(n) + " lies on a cycle");
-  }
-  // Counting sort by height: stable, so nodes keep their order within a level.
-  const int64_t top = *std::max_element(height.begin(), height.end());
-  LevelSchedule s;
-  s.level_start.assign(top + 2, 0);
-  for (int64_t n = 0; n < nodes; ++n) ++s.level_start[height[n] + 1];
-  for (int64_t l = 0; l <= top; ++l) s.level_start[l + 1] += s.level_start[l];
-  s.order.resize(nodes);
-  s.row_of.resize(nodes);
-  std::vector<int64_t> next(s.level_start.begin(), s.level_start.end() - 1);
-  for (int64_t n = 0; n < nodes; ++n) {
-    const int64_t row = next[height[n]]++;
-    s.order[row] = n;
-    s.row_of[n] = row;
-  }
-  s.child_row.resize(nodes * arity);
-  for (int64_t row = 0; row < nodes; ++row)
-    for (int64_t k = 0; k < arity; ++k) {
-      const int64_t c = children[s.order[row] * arity + k];
-      s.child_row[row * arity + k] = c == -1 ? -1 : s.row_of[c];
-    }
-  for (int64_t l = 1; l <= top; ++l)
-    s.max_level_rows = std::max(s.max_level_rows, s.level_start[l + 1] - s.level_start[l]);
-  return s;
+  return inspect_levels(children, nodes, arity, roots, num_roots, dag, what);
 }
 
 // out[r, :] = state[child_row[r * arity + slot], :], or zeros for an empty slot.

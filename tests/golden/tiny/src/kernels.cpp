@@ -6,25 +6,5 @@
 #include <cmath>
 
 namespace tiny {
-namespace kernels {
-
-// fuses add + relu: tiny.py:11  h = dg.dense(x, 4, act=dg.relu)
-void h(const float* h_matmul, const float* h_b, float* h, int64_t N) {
-  for (int64_t i0 = 0; i0 < N; ++i0) {
-    for (int64_t i1 = 0; i1 < 4; ++i1) {
-      h[4 * i0 + i1] = fmaxf(0.0F, h_matmul[4 * i0 + i1] + h_b[i1]);
-    }
-  }
-}
-
-// tiny.py:12  y = dg.dense(h, 2)
-void y(const float* y_matmul, const float* y_b, float* y, int64_t N) {
-  for (int64_t i0 = 0; i0 < N; ++i0) {
-    for (int64_t i1 = 0; i1 < 2; ++i1) {
-      y[2 * i0 + i1] = y_matmul[2 * i0 + i1] + y_b[i1];
-    }
-  }
-}
-
-}  // namespace kernels
+namespace kernels {}  // namespace kernels
 }  // namespace tiny

@@ -44,19 +44,15 @@ Outputs Model::forward(const Inputs& inputs) const {
   const int64_t N = check.dim(0);
   const float* x = inputs.x.data;
   // Every intermediate lives in this arena, at an offset planned by deepgen (see README.md).
-  dg::Arena arena(6 * N);
+  dg::Arena arena(4 * N);
 
   // tiny.py:11  h = dg.dense(x, 4, act=dg.relu)
-  float* h_matmul = arena.at(0, 4 * N);
-  dg::matmul(x, h_w.ptr(), h_matmul, N, 3, 4);
   float* h = arena.at(0, 4 * N);
-  kernels::h(h_matmul, h_b.ptr(), h, N);
+  dg::matmul(x, h_w.ptr(), h, N, 3, 4, kernels::h_epilogue{h_b.ptr()});
 
   // tiny.py:12  y = dg.dense(h, 2)
-  float* y_matmul = arena.at(4 * N, 2 * N);
-  dg::matmul(h, y_w.ptr(), y_matmul, N, 4, 2);
   std::vector<float> y(2 * N);
-  kernels::y(y_matmul, y_b.ptr(), y.data(), N);
+  dg::matmul(h, y_w.ptr(), y.data(), N, 4, 2, kernels::y_epilogue{y_b.ptr()});
 
   Outputs outputs;
   outputs.y = dg::Tensor<float>({N, 2}, std::move(y));

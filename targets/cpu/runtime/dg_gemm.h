@@ -1,0 +1,720 @@
+// dg_gemm.h - single-precision matrix multiply (GEMM) for the CPU runtime.
+//
+//   dg::gemm(ta, tb, M, N, K, A, lda, B, ldb, C, ldc [, epilogue]);
+//
+// computes C[M,N] = op(A)[M,K] @ op(B)[K,N], where op(X) is X or X^T:
+//   op(A)[i,k] = ta ? A[k*lda + i] : A[i*lda + k]   (A stored [K,M] or [M,K])
+//   op(B)[k,j] = tb ? B[j*ldb + k] : B[k*ldb + j]   (B stored [N,K] or [K,N])
+// C[i,j] is C[i*ldc + j].  C is overwritten (its old contents are never read);
+// K == 0 gives zeros.
+//
+// How it is fast (the Goto / BLIS scheme, section numbers below):
+//
+//   * Micro-kernel (2): one MR x NR tile of C lives in vector registers while
+//     k runs over a block of K; per k it loads NR floats of B, broadcasts MR
+//     floats of A and does MR * NR / width fused multiply-adds.
+//   * Cache blocking (5): K is cut into blocks of at most KC, so that one B
+//     micro-panel (KC x NR floats) stays in L1 while the kernel runs down all
+//     row panels of a block of at most MC x KC floats of packed A, which stays
+//     in L2.  Packed B is made in blocks of at most KC x NC.
+//   * Packing A (3): A is copied into row panels of at most MR rows, the values
+//     of one k side by side, so that the kernel reads it sequentially.  Rows are
+//     shared out evenly (20 rows: 5 + 5 + 5 + 5, not 6 + 6 + 6 + 2).  When N
+//     fits in one micro-panel every value of A is used once, and A is read in
+//     place instead (e.g. [256, 256] @ [256, 10]).
+//   * B (3, 5): packed as a whole when stored transposed, or when more than MC
+//     rows (several A blocks) reuse it.  Otherwise, e.g. the TreeLSTM level
+//     GEMMs [M, 512] @ [512, 1280] with small M, B is read in place and only
+//     the micro-panel in use is copied into L1 when several row panels share
+//     it: copying all of B would cost as much as the product.
+//   * Tiny M (2, 5): up to kStreamMaxRows rows and B row-major, no tiles at
+//     all: stream_rows reads B row after row, which the memory system serves
+//     fastest, and keeps the few rows of C in L1.
+//   * Threads (6): with OpenMP, C is cut into one rectangle per thread; each
+//     thread packs its own copies and runs the serial code on its rectangle.
+//     K is never split and no choice that changes rounding depends on the
+//     split, so results are bitwise identical for any number of threads.
+//     Small products stay on one thread (dg::threads_for, dg_parallel.h).
+//
+// The micro-kernel is chosen at compile time from the compiler's target macros
+// (-march=native, -mavx2 -mfma, ...): AVX-512, AVX2 + FMA, or portable C++ that
+// the compiler may vectorize by itself.  dg::gemm_isa() names the one compiled.
+// Without any -m/-march flag x86-64 compilers target SSE2 only, so the portable
+// kernel runs at about a third of the AVX2 speed: build with -march=native
+// (or at least -mavx2 -mfma) where the machine allows.
+//
+// Epilogue: gemm(..., epi) calls epi(row, col0, c, n) once for every finished
+// piece of an output row, i.e. after the whole K sum is in C: c points at
+// C[row, col0] and the call may rewrite c[0..n).  Pieces are disjoint and
+// cover C exactly once; they are usually NR wide (up to a few thousand floats
+// on the tiny-M path), and several threads may run epilogues at the same time
+// on different pieces.  Doing bias + activation here touches C while it is
+// still in L1, e.g.
+//   dg::gemm(false, false, M, N, K, x, K, w, N, y, N,
+//            [&](int64_t, int64_t col0, float* c, int64_t n) {
+//                for (int64_t j = 0; j < n; ++j) c[j] = std::max(c[j] + bias[col0 + j], 0.0f);
+//            });
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <cstring>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#if defined(__AVX__)
+#include <immintrin.h>
+#endif
+
+#include "dg_parallel.h"
+
+namespace dg {
+
+// The default epilogue: leaves C as computed.
+struct NoEpilogue {
+    void operator()(int64_t, int64_t, float*, int64_t) const {}
+};
+
+namespace gemm_detail {
+
+// Asks the compiler to fully unroll the loop that follows (constant trip
+// counts in the micro-kernel), so that the accumulators live in registers.
+#if defined(__clang__)
+#define DG_GEMM_UNROLL _Pragma("unroll")
+#elif defined(__GNUC__)
+#define DG_GEMM_UNROLL _Pragma("GCC unroll 32")
+#else
+#define DG_GEMM_UNROLL
+#endif
+
+// =============================================================================
+// 1. Instruction set, tile and block sizes
+// =============================================================================
+//
+// MR x NR: the register tile of C.  It takes MR * NR / width accumulator
+//     registers, plus NR / width for a row of B and one for a broadcast of A.
+// KC: depth of a K block; one B micro-panel (KC x NR floats) should fill about
+//     half of L1 (32-48 KiB).
+// MC: rows of packed A per block; MC x KC floats should fit in L2.
+// NC: columns of packed B per block; KC x NC floats should fit in L2/L3.
+// MC must be a multiple of MR and NC of NR.
+//
+// The SIMD kernels are written once, over a handful of vector operations
+// (vload, vfma, ...) that each instruction set defines.
+
+#if defined(__AVX512F__)
+
+// 32 zmm registers: 12 x 2 = 24 accumulators + 2 for B + 1 for A.
+constexpr const char* kIsa = "avx512";
+constexpr int MR = 12, NR = 32;
+constexpr int64_t KC = 192, MC = 144, NC = 2048;
+
+using Vec = __m512;
+constexpr int kWidth = 16;  // floats per vector
+inline Vec vzero() { return _mm512_setzero_ps(); }
+inline Vec vload(const float* p) { return _mm512_loadu_ps(p); }
+inline void vstore(float* p, Vec v) { _mm512_storeu_ps(p, v); }
+inline Vec vbroadcast(const float* p) { return _mm512_set1_ps(*p); }
+inline Vec vfma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }  // a * b + c
+inline Vec vadd(Vec a, Vec b) { return _mm512_add_ps(a, b); }
+#define DG_GEMM_SIMD 1
+
+#elif defined(__AVX2__) && defined(__FMA__)
+
+// 16 ymm registers: 6 x 2 = 12 accumulators + 2 for B + 1 for A.
+constexpr const char* kIsa = "avx2";
+constexpr int MR = 6, NR = 16;
+constexpr int64_t KC = 256, MC = 144, NC = 2048;
+
+using Vec = __m256;
+constexpr int kWidth = 8;  // floats per vector
+inline Vec vzero() { return _mm256_setzero_ps(); }
+inline Vec vload(const float* p) { return _mm256_loadu_ps(p); }
+inline void vstore(float* p, Vec v) { _mm256_storeu_ps(p, v); }
+inline Vec vbroadcast(const float* p) { return _mm256_broadcast_ss(p); }
+inline Vec vfma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }  // a * b + c
+inline Vec vadd(Vec a, Vec b) { return _mm256_add_ps(a, b); }
+#define DG_GEMM_SIMD 1
+
+#else
+
+// Plain C++: a 4 x 8 tile is 8 SSE registers (or 8 NEON registers).
+constexpr const char* kIsa = "portable";
+constexpr int MR = 4, NR = 8;
+constexpr int64_t KC = 256, MC = 128, NC = 2048;
+#define DG_GEMM_SIMD 0
+
+#endif
+
+static_assert(MC % MR == 0 && NC % NR == 0, "MC must be a multiple of MR and NC of NR");
+
+// Products with at most this many rows and a row-major B take the streaming
+// path (SIMD builds only).  Measured on Zen 3: streaming wins for 1-3 rows,
+// the micro-kernel from about 5.
+constexpr int64_t kStreamMaxRows = 3;
+// The streaming path sums this many floats of C at a time (rows x width).
+constexpr int64_t kStreamFloats = 8192;
+// Row-major B is read in place (not packed as a whole) when a thread's part of
+// C has at most this many rows, i.e. fits in one block of packed A, so that
+// each micro-panel of B is needed during one sweep only.
+constexpr int64_t kInPlaceBMaxRows = MC;
+
+// =============================================================================
+// 2. Micro-kernels
+// =============================================================================
+//
+// micro_kernel<ROWS>(kc, a, a_rs, a_ks, b, ldb, c, ldc, accumulate) computes,
+// for r < ROWS and j < NR,
+//     sum[r][j] = sum over k < kc of a[r*a_rs + k*a_ks] * b[k*ldb + j]
+// and stores c[r*ldc + j] = sum[r][j], or adds it to c when accumulate is set.
+//   a: a packed A row panel (a_rs == 1, a_ks == MR; slots >= ROWS are not
+//      read), or A itself when it is read in place (either layout),
+//   b: NR floats per k, ldb floats apart: a packed B micro-panel (ldb == NR),
+//      or B itself when it is read in place.
+// Row panels have MR rows or a few less (see panel_start), so no work is
+// wasted on padding rows.  Every element gets the same multiply-adds in the
+// same order whatever ROWS is.
+
+#if DG_GEMM_SIMD
+
+template <int ROWS>
+inline void micro_kernel(int64_t kc, const float* a, int64_t a_rs, int64_t a_ks, const float* b,
+                         int64_t ldb, float* c, int64_t ldc, bool accumulate) {
+    constexpr int NV = NR / kWidth;  // vectors per tile row
+    Vec acc[ROWS][NV];
+    DG_GEMM_UNROLL
+    for (int r = 0; r < ROWS; ++r) {
+        DG_GEMM_UNROLL
+        for (int v = 0; v < NV; ++v) acc[r][v] = vzero();
+    }
+    for (int64_t k = 0; k < kc; ++k) {
+        Vec bv[NV];
+        DG_GEMM_UNROLL
+        for (int v = 0; v < NV; ++v) bv[v] = vload(b + v * kWidth);
+        DG_GEMM_UNROLL
+        for (int r = 0; r < ROWS; ++r) {
+            const Vec ar = vbroadcast(a + r * a_rs);
+            DG_GEMM_UNROLL
+            for (int v = 0; v < NV; ++v) acc[r][v] = vfma(ar, bv[v], acc[r][v]);
+        }
+        a += a_ks;
+        b += ldb;
+    }
+    DG_GEMM_UNROLL
+    for (int r = 0; r < ROWS; ++r) {
+        DG_GEMM_UNROLL
+        for (int v = 0; v < NV; ++v) {
+            float* p = c + r * ldc + v * kWidth;
+            vstore(p, accumulate ? vadd(vload(p), acc[r][v]) : acc[r][v]);
+        }
+    }
+}
+
+#else  // portable
+
+template <int ROWS>
+inline void micro_kernel(int64_t kc, const float* a, int64_t a_rs, int64_t a_ks, const float* b,
+                         int64_t ldb, float* c, int64_t ldc, bool accumulate) {
+    float acc[ROWS][NR] = {};
+    for (int64_t k = 0; k < kc; ++k) {
+        DG_GEMM_UNROLL
+        for (int r = 0; r < ROWS; ++r) {
+            const float ar = a[r * a_rs];
+            for (int j = 0; j < NR; ++j) acc[r][j] += ar * b[j];
+        }
+        a += a_ks;
+        b += ldb;
+    }
+    for (int r = 0; r < ROWS; ++r) {
+        float* p = c + r * ldc;
+        for (int j = 0; j < NR; ++j) p[j] = accumulate ? p[j] + acc[r][j] : acc[r][j];
+    }
+}
+
+#endif
+
+// kernel_for(rows): the micro-kernel for a panel of `rows` rows (1..MR), from
+// a table of micro_kernel<1>, ..., micro_kernel<MR>.
+using KernelFn = void (*)(int64_t kc, const float* a, int64_t a_rs, int64_t a_ks, const float* b,
+                          int64_t ldb, float* c, int64_t ldc, bool accumulate);
+
+template <size_t... R>
+constexpr std::array<KernelFn, sizeof...(R)> kernel_table(std::index_sequence<R...>) {
+    return {{&micro_kernel<int(R) + 1>...}};
+}
+
+inline KernelFn kernel_for(int64_t rows) {
+    static constexpr std::array<KernelFn, MR> table = kernel_table(std::make_index_sequence<MR>());
+    return table[rows - 1];
+}
+
+#if DG_GEMM_SIMD
+// The tiny-M path, B row-major and read in place:
+//   c[r*ldc + j] = sum over k < K of a[r*a_rs + k*a_ks] * b[k*ldb + j]
+// for r < rows and j < w (w a multiple of kWidth); c is overwritten.
+// The micro-kernel walks down a column strip of B: one cache line per row of
+// B, each on another page, which the hardware prefetchers do not follow.  With
+// few rows of A there is too little arithmetic per line to hide that, so this
+// walks B four rows at a time from left to right instead (sequential reads,
+// streamed at full memory speed) and keeps the `rows` x w sums of C in L1.
+// A is read in place (a_rs, a_ks: its strides along rows and along k).
+inline void stream_rows(int64_t rows, int64_t K, const float* a, int64_t a_rs, int64_t a_ks,
+                        const float* b, int64_t ldb, int64_t w, float* c, int64_t ldc) {
+    for (int64_t r = 0; r < rows; ++r) std::fill(c + r * ldc, c + r * ldc + w, 0.0f);
+    int64_t k = 0;
+    for (; k + 4 <= K; k += 4) {
+        const float* b0 = b + k * ldb;
+        const float* b1 = b0 + ldb;
+        const float* b2 = b1 + ldb;
+        const float* b3 = b2 + ldb;
+        // Two rows of C at a time: 8 broadcasts of A, 4 vectors of B, 2 of C.
+        for (int64_t r = 0; r < rows; r += 2) {
+            const float* a0 = a + r * a_rs + k * a_ks;
+            const Vec x0 = vbroadcast(a0), x1 = vbroadcast(a0 + a_ks);
+            const Vec x2 = vbroadcast(a0 + 2 * a_ks), x3 = vbroadcast(a0 + 3 * a_ks);
+            float* c0 = c + r * ldc;
+            if (r + 1 < rows) {
+                const float* a1 = a0 + a_rs;
+                const Vec y0 = vbroadcast(a1), y1 = vbroadcast(a1 + a_ks);
+                const Vec y2 = vbroadcast(a1 + 2 * a_ks), y3 = vbroadcast(a1 + 3 * a_ks);
+                float* c1 = c0 + ldc;
+                for (int64_t j = 0; j < w; j += kWidth) {
+                    const Vec v0 = vload(b0 + j), v1 = vload(b1 + j), v2 = vload(b2 + j), v3 = vload(b3 + j);
+                    Vec s = vload(c0 + j), t = vload(c1 + j);
+                    s = vfma(x0, v0, s);
+                    t = vfma(y0, v0, t);
+                    s = vfma(x1, v1, s);
+                    t = vfma(y1, v1, t);
+                    s = vfma(x2, v2, s);
+                    t = vfma(y2, v2, t);
+                    s = vfma(x3, v3, s);
+                    t = vfma(y3, v3, t);
+                    vstore(c0 + j, s);
+                    vstore(c1 + j, t);
+                }
+            } else {
+                for (int64_t j = 0; j < w; j += kWidth) {
+                    Vec s = vload(c0 + j);
+                    s = vfma(x0, vload(b0 + j), s);
+                    s = vfma(x1, vload(b1 + j), s);
+                    s = vfma(x2, vload(b2 + j), s);
+                    s = vfma(x3, vload(b3 + j), s);
+                    vstore(c0 + j, s);
+                }
+            }
+        }
+    }
+    for (; k < K; ++k) {  // the last K % 4 rows of B
+        const float* bk = b + k * ldb;
+        for (int64_t r = 0; r < rows; ++r) {
+            const Vec x = vbroadcast(a + r * a_rs + k * a_ks);
+            float* cr = c + r * ldc;
+            for (int64_t j = 0; j < w; j += kWidth) vstore(cr + j, vfma(x, vload(bk + j), vload(cr + j)));
+        }
+    }
+}
+#endif
+
+// =============================================================================
+// 3. Packing
+// =============================================================================
+
+// A matrix operand as the product sees it: op(X)[r, s] for row r, column s.
+struct Operand {
+    const float* p;
+    int64_t ld;
+    bool trans;  // stored transposed: op(X)[r, s] = p[s*ld + r], else p[r*ld + s]
+};
+
+#if defined(__AVX__)
+// Transposes an 8 x 8 block in registers: given rows[j] = x[j][0..8),
+// returns cols[k] = (x[0][k], x[1][k], ..., x[7][k]).
+inline void transpose_8x8(const __m256 rows[8], __m256 cols[8]) {
+    __m256 t[8], s[8];
+    for (int j = 0; j < 8; j += 2) {
+        t[j] = _mm256_unpacklo_ps(rows[j], rows[j + 1]);      // x[j][0] x[j+1][0] x[j][1] x[j+1][1] | 4, 5
+        t[j + 1] = _mm256_unpackhi_ps(rows[j], rows[j + 1]);  // x[j][2] x[j+1][2] x[j][3] x[j+1][3] | 6, 7
+    }
+    for (int j = 0; j < 8; j += 4) {
+        s[j] = _mm256_shuffle_ps(t[j], t[j + 2], 0x44);          // column 0 | 4 of rows j..j+3
+        s[j + 1] = _mm256_shuffle_ps(t[j], t[j + 2], 0xEE);      // column 1 | 5
+        s[j + 2] = _mm256_shuffle_ps(t[j + 1], t[j + 3], 0x44);  // column 2 | 6
+        s[j + 3] = _mm256_shuffle_ps(t[j + 1], t[j + 3], 0xEE);  // column 3 | 7
+    }
+    for (int k = 0; k < 4; ++k) {
+        cols[k] = _mm256_permute2f128_ps(s[k], s[k + 4], 0x20);      // low halves: column k
+        cols[k + 4] = _mm256_permute2f128_ps(s[k], s[k + 4], 0x31);  // high halves: column k + 4
+    }
+}
+#endif
+
+// Row panels: mc rows are cut into panel_count(mc) panels of nearly equal
+// heights (at most MR); panel q holds rows [panel_start(mc, q), panel_start(mc,
+// q + 1)).  20 rows make 5 + 5 + 5 + 5 rather than 6 + 6 + 6 + 2: a panel of
+// few rows has few independent accumulators and waits on the FMA latency.
+inline int64_t panel_count(int64_t mc) { return (mc + MR - 1) / MR; }
+inline int64_t panel_start(int64_t mc, int64_t q) { return q * mc / panel_count(mc); }
+
+// Packs rows [i0, i0+mc) and k in [p0, p0+kc) of op(A) into row panels (see
+// panel_start): panel q starts at dst + q*MR*kc and holds, for each k, its
+// values op(A)[i, k] side by side, MR floats apart.  Slots past the panel's
+// height are left unset (the kernel for fewer rows never reads them).  dst
+// needs 8 floats of slack after the last panel.
+inline void pack_a(const Operand& A, int64_t i0, int64_t mc, int64_t p0, int64_t kc, float* dst) {
+    if (A.trans) {
+        // A stored [K, M]: the MR values of one k are adjacent in memory, one
+        // copy per k (of a constant size for whole panels, which the compiler
+        // turns into a few vector moves).
+        for (int64_t q = 0; q < panel_count(mc); ++q) {
+            const int64_t ir = panel_start(mc, q), rows = panel_start(mc, q + 1) - ir;
+            const float* s = A.p + p0 * A.ld + i0 + ir;
+            float* d = dst + q * MR * kc;
+            if (rows == MR) {
+                for (int64_t k = 0; k < kc; ++k) std::memcpy(d + k * MR, s + k * A.ld, MR * sizeof(float));
+            } else {
+                for (int64_t k = 0; k < kc; ++k) std::memcpy(d + k * MR, s + k * A.ld, rows * sizeof(float));
+            }
+        }
+        return;
+    }
+    // A stored [M, K]: interleave the rows of each panel, i.e. a transpose.
+    for (int64_t q = 0; q < panel_count(mc); ++q) {
+        const int64_t ir = panel_start(mc, q), rows = panel_start(mc, q + 1) - ir;
+        const float* s = A.p + (i0 + ir) * A.ld + p0;
+        float* d = dst + q * MR * kc;
+        int64_t k = 0;
+#if defined(__AVX__)
+        // 8 k at a time: transpose 8 x 8 blocks of rows (rows past the panel's
+        // height repeat its row 0) and store 8 floats per k.  The lanes past
+        // the height are garbage, and those past MR spill into the next k (or
+        // panel), which is written afterwards, in order.
+        constexpr int kBlocks = (MR + 7) / 8;
+        const int blocks = int(rows + 7) / 8;
+        for (; k + 8 <= kc; k += 8) {
+            __m256 cols[kBlocks][8];
+            for (int blk = 0; blk < blocks; ++blk) {
+                __m256 in[8];
+                for (int j = 0; j < 8; ++j) {
+                    const int64_t r = blk * 8 + j < rows ? blk * 8 + j : 0;
+                    in[j] = _mm256_loadu_ps(s + r * A.ld + k);
+                }
+                transpose_8x8(in, cols[blk]);
+            }
+            for (int kk = 0; kk < 8; ++kk) {
+                for (int blk = 0; blk < blocks; ++blk) {
+                    _mm256_storeu_ps(d + (k + kk) * MR + blk * 8, cols[blk][kk]);
+                }
+            }
+        }
+#endif
+        for (int64_t r = 0; r < rows; ++r) {
+            for (int64_t kk = k; kk < kc; ++kk) d[kk * MR + r] = s[r * A.ld + kk];
+        }
+    }
+}
+
+// Packs k in [p0, p0+kc) and columns [j0, j0+nc) of op(B) into micro-panels of
+// NR columns: panel q (columns j0 + q*NR ...) starts at dst + q*NR*kc and holds,
+// for each k, the NR values op(B)[k, j] side by side.  Columns past nc in the
+// last panel are zero.
+inline void pack_b(const Operand& B, int64_t p0, int64_t kc, int64_t j0, int64_t nc, float* dst) {
+    const int64_t n_full = nc / NR * NR, edge = nc - n_full;
+    float* const d_edge = dst + n_full * kc;  // the partial last panel, if any
+    if (edge > 0) std::fill(d_edge, d_edge + kc * NR, 0.0f);
+
+    if (!B.trans) {
+        // B stored [K, N]: walk each row of B once, left to right (sequential
+        // reads, which the hardware prefetchers follow), dealing NR floats to
+        // each panel.
+        for (int64_t k = 0; k < kc; ++k) {
+            const float* s = B.p + (p0 + k) * B.ld + j0;
+            float* d = dst + k * NR;
+            for (int64_t jr = 0; jr < n_full; jr += NR) std::memcpy(d + jr * kc, s + jr, NR * sizeof(float));
+            for (int64_t j = 0; j < edge; ++j) d_edge[k * NR + j] = s[n_full + j];
+        }
+        return;
+    }
+    // B stored [N, K]: a transpose, in 8 x 8 blocks through registers where
+    // the instruction set allows.
+    for (int64_t jr = 0; jr < nc; jr += NR) {
+        const int64_t cols = std::min<int64_t>(NR, nc - jr);
+        const float* s = B.p + (j0 + jr) * B.ld + p0;
+        float* d = dst + jr * kc;
+        int64_t k = 0;
+#if defined(__AVX__)
+        if (cols == NR) {
+            for (; k + 8 <= kc; k += 8) {
+                for (int j0b = 0; j0b < NR; j0b += 8) {
+                    __m256 in[8], out[8];
+                    for (int j = 0; j < 8; ++j) in[j] = _mm256_loadu_ps(s + (j0b + j) * B.ld + k);
+                    transpose_8x8(in, out);
+                    for (int kk = 0; kk < 8; ++kk) _mm256_storeu_ps(d + (k + kk) * NR + j0b, out[kk]);
+                }
+            }
+        }
+#endif
+        for (int64_t j = 0; j < cols; ++j) {
+            for (int64_t kk = k; kk < kc; ++kk) d[kk * NR + j] = s[j * B.ld + kk];
+        }
+    }
+}
+
+// =============================================================================
+// 4. Blocking helpers and scratch memory
+// =============================================================================
+
+// Splits n into the fewest blocks of at most `most`, of equal size rounded up
+// to a multiple of `unit` (the last block takes the rest).  Equal blocks avoid
+// a thin last block: K = 784 gives 200, 200, 200, 184 rather than 256 x 3, 16.
+inline int64_t even_block(int64_t n, int64_t most, int64_t unit) {
+    const int64_t blocks = (n + most - 1) / most;
+    const int64_t size = (n + blocks - 1) / blocks;
+    return (size + unit - 1) / unit * unit;
+}
+
+inline int64_t round_up16(int64_t n) { return (n + 15) / 16 * 16; }
+
+// This thread's packing buffer of at least `floats` floats, 64-byte aligned.
+// It grows on demand and is kept for later calls, so a steady stream of
+// products allocates nothing.
+inline float* scratch(int64_t floats) {
+    thread_local std::vector<float> buffer;
+    const size_t need = static_cast<size_t>(floats) + 16;
+    if (buffer.size() < need) buffer.resize(need);
+    const uintptr_t at = reinterpret_cast<uintptr_t>(buffer.data());
+    return buffer.data() + ((64 - at % 64) % 64) / sizeof(float);
+}
+
+// =============================================================================
+// 5. One thread's rectangle C[m0:m1, n0:n1]
+// =============================================================================
+
+// `stream`: take the tiny-M path (decided by gemm from M alone).
+template <class Epilogue>
+void gemm_part(const Operand& A, const Operand& B, int64_t K, float* C, int64_t ldc,
+               int64_t m0, int64_t m1, int64_t n0, int64_t n1, bool stream, const Epilogue& epi) {
+#if DG_GEMM_SIMD
+    if (stream) {
+        // Every whole NR-wide strip is streamed; a partial last strip goes
+        // through the micro-kernel below.
+        const int64_t rows = m1 - m0;
+        const int64_t n_full = n0 + (n1 - n0) / NR * NR;
+        const int64_t a_rs = A.trans ? 1 : A.ld, a_ks = A.trans ? A.ld : 1;
+        const float* a_rows = A.p + m0 * a_rs;
+        const int64_t w_max = std::max<int64_t>(NR, kStreamFloats / rows / NR * NR);
+        for (int64_t j0 = n0; j0 < n_full; j0 += w_max) {
+            const int64_t w = std::min(w_max, n_full - j0);
+            float* c = C + m0 * ldc + j0;
+            stream_rows(rows, K, a_rows, a_rs, a_ks, B.p + j0, B.ld, w, c, ldc);
+            for (int64_t r = 0; r < rows; ++r) epi(m0 + r, j0, c + r * ldc, w);
+        }
+        n0 = n_full;
+        if (n0 == n1) return;
+    }
+#else
+    (void)stream;
+#endif
+    const bool b_in_place = !B.trans && m1 - m0 <= kInPlaceBMaxRows;
+    // With a single column strip each value of A is used once, and packing it
+    // would cost as much as the product: read it in place.
+    const bool a_in_place = n1 - n0 <= NR;
+    // Where the kernel finds op(A)[i + r, k + 1] from op(A)[i, k]: a + r*a_rs + a_ks.
+    const int64_t a_rs = a_in_place && !A.trans ? A.ld : 1;
+    const int64_t a_ks = !a_in_place ? MR : A.trans ? A.ld : 1;
+    const int64_t kc_max = even_block(K, KC, 8);
+    const int64_t mc_max = even_block(m1 - m0, MC, MR);
+    // In place, all of B's columns form one block; packed, blocks of <= NC.
+    const int64_t nc_max = b_in_place ? n1 - n0 : even_block(n1 - n0, NC, NR);
+
+    // Scratch: packed A block | packed B block (or, with B in place, the
+    // partial last micro-panel and a copy of the current one) | a tile for
+    // partial-width results.
+    const int64_t a_size = round_up16(mc_max * kc_max + 8);  // + 8: pack_a's slack
+    const int64_t b_size = round_up16((b_in_place ? 2 * NR : (nc_max + NR - 1) / NR * NR) * kc_max);
+    float* const a_pack = scratch(a_size + b_size + MR * NR);
+    float* const b_pack = a_pack + a_size;
+    float* const b_strip = b_pack + NR * kc_max;  // B in place: the copied micro-panel
+    float* const tile = b_pack + b_size;
+
+    for (int64_t jc = n0; jc < n1; jc += nc_max) {
+        const int64_t nc = std::min(nc_max, n1 - jc);
+        const int64_t n_full = nc / NR * NR;
+        for (int64_t pc = 0; pc < K; pc += kc_max) {
+            const int64_t kc = std::min(kc_max, K - pc);
+            const bool first = pc == 0, last = pc + kc == K;
+
+            // B for this (jc, pc) block.  In place, only a partial-width last
+            // micro-panel is copied (zero padded), so that the kernel never
+            // reads past the end of a row of B.
+            if (!b_in_place) {
+                pack_b(B, pc, kc, jc, nc, b_pack);
+            } else if (n_full < nc) {
+                pack_b(B, pc, kc, jc + n_full, nc - n_full, b_pack);
+            }
+
+            for (int64_t ic = m0; ic < m1; ic += mc_max) {
+                const int64_t mc = std::min(mc_max, m1 - ic);
+                if (!a_in_place) pack_a(A, ic, mc, pc, kc, a_pack);
+
+                for (int64_t jr = 0; jr < nc; jr += NR) {
+                    const int64_t nr = std::min<int64_t>(NR, nc - jr);
+                    // This B micro-panel and the distance between its k rows.
+                    const float* bp = b_pack + jr * kc;
+                    int64_t ldbp = NR;
+                    if (b_in_place && jr < n_full) {
+                        bp = B.p + pc * B.ld + jc + jr;
+                        ldbp = B.ld;
+                        if (mc > MR) {
+                            // Several row panels will use this micro-panel.  Its rows
+                            // lie B.ld floats apart, often a multiple of a large power
+                            // of two, so they map to a few cache sets and would not stay
+                            // in L1: copy them side by side first.
+                            for (int64_t k = 0; k < kc; ++k) {
+                                std::memcpy(b_strip + k * NR, bp + k * ldbp, NR * sizeof(float));
+                            }
+                            bp = b_strip;
+                            ldbp = NR;
+                        }
+                    } else if (b_in_place) {
+                        bp = b_pack;  // the partial last micro-panel, packed above
+                    }
+
+                    for (int64_t q = 0; q < panel_count(mc); ++q) {
+                        const int64_t ir = panel_start(mc, q), mr = panel_start(mc, q + 1) - ir;
+                        const KernelFn kernel = kernel_for(mr);
+                        const float* ap = a_pack + q * MR * kc;
+                        if (a_in_place) {
+                            ap = A.trans ? A.p + pc * A.ld + ic + ir : A.p + (ic + ir) * A.ld + pc;
+                        }
+                        float* cp = C + (ic + ir) * ldc + jc + jr;
+                        if (nr == NR) {
+                            kernel(kc, ap, a_rs, a_ks, bp, ldbp, cp, ldc, !first);
+                        } else {
+                            // Partial width: compute the whole tile aside, keep nr columns.
+                            kernel(kc, ap, a_rs, a_ks, bp, ldbp, tile, NR, false);
+                            for (int64_t r = 0; r < mr; ++r) {
+                                float* c_row = cp + r * ldc;
+                                const float* t_row = tile + r * NR;
+                                for (int64_t j = 0; j < nr; ++j) {
+                                    c_row[j] = first ? t_row[j] : c_row[j] + t_row[j];
+                                }
+                            }
+                        }
+                        if (last) {
+                            for (int64_t r = 0; r < mr; ++r) epi(ic + ir + r, jc + jr, cp + r * ldc, nr);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+// =============================================================================
+// 6. Splitting C over threads
+// =============================================================================
+
+// C is cut into a grid of tm x tn rectangles made of whole MR x NR tiles, one
+// per thread.
+struct Grid {
+    int tm = 1, tn = 1;
+};
+
+// The grid of at most `threads` parts whose largest part has the least work:
+// its multiply-adds plus copying its own packed A and B (an element copied
+// counted as 8 multiply-adds, per k).  So M = 9, N = 1280 on two threads is
+// split along N; M = 256, N = 10 along M.
+inline Grid choose_grid(int64_t M, int64_t N, int threads) {
+    const int64_t m_tiles = (M + MR - 1) / MR, n_tiles = (N + NR - 1) / NR;
+    Grid best;
+    double best_cost = -1.0;
+    for (int tm = 1; tm <= threads && tm <= m_tiles; ++tm) {
+        for (int tn = 1; tm * tn <= threads && tn <= n_tiles; ++tn) {
+            const double rows = double(std::min(M, (m_tiles + tm - 1) / tm * MR));
+            const double cols = double(std::min(N, (n_tiles + tn - 1) / tn * NR));
+            const double cost = rows * cols + 8.0 * (rows + cols);
+            if (best_cost < 0.0 || cost < best_cost) {
+                best = {tm, tn};
+                best_cost = cost;
+            }
+        }
+    }
+    return best;
+}
+
+// The first row (or column) of part `index` when n is cut into `parts` parts
+// made of whole units of `unit`; part_start(.., parts) == n.
+inline int64_t part_start(int64_t n, int64_t unit, int parts, int index) {
+    const int64_t units = (n + unit - 1) / unit;
+    return std::min(n, units * index / parts * unit);
+}
+
+inline void check_args(int64_t M, int64_t N, int64_t K, int64_t lda, int64_t a_width,
+                       int64_t ldb, int64_t b_width, int64_t ldc) {
+    if (M < 0 || N < 0 || K < 0) {
+        throw std::invalid_argument("dg::gemm: negative size (M=" + std::to_string(M) +
+                                    ", N=" + std::to_string(N) + ", K=" + std::to_string(K) + ")");
+    }
+    if (lda < a_width || ldb < b_width || ldc < N) {
+        throw std::invalid_argument(
+            "dg::gemm: a leading dimension is smaller than its row (lda=" + std::to_string(lda) +
+            " < " + std::to_string(a_width) + ", ldb=" + std::to_string(ldb) + " < " +
+            std::to_string(b_width) + " or ldc=" + std::to_string(ldc) + " < " + std::to_string(N) + ")");
+    }
+}
+
+}  // namespace gemm_detail
+
+// The micro-kernel compiled in: "avx512", "avx2" or "portable".
+constexpr const char* gemm_isa() { return gemm_detail::kIsa; }
+
+// C[M,N] = op(A) @ op(B), then epi on every finished piece of C (see the top
+// of this file).  ta: A is stored [K,M] (row stride lda), else [M,K]; tb: B is
+// stored [N,K] (row stride ldb), else [K,N].  K == 0 gives zeros.
+// Throws std::invalid_argument for negative sizes or a leading dimension
+// smaller than its row.
+template <class Epilogue = NoEpilogue>
+void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K,
+          const float* A, int64_t lda, const float* B, int64_t ldb,
+          float* C, int64_t ldc, const Epilogue& epi = Epilogue()) {
+    using namespace gemm_detail;
+    check_args(M, N, K, lda, ta ? M : K, ldb, tb ? K : N, ldc);
+    if (M == 0 || N == 0) return;
+    if (K == 0) {
+        for (int64_t i = 0; i < M; ++i) {
+            float* row = C + i * ldc;
+            std::fill(row, row + N, 0.0f);
+            epi(i, 0, row, N);
+        }
+        return;
+    }
+    const Operand a{A, lda, ta}, b{B, ldb, tb};
+    // The tiny-M path sums K in one block, unlike the micro-kernel, so the
+    // choice depends on M alone, never on how C is split over threads.  (With
+    // M <= MR, C is only ever split along N.)
+    const bool stream = DG_GEMM_SIMD && !tb && M <= kStreamMaxRows;
+    const double flops = 2.0 * double(M) * double(N) * double(K);
+    const int threads = threads_for(flops < 1e18 ? int64_t(flops) : int64_t(1e18));
+    const Grid grid = choose_grid(M, N, threads);
+    const int parts = grid.tm * grid.tn;
+    if (parts == 1) {
+        gemm_part(a, b, K, C, ldc, 0, M, 0, N, stream, epi);
+        return;
+    }
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(parts) schedule(static, 1)
+#endif
+    for (int part = 0; part < parts; ++part) {
+        const int pi = part / grid.tn, pj = part % grid.tn;
+        gemm_part(a, b, K, C, ldc, part_start(M, MR, grid.tm, pi), part_start(M, MR, grid.tm, pi + 1),
+                  part_start(N, NR, grid.tn, pj), part_start(N, NR, grid.tn, pj + 1), stream, epi);
+    }
+}
+
+}  // namespace dg
+
+#undef DG_GEMM_UNROLL
+#undef DG_GEMM_SIMD
