@@ -1,0 +1,20 @@
+// dg_cuda_compat.h: the one macro that lets code run on both sides.
+//
+// DG_HD marks a function (or an extended lambda) that runs on the GPU and on the
+// host. Under nvcc it is `__host__ __device__`; under a plain C++ compiler it is
+// nothing, so the same per-element code also compiles into host loops: the CPU
+// emulation of the CUDA target (DG_CUDA_EMULATE) and tests without a GPU.
+//
+// Part of the deepgen CUDA runtime: hand-written, copied unchanged into every
+// generated project. Header-only, C++17.
+#pragma once
+
+#if defined(__CUDACC__)
+#define DG_HD __host__ __device__
+#else
+#define DG_HD
+#endif
+
+#if defined(__CUDACC__) && defined(DG_CUDA_EMULATE)
+#error "DG_CUDA_EMULATE builds the CUDA target for the CPU: compile it with a C++ compiler, not nvcc"
+#endif

@@ -1,0 +1,323 @@
+// dg_cuda_ops.h: the operators deepgen-generated code calls, on the GPU.
+//
+// Same names and arguments as the CPU runtime (dg_ops.h), so lowered code is
+// the same for both targets; every pointer here is a device pointer (sizes and
+// small shape arrays stay on the host). Tensors are dense row-major float
+// arrays; ops along one axis view their input as [outer, len, inner].
+//
+// Most ops are one per-element (or per-output) lambda run by dg::for_each, so
+// the CPU emulation runs the same code. Reductions and softmax along a long
+// contiguous axis (inner == 1) use one block per row with a shared-memory tree
+// on the GPU; their per-output lambda is the CPU emulation's version and the
+// GPU's for strided axes.
+//
+// Checks that need device data (gather ids, loss labels) record the first bad
+// position; CallScope::finish() raises it (dg_cuda.h).
+//
+// Part of the deepgen CUDA runtime: hand-written, copied unchanged into every
+// generated project. Header-only, C++17 (CUDA: needs --extended-lambda).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+
+#include "dg_cuda.h"
+#include "dg_cuda_compat.h"
+#include "dg_cuda_gemm.h"
+#include "dg_cuda_launch.h"
+
+namespace dg {
+
+namespace ops_detail {
+
+// NaN-propagating maximum, as numpy's (v != v is true only for NaN).
+DG_HD inline float max_nan(float m, float v) { return (v > m || v != v) ? v : m; }
+
+// Maximum and sum of exp(x - max) of x[l * stride], l in [0, len); len > 0.
+DG_HD inline float strided_max(const float* x, int64_t len, int64_t stride) {
+  float m = x[0];
+  for (int64_t l = 1; l < len; ++l) m = max_nan(m, x[l * stride]);
+  return m;
+}
+
+DG_HD inline float strided_sum_exp(const float* x, int64_t len, int64_t stride, float m) {
+  float s = 0.0f;
+  for (int64_t l = 0; l < len; ++l) s += expf(x[l * stride] - m);
+  return s;
+}
+
+enum class Reduce { kSum, kMax };
+
+#ifdef __CUDACC__
+
+constexpr int kRowThreads = 256;
+
+// Combines the block's values in shared memory; every thread gets the result.
+template <Reduce R>
+__device__ float block_reduce(float value, float* shared) {
+  const int t = static_cast<int>(threadIdx.x);
+  shared[t] = value;
+  __syncthreads();
+  for (int half = kRowThreads / 2; half > 0; half /= 2) {
+    if (t < half) shared[t] = R == Reduce::kSum ? shared[t] + shared[t + half] : max_nan(shared[t], shared[t + half]);
+    __syncthreads();
+  }
+  const float result = shared[0];
+  __syncthreads();
+  return result;
+}
+
+// y[row] = sum or max of x[row, 0 .. len), one block per row; `scale` multiplies a sum (1/len for a mean).
+template <Reduce R>
+__global__ void __launch_bounds__(kRowThreads) reduce_rows_kernel(const float* x, float* y, int64_t len, float scale) {
+  __shared__ float shared[kRowThreads];
+  const float* row = x + static_cast<int64_t>(blockIdx.x) * len;
+  float value = R == Reduce::kSum ? 0.0f : row[0];
+  for (int64_t l = threadIdx.x; l < len; l += kRowThreads)
+    value = R == Reduce::kSum ? value + row[l] : max_nan(value, row[l]);
+  value = block_reduce<R>(value, shared);
+  if (threadIdx.x == 0) y[blockIdx.x] = R == Reduce::kSum ? value * scale : value;
+}
+
+// Softmax (or log-softmax) of each row of x[rows, len], one block per row.
+template <bool Log>
+__global__ void __launch_bounds__(kRowThreads) softmax_rows_kernel(const float* x, float* y, int64_t len) {
+  __shared__ float shared[kRowThreads];
+  const int64_t base = static_cast<int64_t>(blockIdx.x) * len;
+  float m = x[base];
+  for (int64_t l = threadIdx.x; l < len; l += kRowThreads) m = max_nan(m, x[base + l]);
+  m = block_reduce<Reduce::kMax>(m, shared);
+  float s = 0.0f;
+  for (int64_t l = threadIdx.x; l < len; l += kRowThreads) s += expf(x[base + l] - m);
+  s = block_reduce<Reduce::kSum>(s, shared);
+  const float log_s = logf(s);
+  for (int64_t l = threadIdx.x; l < len; l += kRowThreads)
+    y[base + l] = Log ? (x[base + l] - m) - log_s : expf(x[base + l] - m) / s;
+}
+
+// Rows at least this long use a block each (when the axis is contiguous).
+constexpr int64_t kBlockRowLength = 256;
+
+inline bool use_row_blocks(int64_t len, int64_t inner) { return inner == 1 && len >= kBlockRowLength; }
+
+#endif
+
+template <Reduce R>
+void reduce(const char* what, const float* x, float* y, int64_t outer, int64_t len, int64_t inner, bool mean) {
+#ifdef __CUDACC__
+  if (use_row_blocks(len, inner) && outer > 0 && outer <= int64_t{0x7fffffff}) {
+    const float scale = mean ? 1.0f / static_cast<float>(len) : 1.0f;
+    reduce_rows_kernel<R><<<static_cast<unsigned>(outer), kRowThreads, 0, stream()>>>(x, y, len, scale);
+    check_launch(what);
+    return;
+  }
+#endif
+  for_each(what, outer * inner, [=] DG_HD(int64_t j) {
+    const int64_t o = j / inner, i = j % inner;
+    const float* first = x + o * len * inner + i;
+    if (R == Reduce::kMax) {
+      y[j] = strided_max(first, len, inner);
+    } else {
+      float s = 0.0f;
+      for (int64_t l = 0; l < len; ++l) s += first[l * inner];
+      y[j] = mean ? s / static_cast<float>(len) : s;
+    }
+  });
+}
+
+template <bool Log>
+void softmax_along(const char* what, const float* x, float* y, int64_t outer, int64_t len, int64_t inner) {
+  if (len == 0) return;
+#ifdef __CUDACC__
+  if (use_row_blocks(len, inner) && outer <= int64_t{0x7fffffff}) {
+    if (outer > 0) softmax_rows_kernel<Log><<<static_cast<unsigned>(outer), kRowThreads, 0, stream()>>>(x, y, len);
+    check_launch(what);
+    return;
+  }
+#endif
+  for_each(what, outer * inner, [=] DG_HD(int64_t j) {
+    const int64_t o = j / inner, i = j % inner;
+    const int64_t base = o * len * inner + i;
+    const float m = strided_max(x + base, len, inner);
+    const float s = strided_sum_exp(x + base, len, inner, m);
+    const float log_s = logf(s);
+    for (int64_t l = 0; l < len; ++l) {
+      const int64_t at = base + l * inner;
+      y[at] = Log ? (x[at] - m) - log_s : expf(x[at] - m) / s;
+    }
+  });
+}
+
+}  // namespace ops_detail
+
+// y[o, i] = sum over l of x[o, l, i].
+inline void reduce_sum(const float* x, float* y, int64_t outer, int64_t len, int64_t inner) {
+  ops_detail::reduce<ops_detail::Reduce::kSum>("reduce_sum", x, y, outer, len, inner, false);
+}
+
+// y[o, i] = mean over l of x[o, l, i] (NaN for an empty axis, as in numpy).
+inline void reduce_mean(const float* x, float* y, int64_t outer, int64_t len, int64_t inner) {
+  ops_detail::reduce<ops_detail::Reduce::kSum>("reduce_mean", x, y, outer, len, inner, true);
+}
+
+// y[o, i] = max over l of x[o, l, i]; NaN propagates.
+inline void reduce_max(const float* x, float* y, int64_t outer, int64_t len, int64_t inner) {
+  if (len == 0) throw std::invalid_argument("max over an empty axis");
+  ops_detail::reduce<ops_detail::Reduce::kMax>("reduce_max", x, y, outer, len, inner, false);
+}
+
+// Softmax along the middle axis of [outer, len, inner], the maximum subtracted first.
+inline void softmax(const float* x, float* y, int64_t outer, int64_t len, int64_t inner) {
+  ops_detail::softmax_along<false>("softmax", x, y, outer, len, inner);
+}
+
+// log(softmax(x)) along the middle axis, as x - max - log(sum(exp(x - max))).
+inline void log_softmax(const float* x, float* y, int64_t outer, int64_t len, int64_t inner) {
+  ops_detail::softmax_along<true>("log_softmax", x, y, outer, len, inner);
+}
+
+// Most axes a transpose handles (the shape and permutation travel by value).
+constexpr int kMaxRank = 8;
+
+namespace ops_detail {
+
+struct TransposeLayout {
+  int64_t y_shape[kMaxRank];
+  int64_t x_step[kMaxRank];  // x's stride along each axis of y
+};
+
+}  // namespace ops_detail
+
+// numpy.transpose(x, perm): y's axis d is x's axis perm[d]. `shape` and `perm`
+// are host arrays; each output element finds its source by its coordinates.
+inline void transpose(const float* x, float* y, int ndim, const int64_t* shape, const int* perm) {
+  if (ndim > kMaxRank) throw std::invalid_argument("transpose: more than 8 axes");
+  ops_detail::TransposeLayout layout{};
+  int64_t total = 1;
+  for (int d = ndim - 1; d >= 0; --d) {
+    layout.x_step[d] = 1;
+    for (int e = perm[d] + 1; e < ndim; ++e) layout.x_step[d] *= shape[e];
+    layout.y_shape[d] = shape[perm[d]];
+    total *= layout.y_shape[d];
+  }
+  for_each("transpose", total, [=] DG_HD(int64_t at) {
+    int64_t rest = at, src = 0;
+    for (int d = ndim - 1; d >= 0; --d) {
+      src += (rest % layout.y_shape[d]) * layout.x_step[d];
+      rest /= layout.y_shape[d];
+    }
+    y[at] = x[src];
+  });
+}
+
+// dst[:, dst_start : dst_start+count, :] = src[:, src_start : src_start+count, :]
+// with src viewed as [outer, src_len, inner] and dst as [outer, dst_len, inner]
+// (concat, split and slice).
+inline void copy_axis(const float* src, float* dst, int64_t outer, int64_t src_len, int64_t src_start,
+                      int64_t dst_len, int64_t dst_start, int64_t count, int64_t inner) {
+  const int64_t block = count * inner;
+  for_each("copy_axis", outer * block, [=] DG_HD(int64_t j) {
+    const int64_t o = j / block, r = j % block;
+    dst[(o * dst_len + dst_start) * inner + r] = src[(o * src_len + src_start) * inner + r];
+  });
+}
+
+// Embedding lookup: out[i, :] = table[ids[i], :], table being [rows, width].
+// A bad id leaves zeros in its row and fails the call (CallScope::finish) with
+// the CPU target's message; `what` names the lookup.
+template <typename Id>
+void gather_rows(const float* table, int64_t rows, int64_t width, const Id* ids, int64_t n, float* out,
+                 const char* what) {
+  static_assert(std::is_integral<Id>::value, "gather_rows ids must be integers");
+  if (n * width == 0) return;
+  int64_t* bad = new_check(what, "index", rows);
+  for_each("gather_rows", n * width, [=] DG_HD(int64_t j) {
+    const int64_t i = j / width, c = j % width;
+    const int64_t id = static_cast<int64_t>(ids[i]);
+    if (id < 0 || id >= rows) {
+      out[j] = 0.0f;
+      if (c == 0) atomic_min_position(bad, i);
+    } else {
+      out[j] = table[id * width + c];
+    }
+  });
+  // The value at the first bad position, for the message.
+  for_each("gather_rows check", 1, [=] DG_HD(int64_t) {
+    if (bad[0] != kNoBadPosition) bad[1] = static_cast<int64_t>(ids[bad[0]]);
+  });
+}
+
+// x[0..n) = value.
+inline void fill(float* x, int64_t n, float value) {
+  for_each("fill", n, [=] DG_HD(int64_t i) { x[i] = value; });
+}
+
+// The adjoint of gather_rows: table_grad[rows, width] = 0, then
+// table_grad[ids[i], :] += src[i, :] (atomically: ids repeat). The ids were
+// checked by the gather, whose errors are raised before the backward pass.
+template <typename Id>
+void scatter_add_rows(const Id* ids, int64_t n, const float* src, int64_t width, float* table_grad, int64_t rows) {
+  fill(table_grad, rows * width, 0.0f);
+  for_each("scatter_add_rows", n * width, [=] DG_HD(int64_t j) {
+    const int64_t i = j / width, c = j % width;
+    const int64_t id = static_cast<int64_t>(ids[i]);
+    if (id >= 0 && id < rows) atomic_add(table_grad + id * width + c, src[j]);
+  });
+}
+
+// Mean softmax cross-entropy of logits[rows, classes] against integer labels:
+// loss = mean_i (logsumexp(logits_i) - logits_i[label_i]). Bad labels fail the
+// call like bad gather ids.
+template <typename Id>
+void softmax_xent(const float* logits, const Id* labels, float* loss, int64_t rows, int64_t classes,
+                  const char* what) {
+  if (rows == 0) {
+    fill(loss, 1, 0.0f);
+    return;
+  }
+  int64_t* bad = new_check(what, "label", classes);
+  DeviceVector<float> per_row(rows);
+  float* row_loss = per_row.data();
+  for_each("softmax_xent", rows, [=] DG_HD(int64_t i) {
+    const int64_t label = static_cast<int64_t>(labels[i]);
+    if (label < 0 || label >= classes) {
+      atomic_min_position(bad, i);
+      row_loss[i] = 0.0f;
+      return;
+    }
+    const float* z = logits + i * classes;
+    const float m = ops_detail::strided_max(z, classes, 1);
+    row_loss[i] = (m + logf(ops_detail::strided_sum_exp(z, classes, 1, m))) - z[label];
+  });
+  // The mean, in double and in a fixed order.
+  for_each("softmax_xent mean", 1, [=] DG_HD(int64_t) {
+    double total = 0.0;
+    for (int64_t i = 0; i < rows; ++i) total += static_cast<double>(row_loss[i]);
+    loss[0] = static_cast<float>(total / static_cast<double>(rows));
+    if (bad[0] != kNoBadPosition) bad[1] = static_cast<int64_t>(labels[bad[0]]);
+  });
+}
+
+// Gradient of softmax_xent: d_logits = (softmax(logits) - onehot(labels)) * g / rows,
+// with g a device scalar.
+template <typename Id>
+void softmax_xent_grad(const float* logits, const Id* labels, const float* g, float* d_logits, int64_t rows,
+                       int64_t classes) {
+  if (rows == 0) return;
+  for_each("softmax_xent_grad", rows, [=] DG_HD(int64_t i) {
+    const float scale = g[0] / static_cast<float>(rows);
+    const float* z = logits + i * classes;
+    float* d = d_logits + i * classes;
+    const float m = ops_detail::strided_max(z, classes, 1);
+    const float sum = ops_detail::strided_sum_exp(z, classes, 1, m);
+    for (int64_t j = 0; j < classes; ++j) d[j] = expf(z[j] - m) / sum * scale;
+    const int64_t label = static_cast<int64_t>(labels[i]);
+    if (label >= 0 && label < classes) d[label] -= scale;
+  });
+}
+
+}  // namespace dg

@@ -1,0 +1,80 @@
+// dg_cuda_tree.h: recursive models on the GPU.
+//
+// The inspector (dg_schedule.h, shared with the CPU target) runs on the host,
+// on the caller's own arrays of the batch (DeviceInputs keeps them); the parts
+// of its schedule that kernels read (the row order and each child's row) are
+// copied to the device once per batch. The level loop then runs on the host,
+// reading level bounds from the host copy, and launches one batched step per
+// level: gather the children's states, the cell's GEMM and kernels.
+//
+// Same names and arguments as the CPU runtime's dg_tree.h; data pointers are
+// device pointers.
+//
+// Part of the deepgen CUDA runtime: hand-written, copied unchanged into every
+// generated project. Header-only, C++17 (CUDA: needs --extended-lambda).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "dg_cuda.h"
+#include "dg_cuda_compat.h"
+#include "dg_cuda_launch.h"
+#include "dg_schedule.h"
+
+namespace dg {
+
+struct LevelSchedule {
+  DeviceVector<int64_t> order;       // row -> original node id (on the device)
+  DeviceVector<int64_t> child_row;   // [rows * arity]: each child slot's row, -1 if empty (on the device)
+  std::vector<int64_t> level_start;  // level l is rows [level_start[l], level_start[l + 1]) (on the host)
+  int64_t max_level_rows = 0;        // the largest internal level (buffers are sized for it)
+
+  int64_t levels() const { return static_cast<int64_t>(level_start.size()) - 1; }
+  int64_t leaves() const { return level_start.size() > 1 ? level_start[1] : 0; }
+};
+
+// Checks the batch and computes its schedule on the host (errors name the
+// node, as on the CPU), then copies what kernels read to the device.
+// `children` and `roots` are device copies of the caller's arrays.
+inline LevelSchedule schedule_levels(const int64_t* children, int64_t nodes, int64_t arity, const int64_t* roots,
+                                     int64_t num_roots, bool dag, const char* what) {
+  const std::vector<int64_t> host_children = host_values(children, nodes * arity);
+  const std::vector<int64_t> host_roots = host_values(roots, num_roots);
+  const HostSchedule s =
+      inspect_levels(host_children.data(), nodes, arity, host_roots.data(), num_roots, dag, what);
+  LevelSchedule d;
+  d.order = DeviceVector<int64_t>(static_cast<int64_t>(s.order.size()));
+  d.child_row = DeviceVector<int64_t>(static_cast<int64_t>(s.child_row.size()));
+  copy_bytes(d.order.data(), s.order.data(), s.order.size() * sizeof(int64_t));
+  copy_bytes(d.child_row.data(), s.child_row.data(), s.child_row.size() * sizeof(int64_t));
+  d.level_start = s.level_start;
+  d.max_level_rows = s.max_level_rows;
+  return d;  // (a copy from pageable host memory has read it when cudaMemcpyAsync returns)
+}
+
+// out[r, :] = state[child_row[r * arity + slot], :], or zeros for an empty slot.
+inline void gather_children(const float* state, int64_t width, const int64_t* child_row, int64_t arity,
+                            int64_t slot, int64_t rows, float* out) {
+  for_each("gather_children", rows * width, [=] DG_HD(int64_t j) {
+    const int64_t r = j / width, c = j % width;
+    const int64_t child = child_row[r * arity + slot];
+    out[j] = child < 0 ? 0.0f : state[child * width + c];
+  });
+}
+
+// out[i] = values[order[i]] for i in [0, count): per-node ids in row order.
+template <typename T>
+void permute_rows(const T* values, const int64_t* order, int64_t count, T* out) {
+  for_each("permute_rows", count, [=] DG_HD(int64_t i) { out[i] = values[order[i]]; });
+}
+
+// out[order[r], :] = state[r, :]: states back in the caller's node numbering.
+inline void unsort_rows(const float* state, const int64_t* order, int64_t rows, int64_t width, float* out) {
+  for_each("unsort_rows", rows * width, [=] DG_HD(int64_t j) {
+    const int64_t r = j / width, c = j % width;
+    out[order[r] * width + c] = state[j];
+  });
+}
+
+}  // namespace dg
