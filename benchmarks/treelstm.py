@@ -1,12 +1,14 @@
 """Benchmark: the generated binary TreeLSTM against PyTorch and numpy.
 
-    python benchmarks/treelstm.py [--json FILE] [--quick]
+    python benchmarks/treelstm.py [--json FILE] [--quick] [--hidden 256 512]
 
 Peers (all compute the same function with the same weights, copied from the
 generated module's Model(seed=0).parameters()):
 
   generated    the deepgen module (examples/treelstm.py's model at HIDDEN 256 and
-               512), built with plain CMake in Release mode under build/bench/
+               512, or those given with --hidden), built with plain CMake in Release mode
+               under build/bench/; its set_num_threads(n) sets the thread count when
+               the module has one (else its default is used and reported)
   torch-node   PyTorch eager, one node at a time in topological order
   torch-level  PyTorch, one batched step for all leaves and one per tree level
                (index_select gathers the children, one matmul per level)
@@ -40,21 +42,29 @@ as its own tiny generated model (y = x[M, K] @ w[K, N]) timed through forward()
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
-import math
 import os
 import platform
-import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-CACHE = ROOT / "build" / "bench"
+from _common import (
+    BUSY_LIMIT,
+    ROOT,
+    build_module,
+    cpu_isa,
+    cpu_name,
+    gemm_model,
+    git_state,
+    import_module,
+    measure,
+    set_threads,
+)
+from _common import run_child as run_child_process
+
 VOCAB, EMBED = 1000, 128
 HIDDENS = (256, 512)
 BATCHES = (1, 10)
@@ -64,14 +74,6 @@ MEAN_LEAVES, MIN_LEAVES, MAX_LEAVES = 18, 2, 50
 PEERS = ("generated", "torch-node", "torch-level", "numpy-level")
 GEMM_PEER = {"generated": "generated", "numpy-level": "numpy"}  # which child also times the GEMM
 ATOL = 1e-4
-BUSY_LIMIT = 0.1  # cores taken by other processes (or the hypervisor) while measuring: warn above
-THREAD_VARS = (
-    "OMP_NUM_THREADS",
-    "OPENBLAS_NUM_THREADS",
-    "MKL_NUM_THREADS",
-    "VECLIB_MAXIMUM_THREADS",
-    "NUMEXPR_NUM_THREADS",
-)
 
 
 # ----------------------------------------------------------------------------
@@ -85,74 +87,6 @@ def treelstm_model(hidden: int):
 
     example = runpy.run_path(str(ROOT / "examples" / "treelstm.py"))
     return example["treelstm_model"](hidden, f"treelstm_h{hidden}")
-
-
-def gemm_model(k: int, n: int):
-    """y[M, N] = x[M, K] @ w[K, N]: the TreeLSTM's level GEMM on its own."""
-    import generator as dg
-
-    @dg.model(name=f"gemm_k{k}_n{n}")
-    def gemm():
-        m = dg.dim("M")
-        x = dg.input("x", (m, k))
-        w = dg.param("w", (k, n))
-        y = x @ w
-        return {"y": y}
-
-    return gemm
-
-
-def build_module(model_def) -> dict:
-    """Generate into build/bench/<name>/src and build into build/bench/<name>/build;
-    a build whose generated sources (and Python) are unchanged is reused."""
-    from generator.build import cmake_build  # plain CMake: Release, Ninja when available, this Python
-    from generator.codegen.emit import MANIFEST, generate
-
-    graph = model_def.build()
-    folder = CACHE / graph.name
-    src, build = folder / "src", folder / "build"
-    t0 = time.perf_counter()
-    generate(graph, src, force=True)  # unchanged files keep their mtimes: incremental rebuilds
-    key = json.dumps(
-        {
-            "files": json.loads((src / MANIFEST).read_text())["files"],
-            "python": sys.executable,
-            "version": sys.version,
-        },
-        sort_keys=True,
-    )
-    from generator.build import build_if_changed
-
-    reused = build_if_changed(src, build, graph.name, key, jobs=os.cpu_count() or 2)
-    seconds = time.perf_counter() - t0
-    texts = [
-        p.read_text()
-        for p in [*(src / "src").glob("*.cpp"), *(src / "runtime").glob("*.h"), src / "CMakeLists.txt"]
-    ]
-    openmp = any(re.search(r"#\s*pragma\s+omp|OpenMP|fopenmp", t) for t in texts)
-    compiler = []
-    cache = build / "CMakeCache.txt"
-    if cache.is_file():
-        for line in cache.read_text().splitlines():
-            if line.startswith(("CMAKE_CXX_COMPILER:", "CMAKE_CXX_FLAGS:", "CMAKE_CXX_FLAGS_RELEASE:")):
-                compiler.append(line.split("=", 1)[1])
-    print(f"  {graph.name}: {'reused' if reused else 'built'} in {seconds:.1f} s ({build})", flush=True)
-    return {
-        "name": graph.name,
-        "build": str(build),
-        "reused": reused,
-        "seconds": round(seconds, 2),
-        "openmp": openmp,
-        "compiler": " ".join(c for c in compiler if c),
-    }
-
-
-def import_module(name: str, build: str):
-    sys.path.insert(0, build)
-    try:
-        return importlib.import_module(name)
-    finally:
-        sys.path.remove(build)
 
 
 # ----------------------------------------------------------------------------
@@ -392,24 +326,6 @@ def _numpy_level(params, hidden):
 # ----------------------------------------------------------------------------
 
 
-def measure(fn, target_s: float, min_reps: int) -> dict:
-    """Seconds of each of repeated fn() runs after a warm-up, with enough repetitions
-    for ~target_s; also the process's CPU time per wall second (below 1 for a
-    single-threaded peer means it was preempted: another process wanted the cores)."""
-    fn()
-    t0 = time.perf_counter()
-    fn()
-    once = time.perf_counter() - t0
-    reps = max(min_reps, min(10000, math.ceil(target_s / max(once, 1e-7))))
-    times = []
-    cpu0 = time.process_time()
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return {"times": times, "cpu_per_wall": (time.process_time() - cpu0) / max(sum(times), 1e-9)}
-
-
 def speed_probe(config: dict) -> float:
     """Median ms of one fixed single-threaded job (the generated [20, 512] @ [512, 1280]
     GEMM): the same in every child on a steady machine. A host that slows the VM
@@ -417,7 +333,9 @@ def speed_probe(config: dict) -> float:
     import numpy as np
 
     info = config["modules"]["gemm_k512_n1280"]
-    model = import_module(info["name"], info["build"]).Model(seed=0)
+    module = import_module(info["name"], info["build"])
+    set_threads(module, 1)
+    model = module.Model(seed=0)
     x = np.ones((20, 512), np.float32)
     return 1000 * statistics.median(measure(lambda: model.forward(x=x), 0.15, 20)["times"])
 
@@ -425,6 +343,8 @@ def speed_probe(config: dict) -> float:
 def child(config: dict) -> None:
     import numpy as np
 
+    global HIDDENS
+    HIDDENS = tuple(config["hiddens"])
     threads, peer = config["threads"], config["peer"]
     out = {"threads": threads, "peer": peer, "round": config["round"], "treelstm": [], "gemm": []}
     if peer.startswith("torch"):
@@ -457,7 +377,10 @@ def child(config: dict) -> None:
     out["max_abs_diff"] = 0.0
     for hidden in HIDDENS:
         info = config["modules"][f"treelstm_h{hidden}"]
-        model = import_module(info["name"], info["build"]).Model(seed=0)
+        module = import_module(info["name"], info["build"])
+        if peer == "generated":  # the module's own thread count (the others' reference runs use it too)
+            out["generated_threads"] = set_threads(module, threads)
+        model = module.Model(seed=0)
         reference, fn = make_peer("generated", model, hidden), make_peer(peer, model, hidden)
         for batch_size, batches in workloads.items():
             # The same function first: root states against the generated module's, on every batch.
@@ -499,7 +422,9 @@ def child(config: dict) -> None:
         for hidden in HIDDENS:
             k, n = 2 * hidden, 5 * hidden
             info = config["modules"][f"gemm_k{k}_n{n}"]
-            model = import_module(info["name"], info["build"]).Model(seed=0)
+            module = import_module(info["name"], info["build"])
+            set_threads(module, threads)
+            model = module.Model(seed=0)
             w = np.array(model.parameters()["w"], dtype=np.float32, copy=True)
             for m in GEMM_M:
                 x = rng.standard_normal((m, k), dtype=np.float32)
@@ -531,33 +456,8 @@ def child(config: dict) -> None:
 
 
 def run_child(config: dict, threads: int, peer: str, rnd: int, tmp: Path) -> dict:
-    env = dict(os.environ)
-    env.update({var: str(threads) for var in THREAD_VARS})
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     cfg = dict(config, threads=threads, peer=peer, round=rnd, out=str(tmp / f"r{rnd}-t{threads}-{peer}.json"))
-    before, t0 = cpu_accounting(), time.perf_counter()
-    proc = subprocess.run(
-        [sys.executable, str(Path(__file__).resolve()), "--child", json.dumps(cfg)], env=env
-    )
-    after, wall = cpu_accounting(), time.perf_counter() - t0
-    if proc.returncode != 0:
-        raise SystemExit(f"the {peer} measurement with {threads} thread(s) failed (exit {proc.returncode})")
-    result = json.loads(Path(cfg["out"]).read_text())
-    # Contention while the child ran: CPU time the machine spent outside our child, and time the
-    # hypervisor took away (steal), both in cores on average.
-    result["other_cores"] = result["steal_cores"] = None
-    if before and after:
-        result["other_cores"] = round(
-            max(0.0, (after["busy"] - before["busy"]) - (after["child"] - before["child"])) / wall, 3
-        )
-        result["steal_cores"] = round((after["steal"] - before["steal"]) / wall, 3)
-        if result["other_cores"] > BUSY_LIMIT or result["steal_cores"] > BUSY_LIMIT:
-            print(
-                f"  WARNING: while measuring {peer}, other processes used {result['other_cores']:.2f} cores "
-                f"and the hypervisor took {result['steal_cores']:.2f}: these figures are noisy",
-                flush=True,
-            )
-    return result
+    return run_child_process(Path(__file__).resolve(), cfg, threads, peer)
 
 
 # ----------------------------------------------------------------------------
@@ -579,22 +479,27 @@ def _pool(results, section, key_fields):
 
 
 def main() -> None:
+    global HIDDENS
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", metavar="FILE", help="write every figure to FILE as JSON")
     parser.add_argument(
         "--quick", action="store_true", help="fewer batches, repetitions and rounds (about a minute)"
+    )
+    parser.add_argument(
+        "--hidden", type=int, nargs="+", choices=HIDDENS, default=list(HIDDENS), help="hidden sizes (default: all)"
     )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(json.loads(args.child))
         return
-    sys.path.insert(0, str(ROOT))
+    HIDDENS = tuple(sorted(set(args.hidden)))
     import numpy as np
 
     print("Building the generated modules (cached under build/bench/):", flush=True)
     modules = {}
-    for model_def in [treelstm_model(h) for h in HIDDENS] + [gemm_model(2 * h, 5 * h) for h in HIDDENS]:
+    gemm_hiddens = sorted(set(HIDDENS) | {256})  # gemm_k512_n1280 is the speed probe
+    for model_def in [treelstm_model(h) for h in HIDDENS] + [gemm_model(2 * h, 5 * h) for h in gemm_hiddens]:
         info = build_module(model_def)
         modules[info["name"]] = info
 
@@ -619,6 +524,7 @@ def main() -> None:
     rounds = 1 if args.quick else 3
     config = {
         "modules": modules,
+        "hiddens": HIDDENS,
         "target_s": 0.05 if args.quick else 0.3 / rounds,
         "min_reps": 3 if args.quick else 2,
     }
@@ -762,10 +668,14 @@ def main() -> None:
         "numpy": np.__version__,
         "torch": torch_version,
         "machine": platform.machine(),
-        "cpu": _cpu_name(),
+        "cpu": cpu_name(),
         "cores": os.cpu_count(),
         "generated_uses_openmp": any(m["openmp"] for m in modules.values()),
         "compiler": modules[f"treelstm_h{HIDDENS[0]}"]["compiler"],
+        "cpu_isa": cpu_isa(),
+        "generated_set_num_threads": all(
+            isinstance(r.get("generated_threads"), int) for r in results if r["peer"] == "generated"
+        ),
         "children": [
             {
                 k: r.get(k)
@@ -777,13 +687,14 @@ def main() -> None:
                     "other_cores",
                     "steal_cores",
                     "torch_threads",
+                    "generated_threads",
                     "pools",
                 )
             }
             for r in results
         ],
         "max_abs_diff_root_h": diff,
-        "git": _git_state(),
+        "git": git_state(),
         "quick": args.quick,
         "rounds": rounds,
         "atol": ATOL,
@@ -792,6 +703,7 @@ def main() -> None:
     print(
         f"\nGenerated code ({env['git'] or 'not a git checkout'}): "
         f"{'OpenMP' if env['generated_uses_openmp'] else 'no OpenMP (single-threaded)'}; "
+        f"threads {'set with set_num_threads(n)' if env['generated_set_num_threads'] else 'default (no set_num_threads)'}; "
         f"compiler: {env['compiler'] or '?'}"
     )
     busy = [max(r["other_cores"], r["steal_cores"]) for r in results if r["other_cores"] is not None]
@@ -830,56 +742,6 @@ def main() -> None:
             + "\n"
         )
         print(f"wrote {args.json}")
-
-
-def cpu_accounting():
-    """CPU seconds so far: the machine's busy time without steal (/proc/stat), the steal
-    time, and our finished children's time (getrusage); None where /proc/stat is missing."""
-    import resource
-
-    try:
-        fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
-    except (OSError, ValueError):
-        return None
-    tick = os.sysconf("SC_CLK_TCK")
-    steal = fields[7] if len(fields) > 7 else 0
-    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return {
-        "busy": (sum(fields[:8]) - idle - steal) / tick,
-        "steal": steal / tick,
-        "child": usage.ru_utime + usage.ru_stime,
-    }
-
-
-def _git_state():
-    """The commit the generator came from, with '+dirty' for uncommitted changes; None outside git."""
-    try:
-        head = subprocess.run(
-            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(ROOT), "status", "--porcelain", "--", "generator", "templates", "targets"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return None
-    return head + ("+dirty" if dirty else "")
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 if __name__ == "__main__":
