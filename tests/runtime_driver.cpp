@@ -180,6 +180,30 @@ int run_gemm(char** argv) {
     return 0;
 }
 
+// gemm_packed <ta> <tb> <M> <N> <K> <lda> <ldb> <ldc> <threads>, inputs as for
+// gemm (C's initial values are ignored)  ->  C from dg::gemm with a PackedB of B,
+// then C from the same PackedB used a second and a third time, then C from plain dg::gemm
+int run_gemm_packed(char** argv) {
+    const bool ta = int_arg(argv, 2) != 0, tb = int_arg(argv, 3) != 0;
+    const int64_t M = int_arg(argv, 4), N = int_arg(argv, 5), K = int_arg(argv, 6);
+    const int64_t lda = int_arg(argv, 7), ldb = int_arg(argv, 8), ldc = int_arg(argv, 9);
+    dg::set_num_threads(static_cast<int>(int_arg(argv, 10)));
+    Input in;
+    const std::vector<float> a = in.take<float>((ta ? K : M) * lda);
+    const std::vector<float> b = in.take<float>((tb ? N : K) * ldb);
+    std::vector<float> c = in.take<float>(M * ldc);
+    const dg::PackedB packed(tb, K, N, b.data(), ldb);
+    for (int pass = 0; pass < 3; ++pass) {  // in place, packing, packed
+        std::fill(c.begin(), c.end(), -1.0f);
+        dg::gemm(ta, M, a.data(), lda, packed, c.data(), ldc);
+        write(c);
+    }
+    std::fill(c.begin(), c.end(), -1.0f);
+    dg::gemm(ta, tb, M, N, K, a.data(), lda, b.data(), ldb, c.data(), ldc);
+    write(c);
+    return 0;
+}
+
 // gemm_info <threads>  ->  "<isa> <get_num_threads() after set_num_threads(threads)> <openmp 0|1>"
 int run_gemm_info(char** argv) {
     dg::set_num_threads(static_cast<int>(int_arg(argv, 2)));
@@ -255,6 +279,7 @@ int dispatch(int argc, char** argv) {
     if (op == "matmul_tn" || op == "matmul_nt") return run_matmul_t(op, argv);
     if (op == "gemm") return run_gemm(argv);
     if (op == "gemm_info") return run_gemm_info(argv);
+    if (op == "gemm_packed") return run_gemm_packed(argv);
     if (op == "transpose") return run_transpose(argv);
     if (op == "copy_axis") return run_copy_axis(argv);
     if (op == "gather_rows_i32") return run_gather<int32_t>(argv);

@@ -68,7 +68,7 @@ def test_generated_code_names_come_from_the_user():
     assert "// tiny.py:11  h = dg.dense(x, 4, act=dg.relu)" in model
     # -O2 folds the bias + relu into the GEMM: the epilogue is named after the user's h.
     assert "struct h_epilogue {" in files["src/kernels.h"].decode()
-    assert "fmaxf(0.0F, acc[j] + h_b[col0 + j])" in files["src/kernels.h"].decode()
+    assert "dg::math::max_f(0.0F, acc[j] + h_b[col0 + j])" in files["src/kernels.h"].decode()
     assert "float* h = arena.at(" in model
     # Without fusion the matmul keeps its own buffer, named after the statement it serves.
     plain = render(_tiny(), opt="O0")

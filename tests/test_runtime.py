@@ -568,6 +568,23 @@ def test_gemm_epilogue_once_per_element(gemm_driver, M, N, K, ta, tb):
     assert_gemm_close(got[:, :N], expected, K)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("M,N,K,ta,tb", [(1, 1280, 512, False, False), (3, 33, 20, True, False), (5, 1280, 512, False, False),
+                                         (9, 1280, 512, False, False), (13, 33, 257, False, True),
+                                         (70, 1280, 512, False, False), (200, 47, 385, True, True)])
+def test_gemm_with_packed_b_equals_gemm(gemm_driver, M, N, K, ta, tb, threads):
+    """A PackedB (weights packed once before a loop) gives gemm's result bit for
+    bit at every use (read in place, packing, packed), streamed (M <= 3) or not."""
+    lda, ldb, ldc = (M if ta else K) + 1, (K if tb else N) + 2, N + 3
+    a, b = rand(K if ta else M, lda), rand(N if tb else K, ldb)
+    out = gemm_driver("gemm_packed", int(ta), int(tb), M, N, K, lda, ldb, ldc, threads,
+                      inputs=[a, b, np.zeros((M, ldc), np.float32)])
+    *uses, plain = (x.reshape(M, ldc) for x in np.split(out, 4))
+    assert all(same_bits(use, plain) for use in uses)
+    assert_gemm_close(plain[:, :N], gemm_reference(a, b, ta, tb, M, N, K), K)
+    assert np.all(plain[:, N:] == -1.0)
+
+
 @pytest.mark.parametrize("ta,tb", TATB)
 def test_gemm_k_zero_gives_zeros_then_epilogue(gemm_driver, ta, tb):
     M, N = 5, 19

@@ -36,6 +36,12 @@ class LowerCtx:
         self.printer_cls = printer_cls
         # The target's owned-buffer type and copy (std::vector and std::copy on the CPU).
         self.vector_type = "std::vector"
+        # Per-call buffers no caller keeps (std::vector unless the target has a cache).
+        self.scratch_type = "std::vector"
+        # Whether the runtime has dg::PackedB (weights packed once before a loop), and
+        # id(value) -> the PackedB that holds it while a loop is lowered.
+        self.packs_weights = False
+        self.packed = {}
         self.copy_fn = "std::copy"
         self.expr = {}  # id(value) -> C++ pointer expression
         self.names = {}  # value -> C++ identifier (its graph name)
@@ -85,7 +91,7 @@ class LowerCtx:
         if id(v) not in self.expr:
             if self.decls is not None:  # inside a block: allocate once, before it
                 size = numel(tuple(d if isinstance(d, int) else d.xreplace(self.subs) for d in v.shape))
-                self.decls.append(f"{self.vector_type}<{CTYPE[v.dtype]}> {v.name}({self.size(size)});")
+                self.decls.append(f"{self.scratch_type}<{CTYPE[v.dtype]}> {v.name}({self.size(size)});")
             else:
                 self.pending.append(f"{self.vector_type}<{CTYPE[v.dtype]}> {v.name}({self.size(numel(v.shape))});")
             self.expr[id(v)] = f"{v.name}.data()"
@@ -356,7 +362,8 @@ def lower(graph, target) -> ProjectPlan:
     if graph.train is not None:
         prepare_training(graph)
     ctx = LowerCtx(graph, target.printer_cls)
-    ctx.vector_type, ctx.copy_fn = target.vector_type, target.copy_fn
+    ctx.vector_type, ctx.scratch_type, ctx.copy_fn = target.vector_type, target.scratch_type, target.copy_fn
+    ctx.packs_weights = target.packs_weights
     dims = graph.dims
     dim_index = {d: i for i, d in enumerate(dims)}
     for v in graph.inputs:

@@ -2,8 +2,8 @@
 
 `FloatPrinter` prints an elementwise op's expression in single precision: float
 literals with an F suffix, the runtime's vectorizable functions for exp, expm1,
-log, log1p, tanh and erf (runtime/dg_math.h: libm's cannot be vectorized without
--ffast-math) and the float overloads of <cmath> for the rest,
+log, log1p, tanh, erf, max and min (runtime/dg_math.h: libm's cannot be
+vectorized without -ffast-math) and the float overloads of <cmath> for the rest,
 small integer powers as products, and numeric constants (sqrt(2), pi) as
 literals instead of non-standard M_* macros. Operand symbols are printed as the
 loads given in `loads`. A CUDA printer can subclass this one.
@@ -42,6 +42,19 @@ class FloatPrinter(C99CodePrinter):
         return super()._print_log(expr)
 
     _print_tanh = _print_erf = _print_log1p = _print_expm1 = _print_exp
+
+    def _print_Max(self, expr):
+        return self._fold_minmax("max_f", expr.args)
+
+    def _print_Min(self, expr):
+        return self._fold_minmax("min_f", expr.args)
+
+    def _fold_minmax(self, name, args):
+        # sympy puts numbers first (Max(0, x)), so a NaN operand is the second: propagated.
+        text = self._print(args[0])
+        for a in args[1:]:
+            text = f"dg::math::{name}({text}, {self._print(a)})"
+        return text
 
     def _print_Symbol(self, expr):
         if expr in self.loads:

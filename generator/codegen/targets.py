@@ -11,7 +11,12 @@ A target is a folder targets/<name>/ with a target.json:
   target's own runtime/ folder, or `other:file.h` from another target's;
 - `vector`, `copy`: how lowered code declares an owned buffer (`std::vector<T>`)
   and copies between buffers (`std::copy(first, last, dest)`); the CUDA target
-  names device versions with the same interface.
+  names device versions with the same interface;
+- `scratch`: the type of per-call buffers no caller keeps (a recursive op's level
+  buffers): `dg::Scratch<T>` on the CPU, uninitialized memory reused across
+  calls (runtime/dg_arena.h); defaults to `vector`;
+- `packs_weights`: the runtime has `dg::PackedB` and `dg::matmul(a, packed, ...)`,
+  so a loop's matmuls by a weight pack it once before the loop.
 """
 
 from __future__ import annotations
@@ -38,6 +43,8 @@ class Target:
     template_dirs: tuple = ()  # every template folder, searched in order
     model_ext: str = ".cpp"
     vector_type: str = "std::vector"
+    scratch_type: str = "std::vector"
+    packs_weights: bool = False
     copy_fn: str = "std::copy"
 
     def runtime_sources(self) -> dict:
@@ -71,5 +78,7 @@ def load_target(name: str) -> Target:
         template_dirs=template_dirs,
         model_ext=conf.get("model_ext", ".cpp"),
         vector_type=conf.get("vector", "std::vector"),
+        scratch_type=conf.get("scratch", conf.get("vector", "std::vector")),
+        packs_weights=bool(conf.get("packs_weights", False)),
         copy_fn=conf.get("copy", "std::copy"),
     )

@@ -82,8 +82,10 @@ class MatMul(OpDef):
         sa, sb = _logical(a, ta), _logical(b, tb)
         fn = "matmul" + ("_tn" if ta else "_nt" if tb else "")
         epilogue = f", {ctx.epilogue(node)}" if "epilogue" in node.attrs else ""
+        # B packed before a loop (ops/recurse.py) is passed as the PackedB itself.
+        b_arg = ctx.packed.get(id(b)) if not (ta or tb) else None
         return [
-            f"dg::{fn}({ctx.ptr(a)}, {ctx.ptr(b)}, {ctx.out(node.outputs[0])}, "
+            f"dg::{fn}({ctx.ptr(a)}, {b_arg or ctx.ptr(b)}, {ctx.out(node.outputs[0])}, "
             f"{ctx.size(numel(sa[:-1]))}, {ctx.size(sa[-1])}, {ctx.size(sb[1])}{epilogue});"
         ]
 

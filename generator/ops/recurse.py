@@ -105,11 +105,11 @@ class Recurse(OpDef):
             "// Inspector: check the batch and number its nodes by height, leaves first.",
             f"const dg::LevelSchedule {sched} = dg::schedule_levels({ctx.ptr(children)}, {ctx.size(nodes)}, "
             f"{spec.arity}, {ctx.ptr(roots)}, {ctx.size(count)}, {'true' if spec.dag else 'false'}, {what});",
-            f"{ctx.vector_type}<int64_t> {sorted_words}({ctx.size(nodes)});",
+            f"{ctx.scratch_type}<int64_t> {sorted_words}({ctx.size(nodes)});",
             f"dg::permute_rows({ctx.ptr(words)}, {sched}.order.data(), {ctx.size(nodes)}, {sorted_words}.data());",
         ]
         for state, width in zip(states, widths):
-            lines.append(f"{ctx.vector_type}<float> {state}({ctx.size(nodes)} * {ctx.size(width)});  // in schedule order")
+            lines.append(f"{ctx.scratch_type}<float> {state}({ctx.size(nodes)} * {ctx.size(width)});  // in schedule order")
 
         def run_block(cell, nodes_to_run, count_expr, bound_name, words_ptr, out_rows):
             """Declarations (sized with rows = bound_name) before a block that sets rows."""
@@ -153,7 +153,7 @@ class Recurse(OpDef):
         lines.append(f"const int64_t {most} = {sched}.max_level_rows;")
         for slot in cell.children:
             for j, v in enumerate(slot):
-                lines.append(f"{ctx.vector_type}<float> {v.name}({most} * {ctx.size(widths[j])});")
+                lines.append(f"{ctx.scratch_type}<float> {v.name}({most} * {ctx.size(widths[j])});")
                 ctx.expr[id(v)] = f"{v.name}.data()"
         level, start = names.unique("level"), names.unique("start")
         for n in hoisted:  # inside the loop, hoisted values are read at the level's rows
@@ -161,6 +161,7 @@ class Recurse(OpDef):
                 if v.rank and not isinstance(v.shape[0], int) and v.shape[0] == spec.rows:
                     ctx.expr[id(v)] = f"{v.name}.data() + ({start} - {leaves}) * {ctx.size(numel(v.shape[1:]))}"
         level_rows = f"{sched}.level_start[{level} + 1] - {start}"
+        lines += _pack_loop_weights(ctx, names, cell, looped)
         block = run_block(cell, looped, level_rows, most, f"{sorted_words}.data() + {start}", start)
         opening = block.index("{")
         lines += block[:opening]  # the loop's own buffers, allocated once before it
@@ -175,8 +176,33 @@ class Recurse(OpDef):
                 )
         lines += block[opening:] + ["}"]
 
+        ctx.packed = {}
         # States back in the caller's numbering.
         for out, state, width in zip(node.outputs, states, widths):
             lines.append(f"dg::unsort_rows({state}.data(), {sched}.order.data(), {ctx.size(nodes)}, "
                          f"{ctx.size(width)}, {ctx.out(out)});")
         return lines
+
+
+def _pack_loop_weights(ctx, names, cell, looped) -> list:
+    """Code motion for the level loop's products: a matmul whose right operand is
+    defined before the loop (a weight) reads it packed once (dg::PackedB) instead
+    of packing it again at every level. Only where the target's runtime has it."""
+    if not ctx.packs_weights:
+        return []
+    inside = {id(v) for n in cell.nodes for v in n.outputs}
+    inside |= {id(v) for slot in cell.children for v in slot} | {id(cell.words)}
+    lines = []
+    for n in looped:
+        if n.op != "matmul" or n.attrs.get("ta") or n.attrs.get("tb"):
+            continue
+        b = n.inputs[1]
+        if id(b) in inside or id(b) in ctx.packed or id(b) not in ctx.expr or b.rank != 2:
+            continue
+        name = names.unique(f"{b.name}_packed")
+        k, width = (ctx.size(d) for d in b.shape)
+        if not lines:
+            lines.append("// Weights the level loop multiplies by, packed for the GEMM once (not per level).")
+        lines.append(f"const dg::PackedB {name}(false, {k}, {width}, {ctx.ptr(b)}, {width});")
+        ctx.packed[id(b)] = name
+    return lines

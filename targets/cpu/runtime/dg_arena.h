@@ -5,21 +5,119 @@
 // its size, and records the highest byte actually used, so the plan's
 // prediction can be compared with what the code really touched.
 //
+// The arena and the per-call buffers of recursive ops (level buffers, states
+// in schedule order) are Scratch: uninitialized memory kept by each thread for
+// its next call.  A model called in a loop then neither asks the OS for fresh
+// pages (page faults, zeroing) nor clears memory that every op overwrites.
+// Memory that comes fresh from the system is filled with NaN bytes, so code
+// that reads a buffer before writing it shows up as NaN on the first call
+// instead of passing by luck with zeros.
+//
 // Part of the deepgen runtime: hand-written, copied unchanged into every
 // generated project. Header-only, C++17.
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
+#include <new>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace dg {
 
+namespace scratch_detail {
+
+constexpr size_t kAlign = 64;                         // a cache line (and an AVX-512 vector)
+constexpr size_t kMaxKeptBytes = size_t(1) << 30;     // per thread, beyond it blocks go back
+constexpr size_t kMaxKeptBlocks = 64;
+
+// One thread's blocks free for reuse: (size in bytes, memory).
+class Cache {
+ public:
+  Cache() = default;
+  Cache(const Cache&) = delete;
+  Cache& operator=(const Cache&) = delete;
+  ~Cache() {
+    for (auto& block : free_) release_to_system(block.second);
+  }
+
+  // A block of at least `bytes`: the smallest kept one that is not more than
+  // twice too big, else fresh memory filled with 0xFF bytes (NaN as floats).
+  void* take(size_t bytes) {
+    size_t best = free_.size();
+    for (size_t i = 0; i < free_.size(); ++i) {
+      const size_t have = free_[i].first;
+      if (have >= bytes && have <= 2 * bytes + 4096 && (best == free_.size() || have < free_[best].first))
+        best = i;
+    }
+    if (best != free_.size()) {
+      void* p = free_[best].second;
+      kept_bytes_ -= free_[best].first;
+      free_[best] = free_.back();
+      free_.pop_back();
+      return p;
+    }
+    void* p = ::operator new(bytes, std::align_val_t(kAlign));
+    std::memset(p, 0xFF, bytes);
+    return p;
+  }
+
+  // Keeps the block for a later take() unless the cache is full.
+  void give_back(void* p, size_t bytes) {
+    if (kept_bytes_ + bytes > kMaxKeptBytes || free_.size() >= kMaxKeptBlocks) {
+      release_to_system(p);
+      return;
+    }
+    free_.emplace_back(bytes, p);
+    kept_bytes_ += bytes;
+  }
+
+ private:
+  static void release_to_system(void* p) { ::operator delete(p, std::align_val_t(kAlign)); }
+  std::vector<std::pair<size_t, void*>> free_;
+  size_t kept_bytes_ = 0;
+};
+
+inline Cache& cache() {
+  thread_local Cache c;
+  return c;
+}
+
+}  // namespace scratch_detail
+
+// n uninitialized values of T, from this thread's cache (see the top of the
+// file); the memory goes back to the cache of the thread that took it.
+template <typename T>
+class Scratch {
+  static_assert(std::is_trivially_copyable<T>::value, "Scratch holds plain values only");
+
+ public:
+  explicit Scratch(int64_t n) : size_(n < 0 ? 0 : n) {
+    if (size_ > 0) data_ = static_cast<T*>(scratch_detail::cache().take(bytes()));
+  }
+  Scratch(const Scratch&) = delete;
+  Scratch& operator=(const Scratch&) = delete;
+  ~Scratch() {
+    if (data_ != nullptr) scratch_detail::cache().give_back(data_, bytes());
+  }
+
+  T* data() { return data_; }
+  const T* data() const { return data_; }
+  int64_t size() const { return size_; }
+
+ private:
+  size_t bytes() const { return static_cast<size_t>(size_) * sizeof(T); }
+  int64_t size_;
+  T* data_ = nullptr;
+};
+
 class Arena {
  public:
-  explicit Arena(int64_t floats) : data_(static_cast<size_t>(floats)) {}
+  explicit Arena(int64_t floats) : data_(floats) {}
 
   // The planned piece [offset, offset + count) of the arena, in floats.
   float* at(int64_t offset, int64_t count) {
@@ -35,7 +133,7 @@ class Arena {
   int64_t high_water_bytes() const { return high_water_ * static_cast<int64_t>(sizeof(float)); }
 
  private:
-  std::vector<float> data_;
+  Scratch<float> data_;
   int64_t high_water_ = 0;
 };
 

@@ -60,6 +60,7 @@
 #include <array>
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <utility>
@@ -69,6 +70,7 @@
 #include <immintrin.h>
 #endif
 
+#include "dg_arena.h"
 #include "dg_parallel.h"
 
 namespace dg {
@@ -327,6 +329,13 @@ struct Operand {
     const float* p;
     int64_t ld;
     bool trans;  // stored transposed: op(X)[r, s] = p[s*ld + r], else p[r*ld + s]
+    // B only: op(B) already packed whole (dg::PackedB): for the K block that
+    // starts at k0, micro-panel q sits at packed + k0*n_pad + q*NR*kc.
+    const float* packed = nullptr;
+    int64_t n_pad = 0;
+    // B only, read in place: also copy each micro-panel to where `packed`
+    // would have it (so that the product packs B for the next ones).
+    float* pack_into = nullptr;
 };
 
 #if defined(__AVX__)
@@ -517,7 +526,8 @@ void gemm_part(const Operand& A, const Operand& B, int64_t K, float* C, int64_t 
 #else
     (void)stream;
 #endif
-    const bool b_in_place = !B.trans && m1 - m0 <= kInPlaceBMaxRows;
+    const bool b_packed = B.packed != nullptr;  // packed once for many products (PackedB)
+    const bool b_in_place = !b_packed && !B.trans && m1 - m0 <= kInPlaceBMaxRows;
     // With a single column strip each value of A is used once, and packing it
     // would cost as much as the product: read it in place.
     const bool a_in_place = n1 - n0 <= NR;
@@ -527,13 +537,14 @@ void gemm_part(const Operand& A, const Operand& B, int64_t K, float* C, int64_t 
     const int64_t kc_max = even_block(K, KC, 8);
     const int64_t mc_max = even_block(m1 - m0, MC, MR);
     // In place, all of B's columns form one block; packed, blocks of <= NC.
-    const int64_t nc_max = b_in_place ? n1 - n0 : even_block(n1 - n0, NC, NR);
+    const int64_t nc_max = b_in_place || b_packed ? n1 - n0 : even_block(n1 - n0, NC, NR);
 
     // Scratch: packed A block | packed B block (or, with B in place, the
     // partial last micro-panel and a copy of the current one) | a tile for
     // partial-width results.
     const int64_t a_size = round_up16(mc_max * kc_max + 8);  // + 8: pack_a's slack
-    const int64_t b_size = round_up16((b_in_place ? 2 * NR : (nc_max + NR - 1) / NR * NR) * kc_max);
+    const int64_t b_size =
+        b_packed ? 0 : round_up16((b_in_place ? 2 * NR : (nc_max + NR - 1) / NR * NR) * kc_max);
     float* const a_pack = scratch(a_size + b_size + MR * NR);
     float* const b_pack = a_pack + a_size;
     float* const b_strip = b_pack + NR * kc_max;  // B in place: the copied micro-panel
@@ -549,7 +560,9 @@ void gemm_part(const Operand& A, const Operand& B, int64_t K, float* C, int64_t 
             // B for this (jc, pc) block.  In place, only a partial-width last
             // micro-panel is copied (zero padded), so that the kernel never
             // reads past the end of a row of B.
-            if (!b_in_place) {
+            if (b_packed) {
+                // nothing to do: the micro-panels are read where PackedB put them
+            } else if (!b_in_place) {
                 pack_b(B, pc, kc, jc, nc, b_pack);
             } else if (n_full < nc) {
                 pack_b(B, pc, kc, jc + n_full, nc - n_full, b_pack);
@@ -564,7 +577,21 @@ void gemm_part(const Operand& A, const Operand& B, int64_t K, float* C, int64_t 
                     // This B micro-panel and the distance between its k rows.
                     const float* bp = b_pack + jr * kc;
                     int64_t ldbp = NR;
-                    if (b_in_place && jr < n_full) {
+                    if (b_packed) {
+                        bp = B.packed + pc * B.n_pad + (jc + jr) * kc;
+                    } else if (b_in_place && B.pack_into != nullptr) {
+                        // Copy the micro-panel to its place in the PackedB and read it there.
+                        float* dst = B.pack_into + pc * B.n_pad + (jc + jr) * kc;
+                        if (jr < n_full) {
+                            const float* src = B.p + pc * B.ld + jc + jr;
+                            for (int64_t k = 0; k < kc; ++k) {
+                                std::memcpy(dst + k * NR, src + k * B.ld, NR * sizeof(float));
+                            }
+                        } else {
+                            std::memcpy(dst, b_pack, kc * NR * sizeof(float));
+                        }
+                        bp = dst;
+                    } else if (b_in_place && jr < n_full) {
                         bp = B.p + pc * B.ld + jc + jr;
                         ldbp = B.ld;
                         if (mc > MR) {
@@ -712,6 +739,116 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K,
         gemm_part(a, b, K, C, ldc, part_start(M, MR, grid.tm, pi), part_start(M, MR, grid.tm, pi + 1),
                   part_start(N, NR, grid.tn, pj), part_start(N, NR, grid.tn, pj + 1), stream, epi);
     }
+}
+
+// op(B)[K, N] packed once into the micro-panels every product with it reads,
+// for loops that multiply many matrices by the same B: a recursive model's
+// level loop makes one before the loop for each weight (deepgen hoists the
+// packing there) instead of copying B again at every level.  The packing is
+// gemm's for a product with K and N (the same K blocks, so the same sums in
+// the same order: results equal gemm's with the unpacked B).
+//
+// Packing happens during the first product with more than MR rows: that
+// product, reading B in place, copies each micro-panel once anyway (to an L1
+// strip, for its several row panels); it copies it to its packed place instead,
+// so packing costs little.  Smaller products read row-major B in place while it
+// is not packed yet (streamed up to kStreamMaxRows rows, one row panel up to
+// MR), so a loop of one- to few-row products (a batch of one tree) never packs.  The memory is scratch (dg_arena.h):
+// reused across calls.  B must not change while a PackedB of it is alive, and
+// a PackedB is used by one thread at a time.
+class PackedB {
+ public:
+    // tb: B is stored [N, K] (row stride ldb), else [K, N].
+    PackedB(bool tb, int64_t K, int64_t N, const float* B, int64_t ldb)
+        : tb_(tb), K_(K), N_(N), B_(B), ldb_(ldb),
+          n_pad_((N + gemm_detail::NR - 1) / gemm_detail::NR * gemm_detail::NR) {
+        gemm_detail::check_args(1, N, K, K, K, ldb, tb ? K : N, N);
+    }
+    PackedB(const PackedB&) = delete;
+    PackedB& operator=(const PackedB&) = delete;
+
+    bool tb() const { return tb_; }
+    int64_t K() const { return K_; }
+    int64_t N() const { return N_; }
+    const float* source() const { return B_; }
+    int64_t ldb() const { return ldb_; }
+    int64_t n_pad() const { return n_pad_; }
+    bool is_packed() const { return packed_; }
+
+    // The packed panels, packed now if no product has packed them yet.
+    const float* packed() const {
+        using namespace gemm_detail;
+        if (!packed_) {
+            const Operand b{B_, ldb_, tb_};
+            const int64_t kc_max = even_block(K_, KC, 8);
+            for (int64_t pc = 0; pc < K_; pc += kc_max) {
+                pack_b(b, pc, std::min(kc_max, K_ - pc), 0, N_, storage() + pc * n_pad_);
+            }
+            packed_ = true;
+        }
+        return storage();
+    }
+
+    // Where a product that reads B in place writes the panels (then mark_packed).
+    float* storage() const {
+        if (!data_) data_.emplace(K_ * n_pad_ + 16);
+        return data_->data();
+    }
+    void mark_packed() const { packed_ = true; }
+
+ private:
+    bool tb_;
+    int64_t K_, N_;
+    const float* B_;
+    int64_t ldb_, n_pad_;
+    mutable std::optional<Scratch<float>> data_;
+    mutable bool packed_ = false;
+};
+
+// C[M,N] = op(A) @ B for a PackedB B (K and N are B's), then epi as above.
+template <class Epilogue = NoEpilogue>
+void gemm(bool ta, int64_t M, const float* A, int64_t lda, const PackedB& B,
+          float* C, int64_t ldc, const Epilogue& epi = Epilogue()) {
+    using namespace gemm_detail;
+    const int64_t N = B.N(), K = B.K();
+    const bool stream = DG_GEMM_SIMD && !B.tb() && M <= kStreamMaxRows;
+    // Up to MR rows (one row panel), gemm reads row-major B in place without any
+    // copy: cheaper than packing unless B is packed already.
+    const bool one_panel = !B.tb() && M <= MR && !B.is_packed();
+    if (M <= 0 || N == 0 || K == 0 || stream || one_panel) {
+        gemm(ta, B.tb(), M, N, K, A, lda, B.source(), B.ldb(), C, ldc, epi);
+        return;
+    }
+    check_args(M, N, K, lda, ta ? M : K, N, N, ldc);
+    const Operand a{A, lda, ta};
+    const double flops = 2.0 * double(M) * double(N) * double(K);
+    const int threads = threads_for(flops < 1e18 ? int64_t(flops) : int64_t(1e18));
+    const Grid grid = choose_grid(M, N, threads);
+    Operand b{B.source(), B.ldb(), B.tb()};
+    b.n_pad = B.n_pad();
+    // Pack while multiplying where gemm_part reads B in place and each thread
+    // owns its columns (so each panel is written once); else pack first.
+    const bool pack_while = !B.is_packed() && !B.tb() && M <= kInPlaceBMaxRows && grid.tm == 1;
+    if (pack_while) {
+        b.pack_into = B.storage();
+    } else {
+        b.packed = B.packed();
+    }
+    const int parts = grid.tm * grid.tn;
+    if (parts == 1) {
+        gemm_part(a, b, K, C, ldc, 0, M, 0, N, false, epi);
+        if (pack_while) B.mark_packed();
+        return;
+    }
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(parts) schedule(static, 1)
+#endif
+    for (int part = 0; part < parts; ++part) {
+        const int pi = part / grid.tn, pj = part % grid.tn;
+        gemm_part(a, b, K, C, ldc, part_start(M, MR, grid.tm, pi), part_start(M, MR, grid.tm, pi + 1),
+                  part_start(N, NR, grid.tn, pj), part_start(N, NR, grid.tn, pj + 1), false, epi);
+    }
+    if (pack_while) B.mark_packed();
 }
 
 }  // namespace dg

@@ -9,6 +9,10 @@
 //   float log1p_f(float x)   ln(1 + x)    (log1pf; accurate for tiny |x|)
 //   float tanh_f(float x)    tanh x       (tanhf)
 //   float erf_f(float x)     erf x        (erff; used by gelu)
+//   float max_f(float a, float b), min_f(float a, float b)
+//                            max/min that propagate a NaN in b (relu(NaN)
+//                            is NaN, as in numpy); one vmaxps/vminps, where
+//                            GCC calls libm's fmaxf/fminf out of line
 //
 // Why: GCC cannot vectorize a loop that calls libm's expf/tanhf/... unless
 // -ffast-math is given, which deepgen does not use (NaN and signed-zero
@@ -323,5 +327,9 @@ DG_MATH_INLINE float erf_f(float x) {
     float large = 1.0f - exp_core(-(a_hi * a_hi), -(a_lo * (ac + a_hi))) * q;
     return with_sign_of(select(a < 1.0f, small, large), x);
 }
+
+// a > b ? a : b: one vector max instruction, which returns b when either is NaN.
+inline float max_f(float a, float b) { return a > b ? a : b; }
+inline float min_f(float a, float b) { return a < b ? a : b; }
 
 }  // namespace dg::math

@@ -30,6 +30,18 @@ void matmul(const float* a, const float* b, float* c, int64_t M, int64_t K, int6
     gemm(false, false, M, N, K, a, K, b, N, c, N, epi);
 }
 
+// c[M,N] = a[M,K] @ b for a b packed once before a loop (dg_gemm.h: PackedB).
+template <class Epilogue = NoEpilogue>
+void matmul(const float* a, const PackedB& b, float* c, int64_t M, int64_t K, int64_t N,
+            const Epilogue& epi = Epilogue()) {
+    if (b.K() != K || b.N() != N) {
+        throw std::invalid_argument("dg::matmul: the packed right operand is [" + std::to_string(b.K()) + ", " +
+                                    std::to_string(b.N()) + "], the product needs [" + std::to_string(K) +
+                                    ", " + std::to_string(N) + "]");
+    }
+    gemm(false, M, a, K, b, c, N, epi);
+}
+
 // y[o, i] = sum over l of x[o, l, i].  The innermost loop runs over `inner`,
 // which is contiguous in both x and y.
 inline void reduce_sum(const float* x, float* y,

@@ -17,7 +17,7 @@ struct h_epilogue {
   const float* h_b;
   void operator()(int64_t /*row*/, int64_t col0, float* acc, int64_t n) const {
     for (int64_t j = 0; j < n; ++j) {
-      acc[j] = fmaxf(0.0F, acc[j] + h_b[col0 + j]);
+      acc[j] = dg::math::max_f(0.0F, acc[j] + h_b[col0 + j]);
     }
   }
 };
