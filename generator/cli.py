@@ -109,7 +109,8 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--name", help="project and module name (default: the model's name)")
     g.add_argument("--force", action="store_true", help="overwrite files edited since the last generation")
     g.add_argument("-O", dest="opt", default="O2", choices=["O0", "O1", "O2"], type=lambda s: s if s.startswith("O") else "O" + s,
-                   help="optimization level: -O0 none, -O1 SSA passes, -O2 also fusion (default)")
+                   help="optimization level: -O0 none, -O1 SSA passes and constant folding, "
+                        "-O2 also elementwise and GEMM-epilogue fusion (default)")
     g.add_argument("--report", action="store_true", help="print what each optimization pass changed")
     g.set_defaults(func=cmd_generate)
     b = sub.add_parser("build", help="build a generated project and install its Python module")
@@ -131,7 +132,7 @@ def parser() -> argparse.ArgumentParser:
     i = sub.add_parser("ir", help="print a model's graph")
     i.add_argument("model")
     i.add_argument("--grad", action="store_true", help="include the backward pass (gradient nodes)")
-    i.add_argument("--after", help="print the graph after this pass of -O2 (dce, cse, copyprop, fuse, simplify)")
+    i.add_argument("--after", help="print the graph after this pass of -O2 (dce, cse, fold, copyprop, fuse, simplify, epilogue)")
     i.set_defaults(func=cmd_ir)
     return p
 

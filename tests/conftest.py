@@ -69,11 +69,14 @@ class Builds:
             return project
         return cached
 
-    def module(self, graph):
-        """The compiled Python module for `graph` (imported once per session)."""
+    def module(self, graph, opt: str = "O2"):
+        """The compiled Python module for `graph` at optimization level `opt`
+        (imported once per session: give each level its own graph name)."""
         if graph.name in self.built:
             return self.built[graph.name]
-        where = self.project(graph)
+        from generator.codegen.emit import render
+
+        where = self.project(graph, render(graph, opt=opt))
         sys.path.insert(0, str(where / "build"))
         try:
             module = importlib.import_module(graph.name)

@@ -31,6 +31,9 @@ class Kernel:
     kind: str = "loop"
     uses_row: bool = False  # epilogue: whether the body reads the row index
     uses_col: bool = False  # epilogue: whether the body reads the column index
+    # loop: the kernel's work in GEMM-flop equivalents (dg_parallel.h), a C++
+    # expression; the outer loop is split over threads when it is worth it.
+    work: str = ""
 
 
 @dataclass

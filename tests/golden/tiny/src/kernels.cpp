@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "dg_parallel.h"
+
 namespace tiny {
 namespace kernels {}  // namespace kernels
 }  // namespace tiny
