@@ -182,7 +182,8 @@ int run_gemm(char** argv) {
 
 // gemm_packed <ta> <tb> <M> <N> <K> <lda> <ldb> <ldc> <threads>, inputs as for
 // gemm (C's initial values are ignored)  ->  C from dg::gemm with a PackedB of B,
-// then C from the same PackedB used a second and a third time, then C from plain dg::gemm
+// then C from the same PackedB used a second and a third time, then C from plain dg::gemm,
+// then C from the PackedB for the first min(M, 2) rows only
 int run_gemm_packed(char** argv) {
     const bool ta = int_arg(argv, 2) != 0, tb = int_arg(argv, 3) != 0;
     const int64_t M = int_arg(argv, 4), N = int_arg(argv, 5), K = int_arg(argv, 6);
@@ -200,6 +201,11 @@ int run_gemm_packed(char** argv) {
     }
     std::fill(c.begin(), c.end(), -1.0f);
     dg::gemm(ta, tb, M, N, K, a.data(), lda, b.data(), ldb, c.data(), ldc);
+    write(c);
+    // Then a product of the first min(M, 2) rows of op(A) (for ta, A's first
+    // columns: the same lda) with the same PackedB, packed by now where M > MR.
+    std::fill(c.begin(), c.end(), -1.0f);
+    dg::gemm(ta, std::min<int64_t>(M, 2), a.data(), lda, packed, c.data(), ldc);
     write(c);
     return 0;
 }
