@@ -36,6 +36,7 @@ import numpy as np
 import pytest
 
 from conftest import ROOT, _cache_root, load_example
+from module_checks import check_bad_inputs, check_forward, check_init, check_parameter_views, check_save_load, dims_at
 from generator import reference
 from generator.samples import sample_inputs
 
@@ -361,73 +362,25 @@ def example(request):
     return _graph(name, mode), module, where
 
 
-def _dims(graph, size):
-    return {d: size + i for i, d in enumerate(graph.dims)}
-
-
 @pytest.mark.parametrize("size", [1, 2, 7])
 def test_forward_matches_reference(example, size):
-    graph, module, _ = example
-    inputs = sample_inputs(graph, _dims(graph, size), seed=size)
-    want = reference.run(graph, inputs, seed=5)
-    got = module.Model(seed=5).forward(**inputs)
-    assert set(got) == {name for name, _ in graph.outputs}
-    for name in want:
-        assert got[name].shape == want[name].shape and got[name].dtype == want[name].dtype
-        np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-5, err_msg=name)
+    check_forward(*example[:2], size)
 
 
 def test_parameters_match_reference_init_exactly(example):
-    graph, module, _ = example
-    params = module.Model(seed=11).parameters()
-    want = reference.init_params(graph, seed=11)
-    assert list(params) == [p.name for p in graph.params]
-    for name, value in want.items():
-        np.testing.assert_array_equal(params[name], value, err_msg=name)
+    check_init(*example[:2])
 
 
 def test_parameter_views_reach_the_device(example):
-    graph, module, _ = example
-    model = module.Model(seed=0)
-    params = model.parameters()
-    new = {k: (0.3 * np.random.default_rng(1).normal(size=v.shape)).astype(np.float32) for k, v in params.items()}
-    for k, v in new.items():
-        params[k][...] = v
-    inputs = sample_inputs(graph)
-    want = reference.run(graph, inputs, params=new)
-    got = model.forward(**inputs)
-    for name in want:
-        np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-5)
-    del model  # the views keep the model alive
-    assert all(np.isfinite(v).all() for v in params.values())
+    check_parameter_views(*example[:2])
 
 
 def test_save_load_roundtrip(example, tmp_path):
-    graph, module, _ = example
-    a, b = module.Model(seed=1), module.Model(seed=2)
-    a.save(str(tmp_path / "w.npz"))
-    inputs = sample_inputs(graph)
-    b.load(str(tmp_path / "w.npz"))
-    for k, v in a.forward(**inputs).items():
-        np.testing.assert_array_equal(b.forward(**inputs)[k], v)
-    saved = dict(np.load(tmp_path / "w.npz"))
-    first = next(iter(saved))
-    np.savez(tmp_path / "bad.npz", **dict(saved, **{first: np.zeros((1, 2), np.float32)}))
-    with pytest.raises(ValueError, match=f"parameter '{first}' has shape"):
-        b.load(str(tmp_path / "bad.npz"))
+    check_save_load(*example[:2], tmp_path)
 
 
 def test_bad_inputs_are_value_errors(example):
-    graph, module, _ = example
-    model = module.Model()
-    good = sample_inputs(graph)
-    name, value = next(iter(good.items()))
-    with pytest.raises(ValueError, match="expected dtype"):
-        model.forward(**dict(good, **{name: value.astype(np.float16)}))
-    with pytest.raises(ValueError, match=f"input '{name}'"):
-        model.forward(**dict(good, **{name: value[..., None]}))
-    with pytest.raises(ValueError, match=f"missing input '{name}'"):
-        model.forward(**{k: v for k, v in good.items() if k != name})
+    check_bad_inputs(*example[:2])
 
 
 def test_bad_ids_found_on_the_device_are_value_errors(example):
@@ -490,7 +443,7 @@ def test_train_steps_match_reference(example):
     graph, module, _ = example
     if graph.train is None:
         pytest.skip("not trainable")
-    batches = [sample_inputs(graph, _dims(graph, 3 + i), seed=i) for i in range(3)]
+    batches = [sample_inputs(graph, dims_at(graph, 3 + i), seed=i) for i in range(3)]
     model = module.Model(seed=1)
     params = reference.init_params(graph, seed=1)
     state, hyper = {}, dict(graph.train.hyper)
