@@ -10,8 +10,8 @@ from __future__ import annotations
 import sympy
 
 from ..ops import ARGS
-from .plan import Arg, Kernel
 from ..shapes import numel as numel_of
+from .plan import Arg, Kernel
 from .printer import FloatPrinter, size_expr
 
 
