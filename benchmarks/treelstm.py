@@ -44,9 +44,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -55,11 +53,9 @@ from _common import (
     BUSY_LIMIT,
     ROOT,
     build_module,
-    cpu_isa,
-    cpu_name,
     gemm_model,
-    git_state,
     import_module,
+    machine_facts,
     measure,
     set_threads,
 )
@@ -656,23 +652,11 @@ def main() -> None:
                     f"{n['gflops']:9.2f} | {n['gflops'] / g['gflops']:9.1f}"
                 )
 
-    try:
-        import torch
-
-        torch_version = torch.__version__
-    except ImportError:
-        torch_version = None
     probes = [p for r in results for p in r["probe_ms"]]
     env = {
-        "python": sys.version.split()[0],
-        "numpy": np.__version__,
-        "torch": torch_version,
-        "machine": platform.machine(),
-        "cpu": cpu_name(),
-        "cores": os.cpu_count(),
+        **machine_facts(),
         "generated_uses_openmp": any(m["openmp"] for m in modules.values()),
         "compiler": modules[f"treelstm_h{HIDDENS[0]}"]["compiler"],
-        "cpu_isa": cpu_isa(),
         "generated_set_num_threads": all(
             isinstance(r.get("generated_threads"), int) for r in results if r["peer"] == "generated"
         ),
@@ -694,7 +678,6 @@ def main() -> None:
             for r in results
         ],
         "max_abs_diff_root_h": diff,
-        "git": git_state(),
         "quick": args.quick,
         "rounds": rounds,
         "atol": ATOL,
