@@ -15,6 +15,7 @@ import platform
 import re
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -159,6 +160,21 @@ def run_child(script, config: dict, threads: int, label: str) -> dict:
                 flush=True,
             )
     return result
+
+
+def run_rounds(script, config: dict, rounds: int, threads_list, peers, label: str) -> list:
+    """Every (round, thread count, peer) measurement, each in a child of its own
+    (run_child), peers in alternating order from round to round so that drift
+    affects them alike; returns the children's results."""
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for rnd in range(rounds):
+            for threads in threads_list:
+                for peer in peers if rnd % 2 == 0 else peers[::-1]:
+                    out = str(Path(tmp) / f"r{rnd}-t{threads}-{peer}.json")
+                    cfg = dict(config, threads=threads, peer=peer, round=rnd, out=out)
+                    results.append(run_child(Path(script).resolve(), cfg, threads, f"{label} {peer}"))
+    return results
 
 
 def measure(fn, target_s: float, min_reps: int) -> dict:

@@ -39,7 +39,6 @@ import argparse
 import json
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
@@ -50,7 +49,7 @@ from _common import (
     import_module,
     machine_facts,
     measure,
-    run_child,
+    run_rounds,
     set_threads,
 )
 
@@ -184,14 +183,8 @@ def main() -> None:
         "target_s": 0.03 if args.quick else 0.3 / rounds,
         "min_reps": 3 if args.quick else 5,
     }
-    results, t0 = [], time.perf_counter()
-    with tempfile.TemporaryDirectory() as tmp:
-        for rnd in range(rounds):
-            for threads in THREADS:
-                for peer in PEERS if rnd % 2 == 0 else PEERS[::-1]:
-                    out = str(Path(tmp) / f"r{rnd}-t{threads}-{peer}.json")
-                    cfg = dict(config, threads=threads, peer=peer, round=rnd, out=out)
-                    results.append(run_child(Path(__file__).resolve(), cfg, threads, f"gemm {peer}"))
+    t0 = time.perf_counter()
+    results = run_rounds(__file__, config, rounds, THREADS, PEERS, "gemm")
     elapsed = time.perf_counter() - t0
 
     pooled = {}

@@ -32,11 +32,10 @@ import json
 import math
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from _common import ROOT, build_module, import_module, machine_facts, measure, run_child, set_threads
+from _common import ROOT, build_module, import_module, machine_facts, measure, run_rounds, set_threads
 
 BATCHES = (64, 256)
 THREADS = (1, 2)
@@ -174,14 +173,8 @@ def main() -> None:
 
     rounds = 1 if args.quick else 3
     config = {"module": info, "target_s": 0.3 if args.quick else 1.5 / rounds, "min_reps": 5}
-    results, t0 = [], time.perf_counter()
-    with tempfile.TemporaryDirectory() as tmp:
-        for rnd in range(rounds):
-            for threads in THREADS:
-                for peer in PEERS if rnd % 2 == 0 else PEERS[::-1]:
-                    out = str(Path(tmp) / f"r{rnd}-t{threads}-{peer}.json")
-                    cfg = dict(config, threads=threads, peer=peer, round=rnd, out=out)
-                    results.append(run_child(Path(__file__).resolve(), cfg, threads, f"mlp {peer}"))
+    t0 = time.perf_counter()
+    results = run_rounds(__file__, config, rounds, THREADS, PEERS, "mlp")
     elapsed = time.perf_counter() - t0
 
     pooled = {}
