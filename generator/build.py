@@ -26,13 +26,30 @@ _STEPS = [
 ]
 
 
-def build_project(project_dir, echo=print, target_dir=None) -> float:
+def project_name(root: Path) -> str:
+    """The distribution name in a generated project's pyproject.toml."""
+    match = re.search(r'^name = "([A-Za-z_][A-Za-z0-9_]*)"$', (root / "pyproject.toml").read_text(), re.M)
+    if match is None:
+        raise BuildError(f"{root / 'pyproject.toml'}: no project name (is this a deepgen project?)")
+    return match.group(1)
+
+
+def build_project(project_dir, echo=print, target_dir=None, replace_installed: bool = False) -> float:
     """Build and install (into this environment, or into the folder `target_dir`);
-    returns total seconds. Raises BuildError with the compiler's errors."""
-    root = Path(project_dir)
+    returns total seconds. Raises BuildError with the compiler's errors.
+
+    pip is given the project as a file:// URL of its resolved folder, so that a
+    bare folder name is never looked up in a package index as a requirement, and
+    refuses (unless replace_installed) a name that would replace an installed
+    distribution or module (see installed.py)."""
+    from .installed import check_name_free
+
+    root = Path(project_dir).resolve()
     if not (root / "pyproject.toml").is_file() or not (root / "CMakeLists.txt").is_file():
         raise BuildError(f"{project_dir} is not a generated project (no pyproject.toml / CMakeLists.txt)")
-    cmd = [sys.executable, "-m", "pip", "install", "--no-build-isolation", "--no-deps", "-v", str(root)]
+    if target_dir is None:
+        check_name_free(project_name(root), replace_installed, "generate --name")
+    cmd = [sys.executable, "-m", "pip", "install", "--no-build-isolation", "--no-deps", "-v", root.as_uri()]
     if target_dir is not None:
         cmd[5:5] = ["--target", str(target_dir), "--upgrade"]
     echo(f"building {root} with: {' '.join(cmd)}")

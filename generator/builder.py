@@ -9,15 +9,16 @@ returns, values are named after the user's variables (see `_name_values`).
 from __future__ import annotations
 
 import inspect
+import math
 import os
 from types import SimpleNamespace
 
-from .errors import ModelError, ShapeError
+from .errors import DeepgenError, ModelError, ShapeError
 from .ir import DTYPES, Graph, Node, Value
 from .names import NameTable, problem_with
 from .ops import get_op
-from .shapes import fmt_shape, norm_shape
-from .source import Loc, assigned_names, in_return, user_loc
+from .shapes import MAX_PARAM_ELEMENTS, fmt_shape, norm_shape, size_problem
+from .source import Loc, assigned_names, describe_exception, error_site, in_return, user_loc
 
 _ACTIVE: list = []
 
@@ -74,6 +75,15 @@ class Builder:
         for d in shape:
             if isinstance(d, int) and d < 0:
                 raise ModelError(f"dimension {d} in shape {fmt_shape(shape)} is negative", loc, kind)
+        too_large = size_problem(shape)
+        if too_large:
+            raise ModelError(too_large, loc, kind)
+        if kind == "param":
+            count = sum(math.prod(p.shape) for p in self.graph.params) + math.prod(shape)
+            if count > MAX_PARAM_ELEMENTS:
+                raise ModelError(
+                    f"parameter of shape {fmt_shape(shape)} brings the model to {count:.3g} parameters, more than "
+                    f"the limit of 2**36 ({4 * MAX_PARAM_ELEMENTS // 2**30} GiB of float32)", loc, kind)
         for d in shape:
             for sym in sorted(getattr(d, "free_symbols", ()), key=str):
                 if sym not in self.dims:
@@ -137,6 +147,10 @@ class Builder:
             raise ShapeError(str(e), loc, label or op) from None
         node = Node(op, values, attrs, loc=loc)
         hint = label or op
+        for dtype, shape in results:
+            too_large = size_problem(shape)
+            if too_large:
+                raise ShapeError(f"the result's {too_large}", loc, label or op)
         for i, (dtype, shape) in enumerate(results):
             out = Value(f"{hint}" if len(results) == 1 else f"{hint}{i}", dtype, shape, producer=node, loc=loc)
             node.outputs.append(out)
@@ -307,6 +321,11 @@ class ModelDef:
         _ACTIVE.append(builder)
         try:
             result = self.fn()
+        except DeepgenError:
+            raise
+        except (Exception, SystemExit) as e:  # the user's code failed: say where, in one line
+            where, text = error_site(e, self.loc.filename)
+            raise ModelError(f"{where}: {describe_exception(e)} (while building model '{name}'){text}") from e
         finally:
             _ACTIVE.pop()
         builder.graph.loc = self.loc

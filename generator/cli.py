@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
+import traceback
 
 from .errors import DeepgenError
 
@@ -31,8 +33,11 @@ def _graph(args):
 def cmd_generate(args):
     from .codegen.emit import generate
 
+    from .installed import check_name_free
+
     start = time.perf_counter()
     graph = _graph(args)
+    check_name_free(graph.name, args.replace_installed, "--name" if args.name else "--name (the model's name is the default)")
     report = [] if args.report else None
     files = generate(graph, args.output, target=args.target, force=args.force, opt=args.opt, report=report)
     if report is not None:
@@ -41,13 +46,15 @@ def cmd_generate(args):
             print(f"  {name:<10} {before:>5} -> {after:<5}{'  (no change)' if before == after else ''}")
     print(f"generated {graph.name} ({args.target}) in {args.output}: {len(files)} files, "
           f"{time.perf_counter() - start:.2f} s")
-    print(f"next: deepgen build {args.output}   (or: pip install {args.output})")
+    # A bare folder name given to pip is a requirement looked up in the package index: say ./name.
+    shown = args.output if os.sep in args.output or os.path.isabs(args.output) else os.path.join(".", args.output)
+    print(f"next: deepgen build {shown}   (or: pip install {shown})")
 
 
 def cmd_build(args):
     from .build import build_project
 
-    build_project(args.project, target_dir=args.target_dir)
+    build_project(args.project, target_dir=args.target_dir, replace_installed=args.replace_installed)
 
 
 def cmd_check(args):
@@ -112,10 +119,14 @@ def parser() -> argparse.ArgumentParser:
                    help="optimization level: -O0 none, -O1 SSA passes and constant folding, "
                         "-O2 also elementwise and GEMM-epilogue fusion (default)")
     g.add_argument("--report", action="store_true", help="print what each optimization pass changed")
+    g.add_argument("--replace-installed", action="store_true",
+                   help="allow a project name that is an installed distribution or module (building replaces it)")
     g.set_defaults(func=cmd_generate)
     b = sub.add_parser("build", help="build a generated project and install its Python module")
     b.add_argument("project")
     b.add_argument("--target-dir", help="install the module into this folder instead of the environment")
+    b.add_argument("--replace-installed", action="store_true",
+                   help="let the build replace an installed distribution or module of the same name")
     b.set_defaults(func=cmd_build)
     c = sub.add_parser("check", help="check a model's shapes without generating code")
     c.add_argument("model")
@@ -134,6 +145,8 @@ def parser() -> argparse.ArgumentParser:
     i.add_argument("--grad", action="store_true", help="include the backward pass (gradient nodes)")
     i.add_argument("--after", help="print the graph after this pass of -O2 (dce, cse, fold, copyprop, fuse, simplify, epilogue)")
     i.set_defaults(func=cmd_ir)
+    for command in sub.choices.values():
+        command.add_argument("--debug", action="store_true", help="show the Python traceback of an error")
     return p
 
 
@@ -142,7 +155,23 @@ def main(argv=None) -> int:
     try:
         args.func(args)
     except DeepgenError as e:
+        if args.debug:
+            traceback.print_exc()
         print(f"deepgen {args.command}: error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"deepgen {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except OSError as e:  # a file system problem outside deepgen's own checks
+        if args.debug:
+            traceback.print_exc()
+        print(f"deepgen {args.command}: error: {e}", file=sys.stderr)
+        return 1
+    except Exception as e:  # a bug in deepgen: say so in one line, details with --debug
+        if args.debug:
+            traceback.print_exc()
+        print(f"deepgen {args.command}: internal error: {type(e).__name__}: {e} "
+              "(run with --debug for the traceback, and please report it)", file=sys.stderr)
         return 1
     return 0
 

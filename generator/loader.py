@@ -12,6 +12,7 @@ import sys
 
 from .builder import ModelDef
 from .errors import DeepgenError
+from .source import describe_exception, error_site
 
 
 def load_model(spec: str) -> ModelDef:
@@ -30,6 +31,11 @@ def load_model(spec: str) -> ModelDef:
         where = f"{e.filename or path}:{e.lineno}" if e.lineno else (e.filename or path)
         text = f"\n    {e.text.strip()}" if e.text and e.text.strip() else ""
         raise DeepgenError(f"{where}: syntax error: {e.msg}{text}") from None
+    except DeepgenError:
+        raise
+    except (Exception, SystemExit) as e:  # the file's own code failed while it was imported
+        where, text = error_site(e, path)
+        raise DeepgenError(f"{where}: {describe_exception(e)} (while loading {path}){text}") from e
     finally:
         sys.modules.pop(module_name, None)
     models = [v for v in vars(module).values() if isinstance(v, ModelDef)]

@@ -36,6 +36,8 @@ GENERATED_NAMES = frozenset(
     sqrtf cbrtf powf sinf cosf erff erfcf""".split()
 )
 
+MAX_PROJECT_NAME = 100
+
 RESERVED = CPP_KEYWORDS | GENERATED_NAMES | frozenset(keyword.kwlist)
 
 
@@ -63,6 +65,9 @@ def check_project_name(name: str) -> str:
     problem = problem_with(name)
     if problem:
         raise ValueError(f"invalid project name: {problem}")
+    if len(name) > MAX_PROJECT_NAME:
+        raise ValueError(f"invalid project name: {len(name)} characters, more than {MAX_PROJECT_NAME} (it names the "
+                         "module file, folders and a C++ namespace; file systems allow 255 bytes per name)")
     return name
 
 

@@ -39,9 +39,10 @@ def id_limit(graph, value) -> int:
     return min(rows) if rows else limit
 
 
-def sample_inputs(graph, dims: dict | None = None, seed: int = 1) -> dict:
+def sample_inputs(graph, dims: dict | None = None, seed: int = 1, floats: bool = True) -> dict:
     """Inputs for `graph`; a recursive op's trees are a random batch (whose sizes
-    then fix the node and tree counts)."""
+    then fix the node and tree counts). floats=False leaves out the float inputs
+    (only the integer ones, ids and trees, are made)."""
     dims = dict(sample_dims(graph) if dims is None else dims)
     out = {}
     for n in graph.nodes:
@@ -58,7 +59,7 @@ def sample_inputs(graph, dims: dict | None = None, seed: int = 1) -> dict:
                     if not isinstance(d, int):
                         dims[d] = size
     for v in graph.inputs:
-        if v.name in out:
+        if v.name in out or (v.dtype == "float32" and not floats):
             continue
         shape = evaluate(v.shape, dims)
         u = rng.init_uniform(shape, seed, "input:" + v.name, 0.0, 1.0)

@@ -147,3 +147,28 @@ def contiguous_groups(axes) -> list:
         else:
             groups.append((a, a + 1))
     return groups
+
+
+# Limits that keep every size the generated code computes inside int64, and a
+# model's parameters inside what a machine could hold (checked at build time).
+MAX_ELEMENTS = 2**60  # elements of one tensor: its byte count (x8) still fits int64
+MAX_PARAM_ELEMENTS = 2**36  # all parameters together: 256 GiB of float32
+
+
+def size_problem(shape) -> str | None:
+    """Why a tensor of `shape` is too large for the generated code, or None.
+    Multiplied in Python's exact integers (no wrap-around), with every symbolic
+    size at its least value, 1; larger run-time sizes are checked in C++."""
+    smallest = math.prod(_at_least(d) for d in shape)
+    if smallest > MAX_ELEMENTS:
+        least = " even with every symbolic size 1" if any(not isinstance(d, int) for d in shape) else ""
+        return (f"shape {fmt_shape(shape)} has {smallest:.3g} elements{least}, more than the limit of "
+                "2**60 (sizes and byte offsets must fit int64)")
+    return None
+
+
+def _at_least(d) -> int:
+    if isinstance(d, int):
+        return d
+    d = sympy.sympify(d)
+    return max(int(d.subs({s: 1 for s in d.free_symbols})), 0)

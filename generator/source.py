@@ -94,3 +94,27 @@ def _statements(filename: str) -> tuple[ast.stmt, ...]:
     except (SyntaxError, ValueError):
         return ()
     return tuple(n for n in ast.walk(tree) if isinstance(n, ast.stmt))
+
+
+def error_site(exc: BaseException, filename: str) -> tuple:
+    """('file:line', quoted source line) of the innermost traceback entry of `exc` in `filename` (the
+    user's model file), else in any file outside deepgen; `filename` if none."""
+    import traceback
+
+    entries = traceback.extract_tb(exc.__traceback__)
+    target = os.path.abspath(filename)
+    for pick in (lambda f: os.path.abspath(f) == target, lambda f: not os.path.abspath(f).startswith(_PACKAGE_DIR + os.sep)):
+        chosen = [e for e in entries if pick(e.filename)]
+        if chosen:
+            e = chosen[-1]
+            text = f"\n    {e.line.strip()}" if e.line and e.line.strip() else ""
+            return f"{e.filename}:{e.lineno}", text
+    return filename, ""
+
+
+def describe_exception(exc: BaseException) -> str:
+    """One line for an exception the user's code raised."""
+    if isinstance(exc, SystemExit):
+        return f"the model file called sys.exit({exc.code!r})"
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+

@@ -11,6 +11,8 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import math
+import shutil
 import subprocess
 from pathlib import Path
 
@@ -61,10 +63,10 @@ def _clang_format(text: str, filename: str) -> str:
 def _extras(plan, graph):
     """Example inputs for the README and examples/main.cpp: zeros for float inputs,
     and for integer inputs (ids, labels, trees) the valid sample values."""
-    samples = sample_inputs(graph)
+    samples = sample_inputs(graph, floats=False)  # the float inputs' values are not needed here
     dims = dict(sample_dims(graph))
     for v in graph.inputs:
-        for d, size in zip(v.shape, samples[v.name].shape):
+        for d, size in zip(v.shape, samples[v.name].shape if v.name in samples else ()):
             if not isinstance(d, int):
                 dims[d] = size
     example = []
@@ -74,11 +76,11 @@ def _extras(plan, graph):
         dims_text = ", ".join(f"{d}={dims[d]}" for d in graph.dims if d in getattr(v, "shape", ())) or "fixed sizes"
         values = "" if v.dtype == "float32" else ", ".join(str(int(x)) for x in samples[v.name].reshape(-1))
         example.append(
-            {"name": v.name, "ctype": plan.all_inputs[graph.inputs.index(v)].ctype, "size": int(np.prod(shape)),
+            {"name": v.name, "ctype": plan.all_inputs[graph.inputs.index(v)].ctype, "size": math.prod(shape),
              "shape": ", ".join(map(str, shape)), "declared": plan.all_inputs[graph.inputs.index(v)].declared,
              "dims": dims_text, "data": values}
         )
-    count = sum(int(np.prod(p.shape)) for p in graph.params)
+    count = sum(math.prod(p.shape) for p in graph.params)
 
     def call(values):
         return ", ".join(
@@ -93,9 +95,26 @@ def _extras(plan, graph):
     plan.example_train_call = call(graph.inputs)
 
 
-def _expected_npz(graph) -> bytes:
+# Generation runs the numpy reference once to record expected outputs; a model
+# whose parameters and values at the sample sizes need more than this is
+# generated without them (its project's test says so) rather than materialized.
+REFERENCE_BYTES_LIMIT = 512 * 2**20
+
+
+def reference_bytes(graph) -> int:
+    """Bytes of parameters, inputs and values at the sample sizes: roughly what
+    recording the expected outputs holds in memory at once."""
+    dims = sample_dims(graph)
+    values = list(graph.params) + list(graph.inputs) + [v for n in graph.nodes for v in n.outputs]
+    return sum(8 * math.prod(evaluate(v.shape, dims)) for v in values)
+
+
+def _expected_npz(graph) -> bytes | None:
     """Reference outputs for deterministic inputs and the seed-0 parameters (and,
-    for a trainable model, the loss of one train_step and the outputs after it)."""
+    for a trainable model, the loss of one train_step and the outputs after it);
+    None for a model too large to run the reference on at generation time."""
+    if reference_bytes(graph) > REFERENCE_BYTES_LIMIT:
+        return None
     inputs = sample_inputs(graph)
     params = init_params(graph, seed=0)
     outputs = run(graph, inputs, params)
@@ -127,6 +146,8 @@ def render(graph, target_name: str = "cpu", opt: str = "O2", report=None) -> dic
     target = load_target(target_name)
     prepare(graph, opt, report)
     plan = lower(graph, target)
+    expected = _expected_npz(graph)
+    plan.extra["recorded"] = expected is not None
     _extras(plan, graph)
     from ..memory_report import report
 
@@ -146,7 +167,8 @@ def render(graph, target_name: str = "cpu", opt: str = "O2", report=None) -> dic
         files[path] = _clang_format(env.get_template(template).render(p=plan), path).encode()
     test = env.get_template("test_model.py.j2").render(p=plan)
     files["tests/test_model.py"] = black.format_str(test, mode=black.Mode(line_length=110)).encode()
-    files["tests/expected.npz"] = _expected_npz(graph)
+    if expected is not None:
+        files["tests/expected.npz"] = expected
     for path, template in {"CMakeLists.txt": "CMakeLists.txt.j2", "pyproject.toml": "pyproject.toml.j2",
                            "README.md": "README.md.j2"}.items():
         files[path] = env.get_template(template).render(p=plan).encode()
@@ -161,16 +183,50 @@ def _digest(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def _inside(root: Path, rel: str, what: str) -> Path:
+    """root/rel, refused unless it resolves (symlinks included) inside root."""
+    if not isinstance(rel, str) or not rel or "\0" in rel or Path(rel).is_absolute():
+        raise DeepgenError(f"{what}: {rel!r} is not a relative path inside the project")
+    path = root / rel
+    resolved = path.resolve()
+    if root not in resolved.parents:
+        raise DeepgenError(f"{what}: {rel!r} resolves to {resolved}, outside the project {root}; refusing to touch it")
+    return path
+
+
+def read_manifest(root: Path) -> dict | None:
+    """{relative path: sha256} of the last generation into root, None if root
+    has no manifest. Every path must lie inside root: a manifest is data a
+    cloned or shared project brings along, so it is checked before use."""
+    path = _inside(root, MANIFEST, "the manifest")
+    if not path.exists() and not path.is_symlink():
+        return None
+    fix = f"delete {path} to generate afresh (files it listed are then kept), or generate into another folder"
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise DeepgenError(f"{path}: not a readable deepgen manifest ({e}); {fix}") from None
+    files = data.get("files") if isinstance(data, dict) else None
+    if not isinstance(files, dict) or data.get("generator") != "deepgen":
+        raise DeepgenError(f"{path}: not a deepgen manifest (expected {{'generator': 'deepgen', 'files': {{...}}}}); {fix}")
+    for rel, digest in files.items():
+        if not (isinstance(digest, str) and len(digest) == 64 and all(c in "0123456789abcdef" for c in digest)):
+            raise DeepgenError(f"{path}: entry {rel!r} has no sha256 digest; {fix}")
+        _inside(root, rel, f"{path}: entry")
+    return files
+
+
 def write_project(out_dir, files: dict, force: bool = False) -> list:
     """Write `files` under out_dir. Refuses to overwrite files changed since the
-    last generation (or a folder deepgen did not make) unless force is set."""
+    last generation (or a folder deepgen did not make) unless force is set.
+    Touches nothing outside out_dir; a new project that fails half-way is removed."""
     root = Path(out_dir).resolve()
-    manifest_path = root / MANIFEST
-    old = {}
-    if manifest_path.is_file():
-        old = json.loads(manifest_path.read_text()).get("files", {})
-    elif root.exists() and any(root.iterdir()) and not force:
+    if root.exists() and not root.is_dir():
+        raise DeepgenError(f"{out_dir} is a file, not a folder: choose a folder to write the project into")
+    old = read_manifest(root) if root.is_dir() else None
+    if old is None and root.is_dir() and any(root.iterdir()) and not force:
         raise DeepgenError(f"{out_dir} exists and was not made by deepgen; choose another folder or pass --force")
+    old = old or {}
     if not force:
         edited = [p for p, digest in old.items() if (root / p).is_file() and _digest((root / p).read_bytes()) != digest]
         if edited:
@@ -178,23 +234,40 @@ def write_project(out_dir, files: dict, force: bool = False) -> list:
                 f"these generated files in {out_dir} were edited since generation: {', '.join(sorted(edited))}; "
                 "regenerating would lose the edits (pass --force to overwrite, or generate into another folder)"
             )
-    written = []
-    for rel, data in files.items():
-        path = (root / rel).resolve()
-        if root not in path.parents:
-            raise DeepgenError(f"refusing to write {rel}: outside {out_dir}")
-        path.parent.mkdir(parents=True, exist_ok=True)
-        if not path.is_file() or path.read_bytes() != data:
-            path.write_bytes(data)
-        written.append(path)
-    for rel in sorted(set(old) - set(files)):  # generated before, not any more
-        stale = root / rel
-        if stale.is_file():
-            stale.unlink()
-    manifest_path.parent.mkdir(parents=True, exist_ok=True)
-    manifest = {"generator": "deepgen", "files": {rel: _digest(data) for rel, data in files.items()}}
-    manifest_path.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    targets = {rel: _inside(root, rel, "generated file") for rel in files}
+    created = _first_missing(root)
+    try:
+        written = []
+        for rel, data in files.items():
+            path = targets[rel]
+            path.parent.mkdir(parents=True, exist_ok=True)
+            if path.is_symlink():
+                path.unlink()  # replace the link itself, never write through it
+            if not path.is_file() or path.read_bytes() != data:
+                path.write_bytes(data)
+            written.append(path.resolve())
+        for rel in sorted(set(old) - set(files)):  # generated before, not any more
+            stale = root / rel
+            if stale.is_file() or stale.is_symlink():
+                stale.unlink()
+        manifest_path = _inside(root, MANIFEST, "the manifest")
+        manifest_path.parent.mkdir(parents=True, exist_ok=True)
+        manifest = {"generator": "deepgen", "files": {rel: _digest(data) for rel, data in files.items()}}
+        manifest_path.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
+    except OSError as e:
+        if created is not None:  # nothing there was the user's: leave no half-written project
+            shutil.rmtree(created, ignore_errors=True)
+        raise DeepgenError(f"writing the project into {out_dir} failed: {e}"
+                           + ("; nothing was left behind" if created is not None else "")) from None
     return written
+
+
+def _first_missing(path: Path) -> Path | None:
+    """The outermost folder of `path` (itself included) that does not exist yet."""
+    missing = None
+    while not path.exists():
+        missing, path = path, path.parent
+    return missing
 
 
 def generate(graph, out_dir, target: str = "cpu", force: bool = False, opt: str = "O2", report=None) -> list:
