@@ -73,15 +73,17 @@ def build_project(project_dir, echo=print, target_dir=None, replace_installed: b
     return now - start
 
 
-def cmake_build(project, build, jobs: int = 2) -> None:
+def cmake_build(project, build, jobs: int = 2, extra_args=()) -> None:
     """Configure and build a generated project with plain CMake, as a user would
     (Release; Ninja when available; the module for this Python). Used by the tests
-    and the benchmarks; raises BuildError with CMake's output on failure."""
+    and the benchmarks; raises BuildError with CMake's output on failure.
+    `extra_args` go at the end of the configure command (e.g. `-D` settings, which
+    override the defaults above)."""
     import shutil
 
     gen = ["-G", "Ninja"] if shutil.which("ninja") else []
     configure = ["cmake", "-S", str(project), "-B", str(build), *gen, "-DCMAKE_BUILD_TYPE=Release",
-                 f"-DPython_EXECUTABLE={sys.executable}"]
+                 f"-DPython_EXECUTABLE={sys.executable}", *extra_args]
     for cmd in (configure, ["cmake", "--build", str(build), "--parallel", str(jobs)]):
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:

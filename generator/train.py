@@ -79,6 +79,18 @@ class Optimizer:
         return f"{self.kind}(" + ", ".join(f"{k}={v:g}" for k, v in self.hyper) + ")"
 
 
+# The range of each run-time hyperparameter, as the dg_guard.h check that the
+# generated module applies when it is set and at every train_step.
+HYPER_RANGES = {
+    "lr": "require_non_negative",
+    "momentum": "require_non_negative",
+    "beta1": "require_unit_interval",
+    "beta2": "require_unit_interval",
+    "eps": "require_positive",
+    "weight_decay": "require_non_negative",
+}
+
+
 def _positive(name, value, allow_zero=False):
     if not isinstance(value, numbers.Real) or isinstance(value, bool) or value < 0 or (value == 0 and not allow_zero):
         raise ModelError(f"{name} must be a {'non-negative' if allow_zero else 'positive'} number, got {value!r}",

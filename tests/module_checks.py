@@ -93,3 +93,163 @@ def check_bad_inputs(graph, module):
         with pytest.raises(ValueError, match=message) as error:
             model.forward(**inputs)
         assert name in str(error.value) or what == "unknown", what
+
+
+def state_of(model) -> dict:
+    """Everything a Model keeps between calls, copied: parameters, optimizer state, step."""
+    state = {k: np.array(v) for k, v in model.parameters().items()}
+    if hasattr(model, "train_step"):
+        state.update({f"optimizer/{k}": np.array(v) for k, v in model.optimizer_state().items()})
+        state["step"] = model.step
+        state["hyper"] = model.hyperparameters()
+    return state
+
+
+def assert_same_state(before, after):
+    assert before.keys() == after.keys()
+    for k in before:
+        if isinstance(before[k], np.ndarray):
+            np.testing.assert_array_equal(before[k], after[k], err_msg=k)
+        else:
+            assert before[k] == after[k], k
+
+
+def check_load_validates_everything_first(graph, module, tmp_path):
+    """load() refuses, before changing anything: non-float arrays, values beyond
+    float32, non-finite values, unexpected arrays, a bad optimizer/step, .npy and
+    text files; and finds the x.npz that save("x") wrote."""
+    model = module.Model(seed=3)
+    if hasattr(model, "train_step"):  # some optimizer state worth keeping
+        model.train_step(**sample_inputs(graph))
+    model.save(str(tmp_path / "w"))  # numpy adds .npz
+    saved = dict(np.load(tmp_path / "w.npz"))
+    first = next(iter(saved))
+    other = module.Model(seed=4)
+    before = state_of(other)
+    big = saved[first].astype(np.float64)
+    big.flat[0] = 1e300
+    nan = saved[first].copy()
+    nan.flat[-1] = np.nan
+    cases = {
+        "ints": ({first: saved[first].astype(np.int32)}, "expected a float array"),
+        "overflow": ({first: big}, "beyond float32's range"),
+        "nan": ({first: nan}, "non-finite"),
+        "extra": ({"bogus": np.zeros(2, np.float32)}, "unexpected array 'bogus'"),
+    }
+    if "optimizer/step" in saved:
+        cases.update({
+            "fractional step": ({"optimizer/step": np.float64(2.5)}, "whole number"),
+            "negative step": ({"optimizer/step": np.int64(-1)}, ">= 0"),
+            "step array": ({"optimizer/step": np.arange(2)}, "scalar"),
+            "text step": ({"optimizer/step": np.array("one")}, "must be an integer"),
+        })
+        state_key = next(k for k in saved if k.startswith("optimizer/") and k != "optimizer/step")
+        cases["bad state last"] = ({state_key: np.zeros((1,), np.float32)}, "has shape")
+    for what, (change, message) in cases.items():
+        np.savez(tmp_path / "bad.npz", **dict(saved, **change))
+        with pytest.raises(ValueError, match=message):
+            other.load(str(tmp_path / "bad.npz"))
+        assert_same_state(before, state_of(other))
+    np.save(tmp_path / "one.npy", saved[first])
+    with pytest.raises(ValueError, match=r"single array \(\.npy\)"):
+        other.load(str(tmp_path / "one.npy"))
+    (tmp_path / "notes.txt").write_text("not weights\n")
+    with pytest.raises(ValueError, match="not an .npz archive"):
+        other.load(str(tmp_path / "notes.txt"))
+    with pytest.raises(FileNotFoundError, match="nope"):
+        other.load(str(tmp_path / "nope"))
+    assert_same_state(before, state_of(other))
+    other.load(str(tmp_path / "w"))
+    assert_same_state(state_of(model), state_of(other))
+
+
+def check_hyperparameters_are_validated(module):
+    """Setting a hyperparameter out of range is a ValueError that changes nothing."""
+    model = module.Model()
+    before = model.hyperparameters()
+    bad = {"lr": [float("nan"), -0.1, float("inf"), 1e300], "momentum": [-1.0, float("nan")],
+           "beta1": [1.0, -0.5], "beta2": [1.5], "eps": [0.0, -1e-8], "weight_decay": [-1.0, float("inf")]}
+    for name in before:
+        for value in bad[name]:
+            with pytest.raises(ValueError, match=name):
+                setattr(model, name, value)
+    with pytest.raises(ValueError, match="step"):
+        model.step = -1
+    assert model.hyperparameters() == before and model.step == 0
+    model.lr = 0.0  # zero is a valid learning rate
+    assert model.lr == 0.0
+
+
+def check_non_finite_loss_changes_nothing(graph, module):
+    """A train_step whose loss is NaN or inf raises NonFiniteLossError (a
+    ValueError) naming the step, and changes nothing; training then goes on."""
+    model = module.Model(seed=1)
+    inputs = sample_inputs(graph)
+    model.train_step(**inputs)
+    floats = [k for k, v in inputs.items() if v.dtype == np.float32]
+    assert floats, "the check needs a float input"
+    for poison in (np.nan, np.inf):
+        bad = dict(inputs, **{floats[0]: np.full_like(inputs[floats[0]], poison)})
+        before = state_of(model)
+        with pytest.raises(module.NonFiniteLossError, match=r"train_step 2: the loss is (nan|inf); nothing was updated"):
+            model.train_step(**bad)
+        assert_same_state(before, state_of(model))
+    assert issubclass(module.NonFiniteLossError, ValueError)
+    assert np.isfinite(model.train_step(**inputs)) and model.step == 2
+
+
+def check_threads_share_a_model(graph, module, threads=4, steps=100):
+    """One Model, many threads: 4 x 100 train_steps on one batch give bit-identical
+    parameters to 400 sequential steps, and every forward() that overlaps a
+    training loop returns the outputs of some whole number of steps."""
+    import threading
+
+    inputs = sample_inputs(graph)
+    sequential, shared = module.Model(seed=2), module.Model(seed=2)
+    for _ in range(threads * steps):
+        sequential.train_step(**inputs)
+
+    def train():
+        for _ in range(steps):
+            shared.train_step(**inputs)
+
+    workers = [threading.Thread(target=train) for _ in range(threads)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    assert shared.step == threads * steps
+    assert_same_state(state_of(sequential), state_of(shared))
+
+    forward_names = [v.name for v in graph.inputs if v.name in _forward_input_names(graph)]
+    fwd = {k: inputs[k] for k in forward_names}
+    rounds = 40
+    reference_model = module.Model(seed=3)
+    expected = [reference_model.forward(**fwd)]
+    for _ in range(rounds):
+        reference_model.train_step(**inputs)
+        expected.append(reference_model.forward(**fwd))
+    model, seen, done = module.Model(seed=3), [], threading.Event()
+
+    def read():
+        while not done.is_set():
+            seen.append(model.forward(**fwd))
+
+    readers = [threading.Thread(target=read) for _ in range(2)]
+    for r in readers:
+        r.start()
+    for _ in range(rounds):
+        model.train_step(**inputs)
+    done.set()
+    for r in readers:
+        r.join()
+    assert seen, "no forward() overlapped the training loop"
+    for out in seen:
+        assert any(all(np.array_equal(out[k], e[k]) for k in out) for e in expected), "a torn forward()"
+
+
+def _forward_input_names(graph):
+    from generator.autodiff import train_only_inputs
+
+    training_only = {v.name for v in train_only_inputs(graph)} if graph.train is not None else set()
+    return {v.name for v in graph.inputs} - training_only

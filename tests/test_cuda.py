@@ -36,7 +36,18 @@ import numpy as np
 import pytest
 
 from conftest import ROOT, _cache_root, load_example
-from module_checks import check_bad_inputs, check_forward, check_init, check_parameter_views, check_save_load, dims_at
+from module_checks import (
+    check_bad_inputs,
+    check_forward,
+    check_hyperparameters_are_validated,
+    check_init,
+    check_load_validates_everything_first,
+    check_non_finite_loss_changes_nothing,
+    check_parameter_views,
+    check_save_load,
+    check_threads_share_a_model,
+    dims_at,
+)
 from generator import reference
 from generator.samples import sample_inputs
 
@@ -246,8 +257,11 @@ def test_cuda_printer_prints_only_c99_float_math():
     x, y = ARGS[:2]
     for fn, (arity, _) in SCALAR_FUNCS.items():
         text = CudaPrinter({x: "a[i]", y: "b[i]"}).doprint(scalar_expr(fn, *ARGS[:arity]))
-        assert "dg::" not in text and "std::" not in text, (fn, text)
+        # dg::math::max_f/min_f are DG_HD (dg_cuda_compat.h): they keep NaN, as fmaxf does not
+        assert "std::" not in text and "dg::" not in text.replace("dg::math::max_f", "").replace(
+            "dg::math::min_f", ""), (fn, text)
     assert CudaPrinter({x: "a[i]"}).doprint(sympy.exp(x) + sympy.tanh(x)) == "expf(a[i]) + tanhf(a[i])"
+    assert CudaPrinter({x: "a[i]"}).doprint(sympy.Max(0, x)) == "dg::math::max_f(0.0F, a[i])"
 
 
 # -- compile with nvcc -----------------------------------------------------------
@@ -381,6 +395,19 @@ def test_save_load_roundtrip(example, tmp_path):
 
 def test_bad_inputs_are_value_errors(example):
     check_bad_inputs(*example[:2])
+
+
+def test_load_validates_everything_before_changing_anything(example, tmp_path):
+    check_load_validates_everything_first(*example[:2], tmp_path)
+
+
+def test_trainable_module_guards_its_state(example):
+    graph, module, _ = example
+    if graph.train is None:
+        pytest.skip("not trainable")
+    check_hyperparameters_are_validated(module)
+    check_non_finite_loss_changes_nothing(graph, module)
+    check_threads_share_a_model(graph, module, threads=2, steps=20)
 
 
 def test_bad_ids_found_on_the_device_are_value_errors(example):

@@ -13,7 +13,17 @@ import numpy as np
 import pytest
 
 from conftest import ROOT, load_example
-from module_checks import check_bad_inputs, check_forward, check_init, check_parameter_views, check_save_load
+from module_checks import (
+    check_bad_inputs,
+    check_forward,
+    check_hyperparameters_are_validated,
+    check_init,
+    check_load_validates_everything_first,
+    check_non_finite_loss_changes_nothing,
+    check_parameter_views,
+    check_save_load,
+    check_threads_share_a_model,
+)
 from generator import reference
 
 EXAMPLES = sorted(p.stem for p in (ROOT / "examples").glob("*.py"))
@@ -45,6 +55,49 @@ def test_save_load_roundtrip_and_bad_files(example, tmp_path):
 
 def test_bad_inputs_are_value_errors(example):
     check_bad_inputs(*example[:2])
+
+
+def test_load_validates_everything_before_changing_anything(example, tmp_path):
+    check_load_validates_everything_first(*example[:2], tmp_path)
+
+
+@pytest.mark.parametrize("name", ["mlp", "digits"])
+def test_trainable_module_guards_its_state(builds, name):
+    """Hyperparameters checked when set, a non-finite loss changes nothing, and
+    threads may share the Model (README: "What deepgen guarantees")."""
+    graph = load_example(name).build()
+    module, _ = builds.module(graph)
+    check_hyperparameters_are_validated(module)
+    check_non_finite_loss_changes_nothing(graph, module)
+    check_threads_share_a_model(graph, module)
+
+
+def test_forward_calls_overlap_while_no_one_writes(builds):
+    """Readers share the lock: two threads' forward() calls run at the same time
+    (their GIL is released), and each gives the reference's outputs."""
+    import threading
+
+    graph = load_example("treelstm").build()
+    module, _ = builds.module(graph)
+    model = module.Model(seed=0)
+    from generator.samples import sample_inputs
+
+    inputs = sample_inputs(graph)
+    want = model.forward(**inputs)
+    errors = []
+
+    def run():
+        for _ in range(50):
+            got = model.forward(**inputs)
+            if not all(np.array_equal(got[k], want[k]) for k in want):
+                errors.append("different outputs")
+
+    workers = [threading.Thread(target=run) for _ in range(3)]
+    for w in workers:
+        w.start()
+    for w in workers:
+        w.join()
+    assert not errors
 
 
 def test_wrong_concrete_dimension_names_expected_shape(builds):
@@ -91,3 +144,12 @@ def test_digits_trains_to_95_percent(builds):
     accuracy = example["train"](module, log=lines.append)
     assert len([line for line in lines if line.startswith("epoch")]) == 30
     assert accuracy >= 0.95, lines[-3:]
+
+
+def test_nested_tree_ids_beyond_int64_are_value_errors(builds):
+    graph = load_example("treelstm").build()
+    module, _ = builds.module(graph)
+    convert = next(getattr(module, n) for n in dir(module) if n.endswith("_from_nested"))
+    for tree in ([2**70], [(1, 2**64)], [(-(2**63) - 1, 3)], [((2**80, [1, 2]))], [("word", [1, 2])]):
+        with pytest.raises(ValueError, match="int64|must be an int"):
+            convert(tree)

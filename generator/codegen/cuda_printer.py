@@ -19,13 +19,16 @@ from sympy.printing.c import C99CodePrinter
 from .printer import FloatPrinter
 
 
-class CudaPrinter(FloatPrinter):
-    """Single-precision C99 math, valid in CUDA device and host code."""
+# Every C99 method (math functions, Abs, INFINITY/NAN) wins over a host-specific
+# override in FloatPrinter, except Max/Min: FloatPrinter's dg::math::max_f keeps
+# a NaN operand, where C99's fmaxf drops it (dg_cuda_compat.h defines max_f for
+# both sides).
+_KEEP = ("_print_Max", "_print_Min")
+_C99 = {name: method for name, method in vars(C99CodePrinter).items()
+        if name.startswith("_print_") and name not in _KEEP}
 
-
-# The C99 printer's own methods (math functions, Max/Min/Abs, INFINITY/NAN) win
-# over any host-specific override in FloatPrinter.
-for _name, _method in vars(C99CodePrinter).items():
-    if _name.startswith("_print_"):
-        setattr(CudaPrinter, _name, _method)
-del _name, _method
+CudaPrinter = type(
+    "CudaPrinter",
+    (FloatPrinter,),
+    {**_C99, "__doc__": "Single-precision C99 math, valid in CUDA device and host code.", "__module__": __name__},
+)

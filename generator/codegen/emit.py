@@ -34,8 +34,11 @@ MANIFEST = ".deepgen/manifest.json"
 def _environment(target) -> jinja2.Environment:
     return jinja2.Environment(
         # A target's template folders are searched in order: it overrides only what differs.
+        # The templates root comes last, so a target's template can extend a shared one
+        # by its folder: {% extends "project/bindings.cpp.j2" %}.
         loader=jinja2.ChoiceLoader(
             [jinja2.FileSystemLoader(str(resource_dir("templates") / d)) for d in target.template_dirs]
+            + [jinja2.FileSystemLoader(str(resource_dir("templates")))]
         ),
         undefined=jinja2.StrictUndefined,
         trim_blocks=True,
@@ -164,14 +167,14 @@ def render(graph, target_name: str = "cpu", opt: str = "O2", report=None) -> dic
     }
     files = {}
     for path, template in cpp.items():
-        files[path] = _clang_format(env.get_template(template).render(p=plan), path).encode()
-    test = env.get_template("test_model.py.j2").render(p=plan)
+        files[path] = _clang_format(env.get_template(template).render(p=plan, target=target.names), path).encode()
+    test = env.get_template("test_model.py.j2").render(p=plan, target=target.names)
     files["tests/test_model.py"] = black.format_str(test, mode=black.Mode(line_length=110)).encode()
     if expected is not None:
         files["tests/expected.npz"] = expected
     for path, template in {"CMakeLists.txt": "CMakeLists.txt.j2", "pyproject.toml": "pyproject.toml.j2",
                            "README.md": "README.md.j2"}.items():
-        files[path] = env.get_template(template).render(p=plan).encode()
+        files[path] = env.get_template(template).render(p=plan, target=target.names).encode()
     files[".clang-format"] = (resource_dir("templates") / "project" / "clang-format").read_bytes()
     files[".gitignore"] = (resource_dir("templates") / "project" / "gitignore").read_bytes()
     for header, source in target.runtime_sources().items():

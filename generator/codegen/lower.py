@@ -284,6 +284,9 @@ def _lower_training(ctx, graph, target, dim_index, bound_dims) -> TrainPlan:
         else:
             ctx.statement_at[ready].lines += [f"// {p}: gradient complete and no longer read: update it now", call]
     hyper = [(name, f"{np.float32(value)!r}".replace("np.float32(", "").rstrip(")") + "f") for name, value in spec.hyper]
+    from ..train import HYPER_RANGES
+
+    hyper_checks = [(name, f"dg::{HYPER_RANGES[name]}") for name, _ in spec.hyper]
     return TrainPlan(
         optimizer=opt.describe(),
         kind=opt.kind,
@@ -296,6 +299,7 @@ def _lower_training(ctx, graph, target, dim_index, bound_dims) -> TrainPlan:
         copies=copy_lines,
         updates=updates,
         hyper=hyper,
+        hyper_checks=hyper_checks,
         bias_correction=opt.kind == "adam",
         grads=grads,
         slots=[(p, slot, member, shape) for p, _, shape in grads for slot, member in slots[p]],
@@ -306,6 +310,7 @@ def _plan_memory(ctx, graph, statements, train, bound) -> dict:
     """Decide in-place updates, plan the arena, and write the offsets into the
     lowered statements (they hold @@name@@ placeholders until now)."""
     from ..memory import FLOAT_BYTES, arena_size, lower_bound, plan
+    from .printer import exact_size_expr
 
     buffers = ctx.buffers
     taken = set()
@@ -339,8 +344,12 @@ def _plan_memory(ctx, graph, statements, train, bound) -> dict:
         raise DeepgenError("the training arena depends on sizes only training inputs determine; "
                            "declare them on a forward input too")
     size = ctx.size(forward) if train is None else f"outputs != nullptr ? {ctx.size(forward)} : {ctx.size(everything)}"
+    exact = (exact_size_expr(forward) if train is None
+             else f"outputs != nullptr ? {exact_size_expr(forward)} : {exact_size_expr(everything)}")
     return {
         "arena": size,
+        "arena_exact": exact,  # the same in double, checked before int64 arithmetic could wrap
+        "arena_symbolic": bool(getattr(everything if train is not None else forward, "free_symbols", ())),
         "buffers": ordered,
         "forward_floats": forward,
         "train_floats": everything if train is not None else None,

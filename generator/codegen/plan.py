@@ -91,6 +91,7 @@ class TrainPlan:
     copies: list  # C++ lines copying gradients into the Model's gradient members
     updates: list  # C++ lines: one update kernel call per parameter
     hyper: list  # [(name, C++ float literal default)]
+    hyper_checks: list  # [(name, dg_guard.h range check)], applied when set and by every train_step
     bias_correction: bool  # Adam: c1, c2 computed from the step count
     grads: list  # [(param, gradient member, C++ shape list)]
     slots: list  # [(param, slot, member, C++ shape list)]

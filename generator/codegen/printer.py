@@ -109,7 +109,26 @@ class SizePrinter(C99CodePrinter):
         return text
 
 
+class ExactSizePrinter(SizePrinter):
+    """The same size arithmetic in double: N*784 as (double)N*784.0, so a run-time
+    check can see a size that int64 arithmetic would wrap around."""
+
+    def _print_Symbol(self, expr):
+        return f"static_cast<double>({expr.name})"
+
+    def _print_Integer(self, expr):
+        return f"{int(expr)}.0"
+
+    def _print_Max(self, expr):
+        args = [self._print(a) for a in expr.args]
+        text = args[0]
+        for a in args[1:]:
+            text = f"std::max({text}, {a})"
+        return text
+
+
 _SIZE = SizePrinter()
+_EXACT = ExactSizePrinter()
 
 
 def size_expr(d) -> str:
@@ -120,3 +139,11 @@ def size_expr(d) -> str:
 
 def print_float(expr, loads: dict) -> str:
     return FloatPrinter(loads).doprint(expr)
+
+
+def exact_size_expr(d) -> str:
+    """size_expr in double precision (see ExactSizePrinter)."""
+    if isinstance(d, int):
+        return f"{d}.0"
+    return _EXACT.doprint(sympy.expand(d))
+

@@ -15,6 +15,10 @@ A target is a folder targets/<name>/ with a target.json:
 - `scratch`: the type of per-call buffers no caller keeps (a recursive op's level
   buffers): `dg::Scratch<T>` on the CPU, uninitialized memory reused across
   calls (runtime/dg_arena.h); defaults to `vector`;
+- `names`: what the shared templates call the target's things (`tensor`, the
+  model's tensor type; `host_data`/`host_written`, reading and writing a
+  tensor's host values; `view`, the numpy view maker; `state_lock`, the lock
+  type of dg_guard.h; ...), rendered as `target.<name>`;
 - `packs_weights`: the runtime has `dg::PackedB` and `dg::matmul(a, packed, ...)`,
   so a loop's matmuls by a weight pack it once before the loop.
 """
@@ -46,6 +50,7 @@ class Target:
     scratch_type: str = "std::vector"
     packs_weights: bool = False
     copy_fn: str = "std::copy"
+    names: dict = None  # template-facing names (see the module docstring)
 
     def runtime_sources(self) -> dict:
         """{header name in the project: file it is copied from}."""
@@ -78,6 +83,7 @@ def load_target(name: str) -> Target:
         template_dirs=template_dirs,
         model_ext=conf.get("model_ext", ".cpp"),
         vector_type=conf.get("vector", "std::vector"),
+        names=dict(conf.get("names", {})),
         scratch_type=conf.get("scratch", conf.get("vector", "std::vector")),
         packs_weights=bool(conf.get("packs_weights", False)),
         copy_fn=conf.get("copy", "std::copy"),

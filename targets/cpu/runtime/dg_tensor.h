@@ -13,16 +13,20 @@
 
 namespace dg {
 
-inline int64_t numel(const std::vector<int64_t>& shape) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  return n;
-}
-
 inline std::string shape_str(const std::vector<int64_t>& shape) {
   std::string s = "[";
   for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
   return s + "]";
+}
+
+// The element count of `shape`; a product beyond int64 throws std::length_error
+// (Python: ValueError) instead of wrapping around.
+inline int64_t numel(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (int64_t d : shape)
+    if (__builtin_mul_overflow(n, d, &n))
+      throw std::length_error("a tensor of shape " + shape_str(shape) + " has more elements than int64 can count");
+  return n;
 }
 
 // A read-only view of caller-owned, dense row-major data (an input).

@@ -18,3 +18,15 @@
 #if defined(__CUDACC__) && defined(DG_CUDA_EMULATE)
 #error "DG_CUDA_EMULATE builds the CUDA target for the CPU: compile it with a C++ compiler, not nvcc"
 #endif
+
+namespace dg {
+namespace math {
+
+// max and min that keep a NaN operand (fmaxf/fminf drop it): the printed
+// kernels put the number first (max_f(0, x)), so relu(NaN) is NaN, as in the
+// numpy reference, the CPU target and PyTorch.
+DG_HD inline float max_f(float a, float b) { return a > b ? a : b; }
+DG_HD inline float min_f(float a, float b) { return a < b ? a : b; }
+
+}  // namespace math
+}  // namespace dg

@@ -1,0 +1,87 @@
+// dg_guard.h: what keeps a generated Model's state whole: the lock that lets
+// threads share one Model, the check that a train_step with a non-finite loss
+// changes nothing, the ranges of the hyperparameters, and overflow-checked
+// sizes.
+//
+// Part of the deepgen runtime: hand-written, copied unchanged into every
+// generated project.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <shared_mutex>
+#include <stdexcept>
+#include <string>
+
+namespace dg {
+
+// One Model shared by threads: calls that only read its state (forward, save)
+// hold it for reading and may overlap one another; calls that write it
+// (train_step, load, setting hyperparameters) hold it for writing, alone, so a
+// reader sees the state before or after a write, never halfway.
+class StateLock {
+ public:
+  std::shared_lock<std::shared_mutex> reading() const { return std::shared_lock<std::shared_mutex>(mutex_); }
+  std::unique_lock<std::shared_mutex> writing() const { return std::unique_lock<std::shared_mutex>(mutex_); }
+
+ private:
+  mutable std::shared_mutex mutex_;
+};
+
+// The same interface where calls cannot overlap at all (the CUDA target: a
+// call moves host changes to the device and uses the device's one stream):
+// reading is exclusive too.
+class SerialStateLock {
+ public:
+  std::unique_lock<std::shared_mutex> reading() const { return std::unique_lock<std::shared_mutex>(mutex_); }
+  std::unique_lock<std::shared_mutex> writing() const { return std::unique_lock<std::shared_mutex>(mutex_); }
+
+ private:
+  mutable std::shared_mutex mutex_;
+};
+
+// A train_step whose loss is NaN or infinite: thrown before any gradient,
+// parameter or optimizer state changed (Python: NonFiniteLossError, a ValueError).
+class NonFiniteLoss : public std::domain_error {
+ public:
+  using std::domain_error::domain_error;
+};
+
+inline void require_finite_loss(float loss, int64_t step) {
+  if (std::isfinite(loss)) return;
+  throw NonFiniteLoss("train_step " + std::to_string(step) + ": the loss is " + (std::isnan(loss) ? "nan" : "inf") +
+                      "; nothing was updated (look at the inputs, the labels and the learning rate)");
+}
+
+// Hyperparameter ranges: checked when a value is set and again by every
+// train_step (hand-written code may set them directly).
+inline void require_non_negative(const char* name, double value) {
+  if (!(std::isfinite(value) && value >= 0.0))
+    throw std::invalid_argument(std::string(name) + " must be a finite number >= 0, got " + std::to_string(value));
+}
+
+inline void require_positive(const char* name, double value) {
+  if (!(std::isfinite(value) && value > 0.0))
+    throw std::invalid_argument(std::string(name) + " must be a finite number > 0, got " + std::to_string(value));
+}
+
+inline void require_unit_interval(const char* name, double value) {  // [0, 1)
+  if (!(value >= 0.0 && value < 1.0))
+    throw std::invalid_argument(std::string(name) + " must be in [0, 1), got " + std::to_string(value));
+}
+
+inline void require_step(int64_t step) {
+  if (step < 0) throw std::invalid_argument("step must be >= 0, got " + std::to_string(step));
+}
+
+// A size computed from the symbolic dims, evaluated in double before the int64
+// arithmetic that allocates it: inputs whose sizes would make it wrap around
+// are refused (Python: ValueError) instead.
+inline void require_size(double elements, const char* what) {
+  if (!(elements < 9.2e18))
+    throw std::length_error(std::string("input sizes too large: ") + what + " would need " + std::to_string(elements) +
+                            " elements, more than int64 can index");
+}
+
+}  // namespace dg
