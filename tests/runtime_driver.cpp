@@ -16,9 +16,11 @@
 #include <string>
 #include <vector>
 
+#include "dg_guard.h"
 #include "dg_ops.h"
 #include "dg_parallel.h"
 #include "dg_rng.h"
+#include "dg_tensor.h"
 
 #ifdef _OPENMP
 #include <omp.h>
@@ -290,6 +292,24 @@ int dispatch(int argc, char** argv) {
     if (op == "copy_axis") return run_copy_axis(argv);
     if (op == "gather_rows_i32") return run_gather<int32_t>(argv);
     if (op == "gather_rows_i64") return run_gather<int64_t>(argv);
+    if (op == "numel") {  // numel <d0> <d1> ...: prints the element count (std::length_error: exit 4)
+        std::vector<int64_t> shape;
+        for (int i = 2; i < argc; ++i) shape.push_back(std::stoll(argv[i]));
+        std::printf("%lld\n", static_cast<long long>(dg::numel(shape)));
+        return 0;
+    }
+    if (op == "require_size") {  // require_size <a> <b> <c>: the size a * b * c, checked in double
+        const double exact = std::stod(argv[2]) * std::stod(argv[3]) * std::stod(argv[4]);
+        dg::require_size(exact, "the arena");
+        return 0;
+    }
+    if (op == "finite_loss") {  // finite_loss <float bits> <step>
+        float loss;
+        const uint32_t bits = static_cast<uint32_t>(std::stoul(argv[2]));
+        std::memcpy(&loss, &bits, sizeof loss);
+        dg::require_finite_loss(loss, std::stoll(argv[3]));
+        return 0;
+    }
     if (op.rfind("reduce_", 0) == 0 || op == "softmax" || op == "log_softmax") {
         return run_axis_op(op, argv);
     }
@@ -304,6 +324,12 @@ int main(int argc, char** argv) {
     } catch (const std::invalid_argument& e) {
         std::fprintf(stderr, "%s\n", e.what());
         return 3;
+    } catch (const std::length_error& e) {
+        std::fprintf(stderr, "%s\n", e.what());
+        return 4;
+    } catch (const std::domain_error& e) {
+        std::fprintf(stderr, "%s\n", e.what());
+        return 5;
     } catch (const std::exception& e) {
         std::fprintf(stderr, "driver error: %s\n", e.what());
         return 2;

@@ -41,23 +41,36 @@ def test_output_does_not_depend_on_hash_seed_or_folder(tmp_path):
     assert len(digests) == 1
 
 
-def test_golden_files(update_golden):
-    """The generated `tiny` project, file by file. Refresh with `pytest --update-golden`
+# name in tests/golden -> (model in tests/models/tiny.py, target)
+GOLDENS = {
+    "tiny": ("tiny", "cpu"),  # forward only
+    "tiny_train": ("tiny_train", "cpu"),  # train_step: loss, backward, updates
+    "tiny_tree": ("tiny_tree", "cpu"),  # a recursive model's level loop
+    "tiny_cuda": ("tiny_train", "cuda"),  # the CUDA target
+}
+
+
+@pytest.mark.parametrize("golden", sorted(GOLDENS))
+def test_golden_files(update_golden, golden):
+    """Generated projects, file by file. Refresh with `pytest --update-golden`
     after an intended change, and review the diff."""
+    model, target = GOLDENS[golden]
+    folder = ROOT / "tests" / "golden" / golden
+    graph = load_model(f"{TINY}:{model}").build(golden)
     # Runtime headers are copied verbatim (and tested on their own in test_runtime.py).
-    files = {k: v for k, v in render(_tiny()).items() if not k.endswith(".npz") and not k.startswith("runtime/")}
+    files = {k: v for k, v in render(graph, target).items() if not k.endswith(".npz") and not k.startswith("runtime/")}
     if update_golden:
-        for old in GOLDEN.rglob("*"):
+        for old in folder.rglob("*"):
             if old.is_file():
                 old.unlink()
         for rel, data in files.items():
-            (GOLDEN / rel).parent.mkdir(parents=True, exist_ok=True)
-            (GOLDEN / rel).write_bytes(data)
+            (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+            (folder / rel).write_bytes(data)
         pytest.skip("golden files rewritten")
-    expected = {str(p.relative_to(GOLDEN)): p.read_bytes() for p in GOLDEN.rglob("*") if p.is_file()}
+    expected = {str(p.relative_to(folder)): p.read_bytes() for p in folder.rglob("*") if p.is_file()}
     assert sorted(files) == sorted(expected), "file list changed (run pytest --update-golden)"
     for rel in files:
-        assert files[rel] == expected[rel], f"{rel} differs from tests/golden (run pytest --update-golden)"
+        assert files[rel] == expected[rel], f"{rel} differs from tests/golden/{golden} (run pytest --update-golden)"
 
 
 def test_generated_code_names_come_from_the_user():

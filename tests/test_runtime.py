@@ -702,3 +702,29 @@ def test_matmul_tn_and_nt(driver, M, K, N):
     a, b_t = rand(M, K), rand(N, K)
     got = driver("matmul_nt", M, K, N, inputs=[a, b_t]).reshape(M, N)
     np.testing.assert_allclose(got, a.astype(np.float64) @ b_t.T, rtol=1e-5, atol=1e-5 * np.sqrt(K))
+
+
+# --------------------------------------------------------------------------- guards (dg_guard.h)
+
+
+def test_numel_refuses_products_beyond_int64(driver):
+    assert driver.call("numel", 3, 4, 5).stdout.decode().strip() == "60"
+    assert driver.call("numel", 2**31, 2**31).stdout.decode().strip() == str(2**62)
+    proc = driver.call("numel", 2**32, 2**32)
+    assert proc.returncode == 4 and b"more elements than int64" in proc.stderr
+    proc = driver.call("numel", 2**62, 3)
+    assert proc.returncode == 4
+
+
+def test_require_size_refuses_arenas_beyond_int64(driver):
+    assert driver.call("require_size", 2**20, 2**20, 2**20).returncode == 0  # 2**60
+    proc = driver.call("require_size", 2**32, 2**32, 4)
+    assert proc.returncode == 4 and b"input sizes too large: the arena" in proc.stderr
+
+
+@pytest.mark.parametrize("value, word", [(float("nan"), "nan"), (float("inf"), "inf"), (float("-inf"), "inf")])
+def test_non_finite_loss_is_refused_naming_the_step(driver, value, word):
+    proc = driver.call("finite_loss", f32_bits(value), 7)
+    assert proc.returncode == 5
+    assert proc.stderr.decode().startswith(f"train_step 7: the loss is {word}; nothing was updated")
+    assert driver.call("finite_loss", f32_bits(1.5), 7).returncode == 0

@@ -9,7 +9,7 @@
 
 #include <cmath>
 #include <cstdint>
-#include <limits>
+#include <mutex>
 #include <shared_mutex>
 #include <stdexcept>
 #include <string>

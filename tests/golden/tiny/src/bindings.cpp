@@ -10,6 +10,7 @@
 
 #include "tiny/model.h"
 #include "dg_gemm.h"
+#include "dg_guard.h"
 #include "dg_parallel.h"
 #include "dg_pybind.h"
 
@@ -54,36 +55,36 @@ std::vector<std::pair<std::string, dg::Tensor<float>*>> saved_tensors(Model& mod
 
 void save(Model& model, const std::string& path) {
   py::dict arrays;
-  for (auto& [name, tensor] : saved_tensors(model))
-    arrays[name.c_str()] = py::array_t<float>(tensor->shape, tensor->ptr());  // a copy
+  std::vector<std::pair<dg::Tensor<float>*, py::array_t<float>>> copies;
+  for (auto& [name, tensor] : saved_tensors(model)) {
+    copies.emplace_back(tensor, py::array_t<float>(tensor->shape));
+    arrays[name.c_str()] = copies.back().second;
+  }
+  {
+    py::gil_scoped_release release;
+    const auto reading = model.state_lock.reading();  // a consistent state, not one half-way through a step
+    for (auto& [tensor, array] : copies) {
+      const float* from = tensor->ptr();
+      std::copy(from, from + tensor->size(), array.mutable_data());
+    }
+  }
   py::module_::import("numpy").attr("savez")(path, **arrays);
 }
 
-// Checks every array before changing anything, so a bad file leaves the model as it was.
+// Reads and checks every array before changing anything, so a bad file leaves the model as it was.
 void load(Model& model, const std::string& path) {
-  py::object file = py::module_::import("numpy").attr("load")(path);
-  py::list keys = file.attr("files");
-  auto has = [&](const std::string& key) { return keys.attr("__contains__")(key).cast<bool>(); };
-  auto tensors = model.parameters();
-  std::vector<std::pair<dg::Tensor<float>*, py::array_t<float>>> staged;
-  for (auto& [name, tensor] : tensors) {
-    if (!has(name)) throw py::value_error(path + ": missing parameter '" + name + "'");
-    py::array array = file.attr("__getitem__")(name);
-    std::vector<int64_t> shape(array.shape(), array.shape() + array.ndim());
-    if (shape != tensor->shape)
-      throw py::value_error(path + ": parameter '" + name + "' has shape " + dg::shape_str(shape) +
-                            ", expected " + dg::shape_str(tensor->shape));
-    if (array.dtype().kind() != 'f')
-      throw py::value_error(path + ": parameter '" + name + "' is not a float array");
-    staged.emplace_back(tensor, py::array_t<float, py::array::c_style | py::array::forcecast>(array));
+  std::vector<dg::Expected> params;
+  std::vector<dg::Tensor<float>*> targets;
+  for (auto& [name, tensor] : model.parameters()) {
+    params.push_back({name, tensor->shape});
+    targets.push_back(tensor);
   }
-  size_t expected = staged.size();
-  if (py::len(keys) != expected)
-    throw py::value_error(path + ": has " + std::to_string(py::len(keys)) + " arrays, the model expects " +
-                          std::to_string(expected));
-  for (auto& [tensor, array] : staged)
-    std::copy(array.data(), array.data() + tensor->size(), tensor->ptr());
-  file.attr("close")();
+  const dg::StagedLoad staged = dg::stage_npz(path, params, /*optimizer_state=*/{}, /*trainable=*/false);
+  py::gil_scoped_release release;
+  const auto writing = model.state_lock.writing();
+  for (size_t i = 0; i < targets.size(); ++i) {
+    std::copy(staged.arrays[i].data(), staged.arrays[i].data() + targets[i]->size(), targets[i]->ptr());
+  }
 }
 
 }  // namespace
@@ -118,14 +119,16 @@ PYBIND11_MODULE(tiny, m) {
       .def("forward", &forward, "forward(**inputs) -> dict of output name -> numpy array")
       .def(
           "parameters", [](py::object self) { return views(self, self.cast<Model&>().parameters()); },
-          "dict of parameter name -> writable numpy view of the model's memory")
+          "dict of parameter name -> writable numpy view of the model's memory (writes through it are not "
+          "synchronized: make them while no other thread calls the model)")
       .def(
           "memory_stats",
           [](const Model& m) {
             py::dict stats;
-            stats["peak_bytes"] = m.memory.peak_bytes;
-            stats["predicted_peak_bytes"] = m.memory.predicted_peak_bytes;
-            stats["calls"] = m.memory.calls;
+            const dg::MemoryStats::Reading last = m.memory.read();
+            stats["peak_bytes"] = last.peak_bytes;
+            stats["predicted_peak_bytes"] = last.predicted_peak_bytes;
+            stats["calls"] = last.calls;
             return stats;
           },
           "arena bytes of the last call: measured high-water mark and the plan's prediction")

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "dg_arena.h"
+#include "dg_guard.h"
 #include "dg_ops.h"
 #include "dg_rng.h"
 #include "dg_tree.h"
@@ -36,6 +37,7 @@ std::vector<std::pair<std::string, dg::Tensor<float>*>> Model::parameters() {
 }
 
 Outputs Model::forward(const Inputs& inputs) const {
+  const auto reading = state_lock.reading();
   // Check every input's shape and read the symbolic sizes off them.
   dg::ShapeChecker check(1);
   check.input("x", inputs.x.shape, 2, "[N, 3]", inputs.x.data != nullptr);
@@ -44,6 +46,7 @@ Outputs Model::forward(const Inputs& inputs) const {
   const int64_t N = check.dim(0);
   const float* x = inputs.x.data;
   // Every intermediate lives in this arena, at an offset planned by deepgen (see README.md).
+  dg::require_size(4.0 * static_cast<double>(N), "the arena");
   dg::Arena arena(4 * N);
 
   // tiny.py:11  h = dg.dense(x, 4, act=dg.relu)

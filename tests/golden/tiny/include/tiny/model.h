@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "dg_arena.h"
+#include "dg_guard.h"
 #include "dg_tensor.h"
 
 namespace tiny {
@@ -28,7 +29,8 @@ class Model {
   explicit Model(uint64_t seed = 0);
 
   // Runs the network. Symbolic sizes (N) are read off the inputs;
-  // a wrong shape throws std::invalid_argument naming the input.
+  // a wrong shape throws std::invalid_argument naming the input. Calls from
+  // several threads may overlap (see state_lock).
   Outputs forward(const Inputs& inputs) const;
 
   // Every parameter by name, in declaration order.
@@ -36,6 +38,13 @@ class Model {
 
   // The last call's arena: planned size and measured high-water mark.
   mutable dg::MemoryStats memory;
+
+  // Sharing one Model between threads: forward() holds this for reading, so
+  // forward() calls overlap one another; train_step() holds it for writing, and
+  // so must anything else that changes the model (the Python module's load()
+  // and hyperparameter setters do). Hand-written code that writes parameters
+  // while other threads call forward() takes state_lock.writing() first.
+  dg::StateLock state_lock;
 
   // Parameters: public, so hand-written code can read or set them.
   dg::Tensor<float> h_w{std::vector<int64_t>{3, 4}};  // [3, 4]

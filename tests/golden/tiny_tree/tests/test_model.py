@@ -1,0 +1,32 @@
+"""Checks this build of tiny_tree against outputs that deepgen's numpy reference
+computed at generation time (tests/expected.npz): same seed, same inputs.
+
+Run after building: `pip install . && python -m pytest tests`."""
+
+from pathlib import Path
+
+import numpy as np
+
+import tiny_tree
+
+EXPECTED = Path(__file__).with_name("expected.npz")
+
+
+def test_forward_matches_reference():
+    data = np.load(EXPECTED)
+    inputs = {key[len("input/") :]: data[key] for key in data.files if key.startswith("input/")}
+    outputs = tiny_tree.Model(seed=0).forward(**inputs)
+    np.testing.assert_allclose(outputs["root_h"], data["output/root_h"], rtol=1e-4, atol=1e-5)
+
+
+def test_wrong_shape_is_a_value_error():
+    data = np.load(EXPECTED)
+    inputs = {key[len("input/") :]: data[key] for key in data.files if key.startswith("input/")}
+    name = "trees_children"
+    inputs[name] = np.zeros(inputs[name].shape + (2,), inputs[name].dtype)
+    try:
+        tiny_tree.Model(seed=0).forward(**inputs)
+    except ValueError as e:
+        assert name in str(e)
+    else:
+        raise AssertionError("a wrong shape was accepted")
