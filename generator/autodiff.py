@@ -44,7 +44,7 @@ class GradBuilder:
             name = self.graph.names.unique(hint if len(results) == 1 else f"{hint}_{i}")
             node.outputs.append(Value(name, dtype, shape, producer=node, loc=self.loc))
         self.nodes.append(node)
-        return node.outputs if len(results) > 1 or op == "slice" else node.outputs[0]
+        return node.outputs if len(results) > 1 or opdef.multi_output else node.outputs[0]
 
     def ewise(self, fn, expr, operands, shape, hint):
         """An elementwise node computing `expr` over `operands` (symbol ARGS[i] is
@@ -124,7 +124,7 @@ def differentiate(graph, loss: Value, wrt: list) -> dict:
             raise ModelError(f"'{node.op}' has no gradient rule", node.loc, node.op)
         gb.loc = node.loc
         gouts = [grads.get(id(v)) for v in node.outputs]
-        if any(g is None for g in gouts) and node.op != "slice":
+        if any(g is None for g in gouts) and not opdef.multi_output:
             gouts = [g if g is not None else gb.fill(v.shape, 0.0) for g, v in zip(gouts, node.outputs)]
         for v, g in zip(node.inputs, opdef.grad(node, gouts, gb)):
             if g is None or id(v) not in reaches:

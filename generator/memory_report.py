@@ -16,6 +16,7 @@ import zlib
 import sympy
 
 from .errors import DeepgenError
+from .ops import get_op
 from .shapes import fmt_shape, numel
 
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
@@ -117,9 +118,9 @@ def report(graph, plan, batch: int = 32, dims: dict | None = None, budget: int |
     ]
     if m.train:
         lines.append(f"forward() arena          = {m.forward_arena} bytes = {m.at(m.forward_arena, values):,}")
-    if any(n.op == "recurse" for n in graph.nodes):
-        lines.append("recursive ops also use per-batch workspace sized by the tree schedule at run time "
-                     "(level buffers, states in schedule order); it is not in the arena")
+    for note in dict.fromkeys(get_op(n.op).memory_note for n in graph.nodes):
+        if note:
+            lines.append(note)
     if budget is not None:
         batch_dim = graph.dims[0] if graph.dims else None
         if batch_dim is None:

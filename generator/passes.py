@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import sympy
 
-from .ops import ARGS
+from .ops import ARGS, get_op
 
 LEVELS = {
     "O0": [],
@@ -32,10 +32,7 @@ def _regions(graph):
         keep |= {id(g) for g in graph.train.grads.values()}
     yield graph.nodes, keep
     for node in graph.nodes:
-        if node.op == "recurse":
-            spec = node.attrs["spec"]
-            for cell in (spec.leaf, spec.internal):
-                yield cell.nodes, {id(v) for v in cell.outputs}
+        yield from get_op(node.op).regions(node)
 
 
 def _uses(nodes) -> dict:
@@ -47,22 +44,15 @@ def _uses(nodes) -> dict:
 
 
 def _replace(graph, old, new):
-    """Every read of `old` reads `new` instead (nodes, cells, outputs, training)."""
-    for nodes, _ in list(_regions(graph)):
-        for node in nodes:
-            node.inputs = [new if v is old else v for v in node.inputs]
+    """Every read of `old` reads `new` instead (nodes, sub-graphs, outputs, training)."""
+    for node in graph.nodes:
+        node.inputs = [new if v is old else v for v in node.inputs]
+        get_op(node.op).replace(node, old, new)
     graph.outputs = [(name, new if v is old else v) for name, v in graph.outputs]
     if graph.train is not None:
         if graph.train.loss is old:
             graph.train.loss = new
         graph.train.grads = {p: new if g is old else g for p, g in graph.train.grads.items()}
-    for node in graph.nodes:
-        if node.op == "recurse":
-            spec = node.attrs["spec"]
-            spec.free = [new if v is old else v for v in spec.free]
-            for cell in (spec.leaf, spec.internal):
-                cell.outputs = [new if v is old else v for v in cell.outputs]
-                cell.free = [new if v is old else v for v in cell.free]
 
 
 def dce(graph):
@@ -89,7 +79,7 @@ def cse(graph):
     for nodes, keep in list(_regions(graph)):
         seen, kept = {}, []
         for node in nodes:
-            if node.op == "recurse":
+            if not get_op(node.op).cse:
                 kept.append(node)
                 continue
             key = _key(node)
@@ -104,14 +94,14 @@ def cse(graph):
 
 
 def copyprop(graph):
-    """An elementwise node that only copies its operand (x * 1, x + 0) is removed."""
+    """A node that only copies its operand (x * 1, x + 0: OpDef.copy_of) is removed."""
     for nodes, keep in list(_regions(graph)):
         kept = []
         for node in nodes:
-            if (node.op == "ewise" and len(node.inputs) == 1 and sympy.simplify(node.attrs["expr"] - ARGS[0]) == 0
-                    and tuple(node.inputs[0].shape) == tuple(node.outputs[0].shape)
+            source = get_op(node.op).copy_of(node)
+            if (source is not None and tuple(source.shape) == tuple(node.outputs[0].shape)
                     and not any(id(v) in keep for v in node.outputs)):
-                _replace(graph, node.outputs[0], node.inputs[0])
+                _replace(graph, node.outputs[0], source)
                 continue
             kept.append(node)
         nodes[:] = kept
@@ -119,9 +109,9 @@ def copyprop(graph):
 
 
 def _fill_value(v):
-    """The value of a tensor made by `fill`, else None."""
+    """The one value of a tensor its producer makes constant (OpDef.constant), else None."""
     p = v.producer
-    return p.attrs["value"] if p is not None and p.op == "fill" else None
+    return get_op(p.op).constant(p) if p is not None else None
 
 
 def _to_fill(node, value):
@@ -132,36 +122,18 @@ def _to_fill(node, value):
 
 def fold(graph):
     """Constant folding. Tensors of one value (`fill`: the zeros and the loss
-    gradient's 1 that autodiff makes) are substituted into the elementwise
-    expressions that read them; an elementwise op left without operands, a
-    reshape/transpose/mean/max of a fill, a static-size sum of one and a matmul
-    by zeros become fills themselves (and dce drops fills nothing reads)."""
-    from .shapes import broadcast, numel
-
+    gradient's 1 that autodiff makes) are offered to each op that reads them
+    (OpDef.fold): elementwise ops substitute them into their expressions; an op
+    whose result is then one value (a reshape of a fill, a matmul by zeros, an
+    expression left without operands) becomes a fill itself, and dce drops fills
+    nothing reads."""
     for nodes, _ in list(_regions(graph)):
         for node in nodes:
             consts = [_fill_value(v) for v in node.inputs]
-            if node.op == "ewise" and any(c is not None for c in consts):
-                keep = [v for v, c in zip(node.inputs, consts) if c is None]
-                values = {ARGS[k]: sympy.Float(c) for k, c in enumerate(consts) if c is not None}
-                expr = node.attrs["expr"].xreplace(values).xreplace(
-                    {ARGS[node.inputs.index(v)]: ARGS[j] for j, v in enumerate(keep)})
-                out = node.outputs[0]
-                if not keep and expr.is_number:
-                    _to_fill(node, expr)
-                    continue
-                attrs = {**node.attrs, "expr": expr}  # with no operands left: a function of the sizes (1/N)
-                if not keep or tuple(broadcast([v.shape for v in keep])) != tuple(out.shape):
-                    attrs["shape"] = tuple(out.shape)
-                node.inputs, node.attrs = keep, attrs
-            elif node.op in ("reshape", "transpose", "mean", "max") and consts and consts[0] is not None:
-                _to_fill(node, consts[0])
-            elif node.op == "sum" and consts and consts[0] is not None:
-                count = sympy.sympify(numel(node.inputs[0].shape)) / sympy.sympify(numel(node.outputs[0].shape))
-                if count.is_number:
-                    _to_fill(node, consts[0] * float(count))
-            elif node.op == "matmul" and "epilogue" not in node.attrs and 0.0 in consts[:2]:
-                _to_fill(node, 0.0)
+            if any(c is not None for c in consts):
+                value = get_op(node.op).fold(node, consts)
+                if value is not None:
+                    _to_fill(node, value)
     return graph
 
 

@@ -78,6 +78,7 @@ class RecurseSpec:
     leaf: Cell
     internal: Cell
     free: list  # outer values either cell reads, in the order they are node inputs
+    batch: str = ""  # the name given to dg.trees (its inputs are <batch>_children, ...)
 
 
 def _placeholder(builder, base, dtype, shape):
@@ -147,7 +148,8 @@ def recurse(trees: Trees, leaf, internal, names=None):
     leaf_cell.free, internal_cell.free = _free_values(leaf_cell), _free_values(internal_cell)
     free = list(leaf_cell.free)
     free += [v for v in internal_cell.free if all(v is not f for f in free)]
-    spec = RecurseSpec(trees.arity, trees.dag, rows, list(zip(names, shapes)), leaf_cell, internal_cell, free)
+    spec = RecurseSpec(trees.arity, trees.dag, rows, list(zip(names, shapes)), leaf_cell, internal_cell, free,
+                       trees.name)
     outs = b.add("recurse", [trees.children, trees.words, trees.roots] + [Tensor(v) for v in free], {"spec": spec})
     return outs[0] if len(outs) == 1 else tuple(outs)
 

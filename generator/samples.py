@@ -26,38 +26,32 @@ def sample_dims(graph, start: int = 2) -> dict:
 
 
 def id_limit(graph, value) -> int:
-    """Ids for `value` must index every table it gathers from (labels: every class count)."""
-    limit = 10
-    rows = [n.inputs[0].shape[0] for n in graph.nodes if n.op == "gather" and n.inputs[1] is value]
-    for n in graph.nodes:  # word ids of a recursive op index the tables its cells gather from
-        if n.op == "recurse" and n.inputs[1] is value:
-            spec = n.attrs["spec"]
-            for cell in (spec.leaf, spec.internal):
-                rows += [m.inputs[0].shape[0] for m in cell.nodes if m.op == "gather" and m.inputs[1] is cell.words]
-    rows += [n.inputs[0].shape[1] for n in graph.nodes if n.op == "softmax_xent" and n.inputs[1] is value]
-    rows = [r for r in rows if isinstance(r, int)]
-    return min(rows) if rows else limit
+    """Ids for `value` must index every table it gathers from (labels: every class
+    count): the least limit any node states for it (OpDef.id_limit), else 10."""
+    from .ops import get_op
+
+    limits = [get_op(n.op).id_limit(n, value) for n in graph.nodes]
+    limits = [x for x in limits if x is not None]
+    return min(limits) if limits else 10
 
 
 def sample_inputs(graph, dims: dict | None = None, seed: int = 1, floats: bool = True) -> dict:
     """Inputs for `graph`; a recursive op's trees are a random batch (whose sizes
     then fix the node and tree counts). floats=False leaves out the float inputs
     (only the integer ones, ids and trees, are made)."""
+    from .ops import get_op
+
     dims = dict(sample_dims(graph) if dims is None else dims)
     out = {}
-    for n in graph.nodes:
-        if n.op == "recurse" and n.inputs[0].name not in out:
-            from .treebatch import random_batch
-
-            spec = n.attrs["spec"]
-            count = dims.get(n.inputs[2].shape[0], 2) if not isinstance(n.inputs[2].shape[0], int) else n.inputs[2].shape[0]
-            batch = random_batch(np.random.default_rng(seed), count, spec.arity, id_limit(graph, n.inputs[1]),
-                                 dag=spec.dag)
-            for v, key in zip(n.inputs[:3], ("children", "words", "roots")):
-                out[v.name] = batch[key]
-                for d, size in zip(v.shape, batch[key].shape):
-                    if not isinstance(d, int):
-                        dims[d] = size
+    for n in graph.nodes:  # inputs an op makes together (a batch of trees) come first
+        made = get_op(n.op).sample_inputs(n, np.random.default_rng(seed), dims, graph)
+        if any(name in out for name in made):  # another node made them already
+            continue
+        out.update(made)
+        for v in n.inputs:
+            for d, size in zip(v.shape, made[v.name].shape if v.name in made else ()):
+                if not isinstance(d, int):
+                    dims[d] = size
     for v in graph.inputs:
         if v.name in out or (v.dtype == "float32" and not floats):
             continue

@@ -100,7 +100,7 @@ class LowerCtx:
 
     def claim_output(self, v) -> bool:
         """Whether the node producing v can write it straight into a given buffer."""
-        return v.producer is not None and v.producer.op != "reshape" and id(v) not in self.expr
+        return v.producer is not None and not get_op(v.producer.op).view and id(v) not in self.expr
 
     def lower_nodes(self, nodes, subs: dict):
         """Lower a block of nodes (a cell of a recursive op): returns the buffer
@@ -249,7 +249,7 @@ def _lower_training(ctx, graph, target, dim_index, bound_dims) -> TrainPlan:
         g = spec.grads.get(p.name)
         if g is None:
             continue
-        direct = (g.producer is not None and g.producer.phase == "backward" and g.producer.op != "reshape"
+        direct = (g.producer is not None and g.producer.phase == "backward" and not get_op(g.producer.op).view
                   and id(g) not in ctx.expr and sum(x is g for x in spec.grads.values()) == 1)
         member = g.name if direct and g.name == f"d_{p.name}" else graph.names.unique(f"d_{p.name}")
         grads.append((p.name, member, _shape_list(p.shape)))
@@ -316,7 +316,7 @@ def _plan_memory(ctx, graph, statements, train, bound) -> dict:
     taken = set()
     for key, b in buffers.items():
         node = ctx.producer_of[key]
-        if node is None or node.op != "ewise":
+        if node is None or not get_op(node.op).in_place:
             continue
         out = node.outputs[0]
         for u in node.inputs:
@@ -410,9 +410,5 @@ def lower(graph, target) -> ProjectPlan:
         model_ext=target.model_ext,
         train=train,
         memory=memory,
-        trees=[
-            {"arity": n.attrs["spec"].arity, "children": n.inputs[0].name, "words": n.inputs[1].name,
-             "roots": n.inputs[2].name, "function": n.inputs[0].name.removesuffix("_children") + "_from_nested"}
-            for n in graph.nodes if n.op == "recurse"
-        ],
+        trees=[helper for n in graph.nodes for helper in get_op(n.op).helpers(n)],
     )

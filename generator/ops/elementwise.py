@@ -37,6 +37,7 @@ def _expr_text(node):
 @register
 class Elementwise(OpDef):
     name = "ewise"
+    in_place = True
 
     def infer(self, inputs, attrs):
         require_float(inputs)
@@ -66,6 +67,27 @@ class Elementwise(OpDef):
 
     def lower(self, node, ctx):
         return [ctx.call_kernel(node)]
+
+    def copy_of(self, node):
+        if len(node.inputs) == 1 and sympy.simplify(node.attrs["expr"] - ARGS[0]) == 0:
+            return node.inputs[0]
+        return None
+
+    def fold(self, node, consts):
+        """Constant operands become numbers in the expression (in place); the value
+        when none is left and the expression is a number."""
+        keep = [v for v, c in zip(node.inputs, consts) if c is None]
+        values = {ARGS[k]: sympy.Float(c) for k, c in enumerate(consts) if c is not None}
+        expr = node.attrs["expr"].xreplace(values).xreplace(
+            {ARGS[node.inputs.index(v)]: ARGS[j] for j, v in enumerate(keep)})
+        out = node.outputs[0]
+        if not keep and expr.is_number:
+            return expr
+        attrs = {**node.attrs, "expr": expr}  # with no operands left: a function of the sizes (1/N)
+        if not keep or tuple(broadcast([v.shape for v in keep])) != tuple(out.shape):
+            attrs["shape"] = tuple(out.shape)
+        node.inputs, node.attrs = keep, attrs
+        return None
 
     def describe(self, node):
         """`relu(h)` for a plain call of a named function, else the expression too."""

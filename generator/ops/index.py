@@ -16,6 +16,10 @@ class Gather(OpDef):
 
     name = "gather"
 
+    def id_limit(self, node, value):
+        rows = node.inputs[0].shape[0]
+        return rows if node.inputs[1] is value and isinstance(rows, int) else None
+
     def infer(self, inputs, attrs):
         table, ids = inputs
         if table.dtype != "float32" or table.rank < 1:

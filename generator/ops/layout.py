@@ -14,6 +14,10 @@ class Reshape(OpDef):
     """Same elements, new shape. Lowered to an alias: no copy is made."""
 
     name = "reshape"
+    view = True  # the output is the operand's data: lowered to a named pointer
+
+    def fold(self, node, consts):
+        return consts[0]
 
     def infer(self, inputs, attrs):
         (x,) = inputs
@@ -39,6 +43,9 @@ class Reshape(OpDef):
 @register
 class Transpose(OpDef):
     name = "transpose"
+
+    def fold(self, node, consts):
+        return consts[0]
 
     def infer(self, inputs, attrs):
         (x,) = inputs
@@ -131,6 +138,7 @@ class Slice(OpDef):
     `split` is one node with an output per piece. Bounds may be symbolic (N - 1)."""
 
     name = "slice"
+    multi_output = True  # one node makes every piece of a split; unread pieces get no gradient
 
     def infer(self, inputs, attrs):
         (x,) = inputs
@@ -205,6 +213,9 @@ class Fill(OpDef):
     """A tensor of one value (zeros for gradients, the loss gradient's 1)."""
 
     name = "fill"
+
+    def constant(self, node):
+        return node.attrs["value"]
 
     def infer(self, inputs, attrs):
         return [("float32", attrs["shape"])]

@@ -47,6 +47,10 @@ def epilogue_role(v, out_shape):
 class MatMul(OpDef):
     name = "matmul"
 
+    def fold(self, node, consts):
+        """A product by zeros is zeros (unless an epilogue adds to it)."""
+        return 0.0 if "epilogue" not in node.attrs and 0.0 in consts[:2] else None
+
     def infer(self, inputs, attrs):
         a, b = inputs[:2]
         require_float(inputs)

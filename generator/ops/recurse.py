@@ -40,6 +40,47 @@ def _depends_on_children(cell) -> set:
 @register
 class Recurse(OpDef):
     name = "recurse"
+    cse = False  # two recursions are never the same node: each holds its own cells
+    memory_note = ("recursive ops also use per-batch workspace sized by the tree schedule at run time "
+                   "(level buffers, states in schedule order); it is not in the arena")
+
+    def regions(self, node):
+        spec = node.attrs["spec"]
+        return [(cell.nodes, {id(v) for v in cell.outputs}) for cell in (spec.leaf, spec.internal)]
+
+    def replace(self, node, old, new):
+        spec = node.attrs["spec"]
+        spec.free = [new if v is old else v for v in spec.free]
+        for cell in (spec.leaf, spec.internal):
+            for inner in cell.nodes:
+                inner.inputs = [new if v is old else v for v in inner.inputs]
+            cell.outputs = [new if v is old else v for v in cell.outputs]
+            cell.free = [new if v is old else v for v in cell.free]
+
+    def id_limit(self, node, value):
+        """Word ids must index every table the cells gather from by their words."""
+        if node.inputs[1] is not value:
+            return None
+        spec = node.attrs["spec"]
+        limits = [get_op(m.op).id_limit(m, cell.words) for cell in (spec.leaf, spec.internal) for m in cell.nodes]
+        limits = [x for x in limits if x is not None]
+        return min(limits) if limits else None
+
+    def sample_inputs(self, node, rng, dims, graph):
+        """A random batch of trees (its sizes then fix the node and tree counts)."""
+        from ..samples import id_limit
+        from ..treebatch import random_batch
+
+        spec = node.attrs["spec"]
+        roots = node.inputs[2].shape[0]
+        count = roots if isinstance(roots, int) else dims.get(roots, 2)
+        batch = random_batch(rng, count, spec.arity, id_limit(graph, node.inputs[1]), dag=spec.dag)
+        return {v.name: batch[key] for v, key in zip(node.inputs[:3], ("children", "words", "roots"))}
+
+    def helpers(self, node):
+        spec = node.attrs["spec"]
+        return [{"arity": spec.arity, "children": node.inputs[0].name, "words": node.inputs[1].name,
+                 "roots": node.inputs[2].name, "function": f"{spec.batch}_from_nested"}]
 
     def infer(self, inputs, attrs):
         children, words, roots = inputs[:3]

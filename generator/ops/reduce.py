@@ -19,6 +19,16 @@ def _view(shape, start, stop):
 class _Reduce(OpDef):
     kind = ""
 
+    def fold(self, node, consts):
+        """The reduction of a tensor of one value c: c for mean and max, c times the
+        (static) count for sum."""
+        if consts[0] is None:
+            return None
+        if self.kind != "sum":
+            return consts[0]
+        count = sympy.sympify(numel(node.inputs[0].shape)) / sympy.sympify(numel(node.outputs[0].shape))
+        return consts[0] * float(count) if count.is_number else None
+
     def infer(self, inputs, attrs):
         (x,) = inputs
         require_float(inputs)

@@ -9,6 +9,31 @@ pipeline needs to know about it.
               names are the same for every target, only the runtime differs.
 - `describe`  how `deepgen ir` prints the node.
 - `grad`      adjoint rule (added with autodiff; None until then).
+
+What the stages need to know about an op beyond that is a property or hook
+here too, so that a new op needs no edit in the stages:
+
+- `view`          the output is its operand's data under another shape (reshape):
+                  lowering names a pointer instead of writing a buffer.
+- `in_place`      the output may take the buffer of a same-shaped operand that dies
+                  at this node (elementwise ops: each element read before written).
+- `multi_output`  the node returns a list of outputs even when it has one (split),
+                  and its grad rule takes None for an output nothing reads.
+- `cse`           whether common-subexpression elimination may merge two equal nodes.
+- `regions(node)` sub-graphs the node runs (a recursive op's cells): the passes
+                  optimize each, `replace(node, old, new)` renames a value in them.
+- `constant(node)`  the one value of the output of an op that makes a constant
+                  tensor (fill), else None; `copy_of(node)` the operand that an op
+                  which only copies it returns (x * 1), else None.
+- `fold(node, consts)` constant folding: consts[i] is the value of operand i when it
+                  is a `fill`, else None; returns the output's one value, or None.
+- `id_limit(node, value)` for an integer input `value`: the ids the node needs it
+                  to stay below (a table's rows, a class count), or None.
+- `sample_inputs(node, rng, dims)` inputs the node needs made together (a batch of
+                  trees), for recorded outputs and examples; {} by default.
+- `memory_note`   a line the memory report adds for a model that holds the op.
+- `helpers(node)` module functions the bindings generate for it (trees from nested
+                  Python tuples), as plain data.
 """
 
 from __future__ import annotations
@@ -19,6 +44,36 @@ REGISTRY: dict = {}
 class OpDef:
     name = ""
     grad = None
+    view = False
+    in_place = False
+    multi_output = False
+    cse = True
+    memory_note = ""
+
+    def regions(self, node) -> list:
+        """[(nodes, values the region must keep)] of the sub-graphs the node runs."""
+        return []
+
+    def replace(self, node, old, new) -> None:
+        """Every read of `old` in the node's sub-graphs and attrs reads `new`."""
+
+    def fold(self, node, consts):
+        return None
+
+    def constant(self, node):
+        return None
+
+    def copy_of(self, node):
+        return None
+
+    def id_limit(self, node, value):
+        return None
+
+    def sample_inputs(self, node, rng, dims, graph) -> dict:
+        return {}
+
+    def helpers(self, node) -> list:
+        return []
 
     def infer(self, inputs, attrs):
         raise NotImplementedError
