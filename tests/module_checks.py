@@ -75,6 +75,15 @@ def check_save_load(graph, module, tmp_path):
         np.testing.assert_array_equal(b.forward(**inputs)[k], v)
 
 
+def _unaligned(a):
+    """The same values at an address one byte off the dtype's alignment."""
+    raw = np.zeros(a.nbytes + 1, np.uint8)[1:]
+    out = raw.view(a.dtype).reshape(a.shape)
+    out[...] = a
+    assert not out.flags.aligned
+    return out
+
+
 def check_bad_inputs(graph, module):
     """Wrong dtype, rank, layout, names or type: a ValueError naming the input."""
     model = module.Model()
@@ -88,6 +97,7 @@ def check_bad_inputs(graph, module):
         "unknown": (dict(good, bogus=value), "unknown input 'bogus'"),
         "missing": ({k: v for k, v in good.items() if k != name}, f"missing input '{name}'"),
         "not an array": (dict(good, **{name: value.tolist()}), "expected a numpy array"),
+        "unaligned": (dict(good, **{name: _unaligned(value)}), "not aligned"),
     }
     for what, (inputs, message) in cases.items():
         with pytest.raises(ValueError, match=message) as error:

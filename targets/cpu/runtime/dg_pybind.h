@@ -47,12 +47,18 @@ View<T> input_view(const py::kwargs& given, const char* name, const char* declar
     throw py::value_error(std::string("input '") + name + "': expected a numpy array of " + want + " with shape " +
                           declared + ", got " + std::string(py::str(py::type::of(obj).attr("__name__"))));
   auto arr = py::reinterpret_borrow<py::array>(obj);
-  if (!arr.dtype().is(py::dtype::of<T>()))
+  // Equal dtypes, not the same descriptor object: a pickled array or np.longlong
+  // for int64 carries an equivalent descriptor of its own.
+  if (!py::isinstance<py::array_t<T>>(arr))
     throw py::value_error(std::string("input '") + name + "': expected dtype " + want + ", got " +
                           std::string(py::str(arr.dtype())) + " (convert with .astype(np." + want + "))");
   if (!(arr.flags() & py::array::c_style))
     throw py::value_error(std::string("input '") + name +
                           "': the array must be C-contiguous (use np.ascontiguousarray)");
+  if (!(arr.flags() & py::detail::npy_api::NPY_ARRAY_ALIGNED_))  // kernels load whole elements
+    throw py::value_error(std::string("input '") + name +
+                          "': the array's data is not aligned to its dtype (np.require(x, requirements='CA') "
+                          "makes an aligned copy)");
   View<T> v;
   v.data = static_cast<const T*>(arr.data());
   v.shape.assign(arr.shape(), arr.shape() + arr.ndim());
