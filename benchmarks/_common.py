@@ -42,7 +42,8 @@ def build_module(model_def, name: str | None = None, cache: Path = CACHE) -> dic
     """Generate into <cache>/<name>/src and build into <cache>/<name>/build (plain CMake,
     Release); a build whose generated sources (and Python) are unchanged is reused."""
     from generator.build import build_if_changed
-    from generator.codegen.emit import MANIFEST, generate
+    from generator.codegen.emit import MANIFEST
+    from generator.pipeline import generate
 
     graph = model_def.build(name=name) if name else model_def.build()
     folder = cache / graph.name

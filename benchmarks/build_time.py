@@ -4,7 +4,7 @@
 
 For every examples/*.py (--quick: mlp and treelstm only), in a temporary folder:
 
-  generate (API)  generator.loader.load_model + ModelDef.build + codegen.emit.generate
+  generate (API)  generator.loader.load_model + ModelDef.build + pipeline.generate
                   in this process (after one untimed generation, so that one-time
                   imports are not charged to the first example)
   generate (CLI)  `deepgen generate FILE -o DIR` in a fresh Python, as a user runs it
@@ -46,7 +46,7 @@ def timed(cmd, what: str) -> float:
 
 
 def generate_api(path: Path, out: Path) -> tuple[float, str]:
-    from generator.codegen.emit import generate
+    from generator.pipeline import generate
     from generator.loader import load_model
 
     t0 = time.perf_counter()

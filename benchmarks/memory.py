@@ -124,14 +124,15 @@ def build_example(name: str) -> dict:
     """Generate examples/<name>.py into build/bench-memory/<name>/src, build it
     (or reuse the build) and import it. Returns the graph, the lowered plan the
     sources came from, the module and the generated model.cpp."""
-    from generator.codegen.emit import render, write_project
+    from generator.codegen.emit import write_project
+    from generator.pipeline import project_files
     from generator.codegen.lower import lower
     from generator.codegen.targets import load_target
     from generator.loader import load_model
 
     graph = load_model(str(ROOT / "examples" / f"{name}.py")).build()
     t0 = time.perf_counter()
-    files = render(graph)  # runs the generator's passes on graph, as `deepgen generate` does
+    files = project_files(graph)  # runs the generator's passes on graph, as `deepgen generate` does
     plan = lower(graph, load_target("cpu"))  # the plan those sources were rendered from
     folder = CACHE / graph.name
     src, build = folder / "src", folder / "build"

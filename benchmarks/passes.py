@@ -12,7 +12,7 @@ Cases (each example generated twice from the same model file, as modules
             binary trees (generator.treebatch.random_batch, 2..34 leaves per
             tree, 18 on average)
 
-Builds: generator.codegen.emit.generate(graph, dir, opt=...) writes each project
+Builds: generator.pipeline.generate(graph, dir, opt=...) writes each project
 to build/bench-passes/<module>/src; it is built with plain CMake (Release, Ninja
 when available) into build/bench-passes/<module>/build. A build is reused when
 the generated sources (the manifest's hashes) and the Python are unchanged.
@@ -98,7 +98,8 @@ def count_nodes(graph) -> tuple[int, int]:
 def build_example(example: str, level: str) -> dict:
     """Generate examples/<example>.py at `level` as module <example>_<level>,
     build it (or reuse the build) and import it."""
-    from generator.codegen.emit import MANIFEST, generate
+    from generator.codegen.emit import MANIFEST
+    from generator.pipeline import generate
     from generator.codegen.lower import lower
     from generator.codegen.targets import load_target
     from generator.loader import load_model

@@ -51,7 +51,9 @@ def build(hidden: int, emulate: bool = False) -> object:
 
     from _common import import_module
 
-    from generator.codegen.emit import MANIFEST, generate
+    from generator.codegen.emit import MANIFEST
+
+    from generator.pipeline import generate
 
     graph = cpu_bench.treelstm_model(hidden).build(f"treelstm_cuda_h{hidden}")
     folder = CACHE / (graph.name + ("_emulated" if emulate else ""))

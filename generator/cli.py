@@ -31,7 +31,7 @@ def _graph(args):
 
 
 def cmd_generate(args):
-    from .codegen.emit import generate
+    from .pipeline import generate
 
     from .installed import check_name_free
 
@@ -65,7 +65,18 @@ def cmd_check(args):
 
 
 def cmd_ir(args):
+    from . import pipeline
+
     graph = _graph(args)
+    if args.after in ("optimize", "differentiate", "lower"):
+        pipeline.optimize(graph, "O2")
+        if args.after in ("differentiate", "lower"):
+            pipeline.differentiate(graph, "O2")
+        if args.after == "lower":
+            print(pipeline.plan_text(pipeline.lower(graph, "cpu")), end="")
+            return
+        print(graph, end="")
+        return
     if args.after:
         from .passes import optimize
 
@@ -82,14 +93,11 @@ def cmd_ir(args):
 
 
 def cmd_memory(args):
-    from .codegen.lower import lower
-    from .codegen.targets import load_target
     from .memory_report import parse_bytes, plot_png, report
-
-    from .codegen.emit import prepare
+    from .pipeline import lower, prepare
 
     graph = prepare(_graph(args), args.opt)
-    plan = lower(graph, load_target("cpu"))
+    plan = lower(graph, "cpu")
     dims = {}
     for item in args.dim or []:
         name, _, value = item.partition("=")
@@ -143,7 +151,9 @@ def parser() -> argparse.ArgumentParser:
     i = sub.add_parser("ir", help="print a model's graph")
     i.add_argument("model")
     i.add_argument("--grad", action="store_true", help="include the backward pass (gradient nodes)")
-    i.add_argument("--after", help="print the graph after this pass of -O2 (dce, cse, fold, copyprop, fuse, simplify, epilogue)")
+    i.add_argument("--after", help="stop after a stage (optimize, differentiate, lower: the lowered statements, "
+                                   "kernels and arena plan) or after one pass of -O2 (dce, cse, fold, copyprop, fuse, "
+                                   "simplify, epilogue) and print what it made")
     i.set_defaults(func=cmd_ir)
     for command in sub.choices.values():
         command.add_argument("--debug", action="store_true", help="show the Python traceback of an error")

@@ -46,9 +46,10 @@ class Builds:
         self.built = {}
 
     def project(self, graph, files=None) -> Path:
-        from generator.codegen.emit import render, write_project
+        from generator.codegen.emit import write_project
+        from generator.pipeline import project_files
 
-        files = files or render(graph)
+        files = files or project_files(graph)
         digest = hashlib.sha256()
         for rel, data in files.items():
             digest.update(rel.encode() + b"\0" + hashlib.sha256(data).digest())
@@ -74,9 +75,9 @@ class Builds:
         (imported once per session: give each level its own graph name)."""
         if graph.name in self.built:
             return self.built[graph.name]
-        from generator.codegen.emit import render
+        from generator.pipeline import project_files
 
-        where = self.project(graph, render(graph, opt=opt))
+        where = self.project(graph, project_files(graph, opt=opt))
         sys.path.insert(0, str(where / "build"))
         try:
             module = importlib.import_module(graph.name)

@@ -12,7 +12,7 @@ import numpy as np
 
 from conftest import ROOT, cmake_build
 from generator import cli, reference
-from generator.codegen.emit import generate
+from generator.pipeline import generate
 from generator.loader import load_model
 from generator.samples import sample_inputs
 

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
-from generator.codegen.emit import render, write_project
+from generator.codegen.emit import write_project
+from generator.pipeline import project_files
 from generator.errors import DeepgenError
 from generator.loader import load_model
 
@@ -23,13 +24,13 @@ def _tiny():
 
 
 def test_same_model_gives_byte_identical_output():
-    assert render(_tiny()) == render(_tiny())
+    assert project_files(_tiny()) == project_files(_tiny())
 
 
 def test_output_does_not_depend_on_hash_seed_or_folder(tmp_path):
     script = (
-        "import sys, hashlib; from generator.loader import load_model; from generator.codegen.emit import render;"
-        f"files = render(load_model({TINY!r} + ':tiny').build());"
+        "import sys, hashlib; from generator.loader import load_model; from generator.pipeline import project_files;"
+        f"files = project_files(load_model({TINY!r} + ':tiny').build());"
         "print(hashlib.sha256(b''.join(k.encode() + v for k, v in files.items())).hexdigest())"
     )
     digests = set()
@@ -58,7 +59,7 @@ def test_golden_files(update_golden, golden):
     folder = ROOT / "tests" / "golden" / golden
     graph = load_model(f"{TINY}:{model}").build(golden)
     # Runtime headers are copied verbatim (and tested on their own in test_runtime.py).
-    files = {k: v for k, v in render(graph, target).items() if not k.endswith(".npz") and not k.startswith("runtime/")}
+    files = {k: v for k, v in project_files(graph, target).items() if not k.endswith(".npz") and not k.startswith("runtime/")}
     if update_golden:
         for old in folder.rglob("*"):
             if old.is_file():
@@ -74,7 +75,7 @@ def test_golden_files(update_golden, golden):
 
 
 def test_generated_code_names_come_from_the_user():
-    files = render(_tiny())
+    files = project_files(_tiny())
     model = files["src/model.cpp"].decode()
     for name in ("h_w", "h_b", "y_w", "kernels::h_epilogue{h_b.ptr()}"):
         assert name in model
@@ -84,7 +85,7 @@ def test_generated_code_names_come_from_the_user():
     assert "dg::math::max_f(0.0F, acc[j] + h_b[col0 + j])" in files["src/kernels.h"].decode()
     assert "float* h = arena.at(" in model
     # Without fusion the matmul keeps its own buffer, named after the statement it serves.
-    plain = render(_tiny(), opt="O0")
+    plain = project_files(_tiny(), opt="O0")
     assert "float* h_matmul = arena.at(" in plain["src/model.cpp"].decode()
     assert "h_add[4 * i0 + i1] = h_matmul[4 * i0 + i1] + h_b[i1];" in plain["src/kernels.cpp"].decode()
 
@@ -95,7 +96,7 @@ def test_generated_cpp_is_formatted():
     from generator.resources import resource_dir
 
     style = resource_dir("templates") / "project" / "clang-format"
-    for rel, data in render(_tiny()).items():
+    for rel, data in project_files(_tiny()).items():
         if rel.endswith((".cpp", ".h")) and not rel.startswith("runtime/"):
             proc = subprocess.run([clang_format.get_executable("clang-format"), f"--style=file:{style}",
                                    f"--assume-filename={rel}"], input=data, capture_output=True)
@@ -104,7 +105,7 @@ def test_generated_cpp_is_formatted():
 
 def test_regenerating_refuses_to_lose_hand_edits(tmp_path):
     out = tmp_path / "tiny"
-    files = render(_tiny())
+    files = project_files(_tiny())
     write_project(out, files)
     write_project(out, files)  # unchanged: fine
     model_cpp = out / "src" / "model.cpp"
@@ -121,12 +122,12 @@ def test_regenerating_refuses_to_lose_hand_edits(tmp_path):
 def test_refuses_a_folder_deepgen_did_not_make(tmp_path):
     (tmp_path / "mine.txt").write_text("precious")
     with pytest.raises(DeepgenError, match="not made by deepgen"):
-        write_project(tmp_path, render(_tiny()))
+        write_project(tmp_path, project_files(_tiny()))
     assert (tmp_path / "mine.txt").read_text() == "precious"
 
 
 def test_stale_generated_files_are_removed(tmp_path):
-    files = render(_tiny())
+    files = project_files(_tiny())
     write_project(tmp_path / "p", dict(files, **{"src/old.cpp": b"// old\n"}))
     write_project(tmp_path / "p", files)
     assert not (tmp_path / "p" / "src" / "old.cpp").exists()
@@ -144,7 +145,7 @@ def test_user_source_text_cannot_break_out_of_comments(tmp_path):
         "    z = dg.relu(y)\n"
         "    return {'z': z}\n"
     )
-    files = render(load_model(str(model)).build())
+    files = project_files(load_model(str(model)).build())
     text = files["src/model.cpp"].decode()
     for line in text.splitlines():
         if "//" in line:

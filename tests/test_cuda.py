@@ -114,9 +114,9 @@ def _graph(name, mode="compile"):
 
 @functools.lru_cache(maxsize=None)
 def _files(name, mode="compile") -> dict:
-    from generator.codegen.emit import render
+    from generator.pipeline import project_files
 
-    return render(_graph(name, mode), "cuda")
+    return project_files(_graph(name, mode), "cuda")
 
 
 def _digest(files: dict, *extra) -> str:
@@ -241,11 +241,11 @@ def test_generated_cuda_code_uses_device_buffers_and_launches():
 
 
 def test_cuda_output_is_deterministic():
-    from generator.codegen.emit import render
+    from generator.pipeline import project_files
     from generator.loader import load_model
 
     tiny = str(ROOT / "tests" / "models" / "tiny.py") + ":tiny"
-    assert render(load_model(tiny).build(), "cuda") == render(load_model(tiny).build(), "cuda")
+    assert project_files(load_model(tiny).build(), "cuda") == project_files(load_model(tiny).build(), "cuda")
 
 
 def test_cuda_printer_prints_only_c99_float_math():

@@ -19,7 +19,7 @@ EXAMPLES = sorted(p.stem for p in (ROOT / "examples").glob("*.py"))
 
 
 def _memory_plan(graph):
-    from generator.codegen.emit import prepare
+    from generator.pipeline import prepare
 
     return lower(prepare(graph), load_target("cpu")).memory
 
@@ -112,7 +112,7 @@ def test_largest_batch_really_fits():
     from generator.memory_report import MemoryModel
 
     graph = load_example("mlp").build()
-    from generator.codegen.emit import prepare
+    from generator.pipeline import prepare
 
     m = MemoryModel(graph, lower(prepare(graph), load_target("cpu")))
     n = graph.dims[0]
@@ -123,9 +123,9 @@ def test_largest_batch_really_fits():
 
 def test_parameter_updates_are_scheduled_as_soon_as_possible():
     """DeepDSL's rescheduling: each update sits right after its last use in backward."""
-    from generator.codegen.emit import render
+    from generator.pipeline import project_files
 
-    model = render(load_example("mlp").build())["src/model.cpp"].decode()
+    model = project_files(load_example("mlp").build())["src/model.cpp"].decode()
     update = model.index("kernels::momentum_update(logits_w.ptr()")
     assert model.index("dg::matmul_nt(d_logits, logits_w.ptr()") < update  # still read before it changes
     assert update < model.index("gradient of mlp.py:14")  # and before the earlier layers' gradients

@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 import generator as dg
 from conftest import ROOT, load_example
 from generator import reference
-from generator.codegen.emit import prepare
+from generator.pipeline import prepare
 from generator.memory import dominates
 from generator.passes import LEVELS, optimize
 from generator.samples import sample_inputs
@@ -92,12 +92,12 @@ def test_fusion_reduces_kernels_and_buffers():
 
 
 def test_fused_kernel_lists_its_dsl_statements():
-    from generator.codegen.emit import render
+    from generator.pipeline import project_files
 
-    files = render(load_example("mlp").build(), opt="O2")
+    files = project_files(load_example("mlp").build(), opt="O2")
     assert "// the GEMM's epilogue, fusing add + relu: mlp.py:13  h1 = dg.dense(x, 512, act=dg.relu)" in (
         files["src/kernels.h"].decode())
-    files = render(load_example("treelstm").build(), opt="O2")
+    files = project_files(load_example("treelstm").build(), opt="O2")
     assert "// fuses tanh + sigmoid + mul: treelstm.py:37  h = dg.sigmoid(o) * dg.tanh(c)" in (
         files["src/kernels.cpp"].decode())
 

@@ -152,9 +152,9 @@ def test_from_nested():
 
 
 def test_hoisting_is_visible_in_the_generated_code():
-    from generator.codegen.emit import render
+    from generator.pipeline import project_files
 
-    files = render(load_example("childsum_treelstm").build())
+    files = project_files(load_example("childsum_treelstm").build())
     model = files["src/model.cpp"].decode()
     loop = model.index("for (int64_t level = 1;")
     hoisted = model.index("// Hoisted out of the level loop")

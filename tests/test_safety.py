@@ -16,7 +16,8 @@ import pytest
 
 from conftest import ROOT
 from generator.cli import main
-from generator.codegen.emit import render, write_project
+from generator.codegen.emit import write_project
+from generator.pipeline import project_files
 from generator.errors import DeepgenError
 
 MLP = ROOT / "examples" / "mlp.py"
@@ -48,7 +49,7 @@ def _sha(data: bytes) -> str:
 
 def _project_with_manifest(tmp_path, entries):
     out = tmp_path / "proj"
-    write_project(out, render(_tiny()))
+    write_project(out, project_files(_tiny()))
     manifest = out / ".deepgen" / "manifest.json"
     data = json.loads(manifest.read_text())
     data["files"].update(entries)
@@ -62,7 +63,7 @@ def test_manifest_path_outside_the_project_is_refused(tmp_path, force):
     victim.write_bytes(b"precious")
     out = _project_with_manifest(tmp_path, {"../victim.txt": _sha(b"precious")})
     with pytest.raises(DeepgenError, match=r"victim.txt.*outside the project"):
-        write_project(out, render(_tiny()), force=force)
+        write_project(out, project_files(_tiny()), force=force)
     assert victim.read_bytes() == b"precious"
 
 
@@ -71,7 +72,7 @@ def test_manifest_absolute_path_is_refused(tmp_path):
     victim.write_bytes(b"precious")
     out = _project_with_manifest(tmp_path, {str(victim): _sha(b"precious")})
     with pytest.raises(DeepgenError, match="not a relative path inside the project"):
-        write_project(out, render(_tiny()), force=True)
+        write_project(out, project_files(_tiny()), force=True)
     assert victim.read_bytes() == b"precious"
 
 
@@ -82,13 +83,13 @@ def test_manifest_path_through_a_symlink_is_refused(tmp_path):
     out = _project_with_manifest(tmp_path, {"link/victim.txt": _sha(b"precious")})
     (out / "link").symlink_to(outside)
     with pytest.raises(DeepgenError, match="outside the project"):
-        write_project(out, render(_tiny()), force=True)
+        write_project(out, project_files(_tiny()), force=True)
     assert (outside / "victim.txt").read_bytes() == b"precious"
 
 
 def test_generated_file_that_is_a_symlink_out_is_not_written_through(tmp_path):
     out = tmp_path / "proj"
-    files = render(_tiny())
+    files = project_files(_tiny())
     write_project(out, files)
     victim = tmp_path / "victim.txt"
     victim.write_bytes(b"precious")
@@ -103,10 +104,10 @@ def test_generated_file_that_is_a_symlink_out_is_not_written_through(tmp_path):
                                   '{"generator": "deepgen", "files": {"a.txt": "beef"}}', "\xff\xfe"])
 def test_malformed_manifest_is_a_clear_error(tmp_path, text):
     out = tmp_path / "proj"
-    write_project(out, render(_tiny()))
+    write_project(out, project_files(_tiny()))
     (out / ".deepgen" / "manifest.json").write_bytes(text.encode("latin-1"))
     with pytest.raises(DeepgenError, match="manifest"):
-        write_project(out, render(_tiny()))
+        write_project(out, project_files(_tiny()))
 
 
 def test_cli_reports_a_bad_manifest_in_one_line(tmp_path, capsys):
@@ -124,7 +125,7 @@ def test_build_passes_a_resolved_file_url(tmp_path, monkeypatch):
     from generator import build
 
     project = tmp_path / "proj"
-    write_project(project, render(_tiny()))
+    write_project(project, project_files(_tiny()))
     seen = {}
 
     class Stop(Exception):
@@ -232,7 +233,7 @@ def test_name_too_long_leaves_nothing_behind(tmp_path, capsys):
 
 
 def test_a_failed_write_of_a_new_project_leaves_nothing_behind(tmp_path):
-    files = dict(render(_tiny()))
+    files = dict(project_files(_tiny()))
     files["x" * 300 + ".txt"] = b"too long a name for the file system"
     with pytest.raises(DeepgenError, match="nothing was left behind"):
         write_project(tmp_path / "new" / "p", files)

@@ -1,4 +1,5 @@
-"""Emission: ProjectPlan + templates + runtime headers -> a formatted project folder.
+"""Emission, the last two stages: `render` (ProjectPlan + templates + runtime
+headers -> {path: bytes}, pure) and `write` (those files -> the project folder).
 
 Output is byte-for-byte deterministic: no timestamps, no absolute paths, sorted
 where order would otherwise vary; C++ is formatted with clang-format, Python
@@ -9,24 +10,16 @@ silently overwrites a file the user edited.
 from __future__ import annotations
 
 import hashlib
-import io
 import json
-import math
 import shutil
 import subprocess
 from pathlib import Path
 
 import black
 import jinja2
-import numpy as np
 
 from ..errors import DeepgenError
-from ..reference import init_params, run, train_step
 from ..resources import resource_dir
-from ..samples import sample_dims, sample_inputs
-from ..shapes import evaluate
-from .lower import lower
-from .targets import load_target
 
 MANIFEST = ".deepgen/manifest.json"
 
@@ -63,98 +56,9 @@ def _clang_format(text: str, filename: str) -> str:
     return proc.stdout.decode()
 
 
-def _extras(plan, graph):
-    """Example inputs for the README and examples/main.cpp: zeros for float inputs,
-    and for integer inputs (ids, labels, trees) the valid sample values."""
-    samples = sample_inputs(graph, floats=False)  # the float inputs' values are not needed here
-    dims = dict(sample_dims(graph))
-    for v in graph.inputs:
-        for d, size in zip(v.shape, samples[v.name].shape if v.name in samples else ()):
-            if not isinstance(d, int):
-                dims[d] = size
-    example = []
-    forward_names = {i.name for i in plan.inputs}
-    for v in [v for v in graph.inputs if v.name in forward_names]:
-        shape = evaluate(v.shape, dims)
-        dims_text = ", ".join(f"{d}={dims[d]}" for d in graph.dims if d in getattr(v, "shape", ())) or "fixed sizes"
-        values = "" if v.dtype == "float32" else ", ".join(str(int(x)) for x in samples[v.name].reshape(-1))
-        example.append(
-            {"name": v.name, "ctype": plan.all_inputs[graph.inputs.index(v)].ctype, "size": math.prod(shape),
-             "shape": ", ".join(map(str, shape)), "declared": plan.all_inputs[graph.inputs.index(v)].declared,
-             "dims": dims_text, "data": values}
-        )
-    count = sum(math.prod(p.shape) for p in graph.params)
-
-    def call(values):
-        return ", ".join(
-            f"{v.name}=np.zeros(({', '.join(map(str, evaluate(v.shape, dims)))}{',' if v.rank == 1 else ''}), "
-            f"np.{v.dtype})"
-            for v in values
-        )
-
-    plan.extra.update(param_count=f"{count:,}", param_bytes=f"{4 * count:,}")
-    plan.example_inputs = example
-    plan.example_call = call([v for v in graph.inputs if v.name in forward_names])
-    plan.example_train_call = call(graph.inputs)
-
-
-# Generation runs the numpy reference once to record expected outputs; a model
-# whose parameters and values at the sample sizes need more than this is
-# generated without them (its project's test says so) rather than materialized.
-REFERENCE_BYTES_LIMIT = 512 * 2**20
-
-
-def reference_bytes(graph) -> int:
-    """Bytes of parameters, inputs and values at the sample sizes: roughly what
-    recording the expected outputs holds in memory at once."""
-    dims = sample_dims(graph)
-    values = list(graph.params) + list(graph.inputs) + [v for n in graph.nodes for v in n.outputs]
-    return sum(8 * math.prod(evaluate(v.shape, dims)) for v in values)
-
-
-def _expected_npz(graph) -> bytes | None:
-    """Reference outputs for deterministic inputs and the seed-0 parameters (and,
-    for a trainable model, the loss of one train_step and the outputs after it);
-    None for a model too large to run the reference on at generation time."""
-    if reference_bytes(graph) > REFERENCE_BYTES_LIMIT:
-        return None
-    inputs = sample_inputs(graph)
-    params = init_params(graph, seed=0)
-    outputs = run(graph, inputs, params)
-    arrays = {f"input/{k}": v for k, v in inputs.items()}
-    arrays.update({f"output/{k}": np.asarray(v) for k, v in outputs.items()})
-    if graph.train is not None:
-        arrays["train/loss"] = np.float32(train_step(graph, inputs, params, {}, step=1))
-        arrays.update({f"train/output/{k}": np.asarray(v) for k, v in run(graph, inputs, params).items()})
-    buf = io.BytesIO()
-    np.savez(buf, **arrays)  # zip entries carry a fixed 1980 date: deterministic
-    return buf.getvalue()
-
-
-def prepare(graph, opt: str = "O2", report=None):
-    """The pass pipeline before lowering: optimize the forward graph, add the
-    backward pass (for a trainable model), and optimize again."""
-    from ..autodiff import prepare_training
-    from ..passes import optimize
-
-    optimize(graph, opt, report=report)
-    if graph.train is not None and not graph.train.prepared:
-        prepare_training(graph)
-        optimize(graph, opt, report=report)
-    return graph
-
-
-def render(graph, target_name: str = "cpu", opt: str = "O2", report=None) -> dict:
-    """All files of the generated project: {relative path: bytes}."""
-    target = load_target(target_name)
-    prepare(graph, opt, report)
-    plan = lower(graph, target)
-    expected = _expected_npz(graph)
-    plan.extra["recorded"] = expected is not None
-    _extras(plan, graph)
-    from ..memory_report import report
-
-    plan.extra["memory_report"] = report(graph, plan, batch=32)
+def render(plan, target) -> dict:
+    """Stage `render`: all files of the generated project, {relative path: bytes},
+    from the plan (lowered, memory-planned and recorded) alone."""
     env = _environment(target)
     name = plan.name
     cpp = {
@@ -170,8 +74,8 @@ def render(graph, target_name: str = "cpu", opt: str = "O2", report=None) -> dic
         files[path] = _clang_format(env.get_template(template).render(p=plan, target=target.names), path).encode()
     test = env.get_template("test_model.py.j2").render(p=plan, target=target.names)
     files["tests/test_model.py"] = black.format_str(test, mode=black.Mode(line_length=110)).encode()
-    if expected is not None:
-        files["tests/expected.npz"] = expected
+    if plan.recording.expected_npz is not None:
+        files["tests/expected.npz"] = plan.recording.expected_npz
     for path, template in {"CMakeLists.txt": "CMakeLists.txt.j2", "pyproject.toml": "pyproject.toml.j2",
                            "README.md": "README.md.j2"}.items():
         files[path] = env.get_template(template).render(p=plan, target=target.names).encode()
@@ -271,7 +175,3 @@ def _first_missing(path: Path) -> Path | None:
     while not path.exists():
         missing, path = path, path.parent
     return missing
-
-
-def generate(graph, out_dir, target: str = "cpu", force: bool = False, opt: str = "O2", report=None) -> list:
-    return write_project(out_dir, render(graph, target, opt, report), force)

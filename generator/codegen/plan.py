@@ -98,6 +98,19 @@ class TrainPlan:
 
 
 @dataclass
+class Recording:
+    """What the project carries about itself (stage `record`, codegen/record.py)."""
+
+    expected_npz: bytes | None  # tests/expected.npz; None for a model too large to run the reference on
+    example_inputs: list  # [{name, ctype, size, shape, declared, dims, data}] for examples/main.cpp
+    example_call: str  # forward(...) arguments in the README
+    example_train_call: str  # train_step(...) arguments in the README
+    param_count: str  # "535,818"
+    param_bytes: str
+    memory_report: str  # `deepgen memory` at batch 32, for the README
+
+
+@dataclass
 class ProjectPlan:
     name: str
     target: str
@@ -117,5 +130,5 @@ class ProjectPlan:
     model_ext: str = ".cpp"
     train: TrainPlan | None = None
     memory: dict = field(default_factory=dict)  # the arena plan (see lower._plan_memory)
-    trees: list = field(default_factory=list)  # [{arity, children, words, roots}] of recursive ops
-    extra: dict = field(default_factory=dict)
+    trees: list = field(default_factory=list)  # [{arity, children, words, roots, function}] from OpDef.helpers
+    recording: Recording | None = None  # filled by the record stage

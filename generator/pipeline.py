@@ -1,0 +1,95 @@
+"""The pipeline: every stage is a plain function from one value to the next, and
+`run` drives them in order (DESIGN.md, "The pipeline"):
+
+  stage          input -> output                  where
+  load           model file -> ModelDef           loader.load_model
+  build          ModelDef -> Graph                builder.ModelDef.build
+  optimize       Graph -> Graph                   passes.optimize (the forward graph)
+  differentiate  Graph -> Graph                   autodiff.prepare_training, then optimize again
+  lower          Graph -> ProjectPlan             codegen.lower.lower (its arena plan included)
+  record         (Graph, ProjectPlan) -> plan     codegen.record.record (reference outputs, examples)
+  render         ProjectPlan -> {path: bytes}     codegen.emit.render (pure: the plan in, files out)
+  write          {path: bytes} -> project folder  codegen.emit.write_project
+
+`deepgen ir MODEL --after STAGE` stops after optimize, differentiate or lower
+and prints what that stage made.
+"""
+
+from __future__ import annotations
+
+STAGES = ("load", "build", "optimize", "differentiate", "lower", "record", "render", "write")
+
+
+def optimize(graph, opt: str = "O2", report=None):
+    """Stage `optimize`: the passes of level `opt` over the forward graph."""
+    from .passes import optimize as run_passes
+
+    return run_passes(graph, opt, report=report)
+
+
+def differentiate(graph, opt: str = "O2", report=None):
+    """Stage `differentiate`: for a trainable model, the backward pass (autodiff),
+    optimized with the same passes; other graphs pass through."""
+    from .autodiff import prepare_training
+    from .passes import optimize as run_passes
+
+    if graph.train is not None and not graph.train.prepared:
+        prepare_training(graph)
+        run_passes(graph, opt, report=report)
+    return graph
+
+
+def prepare(graph, opt: str = "O2", report=None):
+    """optimize then differentiate: the graph as lowering receives it."""
+    return differentiate(optimize(graph, opt, report), opt, report)
+
+
+def lower(graph, target_name: str = "cpu"):
+    """Stage `lower`: the graph as a ProjectPlan for a target."""
+    from .codegen.lower import lower as lower_graph
+    from .codegen.targets import load_target
+
+    return lower_graph(graph, load_target(target_name))
+
+
+def project_files(graph, target: str = "cpu", opt: str = "O2", report=None) -> dict:
+    """Every stage from optimize to render: the files of the project for `graph`."""
+    from .codegen.emit import render
+    from .codegen.record import record
+    from .codegen.targets import load_target
+
+    plan = record(graph, lower(prepare(graph, opt, report), target))
+    return render(plan, load_target(target))
+
+
+def generate(graph, out_dir, target: str = "cpu", force: bool = False, opt: str = "O2", report=None) -> list:
+    """Every stage from optimize to write: the project for `graph` in `out_dir`."""
+    from .codegen.emit import write_project
+
+    return write_project(out_dir, project_files(graph, target, opt, report), force)
+
+
+def plan_text(plan) -> str:
+    """A lowered plan, readably: each statement's comment and C++ lines, the
+    training part, the kernels and the arena plan (`deepgen ir --after lower`)."""
+    out = [f"# plan of {plan.name} ({plan.target}): {len(plan.statements)} forward statements, "
+           f"{len(plan.kernels)} kernels"]
+
+    def block(title, statements):
+        out.append(f"\n## {title}")
+        for s in statements:
+            out.append(f"// {s.comment}")
+            out.extend(f"    {line}" for line in s.lines)
+
+    block("forward", plan.statements)
+    if plan.train is not None:
+        block("loss", plan.train.loss_statements)
+        block("backward and updates", plan.train.backward_statements)
+        out.extend(f"    {line}" for line in plan.train.copies + plan.train.updates)
+    out.append("\n## kernels")
+    out.extend(f"{k.name}: {k.comment}" for k in plan.kernels)
+    memory = plan.memory
+    out.append(f"\n## arena: {memory['arena']} floats")
+    out.extend(f"{b.name:<24} offset {b.offset}  size {b.size}  [{b.first}, {b.last}] {b.phase}"
+               for b in memory["buffers"])
+    return "\n".join(out) + "\n"
