@@ -151,3 +151,15 @@ def test_user_source_text_cannot_break_out_of_comments(tmp_path):
         if "//" in line:
             assert not line.rstrip().endswith("\\"), line
     assert all(b < 128 for b in files["src/model.cpp"])
+
+
+@pytest.mark.parametrize("stage, expect", [("optimize", "matmul"), ("differentiate", "d_logits"),
+                                           ("lower", "## arena")])
+def test_ir_stops_after_each_stage(capsys, stage, expect):
+    from generator.cli import main
+
+    assert main(["ir", f"{TINY}:tiny_train", "--after", stage]) == 0
+    out = capsys.readouterr().out
+    assert expect in out
+    if stage == "optimize":
+        assert "d_logits" not in out  # the backward pass comes with differentiate
