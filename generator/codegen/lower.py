@@ -43,6 +43,7 @@ class LowerCtx:
         self.packs_weights = False
         self.packed = {}
         self.copy_fn = "std::copy"
+        self.output_make = ""  # target format of an output built from device data ("" : o.make as lowered)
         self.expr = {}  # id(value) -> C++ pointer expression
         self.names = {}  # value -> C++ identifier (its graph name)
         self.owned = set()  # id(value) of values held in a local std::vector
@@ -231,6 +232,8 @@ def _outputs(ctx, graph, access: str) -> list:
             make = f"dg::Tensor<{ctype}>({shape}, std::move({v.name}))"
         else:  # an input, a parameter or an alias: copy it
             make = f"dg::Tensor<{ctype}>({shape}, {ctx.ptr(v)})"
+        if ctx.output_make:  # a target whose outputs are copied from elsewhere (the GPU)
+            make = ctx.output_make.format(ctype=ctype, shape=shape, data=ctx.ptr(v))
         first.setdefault(id(v), name)
         outputs.append(OutputSpec(name, ctype, v.dtype, fmt_shape(v.shape), make, shape, ctx.ptr(v)))
     return outputs
@@ -373,6 +376,7 @@ def lower(graph, target) -> ProjectPlan:
     ctx = LowerCtx(graph, target.printer_cls)
     ctx.vector_type, ctx.scratch_type, ctx.copy_fn = target.vector_type, target.scratch_type, target.copy_fn
     ctx.packs_weights = target.packs_weights
+    ctx.output_make = target.names.get("output_make", "")
     dims = graph.dims
     dim_index = {d: i for i, d in enumerate(dims)}
     for v in graph.inputs:
