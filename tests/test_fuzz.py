@@ -1,0 +1,188 @@
+"""Fuzzing the generated modules' Python bindings with hypothesis.
+
+Random dtypes, ranks, sizes (zero, huge), layouts (slices, transposes, negative
+strides, broadcasts, unaligned data), NaN/inf values, non-arrays, wrong keyword
+names and random tree batches (ids out of range, self loops, cycles, shared
+children, wrong arity, bad roots, words out of vocabulary) are thrown at
+forward(), train_step() and trees_from_nested() of mlp, digits, bow, treelstm
+and dagrnn. The only outcomes allowed:
+
+- a correct result: the numpy reference (generator.reference) run on the same
+  inputs with the module's own parameters (and optimizer state) agrees;
+- a ValueError or MemoryError, after which every parameter, optimizer slot,
+  gradient, the step count and the hyperparameters are bit-identical to what
+  they were before the call.
+
+Anything else is a finding: another exception type (OverflowError, TypeError,
+RuntimeError...), a crash, a hang, a result the reference does not give, a
+changed model, a result for inputs the reference refuses, or a ValueError for
+inputs the README's contract accepts (numpy arrays of the declared dtype,
+C-contiguous and aligned, that the reference accepts).
+
+Each example is fuzzed in a child process of its own (`python tests/fuzz_child.py
+--child ...`) with a timeout, so a segfault or a hang is a failing test that
+names the last call, not a dead pytest. Before every call the child writes the
+call, as Python code, to a progress file; hypothesis adds the same code to a
+failure's report (shrunk). A reproduction runs from the repository root:
+
+    import sys; sys.path[:0] = ["tests", BUILD_DIR]
+    from fuzz_arrays import *        # the value builders the code uses
+    import mlp; m = mlp.Model(seed=3); m.forward(x=floats((2, 784), seed=1).astype("float16"))
+
+Deterministic: derandomize=True, no example database. A child's address space
+is bounded (fuzz_child.CHILD_MEMORY_BYTES), so a runaway allocation is a MemoryError, not
+the OOM killer. `DEEPGEN_FUZZ_STATS=1 pytest -s tests/test_fuzz.py` prints how
+often each outcome (ok, each kind of ValueError) came up.
+
+One check is a requirement being landed: a train_step whose loss is not finite
+must raise NonFiniteLossError (a ValueError subclass) and change nothing. It is
+test_train_step_non_finite_loss_is_refused, and its failures say "PENDING
+NonFiniteLossError"; it fails wherever train_step does not do that yet, and is
+deliberately not marked xfail.
+
+This file is the pytest side: it launches the children and asserts their verdicts.
+The rest is in tests/: fuzz_child.py (the child: the Fuzzer and its hypothesis tests),
+fuzz_inputs.py (inputs and their mutations), fuzz_oracle.py (the allowed outcomes) and
+fuzz_arrays.py (the value builders).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CHILD = Path(__file__).resolve().with_name("fuzz_child.py")  # the child process's script
+
+EXAMPLES = ["mlp", "digits", "bow", "treelstm", "dagrnn"]
+TRAINABLE = ["mlp", "digits"]
+RECURSIVE = ["treelstm", "dagrnn"]
+CHILD_TIMEOUT_S = 300  # one child fuzzes one example; past this it counts as a hang
+
+
+# -- the parent: pytest runs one child per example and checks its verdicts --------
+
+
+_RESULTS: dict = {}
+
+
+def _targets(example):
+    targets = ["forward", "equal_dtypes"]
+    if example in TRAINABLE:
+        targets += ["train_step", "non_finite"]
+    if example in RECURSIVE:
+        targets += ["trees", "nested"]
+    return targets
+
+
+def _fuzz(builds, example) -> dict:
+    """{target: (ok, report, seconds)} for every target of `example`, from child
+    processes (a new child takes over the targets a crashed or hung one left)."""
+    if example in _RESULTS:
+        return _RESULTS[example]
+    from conftest import load_example
+
+    graph = load_example(example).build()
+    _, where = builds.module(graph)
+    build_dir = str(where / "build")
+    results, todo = {}, _targets(example)
+    with tempfile.TemporaryDirectory() as tmp:
+        while todo:
+            out, progress = Path(tmp) / "results.json", Path(tmp) / "progress.txt"
+            out.unlink(missing_ok=True)
+            progress.unlink(missing_ok=True)
+            cmd = [
+                sys.executable,
+                str(CHILD),
+                "--child",
+                example,
+                build_dir,
+                str(out),
+                str(progress),
+                *todo,
+            ]
+            path = [str(ROOT), str(CHILD.parent), os.environ.get("PYTHONPATH", "")]  # generator, tests/
+            env = dict(os.environ, PYTHONPATH=os.pathsep.join(path))
+            start = time.monotonic()
+            try:
+                proc = subprocess.run(
+                    cmd, capture_output=True, text=True, timeout=CHILD_TIMEOUT_S, env=env, cwd=ROOT
+                )
+                how, tail = f"exit status {proc.returncode}", (proc.stdout + proc.stderr)[-6000:]
+                if os.environ.get("DEEPGEN_FUZZ_STATS"):  # the outcome counts the child printed
+                    print(proc.stderr)
+                if proc.returncode < 0:
+                    how = f"killed by signal {signal.Signals(-proc.returncode).name} (a crash)"
+            except subprocess.TimeoutExpired as e:
+                how = f"no answer after {CHILD_TIMEOUT_S} s (a hang)"
+                tail = (
+                    (e.stdout or b"").decode(errors="replace") + (e.stderr or b"").decode(errors="replace")
+                )[-6000:]
+            done = json.loads(out.read_text()) if out.exists() else {}
+            for target, verdict in done.items():
+                results[target] = tuple(verdict)
+            todo = [t for t in todo if t not in results]
+            if todo:  # the child died in the middle of todo[0]
+                last = progress.read_text() if progress.exists() else "(no call recorded)"
+                results[todo[0]] = (
+                    False,
+                    f"the child fuzzing {example} ({todo[0]}) died: {how}\n"
+                    f"last call (build dir {build_dir}):\n{last}\n\nchild output:\n{tail}",
+                    time.monotonic() - start,
+                )
+                todo = todo[1:]
+    _RESULTS[example] = results
+    return results
+
+
+def _verdict(builds, example, target):
+    ok, report, seconds = _fuzz(builds, example)[target]
+    print(f"{example} {target}: {seconds:.1f} s")
+    assert ok, report
+
+
+@pytest.mark.parametrize("example", EXAMPLES)
+def test_forward_survives_fuzzed_inputs(builds, example):
+    """forward() with random dtypes, shapes, layouts, values, non-arrays and names."""
+    _verdict(builds, example, "forward")
+
+
+@pytest.mark.parametrize("example", TRAINABLE)
+def test_train_step_survives_fuzzed_inputs(builds, example):
+    """train_step() likewise (finite values), after 0-2 ordinary steps."""
+    _verdict(builds, example, "train_step")
+
+
+@pytest.mark.parametrize("example", RECURSIVE)
+def test_forward_survives_fuzzed_tree_batches(builds, example):
+    """forward() of a recursive model with random, mostly broken, tree batches."""
+    _verdict(builds, example, "trees")
+
+
+@pytest.mark.parametrize("example", RECURSIVE)
+def test_trees_from_nested_survives_fuzzed_trees(builds, example):
+    """The module's <trees>_from_nested() against generator.treebatch.from_nested."""
+    _verdict(builds, example, "nested")
+
+
+@pytest.mark.parametrize("example", EXAMPLES)
+def test_equal_dtypes_with_distinct_descriptors_are_accepted(builds, example):
+    """An array whose dtype equals the declared one is of the declared dtype, even when
+    its descriptor is another object (a pickled array, dtype metadata, np.longlong)."""
+    _verdict(builds, example, "equal_dtypes")
+
+
+@pytest.mark.parametrize("example", TRAINABLE)
+def test_train_step_non_finite_loss_is_refused(builds, example):
+    """PENDING NonFiniteLossError: a train_step whose loss is NaN or inf (NaN/inf inputs,
+    or a parameter set to inf) must raise NonFiniteLossError, a ValueError subclass, and
+    change nothing. Fails until train_step does so; deliberately not xfail."""
+    _verdict(builds, example, "non_finite")
