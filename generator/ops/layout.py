@@ -81,9 +81,10 @@ def _copy_axis(ctx, src, dst, axis, src_start, dst_start, count):
     inner = numel(src.shape[axis + 1 :])
     dst_ptr = ctx.out(dst) if dst.producer is not None else ctx.ptr(dst)
     return (
-        f"dg::copy_axis({ctx.ptr(src)}, {dst_ptr}, {ctx.size(outer)}, "
-        f"{ctx.size(src.shape[axis])}, {ctx.size(src_start)}, {ctx.size(dst.shape[axis])}, "
-        f"{ctx.size(dst_start)}, {ctx.size(count)}, {ctx.size(inner)});"
+        f"dg::copy_axis({ctx.ptr(src)}, {dst_ptr}, /*outer=*/{ctx.size(outer)}, "
+        f"/*src_len=*/{ctx.size(src.shape[axis])}, /*src_start=*/{ctx.size(src_start)}, "
+        f"/*dst_len=*/{ctx.size(dst.shape[axis])}, /*dst_start=*/{ctx.size(dst_start)}, "
+        f"/*count=*/{ctx.size(count)}, /*inner=*/{ctx.size(inner)});"
     )
 
 

@@ -145,25 +145,31 @@ class Recurse(OpDef):
         lines = [
             "// Inspector: check the batch and number its nodes by height, leaves first.",
             f"const dg::LevelSchedule {sched} = dg::schedule_levels({ctx.ptr(children)}, {ctx.size(nodes)}, "
-            f"{spec.arity}, {ctx.ptr(roots)}, {ctx.size(count)}, {'true' if spec.dag else 'false'}, {what});",
+            f"{spec.arity}, {ctx.ptr(roots)}, {ctx.size(count)}, /*dag=*/{'true' if spec.dag else 'false'}, {what});",
             f"{ctx.scratch_type}<int64_t> {sorted_words}({ctx.size(nodes)});",
             f"dg::permute_rows({ctx.ptr(words)}, {sched}.order.data(), {ctx.size(nodes)}, {sorted_words}.data());",
         ]
         for state, width in zip(states, widths):
             lines.append(f"{ctx.scratch_type}<float> {state}({ctx.size(nodes)} * {ctx.size(width)});  // in schedule order")
 
+        def rows_of(j, first_row):
+            """A pointer to state j's rows from `first_row` on (the leaves start at row 0)."""
+            if first_row == "0":
+                return f"{states[j]}.data()"
+            return f"{states[j]}.data() + {first_row} * {ctx.size(widths[j])}"
+
         def run_block(cell, nodes_to_run, count_expr, bound_name, words_ptr, out_rows):
             """Declarations (sized with rows = bound_name) before a block that sets rows."""
             for v in cell.outputs:
                 if out_rows is not None and ctx.claim_output(v):
                     j = cell.outputs.index(v)
-                    ctx.expr[id(v)] = f"{states[j]}.data() + {out_rows} * {ctx.size(widths[j])}"
+                    ctx.expr[id(v)] = rows_of(j, out_rows)
             ctx.expr[id(cell.words)] = words_ptr
             decls, body = ctx.lower_nodes(nodes_to_run, {spec.rows: sympy.Symbol(bound_name)})
             body = [f"const int64_t {rows} = {count_expr};"] + body
             if out_rows is not None:
                 for j, v in enumerate(cell.outputs):
-                    target = f"{states[j]}.data() + {out_rows} * {ctx.size(widths[j])}"
+                    target = rows_of(j, out_rows)
                     if ctx.expr[id(v)] != target:
                         body.append(f"{ctx.copy_fn}({ctx.expr[id(v)]}, {ctx.expr[id(v)]} + {rows} * "
                                     f"{ctx.size(widths[j])}, {target});")
@@ -212,8 +218,9 @@ class Recurse(OpDef):
         for k, slot in enumerate(cell.children):
             for j, v in enumerate(slot):
                 lines.append(
-                    f"dg::gather_children({states[j]}.data(), {ctx.size(widths[j])}, {sched}.child_row.data() + "
-                    f"{start} * {spec.arity}, {spec.arity}, {k}, {level_rows}, {v.name}.data());"
+                    f"dg::gather_children({states[j]}.data(), /*width=*/{ctx.size(widths[j])}, "
+                    f"{sched}.child_row.data() + {start} * {spec.arity}, /*arity=*/{spec.arity}, /*slot=*/{k}, "
+                    f"{level_rows}, {v.name}.data());"
                 )
         lines += block[opening:] + ["}"]
 
@@ -244,6 +251,6 @@ def _pack_loop_weights(ctx, names, cell, looped) -> list:
         k, width = (ctx.size(d) for d in b.shape)
         if not lines:
             lines.append("// Weights the level loop multiplies by, packed for the GEMM once (not per level).")
-        lines.append(f"const dg::PackedB {name}(false, {k}, {width}, {ctx.ptr(b)}, {width});")
+        lines.append(f"const dg::PackedB {name}(/*tb=*/false, /*K=*/{k}, /*N=*/{width}, {ctx.ptr(b)}, /*ldb=*/{width});")
         ctx.packed[id(b)] = name
     return lines

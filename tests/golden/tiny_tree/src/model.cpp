@@ -57,7 +57,7 @@ Outputs Model::forward(const Inputs& inputs) const {
   float* h = arena.at(0, 4 * trees_nodes);
   // Inspector: check the batch and number its nodes by height, leaves first.
   const dg::LevelSchedule schedule =
-      dg::schedule_levels(trees_children, trees_nodes, 2, trees_roots, trees_count, false,
+      dg::schedule_levels(trees_children, trees_nodes, 2, trees_roots, trees_count, /*dag=*/false,
                           "recurse over 'trees_children' (tiny.py:50)");
   dg::Scratch<int64_t> sorted_words(trees_nodes);
   dg::permute_rows(trees_words, schedule.order.data(), trees_nodes, sorted_words.data());
@@ -67,27 +67,29 @@ Outputs Model::forward(const Inputs& inputs) const {
   {
     const int64_t rows = leaves;
     // tiny.py:44  return (dg.gather(emb, words),)
-    dg::gather_rows<int64_t>(emb.ptr(), 10, 4, sorted_words.data(), rows, h_rows.data() + 0 * 4,
+    dg::gather_rows<int64_t>(emb.ptr(), 10, 4, sorted_words.data(), rows, h_rows.data(),
                              "gather 'emb' by 'leaf_words' (tiny.py:44)");
   }
   const int64_t max_rows = schedule.max_level_rows;
   dg::Scratch<float> child0_h(max_rows * 4);
   dg::Scratch<float> child1_h(max_rows * 4);
   // Weights the level loop multiplies by, packed for the GEMM once (not per level).
-  const dg::PackedB w_packed(false, 8, 4, w.ptr(), 4);
+  const dg::PackedB w_packed(/*tb=*/false, /*K=*/8, /*N=*/4, w.ptr(), /*ldb=*/4);
   dg::Scratch<float> concat(8 * max_rows);
   // Executor: one batched step per level, children before parents.
   for (int64_t level = 1; level < schedule.levels(); ++level) {
     const int64_t start = schedule.level_start[level];
-    dg::gather_children(h_rows.data(), 4, schedule.child_row.data() + start * 2, 2, 0,
-                        schedule.level_start[level + 1] - start, child0_h.data());
-    dg::gather_children(h_rows.data(), 4, schedule.child_row.data() + start * 2, 2, 1,
-                        schedule.level_start[level + 1] - start, child1_h.data());
+    dg::gather_children(h_rows.data(), /*width=*/4, schedule.child_row.data() + start * 2, /*arity=*/2,
+                        /*slot=*/0, schedule.level_start[level + 1] - start, child0_h.data());
+    dg::gather_children(h_rows.data(), /*width=*/4, schedule.child_row.data() + start * 2, /*arity=*/2,
+                        /*slot=*/1, schedule.level_start[level + 1] - start, child1_h.data());
     {
       const int64_t rows = schedule.level_start[level + 1] - start;
       // tiny.py:48  return (dg.tanh(dg.concat([h_l, h_r], axis=1) @ w),)
-      dg::copy_axis(child0_h.data(), concat.data(), rows, 4, 0, 8, 0, 4, 1);
-      dg::copy_axis(child1_h.data(), concat.data(), rows, 4, 0, 8, 4, 4, 1);
+      dg::copy_axis(child0_h.data(), concat.data(), /*outer=*/rows, /*src_len=*/4, /*src_start=*/0,
+                    /*dst_len=*/8, /*dst_start=*/0, /*count=*/4, /*inner=*/1);
+      dg::copy_axis(child1_h.data(), concat.data(), /*outer=*/rows, /*src_len=*/4, /*src_start=*/0,
+                    /*dst_len=*/8, /*dst_start=*/4, /*count=*/4, /*inner=*/1);
       dg::matmul(concat.data(), w_packed, h_rows.data() + start * 4, rows, 8, 4, kernels::tanh_epilogue{});
     }
   }
