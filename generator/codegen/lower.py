@@ -13,7 +13,7 @@ import numpy as np
 
 from .. import __version__
 from ..errors import DeepgenError
-from ..names import comment_text, cpp_string
+from ..names import RESERVED, comment_text, cpp_string
 from ..ops import get_op
 from ..printing import format_graph
 from ..shapes import fmt_shape, numel
@@ -239,6 +239,32 @@ def _outputs(ctx, graph, access: str) -> list:
     return outputs
 
 
+def _live_names(graph) -> set:
+    """Names of the values the optimized graph still holds (and of its dims)."""
+    from ..ops import get_op
+
+    names = {v.name for v in list(graph.inputs) + list(graph.params)} | {str(d) for d in graph.dims}
+    nodes = list(graph.nodes)
+    for node in graph.nodes:
+        for region, _ in get_op(node.op).regions(node):
+            nodes += region
+    for node in nodes:
+        names.update(v.name for v in node.inputs + node.outputs)
+    return names
+
+
+def _member_name(graph, name: str, live: set) -> str:
+    """`name` for a Model member (d_h1_b, h1_w_buf) unless a live value holds it; a
+    name only a value the passes removed had is free again (no d_h1_b_1)."""
+    if name not in live and name not in RESERVED:
+        graph.names.used.add(name)
+        live.add(name)
+        return name
+    unique = graph.names.unique(name)
+    live.add(unique)
+    return unique
+
+
 def _lower_training(ctx, graph, target, dim_index, bound_dims) -> TrainPlan:
     """The loss, backward and update parts of train_step."""
     spec = graph.train
@@ -247,6 +273,7 @@ def _lower_training(ctx, graph, target, dim_index, bound_dims) -> TrainPlan:
     later_dims = [(str(d), i) for d, i in dim_index.items() if d not in bound_dims]
     # Gradients of parameters are Model members (gradients() shows them). The
     # backward pass writes them in place where it can, else they are copied.
+    live = _live_names(graph)
     grads, copies = [], []
     for p in graph.params:
         g = spec.grads.get(p.name)
@@ -254,7 +281,7 @@ def _lower_training(ctx, graph, target, dim_index, bound_dims) -> TrainPlan:
             continue
         direct = (g.producer is not None and g.producer.phase == "backward" and not get_op(g.producer.op).view
                   and id(g) not in ctx.expr and sum(x is g for x in spec.grads.values()) == 1)
-        member = g.name if direct and g.name == f"d_{p.name}" else graph.names.unique(f"d_{p.name}")
+        member = g.name if direct and g.name == f"d_{p.name}" else _member_name(graph, f"d_{p.name}", live)
         grads.append((p.name, member, _shape_list(p.shape)))
         if direct:  # the backward pass writes the gradient straight into the member
             ctx.expr[id(g)] = f"{member}.ptr()"
@@ -271,7 +298,7 @@ def _lower_training(ctx, graph, target, dim_index, bound_dims) -> TrainPlan:
     kernel = update_kernel(opt, target.printer_cls)
     ctx.kernels.append(kernel)
     scalars = [a.name for a in kernel.args if a.ctype == "float"]
-    slots = {p: [(slot, graph.names.unique(f"{p}_{slot}")) for slot in opt.slots] for p, _, _ in grads}
+    slots = {p: [(slot, _member_name(graph, f"{p}_{slot}", live)) for slot in opt.slots] for p, _, _ in grads}
     # DeepDSL's rescheduling: update a parameter in the statement where its
     # gradient is complete and it is not read any more, not after the whole pass.
     updates = []

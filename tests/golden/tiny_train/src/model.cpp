@@ -59,7 +59,7 @@ void Model::Hyperparameters::validate() const {
 std::vector<std::pair<std::string, dg::Tensor<float>*>> Model::gradients() {
   return {
       {"h_w", &d_h_w},
-      {"h_b", &d_h_b_1},
+      {"h_b", &d_h_b},
       {"logits_w", &d_logits_w},
       {"logits_b", &d_logits_b},
   };
@@ -138,13 +138,13 @@ float Model::run(const Inputs& inputs, Outputs* outputs) {
                            hyper.momentum, hyper.weight_decay);
 
   // gradient of tiny.py:30  h = dg.dense(x, 4, act=dg.relu)
-  dg::reduce_sum(d_h_matmul, d_h_b_1.ptr(), 1, N, 4);
+  dg::reduce_sum(d_h_matmul, d_h_b.ptr(), 1, N, 4);
   dg::matmul_tn(x, d_h_matmul, d_h_w.ptr(), 3, N, 4);
   // h_w: gradient complete and no longer read: update it now
   kernels::momentum_update(h_w.ptr(), d_h_w.ptr(), h_w_buf.ptr(), h_w.size(), hyper.lr, hyper.momentum,
                            hyper.weight_decay);
   // h_b: gradient complete and no longer read: update it now
-  kernels::momentum_update(h_b.ptr(), d_h_b_1.ptr(), h_b_buf.ptr(), h_b.size(), hyper.lr, hyper.momentum,
+  kernels::momentum_update(h_b.ptr(), d_h_b.ptr(), h_b_buf.ptr(), h_b.size(), hyper.lr, hyper.momentum,
                            hyper.weight_decay);
   memory.record(arena);
   return softmax_cross_entropy[0];

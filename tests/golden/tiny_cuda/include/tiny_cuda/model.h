@@ -81,7 +81,7 @@ class Model {
 
   // Gradients and optimizer state, on the device.
   dg::DeviceTensor<float> d_h_w{std::vector<int64_t>{3, 4}};
-  dg::DeviceTensor<float> d_h_b_1{std::vector<int64_t>{4}};
+  dg::DeviceTensor<float> d_h_b{std::vector<int64_t>{4}};
   dg::DeviceTensor<float> d_logits_w{std::vector<int64_t>{4, 2}};
   dg::DeviceTensor<float> d_logits_b{std::vector<int64_t>{2}};
   dg::DeviceTensor<float> h_w_buf{std::vector<int64_t>{3, 4}};

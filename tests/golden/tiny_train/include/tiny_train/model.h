@@ -80,7 +80,7 @@ class Model {
 
   // Gradients and optimizer state.
   dg::Tensor<float> d_h_w{std::vector<int64_t>{3, 4}};
-  dg::Tensor<float> d_h_b_1{std::vector<int64_t>{4}};
+  dg::Tensor<float> d_h_b{std::vector<int64_t>{4}};
   dg::Tensor<float> d_logits_w{std::vector<int64_t>{4, 2}};
   dg::Tensor<float> d_logits_b{std::vector<int64_t>{2}};
   dg::Tensor<float> h_w_buf{std::vector<int64_t>{3, 4}};
