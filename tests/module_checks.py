@@ -150,6 +150,7 @@ def check_load_validates_everything_first(graph, module, tmp_path):
         cases.update({
             "fractional step": ({"optimizer/step": np.float64(2.5)}, "whole number"),
             "negative step": ({"optimizer/step": np.int64(-1)}, ">= 0"),
+            "last step": ({"optimizer/step": np.int64(2**63 - 1)}, "below 2\\*\\*63"),
             "step array": ({"optimizer/step": np.arange(2)}, "scalar"),
             "text step": ({"optimizer/step": np.array("one")}, "must be an integer"),
         })
@@ -183,8 +184,9 @@ def check_hyperparameters_are_validated(module):
         for value in bad[name]:
             with pytest.raises(ValueError, match=name):
                 setattr(model, name, value)
-    with pytest.raises(ValueError, match="step"):
-        model.step = -1
+    for step in (-1, 2**63 - 1):  # a step count train_step could not add one to
+        with pytest.raises(ValueError, match="step"):
+            model.step = step
     assert model.hyperparameters() == before and model.step == 0
     model.lr = 0.0  # zero is a valid learning rate
     assert model.lr == 0.0

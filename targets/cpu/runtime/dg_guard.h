@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <mutex>
 #include <shared_mutex>
 #include <stdexcept>
@@ -71,8 +72,10 @@ inline void require_unit_interval(const char* name, double value) {  // [0, 1)
     throw std::invalid_argument(std::string(name) + " must be in [0, 1), got " + std::to_string(value));
 }
 
+// A step count train_step can still add one to.
 inline void require_step(int64_t step) {
-  if (step < 0) throw std::invalid_argument("step must be >= 0, got " + std::to_string(step));
+  if (step < 0 || step == std::numeric_limits<int64_t>::max())
+    throw std::invalid_argument("step must be >= 0 and below 2**63 - 1, got " + std::to_string(step));
 }
 
 // A size computed from the symbolic dims, evaluated in double before the int64

@@ -218,7 +218,8 @@ inline int64_t checked_step(const std::string& path, const py::object& file) {
   }
   int overflow = 0;
   const long long step = PyLong_AsLongLongAndOverflow(value.ptr(), &overflow);
-  if (overflow != 0 || step < 0) throw py::value_error(where + " must be >= 0 and fit int64, got " + std::string(py::repr(value)));
+  if (overflow != 0 || step < 0 || step == std::numeric_limits<long long>::max())
+    throw py::value_error(where + " must be >= 0 and below 2**63 - 1, got " + std::string(py::repr(value)));
   return static_cast<int64_t>(step);
 }
 
