@@ -126,14 +126,13 @@ def build_example(name: str) -> dict:
     sources came from, the module and the generated model.cpp."""
     from generator.codegen.emit import write_project
     from generator.pipeline import project_files
-    from generator.codegen.lower import lower
-    from generator.codegen.targets import load_target
+    from generator.pipeline import lowered
     from generator.loader import load_model
 
     graph = load_model(str(ROOT / "examples" / f"{name}.py")).build()
     t0 = time.perf_counter()
     files = project_files(graph)  # runs the generator's passes on graph, as `deepgen generate` does
-    plan = lower(graph, load_target("cpu"))  # the plan those sources were rendered from
+    plan = lowered(graph)  # the plan those sources were rendered from
     folder = CACHE / graph.name
     src, build = folder / "src", folder / "build"
     write_project(src, files, force=True)  # unchanged files keep their mtimes

@@ -100,8 +100,7 @@ def build_example(example: str, level: str) -> dict:
     build it (or reuse the build) and import it."""
     from generator.codegen.emit import MANIFEST
     from generator.pipeline import generate
-    from generator.codegen.lower import lower
-    from generator.codegen.targets import load_target
+    from generator.pipeline import lowered
     from generator.loader import load_model
 
     name = f"{example}_{level.lower()}"
@@ -111,7 +110,7 @@ def build_example(example: str, level: str) -> dict:
     t0 = time.perf_counter()
     generate(graph, src, force=True, opt=level)  # runs prepare(graph, level); unchanged files keep their mtimes
     gen_seconds = time.perf_counter() - t0
-    plan = lower(graph, load_target("cpu"))  # the plan the sources were rendered from (for the formula)
+    plan = lowered(graph)  # the plan the sources were rendered from (for the formula)
     files = json.loads((src / MANIFEST).read_text())["files"]
     key = hashlib.sha256(json.dumps({"files": files, "python": sys.executable, "version": sys.version},
                                     sort_keys=True).encode()).hexdigest()

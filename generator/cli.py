@@ -68,12 +68,15 @@ def cmd_ir(args):
     from . import pipeline
 
     graph = _graph(args)
-    if args.after in ("optimize", "differentiate", "lower"):
+    if args.after in ("optimize", "differentiate", "lower", "plan_memory"):
         pipeline.optimize(graph, "O2")
-        if args.after in ("differentiate", "lower"):
+        if args.after != "optimize":
             pipeline.differentiate(graph, "O2")
         if args.after == "lower":
             print(pipeline.plan_text(pipeline.lower(graph, "cpu")), end="")
+            return
+        if args.after == "plan_memory":
+            print(pipeline.plan_text(pipeline.lowered(graph, "cpu")), end="")
             return
         print(graph, end="")
         return
@@ -94,10 +97,10 @@ def cmd_ir(args):
 
 def cmd_memory(args):
     from .memory_report import parse_bytes, plot_png, report
-    from .pipeline import lower, prepare
+    from .pipeline import lowered, prepare
 
     graph = prepare(_graph(args), args.opt)
-    plan = lower(graph, "cpu")
+    plan = lowered(graph, "cpu")
     dims = {}
     for item in args.dim or []:
         name, _, value = item.partition("=")
@@ -151,8 +154,8 @@ def parser() -> argparse.ArgumentParser:
     i = sub.add_parser("ir", help="print a model's graph")
     i.add_argument("model")
     i.add_argument("--grad", action="store_true", help="include the backward pass (gradient nodes)")
-    i.add_argument("--after", help="stop after a stage (optimize, differentiate, lower: the lowered statements, "
-                                   "kernels and arena plan) or after one pass of -O2 (dce, cse, fold, copyprop, fuse, "
+    i.add_argument("--after", help="stop after a stage (optimize, differentiate, lower: the lowered statements "
+                                   "and kernels, plan_memory: with the arena offsets) or after one pass of -O2 (dce, cse, fold, copyprop, fuse, "
                                    "simplify, epilogue) and print what it made")
     i.set_defaults(func=cmd_ir)
     for command in sub.choices.values():

@@ -203,3 +203,46 @@ def arena_size(buffers: list, phases) -> object:
         if b.phase in phases:
             size = sym_max(size, sympy.expand(b.offset + b.size))
     return size
+
+
+def plan_memory(project):
+    """Stage `plan_memory`: decide which elementwise results take their operand's
+    block (in place), give every buffer its offset (the ArenaDecl lines print it),
+    and fill project.memory with the arena's size for forward() and train_step()."""
+    from .errors import DeepgenError
+    from .codegen.printer import exact_size_expr, size_expr
+
+    lowered = project.buffers
+    taken = set()
+    for b in lowered.buffers:
+        for src in lowered.in_place_candidates.get(b.name, []):
+            if src.last == b.first and id(src) not in taken:
+                b.inplace_of = src
+                taken.add(id(src))
+                break
+    ordered = list(lowered.buffers)
+    plan(ordered)
+    forward = arena_size(ordered, {"forward"})
+    everything = arena_size(ordered, {"forward", "loss", "backward"})
+    train = project.train is not None
+    if train and not sympy.sympify(everything).free_symbols <= lowered.bound:
+        raise DeepgenError("the training arena depends on sizes only training inputs determine; "
+                           "declare them on a forward input too")
+    if train:
+        size = f"outputs != nullptr ? {size_expr(forward)} : {size_expr(everything)}"
+        exact = f"outputs != nullptr ? {exact_size_expr(forward)} : {exact_size_expr(everything)}"
+    else:
+        size, exact = size_expr(forward), exact_size_expr(forward)
+    project.memory = {
+        "arena": size,
+        "arena_exact": exact,  # the same in double, checked before int64 arithmetic could wrap
+        "arena_symbolic": bool(getattr(everything if train else forward, "free_symbols", ())),
+        "buffers": ordered,
+        "forward_floats": forward,
+        "train_floats": everything if train else None,
+        "forward_bound": lower_bound(ordered, {"forward"}),
+        "train_bound": lower_bound(ordered) if train else None,
+        "float_bytes": FLOAT_BYTES,
+    }
+    return project
+

@@ -6,18 +6,19 @@
   build          ModelDef -> Graph                builder.ModelDef.build
   optimize       Graph -> Graph                   passes.optimize (the forward graph)
   differentiate  Graph -> Graph                   autodiff.prepare_training, then optimize again
-  lower          Graph -> ProjectPlan             codegen.lower.lower (its arena plan included)
+  lower          Graph -> ProjectPlan             codegen.lower.lower (typed ArenaDecl lines, buffers unplaced)
+  plan_memory    ProjectPlan -> ProjectPlan       memory.plan_memory (in-place choices, offsets, arena size)
   record         (Graph, ProjectPlan) -> plan     codegen.record.record (reference outputs, examples)
   render         ProjectPlan -> {path: bytes}     codegen.emit.render (pure: the plan in, files out)
   write          {path: bytes} -> project folder  codegen.emit.write_project
 
-`deepgen ir MODEL --after STAGE` stops after optimize, differentiate or lower
-and prints what that stage made.
+`deepgen ir MODEL --after STAGE` stops after optimize, differentiate, lower or
+plan_memory and prints what that stage made.
 """
 
 from __future__ import annotations
 
-STAGES = ("load", "build", "optimize", "differentiate", "lower", "record", "render", "write")
+STAGES = ("load", "build", "optimize", "differentiate", "lower", "plan_memory", "record", "render", "write")
 
 
 def optimize(graph, opt: str = "O2", report=None):
@@ -45,11 +46,23 @@ def prepare(graph, opt: str = "O2", report=None):
 
 
 def lower(graph, target_name: str = "cpu"):
-    """Stage `lower`: the graph as a ProjectPlan for a target."""
+    """Stage `lower`: the graph as a ProjectPlan for a target (its buffers not yet placed)."""
     from .codegen.lower import lower as lower_graph
     from .codegen.targets import load_target
 
     return lower_graph(graph, load_target(target_name))
+
+
+def plan_memory(plan):
+    """Stage `plan_memory`: in-place decisions and arena offsets (memory.plan_memory)."""
+    from .memory import plan_memory as place
+
+    return place(plan)
+
+
+def lowered(graph, target_name: str = "cpu"):
+    """lower then plan_memory: the plan as recording and rendering receive it."""
+    return plan_memory(lower(graph, target_name))
 
 
 def project_files(graph, target: str = "cpu", opt: str = "O2", report=None) -> dict:
@@ -58,7 +71,7 @@ def project_files(graph, target: str = "cpu", opt: str = "O2", report=None) -> d
     from .codegen.record import record
     from .codegen.targets import load_target
 
-    plan = record(graph, lower(prepare(graph, opt, report), target))
+    plan = record(graph, lowered(prepare(graph, opt, report), target))
     return render(plan, load_target(target))
 
 
@@ -88,8 +101,10 @@ def plan_text(plan) -> str:
         out.extend(f"    {line}" for line in plan.train.copies + plan.train.updates)
     out.append("\n## kernels")
     out.extend(f"{k.name}: {k.comment}" for k in plan.kernels)
-    memory = plan.memory
-    out.append(f"\n## arena: {memory['arena']} floats")
-    out.extend(f"{b.name:<24} offset {b.offset}  size {b.size}  [{b.first}, {b.last}] {b.phase}"
-               for b in memory["buffers"])
+    if plan.memory:
+        out.append(f"\n## arena: {plan.memory['arena']} floats")
+    out.append("\n## buffers (name, offset, floats, written at, last read at, phase)")
+    out.extend(f"{b.name:<24} {b.offset if b.offset is not None else '(unplaced)'}  {b.size}  "
+               f"[{b.first}, {b.last}] {b.phase}" + (f"  in place of {b.inplace_of.name}" if b.inplace_of else "")
+               for b in plan.buffers.buffers)
     return "\n".join(out) + "\n"

@@ -154,7 +154,7 @@ def test_user_source_text_cannot_break_out_of_comments(tmp_path):
 
 
 @pytest.mark.parametrize("stage, expect", [("optimize", "matmul"), ("differentiate", "d_logits"),
-                                           ("lower", "## arena")])
+                                           ("lower", "(unplaced)"), ("plan_memory", "## arena")])
 def test_ir_stops_after_each_stage(capsys, stage, expect):
     from generator.cli import main
 

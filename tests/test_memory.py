@@ -10,8 +10,7 @@ import pytest
 import sympy
 
 from conftest import ROOT, load_example
-from generator.codegen.lower import lower
-from generator.codegen.targets import load_target
+from generator.pipeline import lowered
 from generator.memory import Buffer, dominates, plan
 from generator.samples import sample_inputs
 
@@ -21,7 +20,7 @@ EXAMPLES = sorted(p.stem for p in (ROOT / "examples").glob("*.py"))
 def _memory_plan(graph):
     from generator.pipeline import prepare
 
-    return lower(prepare(graph), load_target("cpu")).memory
+    return lowered(prepare(graph)).memory
 
 
 def _bytes(expr, dims):
@@ -84,8 +83,8 @@ def test_planner_reuses_and_stacks_symbolic_blocks():
 
 def test_elementwise_in_place_when_the_input_dies():
     graph = load_example("bow").build()
-    model = lower(graph, load_target("cpu"))  # -O0: no fusion, so the add stays a node
-    code = "\n".join(line for s in model.statements for line in s.lines)
+    model = lowered(graph)  # -O0: no fusion, so the add stays a node
+    code = "\n".join(str(line) for s in model.statements for line in s.lines)
     assert "float* hidden_add = arena.at(" in code
     buffers = {b.name: b for b in model.memory["buffers"]}
     assert buffers["hidden_add"].inplace_of is buffers["hidden_matmul"]
@@ -114,7 +113,7 @@ def test_largest_batch_really_fits():
     graph = load_example("mlp").build()
     from generator.pipeline import prepare
 
-    m = MemoryModel(graph, lower(prepare(graph), load_target("cpu")))
+    m = MemoryModel(graph, lowered(prepare(graph)))
     n = graph.dims[0]
     budget = 50 * 2**20
     best = m.largest_batch(budget, n, {})

@@ -76,14 +76,13 @@ def test_every_example_is_the_same_at_o0_and_o2(name):
 
 
 def test_fusion_reduces_kernels_and_buffers():
-    from generator.codegen.lower import lower
-    from generator.codegen.targets import load_target
+    from generator.pipeline import lowered
 
     for name in ("mlp", "bow"):
         counts = {}
         for level in ("O0", "O2"):
             graph = prepare(load_example(name).build(), level)
-            plan = lower(graph, load_target("cpu"))
+            plan = lowered(graph)
             counts[level] = (len(plan.kernels), len([b for b in plan.memory["buffers"] if b.inplace_of is None]),
                              len(plan.memory["buffers"]))
         assert counts["O2"][0] < counts["O0"][0], (name, counts)  # fewer kernels
@@ -106,13 +105,12 @@ def test_epilogue_fusion_folds_bias_and_activation_into_the_gemm():
     """mlp at O2: every matmul's bias + relu (forward) and relu' (backward) run
     inside the GEMM; no pre-activation buffer is left, and the training arena
     does not grow."""
-    from generator.codegen.lower import lower
-    from generator.codegen.targets import load_target
+    from generator.pipeline import lowered
 
     plans = {}
     for level in ("O1", "O2"):
         graph = prepare(load_example("mlp").build(), level)
-        plans[level] = (graph, lower(graph, load_target("cpu")))
+        plans[level] = (graph, lowered(graph))
     graph, plan = plans["O2"]
     fused = [n for n in graph.nodes if n.op == "matmul" and "epilogue" in n.attrs]
     assert len(fused) == 5, [n.outputs[0].name for n in fused]  # h1, h2, logits; d_h1, d_h2

@@ -12,14 +12,13 @@ from __future__ import annotations
 import numpy as np
 
 from .. import __version__
-from ..errors import DeepgenError
 from ..names import RESERVED, comment_text, cpp_string
 from ..ops import get_op
 from ..printing import format_graph
 from ..shapes import fmt_shape, numel
 from ..autodiff import prepare_training, train_only_inputs
 from .kernels import epilogue_kernel, ewise_kernel, update_kernel
-from .plan import InputSpec, OutputSpec, ParamSpec, ProjectPlan, Statement, TrainPlan
+from .plan import ArenaDecl, InputSpec, LoweredBuffers, OutputSpec, ParamSpec, ProjectPlan, Statement, TrainPlan
 
 CTYPE = {"float32": "float", "int32": "int32_t", "int64": "int64_t"}
 
@@ -86,7 +85,7 @@ class LowerCtx:
             self.buffers[id(v)] = Buffer(v.name, size, self.position, self.position, self.phase,
                                          label=self.comment, shape=v.shape)
             self.producer_of[id(v)] = v.producer
-            self.pending.append(f"float* {v.name} = arena.at(@@{v.name}@@, {self.size(size)});")
+            self.pending.append(ArenaDecl(self.buffers[id(v)], self.size(size)))
             self.expr[id(v)] = v.name
             return v.name
         if id(v) not in self.expr:
@@ -336,65 +335,20 @@ def _lower_training(ctx, graph, target, dim_index, bound_dims) -> TrainPlan:
     )
 
 
-def _plan_memory(ctx, graph, statements, train, bound) -> dict:
-    """Decide in-place updates, plan the arena, and write the offsets into the
-    lowered statements (they hold @@name@@ placeholders until now)."""
-    from ..memory import FLOAT_BYTES, arena_size, lower_bound, plan
-    from .printer import exact_size_expr
-
-    buffers = ctx.buffers
-    taken = set()
-    for key, b in buffers.items():
+def _lowered_buffers(ctx, bound) -> LoweredBuffers:
+    """The arena's buffers as lowering leaves them (positions that write and last
+    read each), with the operands each may share a block with: an in-place op's
+    operand of the same shape and phase that is a buffer of its own (not a view)."""
+    candidates = {}
+    for key, b in ctx.buffers.items():
         node = ctx.producer_of[key]
         if node is None or not get_op(node.op).in_place:
             continue
         out = node.outputs[0]
-        for u in node.inputs:
-            src = buffers.get(id(u))
-            if (src is not None and id(u) not in ctx.root and src.last == b.first and id(src) not in taken
-                    and tuple(u.shape) == tuple(out.shape) and src.phase == b.phase):
-                b.inplace_of = src
-                taken.add(id(src))
-                break
-    ordered = list(buffers.values())
-    plan(ordered)
-    offsets = {f"@@{b.name}@@": ctx.size(b.offset) for b in ordered}
-
-    def fill(statement_list):
-        for st in statement_list:
-            st.lines = [_fill_offsets(line, offsets) for line in st.lines]
-
-    fill(statements)
-    if train is not None:
-        fill(train.loss_statements)
-        fill(train.backward_statements)
-    forward = arena_size(ordered, {"forward"})
-    everything = arena_size(ordered, {"forward", "loss", "backward"})
-    if train is not None and not everything.free_symbols <= bound:
-        raise DeepgenError("the training arena depends on sizes only training inputs determine; "
-                           "declare them on a forward input too")
-    size = ctx.size(forward) if train is None else f"outputs != nullptr ? {ctx.size(forward)} : {ctx.size(everything)}"
-    exact = (exact_size_expr(forward) if train is None
-             else f"outputs != nullptr ? {exact_size_expr(forward)} : {exact_size_expr(everything)}")
-    return {
-        "arena": size,
-        "arena_exact": exact,  # the same in double, checked before int64 arithmetic could wrap
-        "arena_symbolic": bool(getattr(everything if train is not None else forward, "free_symbols", ())),
-        "buffers": ordered,
-        "forward_floats": forward,
-        "train_floats": everything if train is not None else None,
-        "forward_bound": lower_bound(ordered, {"forward"}),
-        "train_bound": lower_bound(ordered) if train is not None else None,
-        "float_bytes": FLOAT_BYTES,
-    }
-
-
-def _fill_offsets(line: str, offsets: dict) -> str:
-    if "@@" not in line:
-        return line
-    for token, value in offsets.items():
-        line = line.replace(token, value)
-    return line
+        candidates[b.name] = [ctx.buffers[id(u)] for u in node.inputs
+                              if id(u) in ctx.buffers and id(u) not in ctx.root
+                              and tuple(u.shape) == tuple(out.shape) and ctx.buffers[id(u)].phase == b.phase]
+    return LoweredBuffers(list(ctx.buffers.values()), candidates, bound)
 
 
 def lower(graph, target) -> ProjectPlan:
@@ -418,7 +372,6 @@ def lower(graph, target) -> ProjectPlan:
     statements = _statements(ctx, [n for n in graph.nodes if n.phase == "forward"])
     train = _lower_training(ctx, graph, target, dim_index, bound) if graph.train else None
     outputs = _outputs(ctx, graph, "outputs->" if train else "outputs.")
-    memory = _plan_memory(ctx, graph, statements, train, bound)
 
     requirements = [(f"{ctx.size(expr)} >= 0", cpp_string(why)) for expr, why in graph.requirements]
     source = graph.loc.short.split(":")[0] if graph.loc else "model.py"
@@ -440,6 +393,6 @@ def lower(graph, target) -> ProjectPlan:
         kernel_ext=target.kernel_ext,
         model_ext=target.model_ext,
         train=train,
-        memory=memory,
+        buffers=_lowered_buffers(ctx, bound),
         trees=[helper for n in graph.nodes for helper in get_op(n.op).helpers(n)],
     )

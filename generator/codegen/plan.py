@@ -37,8 +37,25 @@ class Kernel:
 
 
 @dataclass
+class ArenaDecl:
+    """A typed line: the pointer to an intermediate's piece of the arena. Lowering
+    makes it with its memory.Buffer; the memory stage gives the buffer its offset;
+    printing it (str) is the last step."""
+
+    buffer: object  # memory.Buffer
+    size: str  # C++ element count
+
+    def __str__(self) -> str:
+        from .printer import size_expr
+
+        offset = "/*not yet planned*/" if self.buffer.offset is None else size_expr(self.buffer.offset)
+        return f"float* {self.buffer.name} = arena.at({offset}, {self.size});"
+
+
+@dataclass
 class Statement:
-    """The C++ for one DSL statement: a comment citing it, then its lines."""
+    """The C++ for one DSL statement: a comment citing it, then its lines (C++
+    text, or typed lines such as ArenaDecl that print themselves)."""
 
     comment: str
     lines: list = field(default_factory=list)
@@ -98,6 +115,18 @@ class TrainPlan:
 
 
 @dataclass
+class LoweredBuffers:
+    """What memory planning reads: the arena's buffers in lowering order (each a
+    memory.Buffer with the positions that write it and last read it), the buffers
+    each may share a block with (by name: an in-place op's operands), and the
+    symbolic dims forward() binds."""
+
+    buffers: list
+    in_place_candidates: dict
+    bound: set
+
+
+@dataclass
 class Recording:
     """What the project carries about itself (stage `record`, codegen/record.py)."""
 
@@ -129,6 +158,7 @@ class ProjectPlan:
     kernel_ext: str = ".cpp"
     model_ext: str = ".cpp"
     train: TrainPlan | None = None
-    memory: dict = field(default_factory=dict)  # the arena plan (see lower._plan_memory)
+    buffers: LoweredBuffers | None = None  # from lowering, for the memory stage
+    memory: dict = field(default_factory=dict)  # the arena plan (stage plan_memory: memory.plan_memory)
     trees: list = field(default_factory=list)  # [{arity, children, words, roots, function}] from OpDef.helpers
     recording: Recording | None = None  # filled by the record stage
