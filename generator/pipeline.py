@@ -92,7 +92,11 @@ def plan_text(plan) -> str:
         out.append(f"\n## {title}")
         for s in statements:
             out.append(f"// {s.comment}")
-            out.extend(f"    {line}" for line in s.lines)
+            for line in s.lines:
+                if getattr(line, "kind", "") == "level_loop":
+                    out.extend(_level_loop_text(line))
+                else:
+                    out.append(f"    {line}")
 
     block("forward", plan.statements)
     if plan.train is not None:
@@ -108,3 +112,18 @@ def plan_text(plan) -> str:
                f"[{b.first}, {b.last}] {b.phase}" + (f"  in place of {b.inplace_of.name}" if b.inplace_of else "")
                for b in plan.buffers.buffers)
     return "\n".join(out) + "\n"
+
+
+def _level_loop_text(loop) -> list:
+    """A LevelLoop's parts, labelled (the template's level_loop macro is the C++)."""
+    out = [f"    level loop over {loop.batch}:"]
+    parts = [("inspector", loop.inspector), ("leaf block", loop.leaf.decls + loop.leaf.body)]
+    if loop.hoisted is not None:
+        parts.append(("hoisted block", loop.hoisted.decls + loop.hoisted.body))
+    parts += [("before the loop", loop.child_buffers + loop.packed + loop.body.decls),
+              ("each level: gathers", loop.gathers), ("each level: body", loop.body.body), ("after", loop.finish)]
+    for title, lines in parts:
+        out.append(f"      {title}:")
+        out.extend(f"        {line}" for line in lines)
+    return out
+

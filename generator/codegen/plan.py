@@ -53,6 +53,42 @@ class ArenaDecl:
 
 
 @dataclass
+class CellBlock:
+    """A recursive op's cell over a block of rows: buffers declared before it
+    (sized for the most rows), then `const int64_t rows = count;` and the body."""
+
+    decls: list  # C++ declarations
+    rows: str  # the row-count variable the body reads
+    count: str  # its value for this block
+    body: list  # C++ lines (with the DSL comments)
+
+
+@dataclass
+class LevelLoop:
+    """A typed statement: a recursive op lowered the Cortex way, rendered by the
+    `level_loop` macro of model.cpp.j2: the inspector; the leaves as one block;
+    the hoisted internal-cell work as one block; the buffers made once before the
+    loop; then per level the children's gathers and the cell's body."""
+
+    kind = "level_loop"
+    batch: str  # the children input, for the comments
+    schedule: str  # the dg::LevelSchedule variable
+    inspector: list  # its C++ lines: schedule, sorted words, the states in schedule order
+    leaves: str  # the leaf-count variable
+    leaf: CellBlock
+    internal_rows: str  # the internal-row count expression (for the hoisted block)
+    hoisted: CellBlock | None
+    max_rows: str  # the largest level's row-count variable
+    child_buffers: list  # declarations of the children's state buffers
+    packed: list  # dg::PackedB declarations of the loop's weights
+    level: str  # the loop variable
+    start: str  # the level's first row variable
+    gathers: list  # per level: the children's states into the child buffers
+    body: CellBlock
+    finish: list  # the states back in the caller's numbering
+
+
+@dataclass
 class Statement:
     """The C++ for one DSL statement: a comment citing it, then its lines (C++
     text, or typed lines such as ArenaDecl that print themselves)."""

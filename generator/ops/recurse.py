@@ -133,6 +133,12 @@ class Recurse(OpDef):
         return "\n".join(lines)
 
     def lower(self, node, ctx):
+        """Cortex's executor as a typed LevelLoop (codegen/plan.py) that the
+        template's level_loop macro renders: the inspector, the leaf block, the
+        hoisted block, the buffers made once before the loop, and per level the
+        children's gathers and the cell's body."""
+        from ..codegen.plan import CellBlock, LevelLoop
+
         spec = node.attrs["spec"]
         children, words, roots = node.inputs[:3]
         nodes, count = children.shape[0], roots.shape[0]
@@ -142,15 +148,14 @@ class Recurse(OpDef):
         widths = [numel(shape) for _, shape in spec.state]
         states = [names.unique(f"{name}_rows") for name, _ in spec.state]
         what = ctx.string(f"recurse over '{children.name}' ({node.loc.short if node.loc else ''})")
-        lines = [
-            "// Inspector: check the batch and number its nodes by height, leaves first.",
+        inspector = [
             f"const dg::LevelSchedule {sched} = dg::schedule_levels({ctx.ptr(children)}, {ctx.size(nodes)}, "
             f"{spec.arity}, {ctx.ptr(roots)}, {ctx.size(count)}, /*dag=*/{'true' if spec.dag else 'false'}, {what});",
             f"{ctx.scratch_type}<int64_t> {sorted_words}({ctx.size(nodes)});",
             f"dg::permute_rows({ctx.ptr(words)}, {sched}.order.data(), {ctx.size(nodes)}, {sorted_words}.data());",
         ]
-        for state, width in zip(states, widths):
-            lines.append(f"{ctx.scratch_type}<float> {state}({ctx.size(nodes)} * {ctx.size(width)});  // in schedule order")
+        inspector += [f"{ctx.scratch_type}<float> {state}({ctx.size(nodes)} * {ctx.size(width)});  // in schedule order"
+                      for state, width in zip(states, widths)]
 
         def rows_of(j, first_row):
             """A pointer to state j's rows from `first_row` on (the leaves start at row 0)."""
@@ -158,78 +163,70 @@ class Recurse(OpDef):
                 return f"{states[j]}.data()"
             return f"{states[j]}.data() + {first_row} * {ctx.size(widths[j])}"
 
-        def run_block(cell, nodes_to_run, count_expr, bound_name, words_ptr, out_rows):
-            """Declarations (sized with rows = bound_name) before a block that sets rows."""
+        def run_block(cell, nodes_to_run, count_expr, bound_name, words_ptr, out_rows) -> CellBlock:
+            """A cell's statements over `count_expr` rows; its buffers are sized with
+            rows = bound_name, declared before the block."""
             for v in cell.outputs:
                 if out_rows is not None and ctx.claim_output(v):
-                    j = cell.outputs.index(v)
-                    ctx.expr[id(v)] = rows_of(j, out_rows)
+                    ctx.expr[id(v)] = rows_of(cell.outputs.index(v), out_rows)
             ctx.expr[id(cell.words)] = words_ptr
             decls, body = ctx.lower_nodes(nodes_to_run, {spec.rows: sympy.Symbol(bound_name)})
-            body = [f"const int64_t {rows} = {count_expr};"] + body
             if out_rows is not None:
                 for j, v in enumerate(cell.outputs):
                     target = rows_of(j, out_rows)
                     if ctx.expr[id(v)] != target:
                         body.append(f"{ctx.copy_fn}({ctx.expr[id(v)]}, {ctx.expr[id(v)]} + {rows} * "
                                     f"{ctx.size(widths[j])}, {target});")
-            return decls + ["{"] + body + ["}"]
+            return CellBlock(decls, rows, count_expr, body)
 
         # Leaves: one batched step over rows [0, leaves).
         leaves = names.unique("leaves")
-        lines.append(f"// Leaves: all {children.name} leaves at once.")
-        lines.append(f"const int64_t {leaves} = {sched}.leaves();")
-        lines += run_block(spec.leaf, spec.leaf.nodes, leaves, leaves, f"{sorted_words}.data()", "0")
+        leaf = run_block(spec.leaf, spec.leaf.nodes, leaves, leaves, f"{sorted_words}.data()", "0")
 
         # Hoisted: internal-cell work that does not read children, for all internal rows.
         cell = spec.internal
         tainted = _depends_on_children(cell)
-        hoisted = [n for n in cell.nodes if not any(id(v) in tainted for v in n.outputs)
-                   and all(not isinstance(d, int) and d == spec.rows or spec.rows not in getattr(d, "free_symbols", ())
-                           for v in n.outputs for d in v.shape[:1])]
-        looped = [n for n in cell.nodes if n not in hoisted]
+        hoisted_nodes = [n for n in cell.nodes if not any(id(v) in tainted for v in n.outputs)
+                         and all(not isinstance(d, int) and d == spec.rows
+                                 or spec.rows not in getattr(d, "free_symbols", ())
+                                 for v in n.outputs for d in v.shape[:1])]
+        looped = [n for n in cell.nodes if n not in hoisted_nodes]
         inner = names.unique("internal_rows")
-        if hoisted:
-            lines.append(f"const int64_t {inner} = {ctx.size(nodes)} - {leaves};")
-            lines.append("// Hoisted out of the level loop: internal-node work that does not read children.")
-            block = run_block(cell, hoisted, inner, inner, f"{sorted_words}.data() + {leaves}", None)
-            lines += block
+        hoisted = None
+        if hoisted_nodes:
+            hoisted = run_block(cell, hoisted_nodes, inner, inner, f"{sorted_words}.data() + {leaves}", None)
 
         # Buffers for the children's states, sized for the largest level.
         most = names.unique("max_rows")
-        lines.append(f"const int64_t {most} = {sched}.max_level_rows;")
+        child_buffers = []
         for slot in cell.children:
             for j, v in enumerate(slot):
-                lines.append(f"{ctx.scratch_type}<float> {v.name}({most} * {ctx.size(widths[j])});")
+                child_buffers.append(f"{ctx.scratch_type}<float> {v.name}({most} * {ctx.size(widths[j])});")
                 ctx.expr[id(v)] = f"{v.name}.data()"
         level, start = names.unique("level"), names.unique("start")
-        for n in hoisted:  # inside the loop, hoisted values are read at the level's rows
+        for n in hoisted_nodes:  # inside the loop, hoisted values are read at the level's rows
             for v in n.outputs:
                 if v.rank and not isinstance(v.shape[0], int) and v.shape[0] == spec.rows:
                     ctx.expr[id(v)] = f"{v.name}.data() + ({start} - {leaves}) * {ctx.size(numel(v.shape[1:]))}"
         level_rows = f"{sched}.level_start[{level} + 1] - {start}"
-        lines += _pack_loop_weights(ctx, names, cell, looped)
-        block = run_block(cell, looped, level_rows, most, f"{sorted_words}.data() + {start}", start)
-        opening = block.index("{")
-        lines += block[:opening]  # the loop's own buffers, allocated once before it
-        lines.append("// Executor: one batched step per level, children before parents.")
-        lines.append(f"for (int64_t {level} = 1; {level} < {sched}.levels(); ++{level}) {{")
-        lines.append(f"const int64_t {start} = {sched}.level_start[{level}];")
-        for k, slot in enumerate(cell.children):
-            for j, v in enumerate(slot):
-                lines.append(
-                    f"dg::gather_children({states[j]}.data(), /*width=*/{ctx.size(widths[j])}, "
-                    f"{sched}.child_row.data() + {start} * {spec.arity}, /*arity=*/{spec.arity}, /*slot=*/{k}, "
-                    f"{level_rows}, {v.name}.data());"
-                )
-        lines += block[opening:] + ["}"]
-
+        packed = _pack_loop_weights(ctx, names, cell, looped)
+        body = run_block(cell, looped, level_rows, most, f"{sorted_words}.data() + {start}", start)
+        gathers = [
+            f"dg::gather_children({states[j]}.data(), /*width=*/{ctx.size(widths[j])}, "
+            f"{sched}.child_row.data() + {start} * {spec.arity}, /*arity=*/{spec.arity}, /*slot=*/{k}, "
+            f"{level_rows}, {v.name}.data());"
+            for k, slot in enumerate(cell.children) for j, v in enumerate(slot)
+        ]
         ctx.packed = {}
         # States back in the caller's numbering.
-        for out, state, width in zip(node.outputs, states, widths):
-            lines.append(f"dg::unsort_rows({state}.data(), {sched}.order.data(), {ctx.size(nodes)}, "
-                         f"{ctx.size(width)}, {ctx.out(out)});")
-        return lines
+        finish = [f"dg::unsort_rows({state}.data(), {sched}.order.data(), {ctx.size(nodes)}, "
+                  f"{ctx.size(width)}, {ctx.out(out)});" for out, state, width in zip(node.outputs, states, widths)]
+        return [LevelLoop(
+            batch=children.name, schedule=sched, inspector=inspector, leaves=leaves, leaf=leaf,
+            internal_rows=f"{ctx.size(nodes)} - {leaves}", hoisted=hoisted, max_rows=most,
+            child_buffers=child_buffers, packed=packed, level=level, start=start, gathers=gathers, body=body,
+            finish=finish,
+        )]
 
 
 def _pack_loop_weights(ctx, names, cell, looped) -> list:
@@ -240,7 +237,7 @@ def _pack_loop_weights(ctx, names, cell, looped) -> list:
         return []
     inside = {id(v) for n in cell.nodes for v in n.outputs}
     inside |= {id(v) for slot in cell.children for v in slot} | {id(cell.words)}
-    lines = []
+    lines = []  # each a PackedB declaration
     for n in looped:
         if n.op != "matmul" or n.attrs.get("ta") or n.attrs.get("tb"):
             continue
@@ -249,8 +246,6 @@ def _pack_loop_weights(ctx, names, cell, looped) -> list:
             continue
         name = names.unique(f"{b.name}_packed")
         k, width = (ctx.size(d) for d in b.shape)
-        if not lines:
-            lines.append("// Weights the level loop multiplies by, packed for the GEMM once (not per level).")
         lines.append(f"const dg::PackedB {name}(/*tb=*/false, /*K=*/{k}, /*N=*/{width}, {ctx.ptr(b)}, /*ldb=*/{width});")
         ctx.packed[id(b)] = name
     return lines
