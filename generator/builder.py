@@ -183,8 +183,8 @@ class Builder:
             if key is not None and t.value.producer is not None and in_return(t.value.loc)
         }
         _name_values(self.graph, self.names, preferred)
-        for nodes in self.regions:  # the model's own names first, then the cells'
-            _name_values(SimpleNamespace(nodes=nodes), self.names, {})
+        for nodes, prefix in self.regions:  # the model's own names first, then the cells'
+            _name_values(SimpleNamespace(nodes=nodes), self.names, {}, prefix)
         graph = self.graph
         taken = set()
         for key, tensor in outputs:
@@ -224,13 +224,14 @@ def _collect_outputs(result, loc):
     return items
 
 
-def _name_values(graph: Graph, names: NameTable, preferred: dict):
+def _name_values(graph: Graph, names: NameTable, preferred: dict, prefix: str = ""):
     """Name node outputs after the user's variables.
 
     Nodes are grouped into runs of consecutive nodes from the same statement. The
     last node of a run gets the assigned variable's name (`h = relu(x @ w + b)`
     names the relu `h`); the others become `h_matmul`, `h_add`. Explicit `name=`
-    always wins; names clashing with earlier ones get a numeric suffix."""
+    always wins; names clashing with earlier ones get a numeric suffix. A
+    recursive op's cell values get `prefix` (leaf_, node_) before the user's name."""
     runs, current, key = [], [], None
     for node in graph.nodes:
         k = (node.loc.filename, node.loc.stmt_line) if node.loc else None
@@ -261,7 +262,7 @@ def _name_values(graph: Graph, names: NameTable, preferred: dict):
                 if not names.claim(v.name):
                     raise ModelError(f"name {v.name!r} is already used in this model", node.loc)
             else:
-                v.name = names.unique(v.name)
+                v.name = names.unique(prefix + v.name)
 
 
 def _check_dims_bound(graph: Graph):

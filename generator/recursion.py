@@ -95,8 +95,46 @@ def _trace(builder, fn, args, what, loc):
         result = (result,)
     if not isinstance(result, (tuple, list)) or not result or not all(isinstance(t, Tensor) for t in result):
         raise ModelError(f"the {what} cell must return a Tensor or a tuple of Tensors, got {result!r}", loc, "recurse")
-    builder.regions.append(nodes)  # named when the model is finished
+    # Named when the model is finished, after the user's variables with a prefix
+    # that tells the cells apart: leaf_i (leaf cell) beside node_i (internal cell).
+    builder.regions.append((nodes, "leaf_" if what == "leaf" else "node_"))
     return nodes, [t.value for t in result]
+
+
+def _children_names(fn, arity: int, count: int):
+    """The names the internal cell unpacks its children into, when it does so in
+    one statement `(h_l, c_l), (h_r, c_r) = children`: [[h_l, c_l], [h_r, c_r]];
+    else None (the placeholders are then child0_h, ...)."""
+    import ast
+    import inspect
+    import textwrap
+
+    try:
+        tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
+    except (OSError, TypeError, SyntaxError, IndentationError):
+        return None
+    func = tree.body[0] if tree.body else None
+    if not isinstance(func, (ast.FunctionDef, ast.Lambda)) or len(func.args.args) < 2:
+        return None
+    param = func.args.args[1].arg
+
+    def slot_names(slot):
+        if count == 1 and isinstance(slot, ast.Name):
+            return [slot.id]
+        if isinstance(slot, (ast.Tuple, ast.List)) and len(slot.elts) == count:
+            if all(isinstance(e, ast.Name) for e in slot.elts):
+                return [e.id for e in slot.elts]
+        return None
+
+    for node in ast.walk(func):
+        if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.value, ast.Name)
+                and node.value.id == param and isinstance(node.targets[0], (ast.Tuple, ast.List))
+                and len(node.targets[0].elts) == arity):
+            slots = [slot_names(slot) for slot in node.targets[0].elts]
+            flat = [n for s in slots if s for n in s]
+            if all(slots) and len(set(flat)) == len(flat):
+                return slots
+    return None
 
 
 def _free_values(cell: Cell) -> list:
@@ -129,8 +167,10 @@ def recurse(trees: Trees, leaf, internal, names=None):
         raise ModelError(f"names {names} do not match the {len(leaf_out)} state tensors of the leaf cell", loc, "recurse")
     shapes = [tuple(v.shape[1:]) for v in leaf_out]
     node_words = _placeholder(b, "node_words", "int64", (rows,))
+    user = _children_names(internal, trees.arity, len(shapes))  # ((h_l, c_l), (h_r, c_r)) = children
     children = [
-        [_placeholder(b, f"child{k}_{names[j]}", "float32", (rows,) + shapes[j]) for j in range(len(shapes))]
+        [_placeholder(b, user[k][j] if user else f"child{k}_{names[j]}", "float32", (rows,) + shapes[j])
+         for j in range(len(shapes))]
         for k in range(trees.arity)
     ]
     args = (Tensor(node_words), [tuple(Tensor(v) for v in slot) for slot in children])

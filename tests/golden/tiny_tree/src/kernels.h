@@ -13,7 +13,7 @@ namespace kernels {
 
 // the GEMM's epilogue, fusing tanh: tiny.py:48  return (dg.tanh(dg.concat([h_l, h_r], axis=1) @ w),)
 // The GEMM calls it on C[row, col0 : col0 + n] once those sums are complete.
-struct tanh_epilogue {
+struct node_tanh_epilogue {
   void operator()(int64_t /*row*/, int64_t /*col0*/, float* acc, int64_t n) const {
     for (int64_t j = 0; j < n; ++j) {
       acc[j] = dg::math::tanh_f(acc[j]);

@@ -71,26 +71,27 @@ Outputs Model::forward(const Inputs& inputs) const {
                              "gather 'emb' by 'leaf_words' (tiny.py:44)");
   }
   const int64_t max_rows = schedule.max_level_rows;
-  dg::Scratch<float> child0_h(max_rows * 4);
-  dg::Scratch<float> child1_h(max_rows * 4);
+  dg::Scratch<float> h_l(max_rows * 4);
+  dg::Scratch<float> h_r(max_rows * 4);
   // Weights the level loop multiplies by, packed for the GEMM once (not per level).
   const dg::PackedB w_packed(/*tb=*/false, /*K=*/8, /*N=*/4, w.ptr(), /*ldb=*/4);
-  dg::Scratch<float> concat(8 * max_rows);
+  dg::Scratch<float> node_concat(8 * max_rows);
   // Executor: one batched step per level, children before parents.
   for (int64_t level = 1; level < schedule.levels(); ++level) {
     const int64_t start = schedule.level_start[level];
     dg::gather_children(h_rows.data(), /*width=*/4, schedule.child_row.data() + start * 2, /*arity=*/2,
-                        /*slot=*/0, schedule.level_start[level + 1] - start, child0_h.data());
+                        /*slot=*/0, schedule.level_start[level + 1] - start, h_l.data());
     dg::gather_children(h_rows.data(), /*width=*/4, schedule.child_row.data() + start * 2, /*arity=*/2,
-                        /*slot=*/1, schedule.level_start[level + 1] - start, child1_h.data());
+                        /*slot=*/1, schedule.level_start[level + 1] - start, h_r.data());
     {
       const int64_t rows = schedule.level_start[level + 1] - start;
       // tiny.py:48  return (dg.tanh(dg.concat([h_l, h_r], axis=1) @ w),)
-      dg::copy_axis(child0_h.data(), concat.data(), /*outer=*/rows, /*src_len=*/4, /*src_start=*/0,
+      dg::copy_axis(h_l.data(), node_concat.data(), /*outer=*/rows, /*src_len=*/4, /*src_start=*/0,
                     /*dst_len=*/8, /*dst_start=*/0, /*count=*/4, /*inner=*/1);
-      dg::copy_axis(child1_h.data(), concat.data(), /*outer=*/rows, /*src_len=*/4, /*src_start=*/0,
+      dg::copy_axis(h_r.data(), node_concat.data(), /*outer=*/rows, /*src_len=*/4, /*src_start=*/0,
                     /*dst_len=*/8, /*dst_start=*/4, /*count=*/4, /*inner=*/1);
-      dg::matmul(concat.data(), w_packed, h_rows.data() + start * 4, rows, 8, 4, kernels::tanh_epilogue{});
+      dg::matmul(node_concat.data(), w_packed, h_rows.data() + start * 4, rows, 8, 4,
+                 kernels::node_tanh_epilogue{});
     }
   }
   dg::unsort_rows(h_rows.data(), schedule.order.data(), trees_nodes, 4, h);
