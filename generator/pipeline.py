@@ -104,7 +104,7 @@ def plan_text(plan) -> str:
         block("backward and updates", plan.train.backward_statements)
         out.extend(f"    {line}" for line in plan.train.copies + plan.train.updates)
     out.append("\n## kernels")
-    out.extend(f"{k.name}: {k.comment}" for k in plan.kernels)
+    out.extend(f"{k.name}: {k.comment.replace(chr(10), ' | ')}" for k in plan.kernels)
     if plan.memory:
         out.append(f"\n## arena: {plan.memory['arena']} floats")
     out.append("\n## buffers (name, offset, floats, written at, last read at, phase)")

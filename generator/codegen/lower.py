@@ -141,9 +141,10 @@ class LowerCtx:
         return cpp_string(text)
 
     def _fused_comment(self, locs, fns, what="fuses") -> str:
-        """A fused kernel's comment lists every DSL statement it holds."""
+        """A fused kernel's comment: what it computes (its functions, each once, in
+        order), then each DSL statement it holds on a line of its own."""
         lines = list(dict.fromkeys(f"{loc.short}  {comment_text(loc.text)}" for loc in locs if loc))
-        return f"{what} {' + '.join(fns)}: " + " | ".join(lines)
+        return "\n".join([f"{what} {', '.join(dict.fromkeys(fns))}:"] + lines)
 
     def epilogue(self, node) -> str:
         """The functor a matmul with a fused epilogue passes to the GEMM."""

@@ -35,6 +35,11 @@ class Kernel:
     # expression; the outer loop is split over threads when it is worth it.
     work: str = ""
 
+    @property
+    def comment_lines(self) -> list:
+        """The comment, one C++ comment line each (a fused kernel's DSL lines)."""
+        return self.comment.split("\n")
+
 
 @dataclass
 class ArenaDecl:

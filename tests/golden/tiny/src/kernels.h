@@ -11,7 +11,8 @@
 namespace tiny {
 namespace kernels {
 
-// the GEMM's epilogue, fusing add + relu: tiny.py:11  h = dg.dense(x, 4, act=dg.relu)
+// the GEMM's epilogue, fusing add, relu:
+// tiny.py:11  h = dg.dense(x, 4, act=dg.relu)
 // The GEMM calls it on C[row, col0 : col0 + n] once those sums are complete.
 struct h_epilogue {
   const float* h_b;
@@ -22,7 +23,8 @@ struct h_epilogue {
   }
 };
 
-// the GEMM's epilogue, fusing add: tiny.py:12  y = dg.dense(h, 2)
+// the GEMM's epilogue, fusing add:
+// tiny.py:12  y = dg.dense(h, 2)
 // The GEMM calls it on C[row, col0 : col0 + n] once those sums are complete.
 struct y_epilogue {
   const float* y_b;

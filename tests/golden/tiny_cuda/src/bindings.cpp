@@ -40,8 +40,7 @@ py::dict forward(const Model& model, const py::kwargs& given) {
   return result;
 }
 
-// name -> writable numpy view into the model (the view keeps the model alive; see dg_cuda_pybind.h for how it
-// stays in step with the device)
+// name -> writable numpy view into the model (the view keeps the model alive; see dg_cuda_pybind.h for how it stays in step with the device)
 py::dict views(py::object self, std::vector<std::pair<std::string, dg::DeviceTensor<float>*>> tensors) {
   py::dict result;
   for (auto& [name, tensor] : tensors)

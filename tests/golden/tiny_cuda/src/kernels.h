@@ -16,7 +16,8 @@ namespace kernels {
 void momentum_update(float* w, const float* g, float* buf, int64_t n, float lr, float momentum,
                      float weight_decay);
 
-// the GEMM's epilogue, fusing add + relu: tiny.py:30  h = dg.dense(x, 4, act=dg.relu)
+// the GEMM's epilogue, fusing add, relu:
+// tiny.py:30  h = dg.dense(x, 4, act=dg.relu)
 // The GEMM calls it, on the GPU, on C[row, col0 : col0 + n] once those sums are complete.
 struct h_epilogue {
   const float* h_b;
@@ -27,7 +28,8 @@ struct h_epilogue {
   }
 };
 
-// the GEMM's epilogue, fusing add: tiny.py:31  logits = dg.dense(h, 2)
+// the GEMM's epilogue, fusing add:
+// tiny.py:31  logits = dg.dense(h, 2)
 // The GEMM calls it, on the GPU, on C[row, col0 : col0 + n] once those sums are complete.
 struct logits_epilogue {
   const float* logits_b;
@@ -38,7 +40,8 @@ struct logits_epilogue {
   }
 };
 
-// the GEMM's epilogue, fusing d_fused: tiny.py:30  h = dg.dense(x, 4, act=dg.relu)
+// the GEMM's epilogue, fusing d_fused:
+// tiny.py:30  h = dg.dense(x, 4, act=dg.relu)
 // The GEMM calls it, on the GPU, on C[row, col0 : col0 + n] once those sums are complete.
 struct d_h_matmul_epilogue {
   const float* h;

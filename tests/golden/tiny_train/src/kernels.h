@@ -15,7 +15,8 @@ namespace kernels {
 void momentum_update(float* w, const float* g, float* buf, int64_t n, float lr, float momentum,
                      float weight_decay);
 
-// the GEMM's epilogue, fusing add + relu: tiny.py:30  h = dg.dense(x, 4, act=dg.relu)
+// the GEMM's epilogue, fusing add, relu:
+// tiny.py:30  h = dg.dense(x, 4, act=dg.relu)
 // The GEMM calls it on C[row, col0 : col0 + n] once those sums are complete.
 struct h_epilogue {
   const float* h_b;
@@ -26,7 +27,8 @@ struct h_epilogue {
   }
 };
 
-// the GEMM's epilogue, fusing add: tiny.py:31  logits = dg.dense(h, 2)
+// the GEMM's epilogue, fusing add:
+// tiny.py:31  logits = dg.dense(h, 2)
 // The GEMM calls it on C[row, col0 : col0 + n] once those sums are complete.
 struct logits_epilogue {
   const float* logits_b;
@@ -37,7 +39,8 @@ struct logits_epilogue {
   }
 };
 
-// the GEMM's epilogue, fusing d_fused: tiny.py:30  h = dg.dense(x, 4, act=dg.relu)
+// the GEMM's epilogue, fusing d_fused:
+// tiny.py:30  h = dg.dense(x, 4, act=dg.relu)
 // The GEMM calls it on C[row, col0 : col0 + n] once those sums are complete.
 struct d_h_matmul_epilogue {
   const float* h;

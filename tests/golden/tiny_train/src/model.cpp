@@ -106,8 +106,7 @@ float Model::run(const Inputs& inputs, Outputs* outputs) {
   check.symbolic(0, 0, "N");
   const int64_t* labels = inputs.labels.data;
 
-  // tiny.py:32  dg.train(dg.softmax_cross_entropy(logits, labels), dg.sgd(lr=0.1, momentum=0.9),
-  // weight_decay=1e-4)
+  // tiny.py:32  dg.train(dg.softmax_cross_entropy(logits, labels), dg.sgd(lr=0.1, momentum=0.9), weight_decay=1e-4)
   float* softmax_cross_entropy = arena.at(4 * N, 1);
   dg::softmax_xent<int64_t>(logits.data(), labels, softmax_cross_entropy, N, 2,
                             "softmax_cross_entropy labels 'labels'");
@@ -118,8 +117,7 @@ float Model::run(const Inputs& inputs, Outputs* outputs) {
   // of each parameter as soon as its gradient is complete and it is not read again ----
   ++step;
 
-  // gradient of tiny.py:32  dg.train(dg.softmax_cross_entropy(logits, labels), dg.sgd(lr=0.1, momentum=0.9),
-  // weight_decay=1e-4)
+  // gradient of tiny.py:32  dg.train(dg.softmax_cross_entropy(logits, labels), dg.sgd(lr=0.1, momentum=0.9), weight_decay=1e-4)
   float* d_softmax_cross_entropy = arena.at(4 * N + 1, 1);
   dg::fill(d_softmax_cross_entropy, 1, 1.0f);
   float* d_logits = arena.at(8 * N + 1, 2 * N);

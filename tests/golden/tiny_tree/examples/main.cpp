@@ -10,8 +10,7 @@ int main() {
   tiny_tree::Inputs inputs;
   std::vector<int64_t> trees_children_data = {
       -1, -1, -1, -1, -1, -1, -1, -1, 3,  1,  4,  0,  5,  2,  -1, -1, -1, -1, -1, -1,
-      9,  8,  10, 7,  -1, -1, -1, -1, -1, -1, -1, -1, 14, 13, 16, 12, 17, 15};  // [trees_nodes, 2] with
-                                                                                // trees_nodes=19
+      9,  8,  10, 7,  -1, -1, -1, -1, -1, -1, -1, -1, 14, 13, 16, 12, 17, 15};  // [trees_nodes, 2] with trees_nodes=19
   inputs.trees_children = {trees_children_data.data(), {19, 2}};
   std::vector<int64_t> trees_words_data = {8, 3, 4, 7, 1, 3, 1, 4, 9, 1,
                                            3, 4, 9, 2, 5, 2, 0, 7, 0};  // [trees_nodes] with trees_nodes=19

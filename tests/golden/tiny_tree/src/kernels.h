@@ -11,7 +11,8 @@
 namespace tiny_tree {
 namespace kernels {
 
-// the GEMM's epilogue, fusing tanh: tiny.py:48  return (dg.tanh(dg.concat([h_l, h_r], axis=1) @ w),)
+// the GEMM's epilogue, fusing tanh:
+// tiny.py:48  return (dg.tanh(dg.concat([h_l, h_r], axis=1) @ w),)
 // The GEMM calls it on C[row, col0 : col0 + n] once those sums are complete.
 struct node_tanh_epilogue {
   void operator()(int64_t /*row*/, int64_t /*col0*/, float* acc, int64_t n) const {
