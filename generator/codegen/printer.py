@@ -95,6 +95,8 @@ class FloatPrinter(C99CodePrinter):
 class SizePrinter(C99CodePrinter):
     """int64 size arithmetic: N*784, N - 1, N*N (no pow() on integers)."""
 
+    max_fn = "std::max<int64_t>"
+
     def _print_Pow(self, expr):
         base, exp = expr.args
         if exp.is_Integer and exp > 0:
@@ -105,7 +107,7 @@ class SizePrinter(C99CodePrinter):
         args = [self._print(a) for a in expr.args]
         text = args[0]
         for a in args[1:]:
-            text = f"std::max<int64_t>({text}, {a})"
+            text = f"{self.max_fn}({text}, {a})"
         return text
 
 
@@ -113,18 +115,13 @@ class ExactSizePrinter(SizePrinter):
     """The same size arithmetic in double: N*784 as (double)N*784.0, so a run-time
     check can see a size that int64 arithmetic would wrap around."""
 
+    max_fn = "std::max"
+
     def _print_Symbol(self, expr):
         return f"static_cast<double>({expr.name})"
 
     def _print_Integer(self, expr):
         return f"{int(expr)}.0"
-
-    def _print_Max(self, expr):
-        args = [self._print(a) for a in expr.args]
-        text = args[0]
-        for a in args[1:]:
-            text = f"std::max({text}, {a})"
-        return text
 
 
 _SIZE = SizePrinter()

@@ -19,7 +19,6 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <mutex>
 #include <cstring>
 #include <new>
 #include <stdexcept>
@@ -136,33 +135,6 @@ class Arena {
  private:
   Scratch<float> data_;
   int64_t high_water_ = 0;
-};
-
-// What the last call used: the arena's planned size and its measured high-water mark.
-// Calls running at once (forward() from several threads) record in turn.
-class MemoryStats {
- public:
-  struct Reading {
-    int64_t peak_bytes = 0;            // highest arena byte the last call touched
-    int64_t predicted_peak_bytes = 0;  // the plan's arena size for that call's sizes
-    int64_t calls = 0;
-  };
-
-  void record(const Arena& arena) {
-    std::lock_guard<std::mutex> hold(mutex_);
-    last_.peak_bytes = arena.high_water_bytes();
-    last_.predicted_peak_bytes = arena.size_bytes();
-    ++last_.calls;
-  }
-
-  Reading read() const {
-    std::lock_guard<std::mutex> hold(mutex_);
-    return last_;
-  }
-
- private:
-  mutable std::mutex mutex_;
-  Reading last_;
 };
 
 }  // namespace dg

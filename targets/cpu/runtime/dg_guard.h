@@ -1,7 +1,7 @@
 // dg_guard.h: what keeps a generated Model's state whole: the lock that lets
-// threads share one Model, the check that a train_step with a non-finite loss
-// changes nothing, the ranges of the hyperparameters, and overflow-checked
-// sizes.
+// threads share one Model, the memory statistics calls record in turn, the
+// check that a train_step with a non-finite loss changes nothing, the ranges of
+// the hyperparameters, and overflow-checked sizes.
 //
 // Part of the deepgen runtime: hand-written, copied unchanged into every
 // generated project.
@@ -40,6 +40,35 @@ class SerialStateLock {
 
  private:
   mutable std::shared_mutex mutex_;
+};
+
+// What the last call used: the arena's planned size and its measured high-water
+// mark (either target's Arena). Calls running at once (forward() from several
+// threads) record in turn.
+class MemoryStats {
+ public:
+  struct Reading {
+    int64_t peak_bytes = 0;            // highest arena byte the last call touched
+    int64_t predicted_peak_bytes = 0;  // the plan's arena size for that call's sizes
+    int64_t calls = 0;
+  };
+
+  template <class Arena>
+  void record(const Arena& arena) {
+    std::lock_guard<std::mutex> hold(mutex_);
+    last_.peak_bytes = arena.high_water_bytes();
+    last_.predicted_peak_bytes = arena.size_bytes();
+    ++last_.calls;
+  }
+
+  Reading read() const {
+    std::lock_guard<std::mutex> hold(mutex_);
+    return last_;
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  Reading last_;
 };
 
 // A train_step whose loss is NaN or infinite: thrown before any gradient,
