@@ -16,7 +16,6 @@ from generator.errors import DeepgenError
 from generator.loader import load_model
 
 TINY = str(ROOT / "tests" / "models" / "tiny.py")
-GOLDEN = ROOT / "tests" / "golden" / "tiny"
 
 
 def _tiny():
