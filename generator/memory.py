@@ -206,26 +206,30 @@ def arena_size(buffers: list, phases) -> object:
 
 
 def plan_memory(project):
-    """Stage `plan_memory`: decide which elementwise results take their operand's
-    block (in place), give every buffer its offset (the ArenaDecl lines print it),
-    and fill project.memory with the arena's size for forward() and train_step()."""
+    """Stage `plan_memory`: liveness from the lowered lines (codegen/liveness.py),
+    the place of each parameter update, which elementwise results take their
+    operand's block (in place), every buffer's offset (the ArenaDecl lines print
+    it), and project.memory with the arena's size for forward() and train_step()."""
     from .errors import DeepgenError
+    from .codegen.liveness import liveness, place_updates
     from .codegen.printer import exact_size_expr, size_expr
 
-    lowered = project.buffers
+    live = liveness(project)
+    place_updates(project, live)
     taken = set()
-    for b in lowered.buffers:
-        for src in lowered.in_place_candidates.get(b.name, []):
+    for b in live.buffers:
+        for src in live.in_place_candidates.get(b.name, []):
             if src.last == b.first and id(src) not in taken:
                 b.inplace_of = src
                 taken.add(id(src))
                 break
-    ordered = list(lowered.buffers)
+    ordered = list(live.buffers)
+    project.buffers = ordered
     plan(ordered)
     forward = arena_size(ordered, {"forward"})
     everything = arena_size(ordered, {"forward", "loss", "backward"})
     train = project.train is not None
-    if train and not sympy.sympify(everything).free_symbols <= lowered.bound:
+    if train and not sympy.sympify(everything).free_symbols <= project.bound:
         raise DeepgenError("the training arena depends on sizes only training inputs determine; "
                            "declare them on a forward input too")
     if train:

@@ -83,8 +83,9 @@ def generate(graph, out_dir, target: str = "cpu", force: bool = False, opt: str 
 
 
 def plan_text(plan) -> str:
-    """A lowered plan, readably: each statement's comment and C++ lines, the
-    training part, the kernels and the arena plan (`deepgen ir --after lower`)."""
+    """A lowered plan, readably: each statement's comment and typed lines, printed
+    as C++ after the schedule position that runs them (@3), the training part, the
+    kernels and the arena plan (`deepgen ir --after lower`)."""
     out = [f"# plan of {plan.name} ({plan.target}): {len(plan.statements)} forward statements, "
            f"{len(plan.kernels)} kernels"]
 
@@ -96,22 +97,35 @@ def plan_text(plan) -> str:
                 if getattr(line, "kind", "") == "level_loop":
                     out.extend(_level_loop_text(line))
                 else:
-                    out.append(f"    {line}")
+                    out.append(f"  @{line.at:<3} {line}")
 
     block("forward", plan.statements)
     if plan.train is not None:
         block("loss", plan.train.loss_statements)
         block("backward and updates", plan.train.backward_statements)
-        out.extend(f"    {line}" for line in plan.train.copies + plan.train.updates)
+        out.append("// after the backward pass: gradient copies, then the updates not placed earlier")
+        out.extend(f"  @{getattr(line, 'at', plan.end):<3} {line}" for line in plan.train.copies + plan.train.updates)
     out.append("\n## kernels")
     out.extend(f"{k.name}: {k.comment.replace(chr(10), ' | ')}" for k in plan.kernels)
     if plan.memory:
         out.append(f"\n## arena: {plan.memory['arena']} floats")
     out.append("\n## buffers (name, offset, floats, written at, last read at, phase)")
+    buffers = plan.buffers or _declared_buffers(plan)  # before plan_memory: as lowering declared them
     out.extend(f"{b.name:<24} {b.offset if b.offset is not None else '(unplaced)'}  {b.size}  "
-               f"[{b.first}, {b.last}] {b.phase}" + (f"  in place of {b.inplace_of.name}" if b.inplace_of else "")
-               for b in plan.buffers.buffers)
+               f"[{'?' if b.first is None else b.first}, {'?' if b.last is None else b.last}] {b.phase}"
+               + (f"  in place of {b.inplace_of.name}" if b.inplace_of else "")
+               for b in buffers)
     return "\n".join(out) + "\n"
+
+
+def _declared_buffers(plan) -> list:
+    """The arena buffers the lowered lines declare, in order (positions unknown yet)."""
+    from .codegen.plan import ArenaDecl
+    from .codegen.stmt import nested_lines
+
+    groups = [plan.statements] + ([plan.train.loss_statements, plan.train.backward_statements] if plan.train else [])
+    return [line.buffer for group in groups for s in group for line in nested_lines(s.lines)
+            if isinstance(line, ArenaDecl)]
 
 
 def _level_loop_text(loop) -> list:

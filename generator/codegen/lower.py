@@ -18,7 +18,8 @@ from ..printing import format_graph
 from ..shapes import fmt_shape, numel
 from ..autodiff import prepare_training, train_only_inputs
 from .kernels import epilogue_kernel, ewise_kernel, update_kernel
-from .plan import ArenaDecl, InputSpec, LoweredBuffers, OutputSpec, ParamSpec, ProjectPlan, Statement, TrainPlan
+from .plan import ArenaDecl, InputSpec, OutputSpec, ParamSpec, ProjectPlan, Statement, TrainPlan, Update
+from .stmt import Alias, Call, Comment, Copy, Declare, Functor, Read, Write, place
 
 CTYPE = {"float32": "float", "int32": "int32_t", "int64": "int64_t"}
 
@@ -30,107 +31,83 @@ def _shape_list(shape) -> str:
 
 
 class LowerCtx:
-    def __init__(self, graph, printer_cls):
+    """What lowering knows while it walks the graph: where each value's data is
+    (`place`), which values own a local vector, the kernels made so far and the
+    declarations waiting for the line being lowered. Reading a value (`read`) has
+    no effect: liveness is computed from the typed lines afterwards
+    (codegen/liveness.py)."""
+
+    def __init__(self, graph, target):
         self.graph = graph
-        self.printer_cls = printer_cls
-        # The target's owned-buffer type and copy (std::vector and std::copy on the CPU).
-        self.vector_type = "std::vector"
-        # Per-call buffers no caller keeps (std::vector unless the target has a cache).
-        self.scratch_type = "std::vector"
-        # Whether the runtime has dg::PackedB (weights packed once before a loop), and
-        # id(value) -> the PackedB that holds it while a loop is lowered.
-        self.packs_weights = False
-        self.packed = {}
-        self.copy_fn = "std::copy"
-        self.output_make = ""  # target format of an output built from device data ("" : o.make as lowered)
-        self.expr = {}  # id(value) -> C++ pointer expression
-        self.names = {}  # value -> C++ identifier (its graph name)
+        self.target = target  # codegen.targets.Target: its vector, scratch and copy names, printer
+        self.place = {}  # id(value) -> C++ expression of its data where it is read now
         self.owned = set()  # id(value) of values held in a local std::vector
-        self.kernels = []
-        self.pending = []  # buffer declarations for the statement being lowered
-        self.comment = ""
-        self.decls = None  # in lower_nodes: declarations to place before a block
-        self.subs = {}  # in lower_nodes: dims to size those declarations with
-        # Memory planning: intermediates live in one arena; offsets are filled in
-        # after lowering, once liveness is known (see generator/memory.py).
-        self.position = 0  # index of the node being lowered, in schedule order
-        self.phase = "forward"
-        self.buffers = {}  # id(value) -> memory.Buffer
-        self.root = {}  # id(alias value) -> id(value whose buffer it reads)
-        self.producer_of = {}  # id(value) -> node, for in-place decisions
         self.outputs = set()  # id(value) of graph outputs: own storage, handed to the caller
-        # Scheduling parameter updates (DeepDSL): where each value is made and
-        # each parameter last read, and which statement holds each position.
-        self.made_at = {}
-        self.param_last = {}
-        self.statement_at = {}
+        self.packed = {}  # id(value) -> the dg::PackedB holding it, while a loop is lowered
+        self.kernels = []
+        self.pending = []  # declarations for the line being lowered
+        self.comment = ""  # the DSL statement being lowered, for buffer labels
+        self.phase = "forward"
+        self.block = None  # inside a recursive op's cell: (declarations before it, dims to size them with)
 
-    def name(self, v) -> str:
-        return v.name
+    def read(self, v) -> Read:
+        """v's data, as the line being lowered reads it."""
+        return Read(v, self.place[id(v)])
 
-    def ptr(self, v) -> str:
-        if v.kind == "param" and self.decls is None:
-            self.param_last[id(v)] = self.position
-        root = self.root.get(id(v), id(v))
-        if root in self.buffers:
-            self.buffers[root].last = max(self.buffers[root].last, self.position)
-        return self.expr[id(v)]
-
-    def out(self, v) -> str:
-        """Declare v's buffer (once) and return a pointer to write it."""
-        if id(v) not in self.expr and self.decls is None and id(v) not in self.outputs and v.dtype == "float32":
+    def write(self, v) -> Write:
+        """v's data, to write: its buffer is declared on first use (an arena piece
+        for a float intermediate, a local vector otherwise or inside a cell)."""
+        if id(v) not in self.place and self.block is None and id(v) not in self.outputs and v.dtype == "float32":
             from ..memory import Buffer
 
             size = numel(v.shape)
-            self.buffers[id(v)] = Buffer(v.name, size, self.position, self.position, self.phase,
-                                         label=self.comment, shape=v.shape)
-            self.producer_of[id(v)] = v.producer
-            self.pending.append(ArenaDecl(self.buffers[id(v)], self.size(size)))
-            self.expr[id(v)] = v.name
-            return v.name
-        if id(v) not in self.expr:
-            if self.decls is not None:  # inside a block: allocate once, before it
-                size = numel(tuple(d if isinstance(d, int) else d.xreplace(self.subs) for d in v.shape))
-                self.decls.append(f"{self.scratch_type}<{CTYPE[v.dtype]}> {v.name}({self.size(size)});")
+            buffer = Buffer(v.name, size, None, None, self.phase, label=self.comment, shape=v.shape)
+            self.pending.append(ArenaDecl(buffer, self.size(size), v))
+            self.place[id(v)] = v.name
+        elif id(v) not in self.place:
+            if self.block is not None:  # inside a block: allocate once, before it
+                decls, subs = self.block
+                size = numel(tuple(d if isinstance(d, int) else d.xreplace(subs) for d in v.shape))
+                decls.append(Declare(f"{self.target.scratch_type}<{CTYPE[v.dtype]}>", v.name, [self.size(size)]))
             else:
-                self.pending.append(f"{self.vector_type}<{CTYPE[v.dtype]}> {v.name}({self.size(numel(v.shape))});")
-            self.expr[id(v)] = f"{v.name}.data()"
+                self.pending.append(Declare(f"{self.target.vector_type}<{CTYPE[v.dtype]}>", v.name,
+                                            [self.size(numel(v.shape))]))
+            self.place[id(v)] = f"{v.name}.data()"
             self.owned.add(id(v))
-        return self.expr[id(v)]
+        return Write(v, self.place[id(v)])
 
     def claim_output(self, v) -> bool:
         """Whether the node producing v can write it straight into a given buffer."""
-        return v.producer is not None and not get_op(v.producer.op).view and id(v) not in self.expr
+        return v.producer is not None and not get_op(v.producer.op).view and id(v) not in self.place
+
+    def call(self, fn: str, *args, template: str = "") -> Call:
+        return Call(fn, list(args), template)
 
     def lower_nodes(self, nodes, subs: dict):
         """Lower a block of nodes (a cell of a recursive op): returns the buffer
         declarations, sized with `subs` applied (e.g. rows -> max_rows), to place
-        before the block, and the block's statements with their DSL comments."""
-        saved = self.decls, self.subs, self.comment
-        self.decls, self.subs = [], subs
+        before the block, and the block's lines with their DSL comments."""
+        saved = self.block, self.comment, self.pending
+        self.block = ([], subs)
         body, last = [], None
         for node in nodes:
             loc = node.loc
             key = (loc.filename, loc.stmt_line) if loc else None
             if key != last and loc is not None:
                 self.comment = f"{loc.short}  {comment_text(loc.text)}"
-                body.append(f"// {self.comment}")
+                body.append(Comment(self.comment))
                 last = key
             self.pending = []
             lines = get_op(node.op).lower(node, self)
             body += self.pending + lines
-        decls = self.decls
-        self.decls, self.subs, self.comment = saved
+        decls = self.block[0]
+        self.block, self.comment, self.pending = saved
         return decls, body
 
     def alias(self, v, src):
         """v shares src's data (a reshape): a named pointer, no copy."""
-        self.root[id(v)] = self.root.get(id(src), id(src))
-        self.ptr(src)
-        self.pending.append(
-            f"const {CTYPE[v.dtype]}* {v.name} = {self.ptr(src)};  // same data, shape {fmt_shape(v.shape)}"
-        )
-        self.expr[id(v)] = v.name
+        self.pending.append(Alias(v, self.read(src), CTYPE[v.dtype], fmt_shape(v.shape)))
+        self.place[id(v)] = v.name
 
     def size(self, d) -> str:
         from .printer import size_expr
@@ -146,12 +123,12 @@ class LowerCtx:
         lines = list(dict.fromkeys(f"{loc.short}  {comment_text(loc.text)}" for loc in locs if loc))
         return "\n".join([f"{what} {', '.join(dict.fromkeys(fns))}:"] + lines)
 
-    def epilogue(self, node) -> str:
+    def epilogue(self, node) -> Functor:
         """The functor a matmul with a fused epilogue passes to the GEMM."""
         names = {v: v.name for v in node.inputs + node.outputs}
         comment = self._fused_comment(node.attrs["epilogue_from"], node.attrs["epilogue_fns"],
                                       "the GEMM's epilogue, fusing")
-        kernel = epilogue_kernel(node, names, comment, self.printer_cls)
+        kernel = epilogue_kernel(node, names, comment, self.target.printer_cls)
         # kernels:: holds one function per value name: keep this type's name apart
         taken = {k.name for k in self.kernels} | set(self.graph.names.used)
         base, k = kernel.name, 0
@@ -159,20 +136,21 @@ class LowerCtx:
             k += 1
             kernel.name = f"{base}_{k}"
         self.kernels.append(kernel)
-        members = [self.ptr(v) for v in node.inputs[2:]] + [a.name for a in kernel.args[len(node.inputs) - 2 :]]
-        return f"kernels::{kernel.name}{{{', '.join(members)}}}"
+        members = [self.read(v) for v in node.inputs[2:]] + [a.name for a in kernel.args[len(node.inputs) - 2 :]]
+        return Functor(kernel.name, tuple(members))
 
-    def call_kernel(self, node) -> str:
+    def kernel(self, node) -> Call:
+        """A call of the elementwise kernel that computes node."""
         names = {v: v.name for v in node.inputs + node.outputs}
         comment = self.comment
         fused = node.attrs.get("fused_from")
         if fused:
             comment = self._fused_comment(fused, node.attrs["fused_fns"])
-        kernel = ewise_kernel(node, names, comment, self.printer_cls)
+        kernel = ewise_kernel(node, names, comment, self.target.printer_cls)
         self.kernels.append(kernel)
-        args = [self.ptr(v) for v in node.inputs] + [self.out(node.outputs[0])]
+        args = [self.read(v) for v in node.inputs] + [self.write(node.outputs[0])]
         args += [a.name for a in kernel.args[len(args) :]]
-        return f"kernels::{kernel.name}({', '.join(args)});"
+        return Call(f"kernels::{kernel.name}", args)
 
 
 def _input_spec(v, dim_index) -> InputSpec:
@@ -199,10 +177,11 @@ def _param_spec(p) -> ParamSpec:
     return ParamSpec(p.name, list(p.shape), fmt_shape(p.shape), init, comment, f"dg::init_{prim[0]}", args)
 
 
-def _statements(ctx, nodes) -> list:
-    """One Statement per run of consecutive nodes from the same DSL statement."""
+def _statements(ctx, nodes, first: int) -> list:
+    """One Statement per run of consecutive nodes from the same DSL statement;
+    node k runs at schedule position first + k."""
     statements, key = [], object()
-    for node in nodes:
+    for position, node in enumerate(nodes, first):
         loc = node.loc
         k = (loc.filename, loc.stmt_line) if loc else None
         if k != key or not statements:
@@ -212,12 +191,9 @@ def _statements(ctx, nodes) -> list:
             key = k
         ctx.pending = []
         ctx.phase = node.phase
-        for v in node.outputs:
-            ctx.made_at[id(v)] = ctx.position
-        ctx.statement_at[ctx.position] = statements[-1]
+        statements[-1].positions.append(position)
         lines = get_op(node.op).lower(node, ctx)
-        statements[-1].lines += ctx.pending + lines
-        ctx.position += 1
+        statements[-1].lines += place(ctx.pending + lines, position)
     return statements
 
 
@@ -226,16 +202,18 @@ def _outputs(ctx, graph, access: str) -> list:
     for name, v in graph.outputs:
         shape = _shape_list(v.shape)
         ctype = CTYPE[v.dtype]
+        data = ctx.read(v)
         if id(v) in first:  # the same value returned twice: copy the first output
             make = f"dg::Tensor<{ctype}>({shape}, {access}{first[id(v)]}.ptr())"
         elif id(v) in ctx.owned:  # a local buffer: hand it over without copying
             make = f"dg::Tensor<{ctype}>({shape}, std::move({v.name}))"
         else:  # an input, a parameter or an alias: copy it
-            make = f"dg::Tensor<{ctype}>({shape}, {ctx.ptr(v)})"
-        if ctx.output_make:  # a target whose outputs are copied from elsewhere (the GPU)
-            make = ctx.output_make.format(ctype=ctype, shape=shape, data=ctx.ptr(v))
+            make = f"dg::Tensor<{ctype}>({shape}, {data})"
+        output_make = ctx.target.names.get("output_make", "")
+        if output_make:  # a target whose outputs are copied from elsewhere (the GPU)
+            make = output_make.format(ctype=ctype, shape=shape, data=data)
         first.setdefault(id(v), name)
-        outputs.append(OutputSpec(name, ctype, v.dtype, fmt_shape(v.shape), make, shape, ctx.ptr(v)))
+        outputs.append(OutputSpec(name, ctype, v.dtype, fmt_shape(v.shape), make, shape, str(data), data))
     return outputs
 
 
@@ -265,7 +243,7 @@ def _member_name(graph, name: str, live: set) -> str:
     return unique
 
 
-def _lower_training(ctx, graph, target, dim_index, bound_dims) -> TrainPlan:
+def _lower_training(ctx, graph, dim_index, bound_dims, first: int) -> TrainPlan:
     """The loss, backward and update parts of train_step."""
     spec = graph.train
     train_inputs = train_only_inputs(graph)
@@ -280,50 +258,47 @@ def _lower_training(ctx, graph, target, dim_index, bound_dims) -> TrainPlan:
         if g is None:
             continue
         direct = (g.producer is not None and g.producer.phase == "backward" and not get_op(g.producer.op).view
-                  and id(g) not in ctx.expr and sum(x is g for x in spec.grads.values()) == 1)
+                  and id(g) not in ctx.place and sum(x is g for x in spec.grads.values()) == 1)
         member = g.name if direct and g.name == f"d_{p.name}" else _member_name(graph, f"d_{p.name}", live)
         grads.append((p.name, member, _shape_list(p.shape)))
         if direct:  # the backward pass writes the gradient straight into the member
-            ctx.expr[id(g)] = f"{member}.ptr()"
+            ctx.place[id(g)] = f"{member}.ptr()"
         else:
             copies.append((p.name, g, member))
     loss_nodes = [n for n in graph.nodes if n.phase == "loss"]
     backward = [n for n in graph.nodes if n.phase == "backward"]
-    loss_statements = _statements(ctx, loss_nodes)
-    backward_statements = _statements(ctx, backward)
-    copy_lines = [
-        f"{ctx.copy_fn}({ctx.ptr(g)}, {ctx.ptr(g)} + {member}.size(), {member}.ptr());" for _, g, member in copies
-    ]
+    loss_statements = _statements(ctx, loss_nodes, first)
+    backward_statements = _statements(ctx, backward, first + len(loss_nodes))
+    end = first + len(loss_nodes) + len(backward)
+    copy_lines = place([Copy(ctx.target.copy_fn, ctx.read(g), f"{member}.size()", f"{member}.ptr()")
+                        for _, g, member in copies], end)
     opt = spec.optimizer
-    kernel = update_kernel(opt, target.printer_cls)
+    kernel = update_kernel(opt, ctx.target.printer_cls)
     ctx.kernels.append(kernel)
     scalars = [a.name for a in kernel.args if a.ctype == "float"]
     slots = {p: [(slot, _member_name(graph, f"{p}_{slot}", live)) for slot in opt.slots] for p, _, _ in grads}
-    # DeepDSL's rescheduling: update a parameter in the statement where its
-    # gradient is complete and it is not read any more, not after the whole pass.
+    # One update call per parameter; the memory stage moves each into the statement
+    # where its gradient is complete and it is no longer read (DeepDSL's rescheduling).
     updates = []
     copied = {p for p, _, _ in copies}
     params = {p.name: p for p in graph.params}
     for p, member, _ in grads:
         args = [f"{p}.ptr()", f"{member}.ptr()"] + [f"{m}.ptr()" for _, m in slots[p]] + [f"{p}.size()"]
         args += [s if s in ("c1", "c2") else f"hyper.{s}" for s in scalars]
-        call = f"kernels::{kernel.name}({', '.join(args)});"
-        ready = max(ctx.made_at.get(id(spec.grads[p]), -1), ctx.param_last.get(id(params[p]), -1))
-        if p in copied or ready not in ctx.statement_at or ctx.statement_at[ready] not in backward_statements:
-            updates.append(call)
-        else:
-            ctx.statement_at[ready].lines += [f"// {p}: gradient complete and no longer read: update it now", call]
+        updates.append(Update(p, params[p], spec.grads[p], Call(f"kernels::{kernel.name}", args), p in copied))
     hyper = [(name, f"{np.float32(value)!r}".replace("np.float32(", "").rstrip(")") + "f") for name, value in spec.hyper]
     from ..train import HYPER_RANGES
 
     hyper_checks = [(name, f"dg::{HYPER_RANGES[name]}") for name, _ in spec.hyper]
+    loss = ctx.read(spec.loss)
     return TrainPlan(
         optimizer=opt.describe(),
         kind=opt.kind,
         inputs=checks,
         input_names=[v.name for v in graph.inputs],
         dims=later_dims,
-        loss=f"{ctx.ptr(spec.loss)}[0]",
+        loss=f"{loss}[0]",
+        loss_read=loss,
         loss_statements=loss_statements,
         backward_statements=backward_statements,
         copies=copy_lines,
@@ -336,42 +311,24 @@ def _lower_training(ctx, graph, target, dim_index, bound_dims) -> TrainPlan:
     )
 
 
-def _lowered_buffers(ctx, bound) -> LoweredBuffers:
-    """The arena's buffers as lowering leaves them (positions that write and last
-    read each), with the operands each may share a block with: an in-place op's
-    operand of the same shape and phase that is a buffer of its own (not a view)."""
-    candidates = {}
-    for key, b in ctx.buffers.items():
-        node = ctx.producer_of[key]
-        if node is None or not get_op(node.op).in_place:
-            continue
-        out = node.outputs[0]
-        candidates[b.name] = [ctx.buffers[id(u)] for u in node.inputs
-                              if id(u) in ctx.buffers and id(u) not in ctx.root
-                              and tuple(u.shape) == tuple(out.shape) and ctx.buffers[id(u)].phase == b.phase]
-    return LoweredBuffers(list(ctx.buffers.values()), candidates, bound)
-
-
 def lower(graph, target) -> ProjectPlan:
     if graph.train is not None:
         prepare_training(graph)
-    ctx = LowerCtx(graph, target.printer_cls)
-    ctx.vector_type, ctx.scratch_type, ctx.copy_fn = target.vector_type, target.scratch_type, target.copy_fn
-    ctx.packs_weights = target.packs_weights
-    ctx.output_make = target.names.get("output_make", "")
+    ctx = LowerCtx(graph, target)
     dims = graph.dims
     dim_index = {d: i for i, d in enumerate(dims)}
     for v in graph.inputs:
-        ctx.expr[id(v)] = v.name
+        ctx.place[id(v)] = v.name
     for p in graph.params:
-        ctx.expr[id(p)] = f"{p.name}.ptr()"
+        ctx.place[id(p)] = f"{p.name}.ptr()"
     train_inputs = {id(v) for v in train_only_inputs(graph)} if graph.train else set()
     forward_inputs = [v for v in graph.inputs if id(v) not in train_inputs]
     bound = {s for v in forward_inputs for d in v.shape for s in getattr(d, "free_symbols", ())}
 
     ctx.outputs = {id(v) for _, v in graph.outputs}
-    statements = _statements(ctx, [n for n in graph.nodes if n.phase == "forward"])
-    train = _lower_training(ctx, graph, target, dim_index, bound) if graph.train else None
+    forward = [n for n in graph.nodes if n.phase == "forward"]
+    statements = _statements(ctx, forward, 0)
+    train = _lower_training(ctx, graph, dim_index, bound, len(forward)) if graph.train else None
     outputs = _outputs(ctx, graph, "outputs->" if train else "outputs.")
 
     requirements = [(f"{ctx.size(expr)} >= 0", cpp_string(why)) for expr, why in graph.requirements]
@@ -394,6 +351,7 @@ def lower(graph, target) -> ProjectPlan:
         kernel_ext=target.kernel_ext,
         model_ext=target.model_ext,
         train=train,
-        buffers=_lowered_buffers(ctx, bound),
+        bound=bound,
+        end=sum(n.phase in ("forward", "loss", "backward") for n in graph.nodes),
         trees=[helper for n in graph.nodes for helper in get_op(n.op).helpers(n)],
     )

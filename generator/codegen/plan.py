@@ -41,14 +41,17 @@ class Kernel:
         return self.comment.split("\n")
 
 
-@dataclass
+@dataclass(eq=False)
 class ArenaDecl:
     """A typed line: the pointer to an intermediate's piece of the arena. Lowering
-    makes it with its memory.Buffer; the memory stage gives the buffer its offset;
-    printing it (str) is the last step."""
+    makes it with its memory.Buffer (positions not yet known) and the value it
+    holds; liveness fills in the positions, the memory stage the offset; printing
+    it (str) is the last step."""
 
     buffer: object  # memory.Buffer
     size: str  # C++ element count
+    value: object = None  # the graph value whose data it holds
+    at: int = -1
 
     def __str__(self) -> str:
         from .printer import size_expr
@@ -57,18 +60,18 @@ class ArenaDecl:
         return f"float* {self.buffer.name} = arena.at({offset}, {self.size});"
 
 
-@dataclass
+@dataclass(eq=False)
 class CellBlock:
     """A recursive op's cell over a block of rows: buffers declared before it
     (sized for the most rows), then `const int64_t rows = count;` and the body."""
 
-    decls: list  # C++ declarations
+    decls: list  # typed lines (codegen/stmt.py): the block's buffers
     rows: str  # the row-count variable the body reads
     count: str  # its value for this block
-    body: list  # C++ lines (with the DSL comments)
+    body: list  # typed lines, with the DSL comments
 
 
-@dataclass
+@dataclass(eq=False)
 class LevelLoop:
     """A typed statement: a recursive op lowered the Cortex way, rendered by the
     `level_loop` macro of model.cpp.j2: the inspector; the leaves as one block;
@@ -78,7 +81,7 @@ class LevelLoop:
     kind = "level_loop"
     batch: str  # the children input, for the comments
     schedule: str  # the dg::LevelSchedule variable
-    inspector: list  # its C++ lines: schedule, sorted words, the states in schedule order
+    inspector: list  # typed lines: the schedule, sorted words, the states in schedule order
     leaves: str  # the leaf-count variable
     leaf: CellBlock
     internal_rows: str  # the internal-row count expression (for the hoisted block)
@@ -91,15 +94,17 @@ class LevelLoop:
     gathers: list  # per level: the children's states into the child buffers
     body: CellBlock
     finish: list  # the states back in the caller's numbering
+    at: int = -1
 
 
 @dataclass
 class Statement:
-    """The C++ for one DSL statement: a comment citing it, then its lines (C++
-    text, or typed lines such as ArenaDecl that print themselves)."""
+    """The code for one DSL statement: a comment citing it, then its typed lines
+    (codegen/stmt.py, ArenaDecl, LevelLoop), each printing itself."""
 
     comment: str
     lines: list = field(default_factory=list)
+    positions: list = field(default_factory=list)  # the schedule positions of its nodes
 
 
 @dataclass
@@ -132,6 +137,7 @@ class OutputSpec:
     make: str  # C++ expression building the dg::Tensor
     shape: str = ""  # C++ shape list, e.g. {N, 10}
     data: str = ""  # C++ pointer to the output's elements (a device pointer on a GPU target)
+    read: object = None  # stmt.Read of the value, read when the call returns
 
 
 @dataclass
@@ -144,10 +150,11 @@ class TrainPlan:
     input_names: list  # every input, in order
     dims: list  # [(name, index)] of dims only those inputs bind
     loss: str  # C++ expression of the loss value
+    loss_read: object  # stmt.Read of it, read when train_step returns
     loss_statements: list
     backward_statements: list
-    copies: list  # C++ lines copying gradients into the Model's gradient members
-    updates: list  # C++ lines: one update kernel call per parameter
+    copies: list  # stmt.Copy lines copying gradients into the Model's gradient members
+    updates: list  # [Update]; plan_memory moves each it can into the backward statements
     hyper: list  # [(name, C++ float literal default)]
     hyper_checks: list  # [(name, dg_guard.h range check)], applied when set and by every train_step
     bias_correction: bool  # Adam: c1, c2 computed from the step count
@@ -155,16 +162,20 @@ class TrainPlan:
     slots: list  # [(param, slot, member, C++ shape list)]
 
 
-@dataclass
-class LoweredBuffers:
-    """What memory planning reads: the arena's buffers in lowering order (each a
-    memory.Buffer with the positions that write it and last read it), the buffers
-    each may share a block with (by name: an in-place op's operands), and the
-    symbolic dims forward() binds."""
+@dataclass(eq=False)
+class Update:
+    """One parameter's optimizer step: the kernel call, and what deciding where it
+    runs needs (the parameter and its gradient, and whether the gradient is copied
+    into its member after the backward pass, so that the update must wait)."""
 
-    buffers: list
-    in_place_candidates: dict
-    bound: set
+    param: str
+    param_value: object
+    grad_value: object
+    call: object  # stmt.Call
+    after_copies: bool
+
+    def __str__(self) -> str:
+        return str(self.call)
 
 
 @dataclass
@@ -199,7 +210,9 @@ class ProjectPlan:
     kernel_ext: str = ".cpp"
     model_ext: str = ".cpp"
     train: TrainPlan | None = None
-    buffers: LoweredBuffers | None = None  # from lowering, for the memory stage
+    bound: set = field(default_factory=set)  # the symbolic dims forward() binds (sympy symbols)
+    end: int = 0  # the schedule position after every node: outputs and gradient copies read there
+    buffers: list = field(default_factory=list)  # the arena's memory.Buffers (plan_memory, from liveness)
     memory: dict = field(default_factory=dict)  # the arena plan (stage plan_memory: memory.plan_memory)
     trees: list = field(default_factory=list)  # [{arity, children, words, roots, function}] from OpDef.helpers
     recording: Recording | None = None  # filled by the record stage

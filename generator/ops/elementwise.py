@@ -66,7 +66,7 @@ class Elementwise(OpDef):
         return [np.broadcast_to(np.asarray(out, dtype=dtype), shape).copy()]
 
     def lower(self, node, ctx):
-        return [ctx.call_kernel(node)]
+        return [ctx.kernel(node)]
 
     def copy_of(self, node):
         if len(node.inputs) == 1 and sympy.simplify(node.attrs["expr"] - ARGS[0]) == 0:

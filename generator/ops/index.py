@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..shapes import fmt_shape, numel
+from ..codegen.stmt import Named
 from .registry import OpDef, register
 
 _CPP_ID = {"int32": "int32_t", "int64": "int64_t"}
@@ -42,11 +43,10 @@ class Gather(OpDef):
     def lower(self, node, ctx):
         table, ids = node.inputs
         what = ctx.string(f"gather '{table.name}' by '{ids.name}' ({node.loc.short if node.loc else ''})")
-        return [
-            f"dg::gather_rows<{_CPP_ID[ids.dtype]}>({ctx.ptr(table)}, {ctx.size(table.shape[0])}, "
-            f"{ctx.size(numel(table.shape[1:]))}, {ctx.ptr(ids)}, {ctx.size(numel(ids.shape))}, "
-            f"{ctx.out(node.outputs[0])}, {what});"
-        ]
+        return [ctx.call("dg::gather_rows", ctx.read(table), Named("rows", ctx.size(table.shape[0])),
+                         Named("width", ctx.size(numel(table.shape[1:]))), ctx.read(ids),
+                         Named("n", ctx.size(numel(ids.shape))),
+                         ctx.write(node.outputs[0]), what, template=_CPP_ID[ids.dtype])]
 
     def grad(self, node, gouts, gb):
         table, ids = node.inputs
@@ -77,7 +77,7 @@ class ScatterAdd(OpDef):
     def lower(self, node, ctx):
         ids, src = node.inputs
         width = numel(src.shape[ids.rank :])
-        return [
-            f"dg::scatter_add_rows<{_CPP_ID[ids.dtype]}>({ctx.ptr(ids)}, {ctx.size(numel(ids.shape))}, "
-            f"{ctx.ptr(src)}, {ctx.size(width)}, {ctx.out(node.outputs[0])}, {ctx.size(node.attrs['rows'])});"
-        ]
+        return [ctx.call("dg::scatter_add_rows", ctx.read(ids), Named("n", ctx.size(numel(ids.shape))), ctx.read(src),
+                         Named("width", ctx.size(width)), ctx.write(node.outputs[0]),
+                         Named("rows", ctx.size(node.attrs["rows"])),
+                         template=_CPP_ID[ids.dtype])]

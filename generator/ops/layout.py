@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import sympy
 
+from ..codegen.stmt import Named, Scope
 from ..shapes import fmt_shape, numel, same
 from .registry import OpDef, register
 
@@ -59,15 +60,10 @@ class Transpose(OpDef):
 
     def lower(self, node, ctx):
         (x,) = node.inputs
-        dims = ", ".join(ctx.size(d) for d in x.shape)
-        perm = ", ".join(str(p) for p in node.attrs["perm"])
-        return [
-            "{",
-            f"const int64_t shape[] = {{{dims}}};",
-            f"const int perm[] = {{{perm}}};",
-            f"dg::transpose({ctx.ptr(x)}, {ctx.out(node.outputs[0])}, {x.rank}, shape, perm);",
-            "}",
-        ]
+        dims = [ctx.size(d) for d in x.shape]
+        perm = list(node.attrs["perm"])
+        call = ctx.call("dg::transpose", ctx.read(x), ctx.write(node.outputs[0]), Named("ndim", x.rank), "shape", "perm")
+        return [Scope([("int64_t", "shape", dims), ("int", "perm", perm)], [call])]
 
     def grad(self, node, gouts, gb):
         perm = node.attrs["perm"]
@@ -79,13 +75,10 @@ def _copy_axis(ctx, src, dst, axis, src_start, dst_start, count):
     """dg::copy_axis moving `count` slabs along `axis` from src to dst."""
     outer = numel(src.shape[:axis])
     inner = numel(src.shape[axis + 1 :])
-    dst_ptr = ctx.out(dst) if dst.producer is not None else ctx.ptr(dst)
-    return (
-        f"dg::copy_axis({ctx.ptr(src)}, {dst_ptr}, /*outer=*/{ctx.size(outer)}, "
-        f"/*src_len=*/{ctx.size(src.shape[axis])}, /*src_start=*/{ctx.size(src_start)}, "
-        f"/*dst_len=*/{ctx.size(dst.shape[axis])}, /*dst_start=*/{ctx.size(dst_start)}, "
-        f"/*count=*/{ctx.size(count)}, /*inner=*/{ctx.size(inner)});"
-    )
+    return ctx.call("dg::copy_axis", ctx.read(src), ctx.write(dst), Named("outer", ctx.size(outer)),
+                    Named("src_len", ctx.size(src.shape[axis])), Named("src_start", ctx.size(src_start)),
+                    Named("dst_len", ctx.size(dst.shape[axis])), Named("dst_start", ctx.size(dst_start)),
+                    Named("count", ctx.size(count)), Named("inner", ctx.size(inner)))
 
 
 @register
@@ -226,7 +219,8 @@ class Fill(OpDef):
 
     def lower(self, node, ctx):
         out = node.outputs[0]
-        return [f"dg::fill({ctx.out(out)}, {ctx.size(numel(out.shape))}, {float(node.attrs['value'])!r}f);"]
+        return [ctx.call("dg::fill", ctx.write(out), Named("n", ctx.size(numel(out.shape))),
+                         Named("value", f"{float(node.attrs['value'])!r}f"))]
 
     def describe(self, node):
         return f"fill({node.attrs['value']:g})"

@@ -15,6 +15,7 @@ import numpy as np
 import sympy
 
 from ..shapes import fmt_shape, numel, same
+from ..codegen.stmt import Named
 from .registry import OpDef, get_op, register, require_float
 from .scalar import ARGS
 
@@ -85,13 +86,13 @@ class MatMul(OpDef):
         ta, tb = node.attrs.get("ta", False), node.attrs.get("tb", False)
         sa, sb = _logical(a, ta), _logical(b, tb)
         fn = "matmul" + ("_tn" if ta else "_nt" if tb else "")
-        epilogue = f", {ctx.epilogue(node)}" if "epilogue" in node.attrs else ""
         # B packed before a loop (ops/recurse.py) is passed as the PackedB itself.
         b_arg = ctx.packed.get(id(b)) if not (ta or tb) else None
-        return [
-            f"dg::{fn}({ctx.ptr(a)}, {b_arg or ctx.ptr(b)}, {ctx.out(node.outputs[0])}, "
-            f"{ctx.size(numel(sa[:-1]))}, {ctx.size(sa[-1])}, {ctx.size(sb[1])}{epilogue});"
-        ]
+        args = [ctx.read(a), b_arg or ctx.read(b), ctx.write(node.outputs[0]),
+                Named("M", ctx.size(numel(sa[:-1]))), Named("K", ctx.size(sa[-1])), Named("N", ctx.size(sb[1]))]
+        if "epilogue" in node.attrs:
+            args.append(ctx.epilogue(node))
+        return [ctx.call(f"dg::{fn}", *args)]
 
     def describe(self, node):
         a, b = node.inputs[:2]

@@ -9,6 +9,7 @@ import numpy as np
 
 from ..shapes import fmt_shape, same
 from .index import _CPP_ID
+from ..codegen.stmt import Named
 from .registry import OpDef, register
 
 
@@ -61,10 +62,9 @@ class SoftmaxXent(OpDef):
     def lower(self, node, ctx):
         logits, labels = node.inputs
         what = ctx.string(f"softmax_cross_entropy labels '{labels.name}'")
-        return [
-            f"dg::softmax_xent<{_CPP_ID[labels.dtype]}>({ctx.ptr(logits)}, {ctx.ptr(labels)}, "
-            f"{ctx.out(node.outputs[0])}, {ctx.size(logits.shape[0])}, {ctx.size(logits.shape[1])}, {what});"
-        ]
+        return [ctx.call("dg::softmax_xent", ctx.read(logits), ctx.read(labels), ctx.write(node.outputs[0]),
+                         Named("rows", ctx.size(logits.shape[0])), Named("classes", ctx.size(logits.shape[1])), what,
+                         template=_CPP_ID[labels.dtype])]
 
     def grad(self, node, gouts, gb):
         logits, labels = node.inputs
@@ -91,7 +91,7 @@ class SoftmaxXentGrad(OpDef):
 
     def lower(self, node, ctx):
         logits, labels, g = node.inputs
-        return [
-            f"dg::softmax_xent_grad<{_CPP_ID[labels.dtype]}>({ctx.ptr(logits)}, {ctx.ptr(labels)}, {ctx.ptr(g)}, "
-            f"{ctx.out(node.outputs[0])}, {ctx.size(logits.shape[0])}, {ctx.size(logits.shape[1])});"
-        ]
+        return [ctx.call("dg::softmax_xent_grad", ctx.read(logits), ctx.read(labels), ctx.read(g),
+                         ctx.write(node.outputs[0]), Named("rows", ctx.size(logits.shape[0])),
+                         Named("classes", ctx.size(logits.shape[1])),
+                         template=_CPP_ID[labels.dtype])]

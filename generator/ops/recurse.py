@@ -138,6 +138,7 @@ class Recurse(OpDef):
         hoisted block, the buffers made once before the loop, and per level the
         children's gathers and the cell's body."""
         from ..codegen.plan import CellBlock, LevelLoop
+        from ..codegen.stmt import Call, Copy, Declare, Named
 
         spec = node.attrs["spec"]
         children, words, roots = node.inputs[:3]
@@ -148,14 +149,19 @@ class Recurse(OpDef):
         widths = [numel(shape) for _, shape in spec.state]
         states = [names.unique(f"{name}_rows") for name, _ in spec.state]
         what = ctx.string(f"recurse over '{children.name}' ({node.loc.short if node.loc else ''})")
+        scratch = ctx.target.scratch_type
+        schedule = Call("dg::schedule_levels", [ctx.read(children), Named("nodes", ctx.size(nodes)),
+                                                Named("arity", spec.arity), ctx.read(roots),
+                                                Named("num_roots", ctx.size(count)),
+                                                Named("dag", "true" if spec.dag else "false"), what])
         inspector = [
-            f"const dg::LevelSchedule {sched} = dg::schedule_levels({ctx.ptr(children)}, {ctx.size(nodes)}, "
-            f"{spec.arity}, {ctx.ptr(roots)}, {ctx.size(count)}, /*dag=*/{'true' if spec.dag else 'false'}, {what});",
-            f"{ctx.scratch_type}<int64_t> {sorted_words}({ctx.size(nodes)});",
-            f"dg::permute_rows({ctx.ptr(words)}, {sched}.order.data(), {ctx.size(nodes)}, {sorted_words}.data());",
+            Declare("const dg::LevelSchedule", sched, init=schedule),
+            Declare(f"{scratch}<int64_t>", sorted_words, [ctx.size(nodes)]),
+            ctx.call("dg::permute_rows", ctx.read(words), f"{sched}.order.data()", Named("count", ctx.size(nodes)),
+                     f"{sorted_words}.data()"),
         ]
-        inspector += [f"{ctx.scratch_type}<float> {state}({ctx.size(nodes)} * {ctx.size(width)});  // in schedule order"
-                      for state, width in zip(states, widths)]
+        inspector += [Declare(f"{scratch}<float>", state, [f"{ctx.size(nodes)} * {ctx.size(width)}"],
+                              note="in schedule order") for state, width in zip(states, widths)]
 
         def rows_of(j, first_row):
             """A pointer to state j's rows from `first_row` on (the leaves start at row 0)."""
@@ -168,15 +174,14 @@ class Recurse(OpDef):
             rows = bound_name, declared before the block."""
             for v in cell.outputs:
                 if out_rows is not None and ctx.claim_output(v):
-                    ctx.expr[id(v)] = rows_of(cell.outputs.index(v), out_rows)
-            ctx.expr[id(cell.words)] = words_ptr
+                    ctx.place[id(v)] = rows_of(cell.outputs.index(v), out_rows)
+            ctx.place[id(cell.words)] = words_ptr
             decls, body = ctx.lower_nodes(nodes_to_run, {spec.rows: sympy.Symbol(bound_name)})
             if out_rows is not None:
                 for j, v in enumerate(cell.outputs):
                     target = rows_of(j, out_rows)
-                    if ctx.expr[id(v)] != target:
-                        body.append(f"{ctx.copy_fn}({ctx.expr[id(v)]}, {ctx.expr[id(v)]} + {rows} * "
-                                    f"{ctx.size(widths[j])}, {target});")
+                    if ctx.place[id(v)] != target:
+                        body.append(Copy(ctx.target.copy_fn, ctx.read(v), f"{rows} * {ctx.size(widths[j])}", target))
             return CellBlock(decls, rows, count_expr, body)
 
         # Leaves: one batched step over rows [0, leaves).
@@ -201,26 +206,27 @@ class Recurse(OpDef):
         child_buffers = []
         for slot in cell.children:
             for j, v in enumerate(slot):
-                child_buffers.append(f"{ctx.scratch_type}<float> {v.name}({most} * {ctx.size(widths[j])});")
-                ctx.expr[id(v)] = f"{v.name}.data()"
+                child_buffers.append(Declare(f"{scratch}<float>", v.name, [f"{most} * {ctx.size(widths[j])}"]))
+                ctx.place[id(v)] = f"{v.name}.data()"
         level, start = names.unique("level"), names.unique("start")
         for n in hoisted_nodes:  # inside the loop, hoisted values are read at the level's rows
             for v in n.outputs:
                 if v.rank and not isinstance(v.shape[0], int) and v.shape[0] == spec.rows:
-                    ctx.expr[id(v)] = f"{v.name}.data() + ({start} - {leaves}) * {ctx.size(numel(v.shape[1:]))}"
+                    ctx.place[id(v)] = f"{v.name}.data() + ({start} - {leaves}) * {ctx.size(numel(v.shape[1:]))}"
         level_rows = f"{sched}.level_start[{level} + 1] - {start}"
         packed = _pack_loop_weights(ctx, names, cell, looped)
         body = run_block(cell, looped, level_rows, most, f"{sorted_words}.data() + {start}", start)
         gathers = [
-            f"dg::gather_children({states[j]}.data(), /*width=*/{ctx.size(widths[j])}, "
-            f"{sched}.child_row.data() + {start} * {spec.arity}, /*arity=*/{spec.arity}, /*slot=*/{k}, "
-            f"{level_rows}, {v.name}.data());"
+            ctx.call("dg::gather_children", f"{states[j]}.data()", Named("width", ctx.size(widths[j])),
+                     f"{sched}.child_row.data() + {start} * {spec.arity}", Named("arity", spec.arity),
+                     Named("slot", k), Named("rows", level_rows), f"{v.name}.data()")
             for k, slot in enumerate(cell.children) for j, v in enumerate(slot)
         ]
         ctx.packed = {}
         # States back in the caller's numbering.
-        finish = [f"dg::unsort_rows({state}.data(), {sched}.order.data(), {ctx.size(nodes)}, "
-                  f"{ctx.size(width)}, {ctx.out(out)});" for out, state, width in zip(node.outputs, states, widths)]
+        finish = [ctx.call("dg::unsort_rows", f"{state}.data()", f"{sched}.order.data()",
+                           Named("rows", ctx.size(nodes)), Named("width", ctx.size(width)), ctx.write(out))
+                  for out, state, width in zip(node.outputs, states, widths)]
         return [LevelLoop(
             batch=children.name, schedule=sched, inspector=inspector, leaves=leaves, leaf=leaf,
             internal_rows=f"{ctx.size(nodes)} - {leaves}", hoisted=hoisted, max_rows=most,
@@ -233,7 +239,9 @@ def _pack_loop_weights(ctx, names, cell, looped) -> list:
     """Code motion for the level loop's products: a matmul whose right operand is
     defined before the loop (a weight) reads it packed once (dg::PackedB) instead
     of packing it again at every level. Only where the target's runtime has it."""
-    if not ctx.packs_weights:
+    from ..codegen.stmt import Declare, Named
+
+    if not ctx.target.packs_weights:
         return []
     inside = {id(v) for n in cell.nodes for v in n.outputs}
     inside |= {id(v) for slot in cell.children for v in slot} | {id(cell.words)}
@@ -242,10 +250,11 @@ def _pack_loop_weights(ctx, names, cell, looped) -> list:
         if n.op != "matmul" or n.attrs.get("ta") or n.attrs.get("tb"):
             continue
         b = n.inputs[1]
-        if id(b) in inside or id(b) in ctx.packed or id(b) not in ctx.expr or b.rank != 2:
+        if id(b) in inside or id(b) in ctx.packed or id(b) not in ctx.place or b.rank != 2:
             continue
         name = names.unique(f"{b.name}_packed")
         k, width = (ctx.size(d) for d in b.shape)
-        lines.append(f"const dg::PackedB {name}(/*tb=*/false, /*K=*/{k}, /*N=*/{width}, {ctx.ptr(b)}, /*ldb=*/{width});")
+        lines.append(Declare("const dg::PackedB", name, [Named("tb", "false"), Named("K", k), Named("N", width),
+                                                          ctx.read(b), Named("ldb", width)]))
         ctx.packed[id(b)] = name
     return lines

@@ -8,6 +8,7 @@ import numpy as np
 import sympy
 
 from ..shapes import numel
+from ..codegen.stmt import Named
 from .registry import OpDef, register, require_float
 from .scalar import ARGS
 
@@ -52,10 +53,9 @@ class _Reduce(OpDef):
     def lower(self, node, ctx):
         (x,) = node.inputs
         outer, length, inner = _view(x.shape, *node.attrs["axes"])
-        return [
-            f"dg::reduce_{self.kind}({ctx.ptr(x)}, {ctx.out(node.outputs[0])}, "
-            f"{ctx.size(outer)}, {ctx.size(length)}, {ctx.size(inner)});"
-        ]
+        return [ctx.call(f"dg::reduce_{self.kind}", ctx.read(x), ctx.write(node.outputs[0]),
+                         Named("outer", ctx.size(outer)), Named("len", ctx.size(length)),
+                         Named("inner", ctx.size(inner)))]
 
     def grad(self, node, gouts, gb):
         """Spread g back over the reduced axes: sum copies it, mean scales it by
@@ -115,10 +115,9 @@ class _Softmax(OpDef):
         (x,) = node.inputs
         axis = node.attrs["axis"]
         outer, length, inner = _view(x.shape, axis, axis + 1)
-        return [
-            f"dg::{self.name}({ctx.ptr(x)}, {ctx.out(node.outputs[0])}, "
-            f"{ctx.size(outer)}, {ctx.size(length)}, {ctx.size(inner)});"
-        ]
+        return [ctx.call(f"dg::{self.name}", ctx.read(x), ctx.write(node.outputs[0]),
+                         Named("outer", ctx.size(outer)), Named("len", ctx.size(length)),
+                         Named("inner", ctx.size(inner)))]
 
 
 @register

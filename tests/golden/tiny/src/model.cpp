@@ -51,11 +51,11 @@ Outputs Model::forward(const Inputs& inputs) const {
 
   // tiny.py:11  h = dg.dense(x, 4, act=dg.relu)
   float* h = arena.at(0, 4 * N);
-  dg::matmul(x, h_w.ptr(), h, N, 3, 4, kernels::h_epilogue{h_b.ptr()});
+  dg::matmul(x, h_w.ptr(), h, /*M=*/N, /*K=*/3, /*N=*/4, kernels::h_epilogue{h_b.ptr()});
 
   // tiny.py:12  y = dg.dense(h, 2)
   std::vector<float> y(2 * N);
-  dg::matmul(h, y_w.ptr(), y.data(), N, 4, 2, kernels::y_epilogue{y_b.ptr()});
+  dg::matmul(h, y_w.ptr(), y.data(), /*M=*/N, /*K=*/4, /*N=*/2, kernels::y_epilogue{y_b.ptr()});
 
   Outputs outputs;
   outputs.y = dg::Tensor<float>({N, 2}, std::move(y));

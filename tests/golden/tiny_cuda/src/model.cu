@@ -130,11 +130,12 @@ float Model::run(const Inputs& inputs, Outputs* outputs) {
 
   // tiny.py:30  h = dg.dense(x, 4, act=dg.relu)
   float* h = arena.at(0, 4 * N);
-  dg::matmul(x, h_w.ptr(), h, N, 3, 4, kernels::h_epilogue{h_b.ptr()});
+  dg::matmul(x, h_w.ptr(), h, /*M=*/N, /*K=*/3, /*N=*/4, kernels::h_epilogue{h_b.ptr()});
 
   // tiny.py:31  logits = dg.dense(h, 2)
   dg::DeviceVector<float> logits(2 * N);
-  dg::matmul(h, logits_w.ptr(), logits.data(), N, 4, 2, kernels::logits_epilogue{logits_b.ptr()});
+  dg::matmul(h, logits_w.ptr(), logits.data(), /*M=*/N, /*K=*/4, /*N=*/2,
+             kernels::logits_epilogue{logits_b.ptr()});
 
   if (outputs != nullptr) {  // forward(): copy the outputs to the host
     outputs->logits = dg::to_host<float>({N, 2}, logits.data());
@@ -150,7 +151,7 @@ float Model::run(const Inputs& inputs, Outputs* outputs) {
 
   // tiny.py:32  dg.train(dg.softmax_cross_entropy(logits, labels), dg.sgd(lr=0.1, momentum=0.9), weight_decay=1e-4)
   float* softmax_cross_entropy = arena.at(4 * N, 1);
-  dg::softmax_xent<int64_t>(logits.data(), labels, softmax_cross_entropy, N, 2,
+  dg::softmax_xent<int64_t>(logits.data(), labels, softmax_cross_entropy, /*rows=*/N, /*classes=*/2,
                             "softmax_cross_entropy labels 'labels'");
 
   // Bad ids or labels fail the step here, before any parameter changes.
@@ -164,15 +165,17 @@ float Model::run(const Inputs& inputs, Outputs* outputs) {
 
   // gradient of tiny.py:32  dg.train(dg.softmax_cross_entropy(logits, labels), dg.sgd(lr=0.1, momentum=0.9), weight_decay=1e-4)
   float* d_softmax_cross_entropy = arena.at(4 * N + 1, 1);
-  dg::fill(d_softmax_cross_entropy, 1, 1.0f);
+  dg::fill(d_softmax_cross_entropy, /*n=*/1, /*value=*/1.0f);
   float* d_logits = arena.at(8 * N + 1, 2 * N);
-  dg::softmax_xent_grad<int64_t>(logits.data(), labels, d_softmax_cross_entropy, d_logits, N, 2);
+  dg::softmax_xent_grad<int64_t>(logits.data(), labels, d_softmax_cross_entropy, d_logits, /*rows=*/N,
+                                 /*classes=*/2);
 
   // gradient of tiny.py:31  logits = dg.dense(h, 2)
-  dg::reduce_sum(d_logits, d_logits_b.ptr(), 1, N, 2);
-  dg::matmul_tn(h, d_logits, d_logits_w.ptr(), 4, N, 2);
+  dg::reduce_sum(d_logits, d_logits_b.ptr(), /*outer=*/1, /*len=*/N, /*inner=*/2);
+  dg::matmul_tn(h, d_logits, d_logits_w.ptr(), /*M=*/4, /*K=*/N, /*N=*/2);
   float* d_h_matmul = arena.at(4 * N + 1, 4 * N);
-  dg::matmul_nt(d_logits, logits_w.ptr(), d_h_matmul, N, 2, 4, kernels::d_h_matmul_epilogue{h});
+  dg::matmul_nt(d_logits, logits_w.ptr(), d_h_matmul, /*M=*/N, /*K=*/2, /*N=*/4,
+                kernels::d_h_matmul_epilogue{h});
   // logits_w: gradient complete and no longer read: update it now
   kernels::momentum_update(logits_w.ptr(), d_logits_w.ptr(), logits_w_buf.ptr(), logits_w.size(), hyper.lr,
                            hyper.momentum, hyper.weight_decay);
@@ -181,8 +184,8 @@ float Model::run(const Inputs& inputs, Outputs* outputs) {
                            hyper.momentum, hyper.weight_decay);
 
   // gradient of tiny.py:30  h = dg.dense(x, 4, act=dg.relu)
-  dg::reduce_sum(d_h_matmul, d_h_b.ptr(), 1, N, 4);
-  dg::matmul_tn(x, d_h_matmul, d_h_w.ptr(), 3, N, 4);
+  dg::reduce_sum(d_h_matmul, d_h_b.ptr(), /*outer=*/1, /*len=*/N, /*inner=*/4);
+  dg::matmul_tn(x, d_h_matmul, d_h_w.ptr(), /*M=*/3, /*K=*/N, /*N=*/4);
   // h_w: gradient complete and no longer read: update it now
   kernels::momentum_update(h_w.ptr(), d_h_w.ptr(), h_w_buf.ptr(), h_w.size(), hyper.lr, hyper.momentum,
                            hyper.weight_decay);

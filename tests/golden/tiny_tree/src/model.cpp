@@ -56,19 +56,19 @@ Outputs Model::forward(const Inputs& inputs) const {
   // tiny.py:50  h = dg.recurse(trees, leaf, internal, names=("h",))
   float* h = arena.at(0, 4 * trees_nodes);
   // Inspector: check the batch and number its nodes by height, leaves first.
-  const dg::LevelSchedule schedule =
-      dg::schedule_levels(trees_children, trees_nodes, 2, trees_roots, trees_count, /*dag=*/false,
-                          "recurse over 'trees_children' (tiny.py:50)");
+  const dg::LevelSchedule schedule = dg::schedule_levels(
+      trees_children, /*nodes=*/trees_nodes, /*arity=*/2, trees_roots, /*num_roots=*/trees_count,
+      /*dag=*/false, "recurse over 'trees_children' (tiny.py:50)");
   dg::Scratch<int64_t> sorted_words(trees_nodes);
-  dg::permute_rows(trees_words, schedule.order.data(), trees_nodes, sorted_words.data());
+  dg::permute_rows(trees_words, schedule.order.data(), /*count=*/trees_nodes, sorted_words.data());
   dg::Scratch<float> h_rows(trees_nodes * 4);  // in schedule order
   // Leaves: all trees_children leaves at once.
   const int64_t leaves = schedule.leaves();
   {
     const int64_t rows = leaves;
     // tiny.py:44  return (dg.gather(emb, words),)
-    dg::gather_rows<int64_t>(emb.ptr(), 10, 4, sorted_words.data(), rows, h_rows.data(),
-                             "gather 'emb' by 'leaf_words' (tiny.py:44)");
+    dg::gather_rows<int64_t>(emb.ptr(), /*rows=*/10, /*width=*/4, sorted_words.data(), /*n=*/rows,
+                             h_rows.data(), "gather 'emb' by 'leaf_words' (tiny.py:44)");
   }
   const int64_t max_rows = schedule.max_level_rows;
   dg::Scratch<float> h_l(max_rows * 4);
@@ -80,9 +80,9 @@ Outputs Model::forward(const Inputs& inputs) const {
   for (int64_t level = 1; level < schedule.levels(); ++level) {
     const int64_t start = schedule.level_start[level];
     dg::gather_children(h_rows.data(), /*width=*/4, schedule.child_row.data() + start * 2, /*arity=*/2,
-                        /*slot=*/0, schedule.level_start[level + 1] - start, h_l.data());
+                        /*slot=*/0, /*rows=*/schedule.level_start[level + 1] - start, h_l.data());
     dg::gather_children(h_rows.data(), /*width=*/4, schedule.child_row.data() + start * 2, /*arity=*/2,
-                        /*slot=*/1, schedule.level_start[level + 1] - start, h_r.data());
+                        /*slot=*/1, /*rows=*/schedule.level_start[level + 1] - start, h_r.data());
     {
       const int64_t rows = schedule.level_start[level + 1] - start;
       // tiny.py:48  return (dg.tanh(dg.concat([h_l, h_r], axis=1) @ w),)
@@ -90,16 +90,16 @@ Outputs Model::forward(const Inputs& inputs) const {
                     /*dst_len=*/8, /*dst_start=*/0, /*count=*/4, /*inner=*/1);
       dg::copy_axis(h_r.data(), node_concat.data(), /*outer=*/rows, /*src_len=*/4, /*src_start=*/0,
                     /*dst_len=*/8, /*dst_start=*/4, /*count=*/4, /*inner=*/1);
-      dg::matmul(node_concat.data(), w_packed, h_rows.data() + start * 4, rows, 8, 4,
+      dg::matmul(node_concat.data(), w_packed, h_rows.data() + start * 4, /*M=*/rows, /*K=*/8, /*N=*/4,
                  kernels::node_tanh_epilogue{});
     }
   }
-  dg::unsort_rows(h_rows.data(), schedule.order.data(), trees_nodes, 4, h);
+  dg::unsort_rows(h_rows.data(), schedule.order.data(), /*rows=*/trees_nodes, /*width=*/4, h);
 
   // tiny.py:51  return {"root_h": dg.roots(trees, h)}
   std::vector<float> root_h(4 * trees_count);
-  dg::gather_rows<int64_t>(h, trees_nodes, 4, trees_roots, trees_count, root_h.data(),
-                           "gather 'h' by 'trees_roots' (tiny.py:51)");
+  dg::gather_rows<int64_t>(h, /*rows=*/trees_nodes, /*width=*/4, trees_roots, /*n=*/trees_count,
+                           root_h.data(), "gather 'h' by 'trees_roots' (tiny.py:51)");
 
   Outputs outputs;
   outputs.root_h = dg::Tensor<float>({trees_count, 4}, std::move(root_h));

@@ -1,0 +1,96 @@
+"""Liveness over the typed lowered code, and what follows from it alone.
+
+Stage `plan_memory` starts here (memory.plan_memory): which schedule position
+writes and last reads each value is read off the lines' operands
+(codegen/stmt.py), not recorded while lowering ran. From it come the arena
+buffers' positions, the operands an in-place op may share a block with, and the
+place of each parameter update (DeepDSL's rescheduling: a parameter is updated
+in the statement where its gradient is complete and nothing reads it any more).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..ops import get_op
+from .plan import ArenaDecl
+from .stmt import Alias, Comment, Read, nested_lines, operands
+
+
+@dataclass
+class Liveness:
+    buffers: list  # the arena's memory.Buffers, in declaration order, positions filled in
+    in_place_candidates: dict  # buffer name -> [Buffer] it may take the block of
+    last_read: dict  # id(value) -> the last position that reads it
+    last_write: dict  # id(value) -> the last position that writes it
+    statement_at: dict  # position -> the Statement holding that node's lines
+
+
+def _statement_groups(plan) -> list:
+    groups = [plan.statements]
+    if plan.train is not None:
+        groups += [plan.train.loss_statements, plan.train.backward_statements]
+    return groups
+
+
+def liveness(plan) -> Liveness:
+    decls, root = {}, {}  # id(value) -> its ArenaDecl; id(alias) -> id(value whose data it is)
+    last_read, last_write, statement_at = {}, {}, {}
+
+    def visit(line, position):
+        for sub in nested_lines(line):
+            if isinstance(sub, ArenaDecl):
+                decls[id(sub.value)] = sub
+                sub.buffer.first = sub.buffer.last = position
+            elif isinstance(sub, Alias):
+                root[id(sub.value)] = root.get(id(sub.src.value), id(sub.src.value))
+        for op in operands(line):
+            seen = last_read if isinstance(op, Read) else last_write
+            seen[id(op.value)] = max(seen.get(id(op.value), -1), position)
+            decl = decls.get(root.get(id(op.value), id(op.value)))
+            if decl is not None and isinstance(op, Read):
+                decl.buffer.last = max(decl.buffer.last, position)
+
+    for group in _statement_groups(plan):
+        for statement in group:
+            for position in statement.positions:
+                statement_at[position] = statement
+            for line in statement.lines:
+                visit(line, line.at)
+    # What the call reads once every node has run: the outputs, the loss, the gradient copies.
+    tail = [o.read for o in plan.outputs]
+    if plan.train is not None:
+        tail += [plan.train.loss_read] + plan.train.copies
+    for line in tail:
+        visit(line, plan.end)
+
+    buffers = [d.buffer for d in decls.values()]
+    candidates = {}
+    for decl in decls.values():
+        node = decl.value.producer
+        if node is None or not get_op(node.op).in_place:
+            continue
+        out, b = node.outputs[0], decl.buffer
+        candidates[b.name] = [decls[id(u)].buffer for u in node.inputs
+                              if id(u) in decls and id(u) not in root
+                              and tuple(u.shape) == tuple(out.shape) and decls[id(u)].buffer.phase == b.phase]
+    return Liveness(buffers, candidates, last_read, last_write, statement_at)
+
+
+def place_updates(plan, live: Liveness):
+    """Move each parameter update whose gradient is complete, and whose parameter
+    is no longer read, inside the backward pass into that statement; the rest run
+    after the gradient copies."""
+    if plan.train is None:
+        return
+    backward = {id(s) for s in plan.train.backward_statements}
+    remaining = []
+    for u in plan.train.updates:
+        ready = max(live.last_write.get(id(u.grad_value), -1), live.last_read.get(id(u.param_value), -1))
+        statement = live.statement_at.get(ready)
+        if u.after_copies or statement is None or id(statement) not in backward:
+            remaining.append(u)
+            continue
+        u.call.at = ready
+        statement.lines += [Comment(f"{u.param}: gradient complete and no longer read: update it now", ready), u.call]
+    plan.train.updates = remaining

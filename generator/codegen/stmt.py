@@ -1,0 +1,183 @@
+"""Typed lowered code: the statements lowering makes and the later stages read.
+
+A line is a small dataclass that says what it does with which values: a runtime
+call with its operands, a buffer declaration, an alias, a copy, a comment. The
+operands that touch graph values are `Read`s and `Write`s, so liveness, in-place
+choices, the arena plan and the placement of parameter updates are computed from
+the lines themselves (codegen/liveness.py), never recorded while lowering runs.
+Printing is each line's `__str__`, called by the templates: the last stage.
+
+`at` on a top-level line is the schedule position (the node's index in the
+graph) that runs it; a line nested in a block (a recursive op's cell) runs at
+its enclosing line's position.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, is_dataclass
+
+
+@dataclass(frozen=True, eq=False)
+class Read:
+    """A value the line reads, with the C++ expression of its data where it is read."""
+
+    value: object
+    expr: str
+
+    def __str__(self) -> str:
+        return self.expr
+
+
+@dataclass(frozen=True, eq=False)
+class Write:
+    """A value the line writes (fully), with the C++ expression of its data."""
+
+    value: object
+    expr: str
+
+    def __str__(self) -> str:
+        return self.expr
+
+
+@dataclass(frozen=True)
+class Named:
+    """An argument with its meaning printed beside it: /*width=*/256."""
+
+    name: str
+    arg: object
+
+    def __str__(self) -> str:
+        return f"/*{self.name}=*/{self.arg}"
+
+
+@dataclass(frozen=True)
+class Functor:
+    """A kernels:: functor built in place, its members in order: kernels::h1_relu{h1_b}."""
+
+    name: str
+    members: tuple
+
+    def __str__(self) -> str:
+        return f"kernels::{self.name}{{{', '.join(str(m) for m in self.members)}}}"
+
+
+@dataclass(eq=False)
+class Call:
+    """A call of a runtime function or kernel: `fn<template>(args...);`."""
+
+    fn: str
+    args: list
+    template: str = ""
+    at: int = -1
+
+    def expr(self) -> str:
+        targs = f"<{self.template}>" if self.template else ""
+        return f"{self.fn}{targs}({', '.join(str(a) for a in self.args)})"
+
+    def __str__(self) -> str:
+        return self.expr() + ";"
+
+
+@dataclass(eq=False)
+class Declare:
+    """A local variable: `type name(args...);` or `type name = init;`, with an
+    optional trailing note."""
+
+    type: str
+    name: str
+    args: list = field(default_factory=list)
+    init: object = None  # a Call (printed as an expression) or an operand
+    note: str = ""
+    at: int = -1
+
+    def __str__(self) -> str:
+        if self.init is not None:
+            init = self.init.expr() if isinstance(self.init, Call) else str(self.init)
+            text = f"{self.type} {self.name} = {init};"
+        else:
+            text = f"{self.type} {self.name}({', '.join(str(a) for a in self.args)});"
+        return f"{text}  // {self.note}" if self.note else text
+
+
+@dataclass(eq=False)
+class Alias:
+    """A value that is another's data under a new shape (a reshape): a named pointer."""
+
+    value: object
+    src: Read
+    ctype: str
+    shape: str  # the value's shape, for the comment
+    at: int = -1
+
+    def __str__(self) -> str:
+        return f"const {self.ctype}* {self.value.name} = {self.src};  // same data, shape {self.shape}"
+
+
+@dataclass(eq=False)
+class Copy:
+    """`copy(src, src + count, dst);` with the target's copy function."""
+
+    fn: str
+    src: Read
+    count: str
+    dst: object  # a Write, or the expression of storage outside the graph (a gradient member)
+    at: int = -1
+
+    def __str__(self) -> str:
+        return f"{self.fn}({self.src}, {self.src} + {self.count}, {self.dst});"
+
+
+@dataclass(eq=False)
+class Comment:
+    text: str
+    at: int = -1
+
+    def __str__(self) -> str:
+        return f"// {self.text}"
+
+
+@dataclass(eq=False)
+class Scope:
+    """A braced block: its local arrays (`const int64_t shape[] = {...};`), then its lines."""
+
+    arrays: list  # [(C++ element type, name, [items])]
+    lines: list
+    at: int = -1
+
+    def __str__(self) -> str:
+        body = [f"const {t} {name}[] = {{{', '.join(str(i) for i in items)}}};" for t, name, items in self.arrays]
+        return "\n".join(["{"] + body + [str(line) for line in self.lines] + ["}"])
+
+
+def operands(obj):
+    """Every Read and Write in a line, in order, however deeply nested (a level
+    loop's blocks, a call's named arguments, a functor's members)."""
+    if isinstance(obj, (Read, Write)):
+        yield obj
+    elif isinstance(obj, (list, tuple)):
+        for item in obj:
+            yield from operands(item)
+    elif is_dataclass(obj) and not isinstance(obj, type):
+        for f in fields(obj):
+            if f.name not in ("value", "buffer"):
+                yield from operands(getattr(obj, f.name))
+
+
+def nested_lines(obj):
+    """Every line in a line, itself first (the aliases a level loop's cell makes)."""
+    if isinstance(obj, (list, tuple)):
+        for item in obj:
+            yield from nested_lines(item)
+    elif is_dataclass(obj) and not isinstance(obj, type) and not isinstance(obj, (Read, Write, Named, Functor)):
+        yield obj
+        for f in fields(obj):
+            if f.name not in ("value", "buffer", "src"):
+                yield from nested_lines(getattr(obj, f.name))
+
+
+def place(lines, position: int) -> list:
+    """Mark top-level lines as run at `position`."""
+    for line in lines:
+        if hasattr(line, "at"):
+            line.at = position
+    return lines
