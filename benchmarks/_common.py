@@ -41,7 +41,7 @@ if str(ROOT) not in sys.path:
 def build_module(model_def, name: str | None = None, cache: Path = CACHE) -> dict:
     """Generate into <cache>/<name>/src and build into <cache>/<name>/build (plain CMake,
     Release); a build whose generated sources (and Python) are unchanged is reused."""
-    from generator.build import build_if_changed
+    from generator.tools.build import build_if_changed
     from generator.codegen.emit import MANIFEST
     from generator.pipeline import generate
 

@@ -4,7 +4,7 @@
 
 For every examples/*.py (--quick: mlp and treelstm only), in a temporary folder:
 
-  generate (API)  generator.loader.load_model + ModelDef.build + pipeline.generate
+  generate (API)  generator.frontend.loader.load_model + ModelDef.build + pipeline.generate
                   in this process (after one untimed generation, so that one-time
                   imports are not charged to the first example)
   generate (CLI)  `deepgen generate FILE -o DIR` in a fresh Python, as a user runs it
@@ -47,7 +47,7 @@ def timed(cmd, what: str) -> float:
 
 def generate_api(path: Path, out: Path) -> tuple[float, str]:
     from generator.pipeline import generate
-    from generator.loader import load_model
+    from generator.frontend.loader import load_model
 
     t0 = time.perf_counter()
     graph = load_model(str(path)).build()
@@ -58,7 +58,7 @@ def generate_api(path: Path, out: Path) -> tuple[float, str]:
 def measure_example(path: Path, tmp: Path) -> dict:
     api_seconds, name = generate_api(path, tmp / "api")
     src = tmp / "cli"
-    cli = [sys.executable, "-m", "generator.cli", "generate", str(path), "-o", str(src)]
+    cli = [sys.executable, "-m", "generator.tools.cli", "generate", str(path), "-o", str(src)]
     cli_seconds = timed(cli, f"deepgen generate {path.name}")
     build = tmp / "build"
     gen = ["-G", "Ninja"] if shutil.which("ninja") else []

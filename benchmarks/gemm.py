@@ -78,7 +78,7 @@ def transposed_model(kind: str, p: int, q: int):
     """tn: y[p, q] = a^T @ g, a [B, p] and g [B, q] inputs; nt: y[B, q] = g @ w^T,
     g [B, p] an input, w [q, p] a parameter. B is symbolic."""
     import generator as dg
-    from generator.builder import current
+    from generator.frontend.builder import current
 
     @dg.model(name=f"gemm_tn_m{p}_n{q}" if kind == "tn" else f"gemm_nt_k{p}_n{q}")
     def gemm():

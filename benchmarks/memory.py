@@ -27,7 +27,7 @@ What is counted
              high-water mark of the one arena that holds every intermediate of
              the call; it must equal predicted_peak_bytes (the arena the code
              allocated from the plan) and the plan's formula evaluated here
-             (generator.memory_report.MemoryModel), both printed.
+             (generator.memory.report.MemoryModel), both printed.
            outputs: MemoryModel's "outputs" category (buffers handed to the
              caller; in train_step the logits live in such a buffer too).
            recursion workspace (TreeLSTM only): buffers the recursive op
@@ -115,7 +115,7 @@ CTYPE_BYTES = {"float": 4, "double": 8, "int64_t": 8, "int32_t": 4, "uint8_t": 1
 
 
 def cmake_build(project, build, jobs):
-    from generator.build import cmake_build as build_project
+    from generator.tools.build import cmake_build as build_project
 
     build_project(project, build, jobs)
 
@@ -127,7 +127,7 @@ def build_example(name: str) -> dict:
     from generator.codegen.emit import write_project
     from generator.pipeline import project_files
     from generator.pipeline import lowered
-    from generator.loader import load_model
+    from generator.frontend.loader import load_model
 
     graph = load_model(str(ROOT / "examples" / f"{name}.py")).build()
     t0 = time.perf_counter()
@@ -141,7 +141,7 @@ def build_example(name: str) -> dict:
         digest.update(rel.encode() + b"\0" + hashlib.sha256(data).digest())
     digest.update(sys.executable.encode() + b"\0" + sys.version.encode())
     key = digest.hexdigest()
-    from generator.build import build_if_changed
+    from generator.tools.build import build_if_changed
 
     reused = build_if_changed(src, build, graph.name, key, jobs=os.cpu_count() or 2)
     seconds = time.perf_counter() - t0
@@ -208,7 +208,7 @@ def recursion_workspace(built: dict, dims: dict, sched: dict) -> dict:
 
 def deepgen_case(built: dict, step: str, inputs: dict, dims: dict, sched: dict | None) -> dict:
     """Run one step of the generated module and collect its figures."""
-    from generator.memory_report import MemoryModel
+    from generator.memory.report import MemoryModel
 
     graph = built["graph"]
     model = built["module"].Model(seed=0)

@@ -46,7 +46,7 @@ POOL = 16  # batches a timing child cycles through
 
 
 def mlp_model():
-    from generator.loader import load_model
+    from generator.frontend.loader import load_model
 
     return load_model(str(ROOT / "examples" / "mlp.py"))
 

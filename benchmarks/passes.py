@@ -26,7 +26,7 @@ Per case and level:
   arena     model.memory_stats()["predicted_peak_bytes"] after the call (the
             arena the code allocated from the plan); it must equal the measured
             high-water mark "peak_bytes". The plan's formula
-            (generator.memory_report.MemoryModel, forward or train arena)
+            (generator.memory.report.MemoryModel, forward or train arena)
             evaluated at the call's sizes is recorded next to it.
   kernels   `void` function definitions in the generated src/kernels.cpp.
   nodes     nodes of the graph after generator.codegen.emit.prepare (the graph
@@ -79,7 +79,7 @@ CASES = [
 
 
 def cmake_build(project, build, jobs):
-    from generator.build import cmake_build as build_project
+    from generator.tools.build import cmake_build as build_project
 
     build_project(project, build, jobs)
 
@@ -101,7 +101,7 @@ def build_example(example: str, level: str) -> dict:
     from generator.codegen.emit import MANIFEST
     from generator.pipeline import generate
     from generator.pipeline import lowered
-    from generator.loader import load_model
+    from generator.frontend.loader import load_model
 
     name = f"{example}_{level.lower()}"
     graph = load_model(str(ROOT / "examples" / f"{example}.py")).build(name=name)
@@ -114,7 +114,7 @@ def build_example(example: str, level: str) -> dict:
     files = json.loads((src / MANIFEST).read_text())["files"]
     key = hashlib.sha256(json.dumps({"files": files, "python": sys.executable, "version": sys.version},
                                     sort_keys=True).encode()).hexdigest()
-    from generator.build import build_if_changed
+    from generator.tools.build import build_if_changed
 
     t1 = time.perf_counter()
     reused = build_if_changed(src, build, name, key, jobs=os.cpu_count() or 2)
@@ -177,7 +177,7 @@ def bind_dims(graph, inputs: dict) -> dict:
 
 def formula_bytes(built: dict, call: str, inputs: dict) -> int | None:
     """The plan's arena formula (MemoryModel) at the call's sizes."""
-    from generator.memory_report import MemoryModel
+    from generator.memory.report import MemoryModel
 
     try:
         m = MemoryModel(built["graph"], built["plan"])

@@ -4,18 +4,18 @@ Model files use this package as the DSL: `import generator as dg`.
 """
 
 from . import ops  # noqa: F401  (registers every op)
-from .builder import ModelDef, Tensor
-from .dsl import *  # noqa: F401,F403
-from .dsl import (  # noqa: F401  (names that shadow builtins, exported explicitly)
+from .frontend.builder import ModelDef, Tensor
+from .frontend.dsl import *  # noqa: F401,F403
+from .frontend.dsl import (  # noqa: F401  (names that shadow builtins, exported explicitly)
     input,
     max,
     sum,
 )
 from .errors import BuildError, DeepgenError, ModelError, ShapeError
-from .initializers import constant, glorot_uniform, he_normal, normal, ones, uniform, zeros
-from .shapes import dim
-from .recursion import recurse, roots, trees
-from .train import adam, bce_with_logits, mse, sgd, softmax_cross_entropy, train
+from .frontend.initializers import constant, glorot_uniform, he_normal, normal, ones, uniform, zeros
+from .ir.shapes import dim
+from .frontend.recursion import recurse, roots, trees
+from .frontend.train import adam, bce_with_logits, mse, sgd, softmax_cross_entropy, train
 
 __version__ = "0.1.0"
 

@@ -1,16 +1,17 @@
 """The pipeline: every stage is a plain function from one value to the next, and
-`run` drives them in order (DESIGN.md, "The pipeline"):
+`generate` drives them in order (DESIGN.md, "The pipeline"):
 
   stage          input -> output                  where
-  load           model file -> ModelDef           loader.load_model
-  build          ModelDef -> Graph                builder.ModelDef.build
-  optimize       Graph -> Graph                   passes.optimize (the forward graph)
-  differentiate  Graph -> Graph                   autodiff.prepare_training, then optimize again
-  lower          Graph -> ProjectPlan             codegen.lower.lower (typed ArenaDecl lines, buffers unplaced)
-  plan_memory    ProjectPlan -> ProjectPlan       memory.plan_memory (in-place choices, offsets, arena size)
-  record         (Graph, ProjectPlan) -> plan     codegen.record.record (reference outputs, examples)
-  render         ProjectPlan -> {path: bytes}     codegen.emit.render (pure: the plan in, files out)
-  write          {path: bytes} -> project folder  codegen.emit.write_project
+  load           model file -> ModelDef           frontend/loader.load_model
+  build          ModelDef -> Graph                frontend/builder.ModelDef.build
+  optimize       Graph -> Graph                   transforms/passes.optimize (the forward graph)
+  differentiate  Graph -> Graph                   transforms/autodiff.prepare_training, then optimize again
+  lower          Graph -> ProjectPlan             codegen/lower.lower (typed lines, codegen/stmt.py)
+  plan_memory    ProjectPlan -> ProjectPlan       memory/planner.plan_memory (liveness from the lines,
+                                                  update placement, in-place choices, offsets, arena size)
+  record         (Graph, ProjectPlan) -> plan     codegen/record.record (reference outputs, examples)
+  render         ProjectPlan -> {path: bytes}     codegen/emit.render (pure: the plan in, files out)
+  write          {path: bytes} -> project folder  codegen/emit.write_project
 
 `deepgen ir MODEL --after STAGE` stops after optimize, differentiate, lower or
 plan_memory and prints what that stage made.
@@ -23,7 +24,7 @@ STAGES = ("load", "build", "optimize", "differentiate", "lower", "plan_memory", 
 
 def optimize(graph, opt: str = "O2", report=None):
     """Stage `optimize`: the passes of level `opt` over the forward graph."""
-    from .passes import optimize as run_passes
+    from .transforms.passes import optimize as run_passes
 
     return run_passes(graph, opt, report=report)
 
@@ -31,8 +32,8 @@ def optimize(graph, opt: str = "O2", report=None):
 def differentiate(graph, opt: str = "O2", report=None):
     """Stage `differentiate`: for a trainable model, the backward pass (autodiff),
     optimized with the same passes; other graphs pass through."""
-    from .autodiff import prepare_training
-    from .passes import optimize as run_passes
+    from .transforms.autodiff import prepare_training
+    from .transforms.passes import optimize as run_passes
 
     if graph.train is not None and not graph.train.prepared:
         prepare_training(graph)
@@ -55,7 +56,7 @@ def lower(graph, target_name: str = "cpu"):
 
 def plan_memory(plan):
     """Stage `plan_memory`: in-place decisions and arena offsets (memory.plan_memory)."""
-    from .memory import plan_memory as place
+    from .memory.planner import plan_memory as place
 
     return place(plan)
 

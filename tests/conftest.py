@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from generator.build import cmake_build  # noqa: F401  (tests import it from here)
+from generator.tools.build import cmake_build  # noqa: F401  (tests import it from here)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -35,7 +35,7 @@ def _cache_root() -> Path:
     return Path(root)
 
 
-# cmake_build: generator.build.cmake_build (shared with the tests and the other benchmarks).
+# cmake_build: generator.tools.build.cmake_build (shared with the tests and the other benchmarks).
 
 
 class Builds:
@@ -93,6 +93,6 @@ def builds(tmp_path_factory):
 
 
 def load_example(name: str):
-    from generator.loader import load_model
+    from generator.frontend.loader import load_model
 
     return load_model(str(ROOT / "examples" / f"{name}.py"))

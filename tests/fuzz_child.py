@@ -45,9 +45,9 @@ class Fuzzer(FuzzInputs, FuzzOracle):
     """The fuzzer of one example's compiled module: run(target) is one hypothesis test."""
 
     def __init__(self, example, module, progress):
-        from generator.ir import needed_for
-        from generator.loader import load_model
-        from generator.samples import id_limit
+        from generator.ir.graph import needed_for
+        from generator.frontend.loader import load_model
+        from generator.reference.samples import id_limit
 
         self.example, self.module = example, module
         self.progress = open(progress, "w", encoding="utf-8")  # noqa: SIM115  (open while the child lives)
@@ -190,7 +190,7 @@ class Fuzzer(FuzzInputs, FuzzOracle):
         from hypothesis import assume
         from hypothesis import strategies as st
 
-        from generator import reference
+        from generator.reference import interpreter as reference
 
         m, setup = self.trained_model(data)
         inputs = self.base_inputs(data, self.train_names, finite=True)

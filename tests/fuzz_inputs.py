@@ -60,7 +60,7 @@ class FuzzInputs:
         values, finite ones only with `finite`, none without `special`)."""
         from hypothesis import strategies as st
 
-        from generator.shapes import evaluate
+        from generator.ir.shapes import evaluate
 
         dims = self.draw_dims(data)
         out = {}

@@ -1,5 +1,5 @@
 """The oracle of the binding fuzzer (tests/fuzz_child.py): a call's only allowed
-outcomes are the numpy reference's result (generator.reference, run with the module's
+outcomes are the numpy reference's result (generator.reference.interpreter, run with the module's
 own parameters and optimizer state), or a ValueError or MemoryError that leaves the
 model bit-identical (for inputs outside the README's contract or that the reference
 refuses); anything else raises a Finding (see tests/test_fuzz.py).
@@ -92,7 +92,7 @@ class FuzzOracle:
 
     def reference_forward(self, inputs, params, needed_only=False):
         """(True, outputs) or (False, the reason the reference refuses)."""
-        from generator import reference
+        from generator.reference import interpreter as reference
 
         kwargs = {k: v.value for k, v in inputs.items() if not needed_only or k in self.forward_names}
         try:
@@ -129,7 +129,7 @@ class FuzzOracle:
 
     def check_train_step(self, inputs, setup, m):
         """One train_step on model `m` (already set up by the code in `setup`)."""
-        from generator import reference
+        from generator.reference import interpreter as reference
 
         before = self.snapshot(m)
         step, hyper = m.step + 1, m.hyperparameters()

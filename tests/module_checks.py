@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from generator import reference
-from generator.samples import sample_inputs
+from generator.reference import interpreter as reference
+from generator.reference.samples import sample_inputs
 
 
 def dims_at(graph, size):
@@ -261,7 +261,7 @@ def check_threads_share_a_model(graph, module, threads=4, steps=100):
 
 
 def _forward_input_names(graph):
-    from generator.autodiff import train_only_inputs
+    from generator.transforms.autodiff import train_only_inputs
 
     training_only = {v.name for v in train_only_inputs(graph)} if graph.train is not None else set()
     return {v.name for v in graph.inputs} - training_only

@@ -13,7 +13,7 @@ from conftest import ROOT
 from generator.codegen.emit import write_project
 from generator.pipeline import project_files
 from generator.errors import DeepgenError
-from generator.loader import load_model
+from generator.frontend.loader import load_model
 
 TINY = str(ROOT / "tests" / "models" / "tiny.py")
 
@@ -28,7 +28,7 @@ def test_same_model_gives_byte_identical_output():
 
 def test_output_does_not_depend_on_hash_seed_or_folder(tmp_path):
     script = (
-        "import sys, hashlib; from generator.loader import load_model; from generator.pipeline import project_files;"
+        "import sys, hashlib; from generator.frontend.loader import load_model; from generator.pipeline import project_files;"
         f"files = project_files(load_model({TINY!r} + ':tiny').build());"
         "print(hashlib.sha256(b''.join(k.encode() + v for k, v in files.items())).hexdigest())"
     )
@@ -155,7 +155,7 @@ def test_user_source_text_cannot_break_out_of_comments(tmp_path):
 @pytest.mark.parametrize("stage, expect", [("optimize", "matmul"), ("differentiate", "d_logits"),
                                            ("lower", "(unplaced)"), ("plan_memory", "## arena")])
 def test_ir_stops_after_each_stage(capsys, stage, expect):
-    from generator.cli import main
+    from generator.tools.cli import main
 
     assert main(["ir", f"{TINY}:tiny_train", "--after", stage]) == 0
     out = capsys.readouterr().out

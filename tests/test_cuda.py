@@ -48,8 +48,8 @@ from module_checks import (
     check_threads_share_a_model,
     dims_at,
 )
-from generator import reference
-from generator.samples import sample_inputs
+from generator.reference import interpreter as reference
+from generator.reference.samples import sample_inputs
 
 EXAMPLES = sorted(p.stem for p in (ROOT / "examples").glob("*.py"))
 TABLES = ["optable", "gradtable"]
@@ -215,7 +215,7 @@ def load_module(name: str, mode: str):
 
 
 def test_cuda_target_is_accepted_by_the_cli(tmp_path):
-    from generator.cli import main
+    from generator.tools.cli import main
 
     assert main(["generate", str(ROOT / "tests" / "models" / "tiny.py") + ":tiny", "-o", str(tmp_path / "t"),
                  "--target", "cuda"]) == 0
@@ -242,7 +242,7 @@ def test_generated_cuda_code_uses_device_buffers_and_launches():
 
 def test_cuda_output_is_deterministic():
     from generator.pipeline import project_files
-    from generator.loader import load_model
+    from generator.frontend.loader import load_model
 
     tiny = str(ROOT / "tests" / "models" / "tiny.py") + ":tiny"
     assert project_files(load_model(tiny).build(), "cuda") == project_files(load_model(tiny).build(), "cuda")

@@ -17,9 +17,9 @@ import pytest
 import sympy
 
 import generator as dg
-from generator.cli import main
+from generator.tools.cli import main
 from generator.errors import DeepgenError, ModelError, ShapeError
-from generator.names import problem_with
+from generator.ir.names import problem_with
 
 N = dg.dim("N")
 M = dg.dim("M")
@@ -986,7 +986,7 @@ def test_dense_and_embedding_with_inferred_base_names_become_safe(var, tmp_path)
     """`_h = dg.dense(x, 3)`: the parameter names come from the variable, so
     they are inferred names and must be made safe rather than rejected. (The DSL
     reads variable names from the source, so the model is written to a file.)"""
-    from generator.loader import load_model
+    from generator.frontend.loader import load_model
 
     path = tmp_path / "model_var.py"
     path.write_text(

@@ -24,7 +24,7 @@ from module_checks import (
     check_save_load,
     check_threads_share_a_model,
 )
-from generator import reference
+from generator.reference import interpreter as reference
 
 EXAMPLES = sorted(p.stem for p in (ROOT / "examples").glob("*.py"))
 
@@ -80,7 +80,7 @@ def test_forward_calls_overlap_while_no_one_writes(builds):
     graph = load_example("treelstm").build()
     module, _ = builds.module(graph)
     model = module.Model(seed=0)
-    from generator.samples import sample_inputs
+    from generator.reference.samples import sample_inputs
 
     inputs = sample_inputs(graph)
     want = model.forward(**inputs)

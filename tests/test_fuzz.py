@@ -7,7 +7,7 @@ children, wrong arity, bad roots, words out of vocabulary) are thrown at
 forward(), train_step() and trees_from_nested() of mlp, digits, bow, treelstm
 and dagrnn. The only outcomes allowed:
 
-- a correct result: the numpy reference (generator.reference) run on the same
+- a correct result: the numpy reference (generator.reference.interpreter) run on the same
   inputs with the module's own parameters (and optimizer state) agrees;
 - a ValueError or MemoryError, after which every parameter, optimizer slot,
   gradient, the step count and the hyperparameters are bit-identical to what

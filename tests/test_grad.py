@@ -9,8 +9,8 @@ import pytest
 import sympy
 
 import generator as dg
-from generator import reference
-from generator.autodiff import differentiate
+from generator.reference import interpreter as reference
+from generator.transforms.autodiff import differentiate
 from op_cases import CASES, DIMS, case_inputs
 
 # Ops whose operands are not differentiable (integer ids) are still differentiated

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from conftest import load_example
-from generator import reference
-from generator.samples import sample_inputs
+from generator.reference import interpreter as reference
+from generator.reference.samples import sample_inputs
 
 # One trainable model (GEMMs, epilogues, softmax cross-entropy, momentum) and one
 # recursive model (level loop, packed weights), compiled at each level below -O2

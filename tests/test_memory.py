@@ -11,8 +11,8 @@ import sympy
 
 from conftest import ROOT, load_example
 from generator.pipeline import lowered
-from generator.memory import Buffer, dominates, plan
-from generator.samples import sample_inputs
+from generator.memory.planner import Buffer, dominates, plan
+from generator.reference.samples import sample_inputs
 
 EXAMPLES = sorted(p.stem for p in (ROOT / "examples").glob("*.py"))
 
@@ -91,7 +91,7 @@ def test_elementwise_in_place_when_the_input_dies():
 
 
 def test_memory_command(tmp_path, capsys):
-    from generator import cli
+    from generator.tools import cli
 
     mlp = str(ROOT / "examples" / "mlp.py")
     assert cli.main(["memory", mlp, "--batch", "64", "--budget", "2GiB", "--plot", str(tmp_path / "m.png")]) == 0
@@ -108,7 +108,7 @@ def test_memory_command(tmp_path, capsys):
 
 
 def test_largest_batch_really_fits():
-    from generator.memory_report import MemoryModel
+    from generator.memory.report import MemoryModel
 
     graph = load_example("mlp").build()
     from generator.pipeline import prepare

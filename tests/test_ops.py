@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from generator import reference
+from generator.reference import interpreter as reference
 from generator.ops import REGISTRY, SCALAR_FUNCS
 from op_cases import CASES, DIMS, N, T, case_inputs, case_model
 

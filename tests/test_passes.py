@@ -10,11 +10,11 @@ from hypothesis import strategies as st
 
 import generator as dg
 from conftest import ROOT, load_example
-from generator import reference
+from generator.reference import interpreter as reference
 from generator.pipeline import prepare
-from generator.memory import dominates
-from generator.passes import LEVELS, optimize
-from generator.samples import sample_inputs
+from generator.memory.planner import dominates
+from generator.transforms.passes import LEVELS, optimize
+from generator.reference.samples import sample_inputs
 
 EXAMPLES = sorted(p.stem for p in (ROOT / "examples").glob("*.py"))
 UNARY = ["relu", "tanh", "sigmoid", "exp", "neg", "square", "softsign"]
@@ -166,7 +166,7 @@ def test_cse_and_copyprop_and_dce():
 
 
 def test_levels_and_ir_after(capsys):
-    from generator import cli
+    from generator.tools import cli
 
     assert LEVELS["O0"] == []
     assert cli.main(["ir", str(ROOT / "examples" / "mlp.py"), "--after", "fuse"]) == 0

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from conftest import load_example
-from generator import reference
+from generator.reference import interpreter as reference
 from generator.treebatch import check_batch, from_nested, random_batch
 
 RECURSIVE = ["treelstm", "childsum_treelstm", "treegru", "treernn", "mvrnn", "dagrnn"]
@@ -29,7 +29,7 @@ def _inputs(node, batch):
 
 
 def _vocab(graph):
-    from generator.samples import id_limit
+    from generator.reference.samples import id_limit
 
     return id_limit(graph, next(n for n in graph.nodes if n.op == "recurse").inputs[1])
 

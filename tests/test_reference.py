@@ -1,5 +1,5 @@
 """The numpy reference interpreter: input validation, parameter initialization,
-and float64 evaluation (generator.reference)."""
+and float64 evaluation (generator.reference.interpreter)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import generator as dg
-from generator import reference
+from generator.reference import interpreter as reference
 
 N = dg.dim("N")
 M = dg.dim("M")

@@ -2,7 +2,7 @@
 
 One driver program (tests/runtime_driver.cpp) exposing every kernel is compiled
 once per session; each case runs it with raw arrays on stdin/stdout and
-compares against numpy (for the ops) or against generator/rng.py bit for bit
+compares against numpy (for the ops) or against generator/reference/rng.py bit for bit
 (for parameter initialization).
 """
 
@@ -24,7 +24,7 @@ RUNTIME_DIR = ROOT / "targets" / "cpu" / "runtime"
 DRIVER_SRC = Path(__file__).resolve().parent / "runtime_driver.cpp"
 
 sys.path.insert(0, str(ROOT))
-from generator import rng  # noqa: E402
+from generator.reference import rng  # noqa: E402
 
 CXX_FLAGS = ["-std=c++17", "-O2", "-Wall", "-Wextra"]
 INVALID_ARGUMENT_EXIT = 3  # the driver's exit status for std::invalid_argument

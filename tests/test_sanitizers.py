@@ -45,7 +45,7 @@ import numpy as np
 import pytest
 
 from conftest import ROOT, _cache_root, load_example
-from generator.build import cmake_build
+from generator.tools.build import cmake_build
 
 EXAMPLES = sorted(p.stem for p in (ROOT / "examples").glob("*.py"))
 
@@ -363,7 +363,7 @@ def _readonly(a):
 
 def _tree_cases(graph, node):
     """(what, outcome, inputs) for the batch inputs of the recursive op `node`."""
-    from generator.samples import id_limit
+    from generator.reference.samples import id_limit
     from generator.treebatch import from_nested, random_batch
 
     spec = node.attrs["spec"]
@@ -433,7 +433,7 @@ def _tree_cases(graph, node):
 
 def _big_inputs(graph):
     """A large batch: every symbolic dim of a plain input grown to 500 or more."""
-    from generator.samples import sample_dims, sample_inputs
+    from generator.reference.samples import sample_dims, sample_inputs
 
     if any(n.op == "recurse" for n in graph.nodes):
         return None
@@ -450,7 +450,7 @@ def _report(name, calls) -> int:
 
 
 def _child_unaligned(name, graph, module) -> int:
-    from generator.samples import sample_inputs
+    from generator.reference.samples import sample_inputs
 
     calls, model, good = Calls(), module.Model(seed=3), sample_inputs(graph)
     for v in graph.inputs:
@@ -463,7 +463,7 @@ def _child_unaligned(name, graph, module) -> int:
 
 
 def _child_step_limit(name, graph, module, tmp_path: Path) -> int:
-    from generator.samples import sample_inputs
+    from generator.reference.samples import sample_inputs
 
     calls, good = Calls(), sample_inputs(graph)
     model = module.Model(seed=3)
@@ -503,7 +503,7 @@ def _child(name: str, build: str, mode: str, tmp_path: Path) -> int:
 
 def _child_batch(name, graph, module, tmp_path: Path) -> int:
     import module_checks as mc
-    from generator.samples import sample_inputs
+    from generator.reference.samples import sample_inputs
 
     calls = Calls()
     train = graph.train is not None
@@ -530,7 +530,7 @@ def _child_batch(name, graph, module, tmp_path: Path) -> int:
     good = sample_inputs(graph)
     forward_names = set(good)
     if train:
-        from generator.autodiff import train_only_inputs
+        from generator.transforms.autodiff import train_only_inputs
 
         forward_names -= {v.name for v in train_only_inputs(graph)}
     for input_name, what, outcome, inputs in _input_cases(graph, good):

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import generator as dg
-from generator import reference
+from generator.reference import interpreter as reference
 
 N = dg.dim("N")
 STEPS = 10

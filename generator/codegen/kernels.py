@@ -10,7 +10,7 @@ from __future__ import annotations
 import sympy
 
 from ..ops import ARGS
-from ..shapes import numel as numel_of
+from ..ir.shapes import numel as numel_of
 from .plan import Arg, Kernel
 from .printer import FloatPrinter, size_expr
 
@@ -101,9 +101,9 @@ def _work(elements, exprs) -> str:
 
 def update_kernel(optimizer, printer_cls=FloatPrinter) -> Kernel:
     """The optimizer's in-place update of one parameter, printed from its sympy
-    update rules (generator.train.Optimizer.updates): a loop over the elements that
+    update rules (generator.frontend.train.Optimizer.updates): a loop over the elements that
     updates the state slots first, then the weight from the new slot values."""
-    from ..train import G, STEP_SYMBOLS, W
+    from ..frontend.train import G, STEP_SYMBOLS, W
 
     updates = optimizer.updates()
     loads = {W: "w[i]", G: "g[i]"}

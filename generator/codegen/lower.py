@@ -12,11 +12,11 @@ from __future__ import annotations
 import numpy as np
 
 from .. import __version__
-from ..names import RESERVED, comment_text, cpp_string
+from ..ir.names import RESERVED, comment_text, cpp_string
 from ..ops import get_op
-from ..printing import format_graph
-from ..shapes import fmt_shape, numel
-from ..autodiff import prepare_training, train_only_inputs
+from ..ir.printing import format_graph
+from ..ir.shapes import fmt_shape, numel
+from ..transforms.autodiff import prepare_training, train_only_inputs
 from .kernels import epilogue_kernel, ewise_kernel, update_kernel
 from .plan import ArenaDecl, InputSpec, OutputSpec, ParamSpec, ProjectPlan, Statement, TrainPlan, Update
 from .stmt import Alias, Call, Comment, Copy, Declare, Functor, Read, Write, place
@@ -58,7 +58,7 @@ class LowerCtx:
         """v's data, to write: its buffer is declared on first use (an arena piece
         for a float intermediate, a local vector otherwise or inside a cell)."""
         if id(v) not in self.place and self.block is None and id(v) not in self.outputs and v.dtype == "float32":
-            from ..memory import Buffer
+            from ..memory.planner import Buffer
 
             size = numel(v.shape)
             buffer = Buffer(v.name, size, None, None, self.phase, label=self.comment, shape=v.shape)
@@ -287,7 +287,7 @@ def _lower_training(ctx, graph, dim_index, bound_dims, first: int) -> TrainPlan:
         args += [s if s in ("c1", "c2") else f"hyper.{s}" for s in scalars]
         updates.append(Update(p, params[p], spec.grads[p], Call(f"kernels::{kernel.name}", args), p in copied))
     hyper = [(name, f"{np.float32(value)!r}".replace("np.float32(", "").rstrip(")") + "f") for name, value in spec.hyper]
-    from ..train import HYPER_RANGES
+    from ..frontend.train import HYPER_RANGES
 
     hyper_checks = [(name, f"dg::{HYPER_RANGES[name]}") for name, _ in spec.hyper]
     loss = ctx.read(spec.loss)

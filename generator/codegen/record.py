@@ -13,15 +13,15 @@ import math
 
 import numpy as np
 
-from ..reference import init_params, run, train_step
-from ..samples import sample_dims, sample_inputs
-from ..shapes import evaluate
+from ..reference.interpreter import init_params, run, train_step
+from ..reference.samples import sample_dims, sample_inputs
+from ..ir.shapes import evaluate
 from .plan import Recording
 
 
 def record(graph, plan):
     """Fill plan.recording from the graph (the numpy reference runs here)."""
-    from ..memory_report import report
+    from ..memory.report import report
 
     expected = _expected_npz(graph)
     examples, call, train_call = _examples(plan, graph)

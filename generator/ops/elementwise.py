@@ -11,7 +11,7 @@ import math
 import numpy as np
 import sympy
 
-from ..shapes import broadcast, fmt_shape
+from ..ir.shapes import broadcast, fmt_shape
 from .registry import OpDef, register, require_float
 from .scalar import ARGS, SCALAR_FUNCS, derivative, output_derivative, scalar_expr
 

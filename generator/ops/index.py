@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..shapes import fmt_shape, numel
+from ..ir.shapes import fmt_shape, numel
 from ..codegen.stmt import Named
 from .registry import OpDef, register
 

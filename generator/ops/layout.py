@@ -6,7 +6,7 @@ import numpy as np
 import sympy
 
 from ..codegen.stmt import Named, Scope
-from ..shapes import fmt_shape, numel, same
+from ..ir.shapes import fmt_shape, numel, same
 from .registry import OpDef, register
 
 

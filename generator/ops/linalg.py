@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 import sympy
 
-from ..shapes import fmt_shape, numel, same
+from ..ir.shapes import fmt_shape, numel, same
 from ..codegen.stmt import Named
 from .registry import OpDef, get_op, register, require_float
 from .scalar import ARGS

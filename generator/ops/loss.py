@@ -1,13 +1,13 @@
 """Fused losses. Softmax cross-entropy is one op (numerically stable, no
 one-hot tensor); its gradient is a second op. Other losses (mean squared error,
 binary cross-entropy with logits) are built from elementwise ops and means in
-generator/train.py, and differentiated like any other graph."""
+generator/frontend/train.py, and differentiated like any other graph."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..shapes import fmt_shape, same
+from ..ir.shapes import fmt_shape, same
 from .index import _CPP_ID
 from ..codegen.stmt import Named
 from .registry import OpDef, register

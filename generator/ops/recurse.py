@@ -1,5 +1,5 @@
 """The recursive op: a leaf cell and an internal cell applied over a batch of
-trees or DAGs (see generator/recursion.py for the DSL).
+trees or DAGs (see generator/frontend/recursion.py for the DSL).
 
 Reference: plain per-node recursion in topological order, one node at a time
 (independent of the batched lowering it checks). Lowering (Cortex's): an
@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import sympy
 
-from ..shapes import numel
+from ..ir.shapes import numel
 from .registry import OpDef, get_op, register
 
 
@@ -68,7 +68,7 @@ class Recurse(OpDef):
 
     def sample_inputs(self, node, rng, dims, graph):
         """A random batch of trees (its sizes then fix the node and tree counts)."""
-        from ..samples import id_limit
+        from ..reference.samples import id_limit
         from ..treebatch import random_batch
 
         spec = node.attrs["spec"]
@@ -121,7 +121,7 @@ class Recurse(OpDef):
 
     def describe(self, node):
         spec = node.attrs["spec"]
-        from ..printing import format_node
+        from ..ir.printing import format_node
 
         kind = "dag" if spec.dag else "trees"
         lines = [f"recurse[{kind}, arity {spec.arity}]({', '.join(v.name for v in node.inputs[:3])})"]

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import sympy
 
-from ..shapes import numel
+from ..ir.shapes import numel
 from ..codegen.stmt import Named
 from .registry import OpDef, register, require_float
 from .scalar import ARGS

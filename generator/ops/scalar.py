@@ -2,7 +2,7 @@
 
 The numpy reference, the printed C++ (and later CUDA) code, and the derivative
 (`sympy.diff`) all come from these expressions. A user-defined activation is
-just another entry made from a sympy lambda (see `generator.dsl.elementwise`).
+just another entry made from a sympy lambda (see `generator.frontend.dsl.elementwise`).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 // dg_rng.h - deterministic parameter initialization for deepgen models.
 //
-// Bit-identical twin of generator/rng.py: a model built with Model(seed) holds
+// Bit-identical twin of generator/reference/rng.py: a model built with Model(seed) holds
 // exactly the weights the numpy reference computes.  Keep both files in
 // lock-step; tests/test_runtime.py checks that they agree bit for bit.
 //

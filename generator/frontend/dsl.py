@@ -22,10 +22,10 @@ import sympy
 
 from . import initializers as inits
 from .builder import Tensor, current
-from .errors import ModelError, ShapeError
-from .names import problem_with
-from .ops import ARGS, SCALAR_FUNCS, scalar_expr
-from .shapes import contiguous_groups, fmt_dim, fmt_shape, norm_dim, normalize_axis, numel
+from ..errors import ModelError, ShapeError
+from ..ir.names import problem_with
+from ..ops import ARGS, SCALAR_FUNCS, scalar_expr
+from ..ir.shapes import contiguous_groups, fmt_dim, fmt_shape, norm_dim, normalize_axis, numel
 from .source import user_loc
 
 __all__ = [

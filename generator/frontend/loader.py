@@ -11,7 +11,7 @@ import os
 import sys
 
 from .builder import ModelDef
-from .errors import DeepgenError
+from ..errors import DeepgenError
 from .source import describe_exception, error_site
 
 

@@ -11,9 +11,9 @@ from __future__ import annotations
 import numpy as np
 import sympy
 
-from .ir import needed_for
-from .ops import get_op
-from .shapes import bind_dims, evaluate, fmt_shape
+from ..ir.graph import needed_for
+from ..ops import get_op
+from ..ir.shapes import bind_dims, evaluate, fmt_shape
 
 
 def init_params(graph, seed: int = 0) -> dict:
@@ -93,7 +93,7 @@ def run(graph, inputs: dict, params: dict | None = None, seed: int = 0, float_dt
 
 def gradients(graph, inputs: dict, params: dict, float_dtype=np.float32):
     """(loss, {parameter name: gradient}) of a trainable model (dg.train)."""
-    from .autodiff import prepare_training
+    from ..transforms.autodiff import prepare_training
 
     prepare_training(graph)
     spec = graph.train

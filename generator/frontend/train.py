@@ -18,7 +18,7 @@ import numpy as np
 import sympy
 
 from .builder import Tensor, current
-from .errors import ModelError
+from ..errors import ModelError
 from .source import user_loc
 
 W, G = sympy.symbols("w g", real=True)

@@ -7,7 +7,7 @@ import numpy as np
 import sympy
 
 from . import rng
-from .shapes import evaluate
+from ..ir.shapes import evaluate
 
 
 def sample_dims(graph, start: int = 2) -> dict:
@@ -28,7 +28,7 @@ def sample_dims(graph, start: int = 2) -> dict:
 def id_limit(graph, value) -> int:
     """Ids for `value` must index every table it gathers from (labels: every class
     count): the least limit any node states for it (OpDef.id_limit), else 10."""
-    from .ops import get_op
+    from ..ops import get_op
 
     limits = [get_op(n.op).id_limit(n, value) for n in graph.nodes]
     limits = [x for x in limits if x is not None]
@@ -39,7 +39,7 @@ def sample_inputs(graph, dims: dict | None = None, seed: int = 1, floats: bool =
     """Inputs for `graph`; a recursive op's trees are a random batch (whose sizes
     then fix the node and tree counts). floats=False leaves out the float inputs
     (only the integer ones, ids and trees, are made)."""
-    from .ops import get_op
+    from ..ops import get_op
 
     dims = dict(sample_dims(graph) if dims is None else dims)
     out = {}

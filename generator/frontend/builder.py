@@ -13,11 +13,11 @@ import math
 import os
 from types import SimpleNamespace
 
-from .errors import DeepgenError, ModelError, ShapeError
-from .ir import DTYPES, Graph, Node, Value
-from .names import NameTable, problem_with
-from .ops import get_op
-from .shapes import MAX_PARAM_ELEMENTS, fmt_shape, norm_shape, size_problem
+from ..errors import DeepgenError, ModelError, ShapeError
+from ..ir.graph import DTYPES, Graph, Node, Value
+from ..ir.names import NameTable, problem_with
+from ..ops import get_op
+from ..ir.shapes import MAX_PARAM_ELEMENTS, fmt_shape, norm_shape, size_problem
 from .source import Loc, assigned_names, describe_exception, error_site, in_return, user_loc
 
 _ACTIVE: list = []

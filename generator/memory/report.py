@@ -15,9 +15,9 @@ import zlib
 
 import sympy
 
-from .errors import DeepgenError
-from .ops import get_op
-from .shapes import fmt_shape, numel
+from ..errors import DeepgenError
+from ..ops import get_op
+from ..ir.shapes import fmt_shape, numel
 
 _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "MIB": 2**20, "GIB": 2**30}
 

@@ -25,7 +25,7 @@ class Value:
     kind: str = "node"  # "input", "param" or "node"
     producer: "Node | None" = None
     loc: object = None
-    init: object = None  # parameters: an initializer (generator.dsl.Init)
+    init: object = None  # parameters: an initializer (generator.frontend.dsl.Init)
     seed: int | None = None  # parameters: a fixed seed overriding the model's
     explicit: bool = False  # the user gave this name with name=
 
@@ -63,7 +63,7 @@ class Graph:
     requirements: list = field(default_factory=list)
     loc: object = None
     names: object = None  # the NameTable that made the names, for passes that add values
-    train: object = None  # a generator.train.TrainSpec when the model calls dg.train(...)
+    train: object = None  # a generator.frontend.train.TrainSpec when the model calls dg.train(...)
 
     @property
     def dims(self) -> list:

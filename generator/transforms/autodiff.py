@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import sympy
 
-from .errors import ModelError
-from .ir import Node, Value, needed_for
-from .names import NameTable
-from .ops import ARGS, get_op
-from .shapes import broadcast, contiguous_groups, same
+from ..errors import ModelError
+from ..ir.graph import Node, Value, needed_for
+from ..ir.names import NameTable
+from ..ops import ARGS, get_op
+from ..ir.shapes import broadcast, contiguous_groups, same
 
 
 class GradBuilder:

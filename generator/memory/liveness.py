@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..ops import get_op
-from .plan import ArenaDecl
-from .stmt import Alias, Comment, Read, nested_lines, operands
+from ..codegen.plan import ArenaDecl
+from ..codegen.stmt import Alias, Comment, Read, nested_lines, operands
 
 
 @dataclass

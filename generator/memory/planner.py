@@ -210,9 +210,9 @@ def plan_memory(project):
     the place of each parameter update, which elementwise results take their
     operand's block (in place), every buffer's offset (the ArenaDecl lines print
     it), and project.memory with the arena's size for forward() and train_step()."""
-    from .errors import DeepgenError
-    from .codegen.liveness import liveness, place_updates
-    from .codegen.printer import exact_size_expr, size_expr
+    from ..errors import DeepgenError
+    from .liveness import liveness, place_updates
+    from ..codegen.printer import exact_size_expr, size_expr
 
     live = liveness(project)
     place_updates(project, live)

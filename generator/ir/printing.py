@@ -4,7 +4,7 @@ from __future__ import annotations
 
 
 def format_node(node) -> str:
-    from .ops import get_op
+    from ..ops import get_op
 
     lhs = ", ".join(f"{v.name}: {v.type_str()}" for v in node.outputs)
     rhs = get_op(node.op).describe(node)

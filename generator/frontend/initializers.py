@@ -1,5 +1,5 @@
 """Parameter initializers. Each resolves, for a given shape, to one of three
-primitive draws (constant, uniform, normal) that the numpy side (generator.rng)
+primitive draws (constant, uniform, normal) that the numpy side (generator.reference.rng)
 and the generated C++ (runtime dg_rng.h) compute bit-identically."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import rng
+from ..reference import rng
 
 
 @dataclass(frozen=True)

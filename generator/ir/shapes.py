@@ -15,9 +15,9 @@ Dim = "int | sympy.Expr"
 
 def dim(name: str) -> sympy.Symbol:
     """A symbolic dimension: `N = dg.dim("N")`."""
-    from .errors import ModelError
+    from ..errors import ModelError
     from .names import problem_with
-    from .source import user_loc
+    from ..frontend.source import user_loc
 
     problem = problem_with(name)
     if problem:

@@ -14,7 +14,8 @@ import os
 import sys
 from dataclasses import dataclass
 
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+# The package root (generator/): frames from any of its modules are deepgen's own.
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 @dataclass(frozen=True)

@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 import sympy
 
 from .builder import Tensor, current
-from .errors import ModelError
-from .ir import Value
-from .shapes import dim, same
+from ..errors import ModelError
+from ..ir.graph import Value
+from ..ir.shapes import dim, same
 from .source import user_loc
 
 

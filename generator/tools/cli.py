@@ -8,12 +8,12 @@ import sys
 import time
 import traceback
 
-from .errors import DeepgenError
+from ..errors import DeepgenError
 
 
 def _graph(args):
-    from .loader import load_model
-    from .names import check_project_name
+    from ..frontend.loader import load_model
+    from ..ir.names import check_project_name
 
     model = load_model(args.model)
     name = getattr(args, "name", None)
@@ -31,7 +31,7 @@ def _graph(args):
 
 
 def cmd_generate(args):
-    from .pipeline import generate
+    from ..pipeline import generate
 
     from .installed import check_name_free
 
@@ -65,7 +65,7 @@ def cmd_check(args):
 
 
 def cmd_ir(args):
-    from . import pipeline
+    from .. import pipeline
 
     graph = _graph(args)
     if args.after in ("optimize", "differentiate", "lower", "plan_memory"):
@@ -81,11 +81,11 @@ def cmd_ir(args):
         print(graph, end="")
         return
     if args.after:
-        from .passes import optimize
+        from ..transforms.passes import optimize
 
         optimize(graph, "O2", until=args.after)
     if args.grad:
-        from .autodiff import prepare_training
+        from ..transforms.autodiff import prepare_training
 
         if graph.train is None:
             raise DeepgenError(f"{args.model}: --grad needs a trainable model (call dg.train(loss, ...) in it)")
@@ -96,8 +96,8 @@ def cmd_ir(args):
 
 
 def cmd_memory(args):
-    from .memory_report import parse_bytes, plot_png, report
-    from .pipeline import lowered, prepare
+    from ..memory.report import parse_bytes, plot_png, report
+    from ..pipeline import lowered, prepare
 
     graph = prepare(_graph(args), args.opt)
     plan = lowered(graph, "cpu")
@@ -121,7 +121,7 @@ def parser() -> argparse.ArgumentParser:
     g = sub.add_parser("generate", help="write a standalone C++ project for a model")
     g.add_argument("model", help="model file, FILE.py or FILE.py:NAME")
     g.add_argument("-o", "--output", required=True, help="folder to write the project into")
-    from .codegen.targets import available
+    from ..codegen.targets import available
 
     g.add_argument("--target", default="cpu", choices=available())
     g.add_argument("--name", help="project and module name (default: the model's name)")

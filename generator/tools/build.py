@@ -15,7 +15,7 @@ import sys
 import time
 from pathlib import Path
 
-from .errors import BuildError
+from ..errors import BuildError
 
 # scikit-build-core's progress lines -> our step names
 _STEPS = [

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import sympy
 
-from .ops import ARGS, get_op
+from ..ops import ARGS, get_op
 
 LEVELS = {
     "O0": [],
@@ -198,7 +198,7 @@ def epilogue(graph):
     matmul's only reader, read it at full shape, and read every other operand per
     element of C (ops.linalg.epilogue_role). In a model that trains, this waits
     until the backward pass exists (the gradients come from the unfused nodes)."""
-    from .ops.linalg import epilogue_role
+    from ..ops.linalg import epilogue_role
 
     if graph.train is not None and not graph.train.prepared:
         return graph
@@ -240,7 +240,7 @@ def epilogue(graph):
 def simplify(graph):
     """sympy simplification of fused expressions, kept only when it is smaller and
     brings in no new functions (see ops.scalar.derivative for why)."""
-    from .ops.scalar import _functions
+    from ..ops.scalar import _functions
 
     for nodes, _ in list(_regions(graph)):
         for node in nodes:
