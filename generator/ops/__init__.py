@@ -1,7 +1,10 @@
 """All ops, registered on import. See registry.py for what an OpDef carries."""
 
 from . import elementwise, index, layout, linalg, loss, recurse, reduce  # noqa: F401  (registration)
+from .layout import Fill
 from .registry import REGISTRY, OpDef, get_op, register
+
+make_constant = Fill.make_constant  # constant folding's replacement of an evaluated node
 from .scalar import ARGS, SCALAR_FUNCS, derivative, scalar_expr
 
-__all__ = ["REGISTRY", "OpDef", "get_op", "register", "ARGS", "SCALAR_FUNCS", "scalar_expr", "derivative"]
+__all__ = ["REGISTRY", "OpDef", "get_op", "register", "make_constant", "ARGS", "SCALAR_FUNCS", "scalar_expr", "derivative"]

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import sympy
 
-from ..ops import ARGS, get_op
+from ..ops import ARGS, get_op, make_constant
 
 LEVELS = {
     "O0": [],
@@ -114,12 +114,6 @@ def _fill_value(v):
     return get_op(p.op).constant(p) if p is not None else None
 
 
-def _to_fill(node, value):
-    """Turn `node` into a fill of its output's shape with `value`."""
-    node.op, node.inputs = "fill", []
-    node.attrs = {"shape": tuple(node.outputs[0].shape), "value": float(value)}
-
-
 def fold(graph):
     """Constant folding. Tensors of one value (`fill`: the zeros and the loss
     gradient's 1 that autodiff makes) are offered to each op that reads them
@@ -133,7 +127,7 @@ def fold(graph):
             if any(c is not None for c in consts):
                 value = get_op(node.op).fold(node, consts)
                 if value is not None:
-                    _to_fill(node, value)
+                    make_constant(node, value)
     return graph
 
 
