@@ -18,8 +18,8 @@ from dataclasses import dataclass, field, fields, is_dataclass
 
 
 @dataclass(frozen=True, eq=False)
-class Read:
-    """A value the line reads, with the C++ expression of its data where it is read."""
+class Operand:
+    """A graph value a line touches, with the C++ expression of its data there."""
 
     value: object
     expr: str
@@ -28,15 +28,12 @@ class Read:
         return self.expr
 
 
-@dataclass(frozen=True, eq=False)
-class Write:
-    """A value the line writes (fully), with the C++ expression of its data."""
+class Read(Operand):
+    """A value the line reads."""
 
-    value: object
-    expr: str
 
-    def __str__(self) -> str:
-        return self.expr
+class Write(Operand):
+    """A value the line writes (fully)."""
 
 
 @dataclass(frozen=True)
@@ -152,7 +149,7 @@ class Scope:
 def operands(obj):
     """Every Read and Write in a line, in order, however deeply nested (a level
     loop's blocks, a call's named arguments, a functor's members)."""
-    if isinstance(obj, (Read, Write)):
+    if isinstance(obj, Operand):
         yield obj
     elif isinstance(obj, (list, tuple)):
         for item in obj:
@@ -168,7 +165,7 @@ def nested_lines(obj):
     if isinstance(obj, (list, tuple)):
         for item in obj:
             yield from nested_lines(item)
-    elif is_dataclass(obj) and not isinstance(obj, type) and not isinstance(obj, (Read, Write, Named, Functor)):
+    elif is_dataclass(obj) and not isinstance(obj, type) and not isinstance(obj, (Operand, Named, Functor)):
         yield obj
         for f in fields(obj):
             if f.name not in ("value", "buffer", "src"):
