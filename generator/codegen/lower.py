@@ -1,10 +1,12 @@
 """Lowering: Graph -> ProjectPlan.
 
-Walks the graph once, in order. Each node's OpDef.lower() returns the C++
-statements that compute it, using this module's LowerCtx to name data
-(`ctx.ptr`), declare output buffers (`ctx.out`), print sizes (`ctx.size`) and
-emit elementwise kernels (`ctx.call_kernel`). Consecutive nodes from the same
-DSL statement share one Statement, whose comment cites that line.
+Walks the graph once, in order. Each node's OpDef.lower() returns the typed
+lines that compute it (codegen/stmt.py), using this module's LowerCtx to read
+data (`ctx.read`), declare and write outputs (`ctx.write`), print sizes
+(`ctx.size`), build runtime calls (`ctx.call`) and elementwise kernels
+(`ctx.kernel`). Consecutive nodes from the same DSL statement share one
+Statement, whose comment cites that line. Liveness and the arena plan come
+later, from the lines (memory/liveness.py, memory/planner.py).
 """
 
 from __future__ import annotations
