@@ -144,7 +144,97 @@ def _cases():
         Case("gather_int32", lambda t: dg.gather(t["table"], t["ids"]), lambda a: a["table"][a["ids"]],
              {"table": _f((5, 2, 2)), "ids": ((N,), "int32", 0, 5)}, ("gather",)),
     ]
+    cases += _conv_cases()
     return cases
+
+
+def _conv_oracle(x, w, b=None, stride=(1, 1), padding=(0, 0), dilation=(1, 1), groups=1):
+    """torch.nn.functional.conv2d's definition, one output element at a time."""
+    n, c, h, wd = x.shape
+    o, cg, kh, kw = w.shape
+    (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
+    oh = (h + 2 * ph - dh * (kh - 1) - 1) // sh + 1
+    ow = (wd + 2 * pw - dw * (kw - 1) - 1) // sw + 1
+    y = np.zeros((n, o, oh, ow))
+    for oc in range(o):
+        g = oc // (o // groups)
+        for i in range(oh):
+            for j in range(ow):
+                total = np.zeros(n) if b is None else np.full(n, float(b[oc]))
+                for ci in range(cg):
+                    for a in range(kh):
+                        for e in range(kw):
+                            r, q = i * sh - ph + a * dh, j * sw - pw + e * dw
+                            if 0 <= r < h and 0 <= q < wd:
+                                total += x[:, g * cg + ci, r, q] * w[oc, ci, a, e]
+                y[:, oc, i, j] = total
+    return y
+
+
+def _pool_oracle(x, kernel, stride, padding, kind):
+    n, c, h, wd = x.shape
+    (kh, kw), (sh, sw), (ph, pw) = kernel, stride, padding
+    oh, ow = (h + 2 * ph - kh) // sh + 1, (wd + 2 * pw - kw) // sw + 1
+    y = np.zeros((n, c, oh, ow))
+    for i in range(oh):
+        for j in range(ow):
+            r0, q0 = i * sh - ph, j * sw - pw
+            window = x[:, :, max(r0, 0) : r0 + kh, max(q0, 0) : q0 + kw]
+            y[:, :, i, j] = window.max(axis=(2, 3)) if kind == "max" else window.sum(axis=(2, 3)) / (kh * kw)
+    return y
+
+
+def _conv_cases():
+    conv_grads = ("conv2d_grad_input", "conv2d_grad_weight")
+    return [
+        Case("conv2d_stride_pad_bias", lambda t: dg.conv2d(t["x"], t["w"], t["b"], stride=2, padding=1),
+             lambda a: _conv_oracle(a["x"], a["w"], a["b"], (2, 2), (1, 1)),
+             {"x": _f((N, 3, 7, 6)), "w": _f((4, 3, 3, 3)), "b": _f((4,))}, ("conv2d",), tol=1e-3,
+             grad_ops=conv_grads + ("sum",)),
+        Case("conv2d_dilated_groups", lambda t: dg.conv2d(t["x"], t["w"], padding=(1, 0), dilation=(2, 1), groups=2),
+             lambda a: _conv_oracle(a["x"], a["w"], None, (1, 1), (1, 0), (2, 1), 2),
+             {"x": _f((N, 4, 6, 7)), "w": _f((6, 2, 2, 3))}, ("conv2d",), tol=1e-3, grad_ops=conv_grads),
+        Case("conv2d_depthwise_same", lambda t: dg.conv2d(t["x"], t["w"], padding="same", groups=3),
+             lambda a: _conv_oracle(a["x"], a["w"], None, (1, 1), (1, 1), (1, 1), 3),
+             {"x": _f((N, 3, 5, 5)), "w": _f((3, 1, 3, 3))}, ("conv2d",), tol=1e-3, grad_ops=conv_grads),
+        Case("conv2d_pointwise", lambda t: dg.conv2d(t["x"], t["w"]), lambda a: _conv_oracle(a["x"], a["w"]),
+             {"x": _f((N, 4, 3, 2)), "w": _f((5, 4, 1, 1))}, ("conv2d",), tol=1e-3, grad_ops=conv_grads),
+        Case("max_pool2d", lambda t: dg.max_pool2d(t["x"], 3, stride=2, padding=1),
+             lambda a: _pool_oracle(a["x"], (3, 3), (2, 2), (1, 1), "max"),
+             {"x": _f((N, 2, 5, 6))}, ("max_pool2d",), grad_ops=("max_pool2d_grad",)),
+        Case("avg_pool2d", lambda t: dg.avg_pool2d(t["x"], (2, 3), stride=(1, 2), padding=(1, 1)),
+             lambda a: _pool_oracle(a["x"], (2, 3), (1, 2), (1, 1), "avg"),
+             {"x": _f((N, 2, 4, 5))}, ("avg_pool2d",), grad_ops=("avg_pool2d_grad",)),
+        Case("global_avg_pool_flatten", lambda t: dg.flatten(dg.max_pool2d(t["x"], 2)) + dg.global_avg_pool(t["y"]),
+             lambda a: _pool_oracle(a["x"], (2, 2), (2, 2), (0, 0), "max").reshape(len(a["x"]), -1)
+             + a["y"].mean(axis=(2, 3)),
+             {"x": _f((N, 1, 4, 4)), "y": _f((N, 4, 3, 2))}, ("max_pool2d", "mean", "reshape", "ewise")),
+        Case("batch_norm_nchw", lambda t: dg.batch_norm(t["x"], t["w"], t["b"], eps=1e-3, name="bn_nchw"),
+             lambda a: _bn_oracle(a["x"], a["w"], a["b"], 1e-3), {"x": _f((N, 3, 4, 5)), "w": _f((3,), 0.5, 2),
+                                                                  "b": _f((3,))},
+             ("batch_norm",), tol=1e-4, grad_ops=("batch_norm_grad",)),
+        Case("batch_norm_3d", lambda t: dg.batch_norm(t["x"], t["w"], t["b"], name="bn_3d"),
+             lambda a: _bn_oracle(a["x"], a["w"], a["b"], 1e-5), {"x": _f((N, 4, 2)), "w": _f((4,)), "b": _f((4,))},
+             ("batch_norm",), tol=1e-3),
+        Case("dropout", lambda t: dg.dropout(t["x"], 0.4), lambda a: _dropout_oracle(a["x"], 0.4, 0),
+             {"x": _f((N, 6, 5))}, ("dropout",), grad_ops=("dropout_grad",)),
+    ]
+
+
+def _bn_oracle(x, w, b, eps):
+    """torch.nn.functional.batch_norm in training mode: the batch's biased variance."""
+    axes = (0,) + tuple(range(2, x.ndim))
+    shape = (1, -1) + (1,) * (x.ndim - 2)
+    mean, var = x.mean(axis=axes, keepdims=True), x.var(axis=axes, keepdims=True)
+    return (x - mean) / np.sqrt(var + eps) * w.reshape(shape) + b.reshape(shape)
+
+
+def _dropout_oracle(x, p, index, seed=0, draw=0):
+    """The first training-mode call of a Model(seed=0): elements kept by the shared RNG, scaled."""
+    from generator.reference.rng import dropout_keep, name_stream
+
+    keep = dropout_keep(x.size, seed, name_stream(f"dropout{index}"), draw, p).reshape(x.shape)
+    return np.where(keep, x / (1 - p), 0.0)
 
 
 def _softmax(x, axis):

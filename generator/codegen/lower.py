@@ -17,6 +17,7 @@ from .. import __version__
 from ..ir.names import RESERVED, comment_text, cpp_string
 from ..ops import get_op
 from ..ir.printing import format_graph
+from ..ir.graph import Value
 from ..ir.shapes import fmt_shape, numel
 from ..transforms.autodiff import prepare_training, train_only_inputs
 from .kernels import epilogue_kernel, ewise_kernel, update_kernel
@@ -77,6 +78,13 @@ class LowerCtx:
             self.place[id(v)] = f"{v.name}.data()"
             self.owned.add(id(v))
         return Write(v, self.place[id(v)])
+
+    def workspace(self, hint: str, floats) -> Write:
+        """Scratch memory the line being lowered uses and drops (a convolution's
+        column matrix): a buffer of its own, live at that line only, so the arena
+        plan and the memory report count it."""
+        v = Value(self.graph.names.unique(hint), "float32", (floats,))
+        return self.write(v)
 
     def claim_output(self, v) -> bool:
         """Whether the node producing v can write it straight into a given buffer."""
@@ -176,7 +184,8 @@ def _param_spec(p) -> ParamSpec:
         args = f"{seed}, dg::name_stream({cpp_string(p.name)}), {lit[0]}, {lit[1]}"
     init = f"dg::init_{prim[0]}({target}, {args});"
     comment = f"{p.loc.short}  {comment_text(p.loc.text)}" if p.loc else ""
-    return ParamSpec(p.name, list(p.shape), fmt_shape(p.shape), init, comment, f"dg::init_{prim[0]}", args)
+    return ParamSpec(p.name, list(p.shape), fmt_shape(p.shape), init, comment, f"dg::init_{prim[0]}", args,
+                     trainable=p.kind == "param")
 
 
 def _statements(ctx, nodes, first: int) -> list:
@@ -323,6 +332,8 @@ def lower(graph, target) -> ProjectPlan:
         ctx.place[id(v)] = v.name
     for p in graph.params:
         ctx.place[id(p)] = f"{p.name}.ptr()"
+    if graph.mode is not None:
+        ctx.place[id(graph.mode)] = graph.mode.name
     train_inputs = {id(v) for v in train_only_inputs(graph)} if graph.train else set()
     forward_inputs = [v for v in graph.inputs if id(v) not in train_inputs]
     bound = {s for v in forward_inputs for d in v.shape for s in getattr(d, "free_symbols", ())}
@@ -345,6 +356,7 @@ def lower(graph, target) -> ProjectPlan:
         inputs=[_input_spec(v, dim_index) for v in forward_inputs],
         all_inputs=[_input_spec(v, dim_index) for v in graph.inputs],
         params=[_param_spec(p) for p in graph.params],
+        mode=graph.mode.name if graph.mode is not None else "",
         outputs=outputs,
         requirements=requirements,
         statements=statements,

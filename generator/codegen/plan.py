@@ -126,6 +126,7 @@ class ParamSpec:
     comment: str
     init_fn: str = ""  # the same call in parts: the function (dg::init_normal) ...
     init_args: str = ""  # ... and its arguments after the data pointer and size
+    trainable: bool = True  # False for module state (batch norm's running statistics)
 
 
 @dataclass
@@ -215,4 +216,5 @@ class ProjectPlan:
     buffers: list = field(default_factory=list)  # the arena's memory.Buffers (plan_memory, from liveness)
     memory: dict = field(default_factory=dict)  # the arena plan (stage plan_memory: memory.plan_memory)
     trees: list = field(default_factory=list)  # [{arity, children, words, roots, function}] from OpDef.helpers
+    mode: str = ""  # the local dg::Mode the mode-dependent ops read (batch norm, dropout), if any
     recording: Recording | None = None  # filled by the record stage

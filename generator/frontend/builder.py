@@ -78,7 +78,7 @@ class Builder:
         too_large = size_problem(shape)
         if too_large:
             raise ModelError(too_large, loc, kind)
-        if kind == "param":
+        if kind in ("param", "state"):
             count = sum(math.prod(p.shape) for p in self.graph.params) + math.prod(shape)
             if count > MAX_PARAM_ELEMENTS:
                 raise ModelError(
@@ -103,6 +103,12 @@ class Builder:
         value = Value(name, dtype, shape, kind=kind, loc=loc, explicit=True, **extra)
         (self.graph.inputs if kind == "input" else self.graph.params).append(value)
         return Tensor(value)
+
+    def mode(self) -> Value:
+        """The graph's train/eval mode value, made on first use (batch norm, dropout)."""
+        if self.graph.mode is None:
+            self.graph.mode = Value(self.names.unique("mode"), "mode", (), kind="mode")
+        return self.graph.mode
 
     def default_name(self, loc, what: str, index: int = 0) -> str:
         """The variable the current statement assigns to, for things that need a name now."""
@@ -151,8 +157,9 @@ class Builder:
             too_large = size_problem(shape)
             if too_large:
                 raise ShapeError(f"the result's {too_large}", loc, label or op)
+        hints = opdef.output_hints or [f"{hint}{i}" for i in range(len(results))]
         for i, (dtype, shape) in enumerate(results):
-            out = Value(f"{hint}" if len(results) == 1 else f"{hint}{i}", dtype, shape, producer=node, loc=loc)
+            out = Value(f"{hint}" if len(results) == 1 else hints[i], dtype, shape, producer=node, loc=loc)
             node.outputs.append(out)
         if name is not None:
             problem = problem_with(name)
@@ -254,6 +261,8 @@ def _name_values(graph: Graph, names: NameTable, preferred: dict, prefix: str = 
                     v.name = preferred[id(v)]
                 elif last and targets and len(targets) == len(node.outputs):
                     v.name = targets[i]
+                elif last and base and i == 0 and get_op(node.op).output_hints:
+                    v.name = base  # the main result; the others are base_<hint> (bn_mean)
                 elif base:
                     v.name = f"{base}_{v.name}"
     for node in graph.nodes:

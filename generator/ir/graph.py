@@ -14,7 +14,7 @@ import sympy
 from .shapes import fmt_shape
 
 DTYPES = ("float32", "int32", "int64")
-SHORT_DTYPE = {"float32": "f32", "int32": "i32", "int64": "i64"}
+SHORT_DTYPE = {"float32": "f32", "int32": "i32", "int64": "i64", "mode": "mode"}
 
 
 @dataclass(eq=False)
@@ -22,7 +22,7 @@ class Value:
     name: str
     dtype: str
     shape: tuple
-    kind: str = "node"  # "input", "param" or "node"
+    kind: str = "node"  # "input", "param", "state" (batch norm's running statistics), "mode" or "node"
     producer: "Node | None" = None
     loc: object = None
     init: object = None  # parameters: an initializer (generator.frontend.dsl.Init)
@@ -64,6 +64,19 @@ class Graph:
     loc: object = None
     names: object = None  # the NameTable that made the names, for passes that add values
     train: object = None  # a generator.frontend.train.TrainSpec when the model calls dg.train(...)
+    # The train/eval mode (with the dropout draw counter), a Value of dtype "mode" that
+    # the ops whose behavior depends on it read; None when no op does.
+    mode: object = None
+
+    @property
+    def trainable(self) -> list:
+        """The parameters training updates (params holds the states too)."""
+        return [p for p in self.params if p.kind == "param"]
+
+    @property
+    def states(self) -> list:
+        """Module state that is not trained: batch norm's running statistics."""
+        return [p for p in self.params if p.kind == "state"]
 
     @property
     def dims(self) -> list:
@@ -80,6 +93,8 @@ class Graph:
     def values(self):
         yield from self.inputs
         yield from self.params
+        if self.mode is not None:
+            yield self.mode
         for n in self.nodes:
             yield from n.outputs
 

@@ -19,7 +19,7 @@ def format_graph(graph, with_locs: bool = True) -> str:
     lines = [f"graph {graph.name}({args}) -> ({outs})"]
     rows = []
     for p in graph.params:
-        rows.append((f"param {p.name}: {p.type_str()} = {p.init.describe()}", p.loc))
+        rows.append((f"{'state' if p.kind == 'state' else 'param'} {p.name}: {p.type_str()} = {p.init.describe()}", p.loc))
     for node in graph.nodes:
         rows.append((format_node(node), node.loc))
     width = max((len(r.split("\n")[0]) for r, _ in rows if "\n" not in r), default=0)

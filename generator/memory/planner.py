@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import sympy
 
+from .sizes import Size, from_expr
+
 FLOAT_BYTES = 4
 
 
@@ -33,55 +35,56 @@ class Buffer:
     shape: tuple = ()
 
 
+def _symbols(*exprs) -> tuple:
+    found = set()
+    for e in exprs:
+        found |= getattr(sympy.sympify(e), "free_symbols", set())
+    return tuple(sorted(found, key=str))
+
+
 def dominates(a, b) -> bool:
     """a >= b for every value >= 1 of the symbols (symbolic sizes are at least 1;
     the generated code checks it). A sufficient test: with each symbol s written
     as 1 + t (t >= 0), the expanded difference has no negative coefficient; Max
-    is split up."""
-    a, b = sympy.sympify(a), sympy.sympify(b)
-    if isinstance(b, sympy.Max):
-        return all(dominates(a, x) for x in b.args)
-    if isinstance(a, sympy.Max):
-        return any(dominates(x, b) for x in a.args)
-    diff = sympy.expand(a - b)
-    if diff.is_number:
-        return diff >= 0
-    diff = sympy.expand(diff.xreplace({s: s + 1 for s in diff.free_symbols}))
-    if diff.is_number:
-        return diff >= 0
-    poly = sympy.Poly(diff, *sorted(diff.free_symbols, key=str))
-    return all(c >= 0 for c in poly.coeffs())
+    is split up (memory/sizes.py)."""
+    symbols = _symbols(a, b)
+    return from_expr(a, symbols).dominates(from_expr(b, symbols))
 
 
 def sym_max(a, b):
-    if dominates(a, b):
-        return a
-    if dominates(b, a):
-        return b
-    return sympy.Max(a, b)
-
-
-def _same(a, b) -> bool:
-    return sympy.expand(sympy.sympify(a) - sympy.sympify(b)) == 0
+    symbols = _symbols(a, b)
+    return from_expr(a, symbols).max(from_expr(b, symbols)).expr()
 
 
 def plan(buffers: list):
     """Assign offsets with each planner below and keep the plan whose whole arena,
     then forward() arena, is smallest at a typical size; returns the arena size
-    (floats)."""
+    (floats). Offsets are computed as memory.sizes.Size and stored as sympy."""
+    symbols = _symbols(*[b.size for b in buffers])
+    sizes = {id(b): from_expr(b.size, symbols) for b in buffers}
+    zero = Size.const(0, symbols)
     best = None
-    for planner in (_plan_online, lambda bs: _plan_by_size(bs, True), lambda bs: _plan_by_size(bs, False)):
-        peak = planner(buffers)
-        key = (_typical(peak), _typical(arena_size(buffers, {"forward"})))
+    for planner in (_plan_online, lambda *a: _plan_by_size(*a, True), lambda *a: _plan_by_size(*a, False)):
+        offsets = planner(buffers, sizes, zero)
+        peak = _top(buffers, sizes, offsets, zero, None)
+        key = (peak.typical(), _top(buffers, sizes, offsets, zero, {"forward"}).typical())
         if best is None or key < best[0]:
-            best = (key, peak, {id(b): b.offset for b in buffers})
+            best = (key, peak, offsets)
     _, peak, offsets = best
     for b in buffers:
-        b.offset = offsets[id(b)]
-    return peak
+        b.offset = offsets[id(b)].expr()
+    return peak.expr()
 
 
-def _plan_by_size(buffers: list, phase_first: bool):
+def _top(buffers, sizes, offsets, zero, phases):
+    top = zero
+    for b in buffers:
+        if phases is None or b.phase in phases:
+            top = top.max(offsets[id(b)] + sizes[id(b)])
+    return top
+
+
+def _plan_by_size(buffers: list, sizes: dict, zero, phase_first: bool) -> dict:
     """Offline "greedy by size": the largest blocks are placed first, each at the
     lowest offset where it overlaps no placed block that is live at the same time.
     With `phase_first`, phases are planned in order (forward first), so forward()
@@ -99,65 +102,71 @@ def _plan_by_size(buffers: list, phase_first: bool):
     rank = {"forward": 0, "loss": 1, "backward": 2}
     for members in chains.values():
         root = members[0]
-        blocks.append((root.size, min(b.first for b in members), max(b.last for b in members),
+        blocks.append((sizes[id(root)], min(b.first for b in members), max(b.last for b in members),
                        rank.get(root.phase, 2), members))
-    blocks.sort(key=lambda k: (k[3] if phase_first else 0, -_typical(k[0]), k[1]))
-    placed, peak = [], sympy.Integer(0)  # placed: (offset, size, first, last)
+    blocks.sort(key=lambda k: (k[3] if phase_first else 0, -k[0].typical(), k[1]))
+    offsets, placed = {}, []  # placed: (offset, end, first, last)
     for size, first, last, _, members in blocks:
-        live = [(o, s) for o, s, f, l in placed if f <= last and first <= l]
-        candidates = sorted({sympy.Integer(0)} | {sympy.expand(o + s) for o, s in live}, key=_typical)
+        live = [(o, e) for o, e, f, l in placed if f <= last and first <= l]
+        candidates = sorted([zero] + [e for _, e in live], key=Size.typical)
         for offset in candidates:
-            end = sympy.expand(offset + size)
-            if all(dominates(o, end) or dominates(offset, o + s) for o, s in live):
+            end = offset + size
+            if all(o.dominates(end) or offset.dominates(e) for o, e in live):
                 break
         else:  # no gap is safe for every size: on top of everything live
-            offset = sympy.Integer(0)
-            for o, s in live:
-                offset = sym_max(offset, sympy.expand(o + s))
+            offset = zero
+            for _, e in live:
+                offset = offset.max(e)
+            end = offset + size
         for b in members:
-            b.offset = offset
-        placed.append((offset, size, first, last))
-        peak = sym_max(peak, sympy.expand(offset + size))
-    return peak
+            offsets[id(b)] = offset
+        placed.append((offset, end, first, last))
+    return offsets
 
 
-def _plan_online(buffers: list):
+def _plan_online(buffers: list, sizes: dict, zero) -> dict:
     """Buffers in order of first use; a freed block is reused (best fit) when it is
     large enough for every size, else the buffer goes on top."""
-    top, peak, free = sympy.Integer(0), sympy.Integer(0), []  # free: [(offset, size)]
+    top, free, offsets = zero, [], {}  # free: [(offset, size)]
     order = sorted(buffers, key=lambda b: b.first)
     positions = sorted({b.first for b in buffers} | {b.last + 1 for b in buffers})
     owner = {}  # id(buffer) -> the buffer whose block it holds (in-place chains)
     released = set()
+    by_last = {}
+    for b in buffers:
+        by_last.setdefault(b.last + 1, []).append(b)
+    pending = []
     for p in positions:
-        for b in buffers:  # release blocks whose holders are no longer read
-            if b.last < p and id(b) not in released and owner.get(id(b), b) is b:
+        pending += by_last.get(p, [])
+        still = []
+        for b in pending:  # release blocks whose holders are no longer read
+            if id(b) in released:
+                continue
+            if owner.get(id(b), b) is b:
                 released.add(id(b))
-                top = _release(free, b.offset, b.size, top)
+                top = _release(free, offsets[id(b)], sizes[id(b)], top)
+            else:
+                still.append(b)
+        pending = still
         for b in (b for b in order if b.first == p):
             if b.inplace_of is not None:
-                b.offset = b.inplace_of.offset
+                offsets[id(b)] = offsets[id(b.inplace_of)]
                 owner[id(b.inplace_of)] = b  # the block now lives as long as b
                 released.add(id(b.inplace_of))
                 continue
-            fits = [i for i, (_, size) in enumerate(free) if dominates(size, b.size)]
+            need = sizes[id(b)]
+            fits = [i for i, (_, size) in enumerate(free) if size.dominates(need)]
             if fits:  # best fit: the smallest block at a typical size (dims = 64)
-                i = min(fits, key=lambda i: (_typical(free[i][1]), i))
+                i = min(fits, key=lambda i: (free[i][1].typical(), i))
                 offset, size = free.pop(i)
-                b.offset = offset
-                rest = sympy.expand(size - b.size)
-                if rest != 0:
-                    free.append((sympy.expand(offset + b.size), rest))
+                offsets[id(b)] = offset
+                rest = size.minus(need)
+                if not rest.is_zero():
+                    free.append((offset + need, rest))
             else:
-                b.offset = top
-                top = sympy.expand(top + b.size)
-                peak = sym_max(peak, top)
-    return peak
-
-
-def _typical(expr) -> float:
-    expr = sympy.sympify(expr)
-    return float(expr.xreplace({s: 64 for s in expr.free_symbols}))
+                offsets[id(b)] = top
+                top = top + need
+    return offsets
 
 
 def _release(free, offset, size, top):
@@ -167,16 +176,16 @@ def _release(free, offset, size, top):
     while merged:
         merged = False
         for i, (o, s) in enumerate(free):
-            if _same(o + s, block[0]):
-                block = (o, sympy.expand(s + block[1]))
-            elif _same(block[0] + block[1], o):
-                block = (block[0], sympy.expand(block[1] + s))
+            if (o + s).same(block[0]):
+                block = (o, s + block[1])
+            elif (block[0] + block[1]).same(o):
+                block = (block[0], block[1] + s)
             else:
                 continue
             free.pop(i)
             merged = True
             break
-    if _same(block[0] + block[1], top):
+    if (block[0] + block[1]).same(top):
         return block[0]
     free.append(block)
     return top
@@ -185,24 +194,28 @@ def _release(free, offset, size, top):
 def lower_bound(buffers: list, phases=None):
     """max over statements of the floats live there (in-place pairs count once)."""
     chosen = [b for b in buffers if phases is None or b.phase in phases]
-    positions = sorted({b.first for b in chosen})
-    bound = sympy.Integer(0)
-    for p in positions:
+    symbols = _symbols(*[b.size for b in chosen])
+    bound = Size.const(0, symbols)
+    for p in sorted({b.first for b in chosen}):
         live = [b for b in chosen if b.first <= p <= b.last]
         shared = {id(b.inplace_of) for b in live if b.inplace_of is not None and b.first <= p}
-        total = sum((b.size for b in live if id(b) not in shared or b.first > p), sympy.Integer(0))
-        bound = sym_max(bound, sympy.expand(total))
-    return bound
+        total = Size.const(0, symbols)
+        for b in live:
+            if id(b) not in shared or b.first > p:
+                total = total + from_expr(b.size, symbols)
+        bound = bound.max(total)
+    return bound.expr()
 
 
 def arena_size(buffers: list, phases) -> object:
     """The top of the blocks used by buffers of these phases (the arena a call of
     that kind touches)."""
-    size = sympy.Integer(0)
-    for b in buffers:
-        if b.phase in phases:
-            size = sym_max(size, sympy.expand(b.offset + b.size))
-    return size
+    chosen = [b for b in buffers if b.phase in phases]
+    symbols = _symbols(*[e for b in chosen for e in (b.size, b.offset)])
+    top = Size.const(0, symbols)
+    for b in chosen:
+        top = top.max(from_expr(b.offset, symbols) + from_expr(b.size, symbols))
+    return top.expr()
 
 
 def plan_memory(project):

@@ -20,6 +20,10 @@ here too, so that a new op needs no edit in the stages:
 - `multi_output`  the node returns a list of outputs even when it has one (split),
                   and its grad rule takes None for an output nothing reads.
 - `cse`           whether common-subexpression elimination may merge two equal nodes.
+- `output_hints`  names of a multi-output node's outputs (batch norm: the result,
+                  "mean", "invstd"): the assigned variable names the first, `<var>_<hint>` the rest.
+- `updates_state` operand indices the op writes in place (batch norm's running
+                  statistics, values of kind "state"): its one kind of side effect.
 - `regions(node)` sub-graphs the node runs (a recursive op's cells): the passes
                   optimize each, `replace(node, old, new)` renames a value in them.
 - `constant(node)`  the one value of the output of an op that makes a constant
@@ -48,6 +52,8 @@ class OpDef:
     in_place = False
     multi_output = False
     cse = True
+    updates_state = ()
+    output_hints = ()
     memory_note = ""
 
     def regions(self, node) -> list:

@@ -13,6 +13,7 @@ import sympy
 
 from ..ir.graph import needed_for
 from ..ops import get_op
+from ..ops.modes import Mode
 from ..ir.shapes import bind_dims, evaluate, fmt_shape
 
 
@@ -50,11 +51,16 @@ def bind_inputs(graph, inputs: dict, needed=None) -> dict:
 
 
 def run(graph, inputs: dict, params: dict | None = None, seed: int = 0, float_dtype=np.float32,
-        trace: bool = False, values=None) -> dict:
+        trace: bool = False, values=None, training: bool = True, draw: int = 0) -> dict:
     """Evaluate what the outputs need; returns {output name: array}. With `values`
     (a list of Values), evaluates those instead and returns {value name: array};
     with `trace`, every value as well. Only the inputs needed must be given (a
-    forward pass of a trainable model needs no labels)."""
+    forward pass of a trainable model needs no labels).
+
+    `training`, `seed` and `draw` are the mode of a model with batch norm or
+    dropout (a new Model is in training mode; `draw` counts its earlier
+    training-mode calls). Batch norm in training mode updates the running
+    statistics in `params` in place, as the generated forward() does."""
     wanted = list(values) if values is not None else [v for _, v in graph.outputs]
     if trace:
         wanted += [v for n in graph.nodes for v in n.outputs]
@@ -74,7 +80,10 @@ def run(graph, inputs: dict, params: dict | None = None, seed: int = 0, float_dt
         a = np.asarray(params[p.name])
         if a.shape != tuple(p.shape):
             raise ValueError(f"parameter '{p.name}': expected shape {fmt_shape(p.shape)}, got {a.shape}")
-        env[id(p)] = a.astype(float_dtype)
+        # States are the caller's arrays (batch norm updates them), parameters copies.
+        env[id(p)] = a.astype(float_dtype, copy=p.kind != "state")
+    if graph.mode is not None:
+        env[id(graph.mode)] = Mode(training, seed, draw)
     for node in graph.nodes:
         if not any(id(v) in need for v in node.outputs):
             continue
@@ -91,22 +100,25 @@ def run(graph, inputs: dict, params: dict | None = None, seed: int = 0, float_dt
     return out
 
 
-def gradients(graph, inputs: dict, params: dict, float_dtype=np.float32):
-    """(loss, {parameter name: gradient}) of a trainable model (dg.train)."""
+def gradients(graph, inputs: dict, params: dict, float_dtype=np.float32, **mode):
+    """(loss, {parameter name: gradient}) of a trainable model (dg.train); `mode`:
+    run()'s training, seed and draw."""
     from ..transforms.autodiff import prepare_training
 
     prepare_training(graph)
     spec = graph.train
     grads = list(spec.grads.items())
-    got = run(graph, inputs, params, float_dtype=float_dtype, values=[spec.loss] + [g for _, g in grads])
+    got = run(graph, inputs, params, float_dtype=float_dtype, values=[spec.loss] + [g for _, g in grads], **mode)
     return float(got[spec.loss.name]), {name: got[g.name] for name, g in grads}
 
 
-def train_step(graph, inputs: dict, params: dict, state: dict, step: int, hyper: dict | None = None) -> float:
+def train_step(graph, inputs: dict, params: dict, state: dict, step: int, hyper: dict | None = None,
+               **mode) -> float:
     """One step of training, as the generated train_step does it: updates `params`
-    and `state` ({"param/slot": array}) in place; `step` counts from 1."""
+    and `state` ({"param/slot": array}) in place; `step` counts from 1. `mode`:
+    run()'s training, seed and draw."""
     spec = graph.train
-    loss, grads = gradients(graph, inputs, params)
+    loss, grads = gradients(graph, inputs, params, **mode)
     values = dict(spec.hyper, **(hyper or {}))
     for name, g in grads.items():
         slots = {slot: state.setdefault(f"{name}/{slot}", np.zeros_like(params[name])) for slot in spec.optimizer.slots}

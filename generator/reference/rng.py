@@ -173,3 +173,12 @@ def he_normal(shape, seed: int, name: str, fan_in: int) -> np.ndarray:
     The C++ side calls dg::init_normal with 0.0f and the float32 value of the std.
     """
     return init_normal(shape, seed, name, 0.0, he_normal_std(fan_in))
+
+
+def dropout_keep(n: int, seed: int, stream: int, draw: int, p: float) -> np.ndarray:
+    """Which of n elements a dropout keeps in call number `draw` of a model made with
+    `seed`: element i is kept when u_i >= p, u_i = uniform01(mix(key, 0, i)) with
+    key = mix(seed, stream, draw). dg::dropout_keep computes the same bits."""
+    key = mix(seed, stream, draw)
+    u = _uniform01(_words(key, 0, n))
+    return u >= np.float32(p)

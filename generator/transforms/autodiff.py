@@ -41,7 +41,10 @@ class GradBuilder:
             raise RuntimeError(f"gradient of {self.loc}: {op}: {e}") from None
         node = Node(op, list(inputs), attrs, loc=self.loc, phase="backward")
         for i, (dtype, shape) in enumerate(results):
-            name = self.graph.names.unique(hint if len(results) == 1 else f"{hint}_{i}")
+            if isinstance(hint, (list, tuple)):  # one name per output
+                name = self.graph.names.unique(hint[i])
+            else:
+                name = self.graph.names.unique(hint if len(results) == 1 else f"{hint}_{i}")
             node.outputs.append(Value(name, dtype, shape, producer=node, loc=self.loc))
         self.nodes.append(node)
         return node.outputs if len(results) > 1 or opdef.multi_output else node.outputs[0]
@@ -164,8 +167,8 @@ def prepare_training(graph):
         if any(id(v) in tainted for v in node.inputs):
             node.phase = "loss"
             tainted.update(id(v) for v in node.outputs)
-    grads = differentiate(graph, spec.loss, graph.params)
-    spec.grads = {p.name: grads[id(p)] for p in graph.params if id(p) in grads}
+    grads = differentiate(graph, spec.loss, graph.trainable)
+    spec.grads = {p.name: grads[id(p)] for p in graph.trainable if id(p) in grads}
     for p in graph.params:  # call a parameter's gradient d_<param> where that is free
         g = spec.grads.get(p.name)
         if g is not None and g.producer is not None and g.producer.phase == "backward":

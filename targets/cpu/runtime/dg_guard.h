@@ -21,10 +21,26 @@ namespace dg {
 // hold it for reading and may overlap one another; calls that write it
 // (train_step, load, setting hyperparameters) hold it for writing, alone, so a
 // reader sees the state before or after a write, never halfway.
+// reading() or writing(), chosen when the call starts (holding()).
+struct HeldLock {
+  std::shared_lock<std::shared_mutex> shared;
+  std::unique_lock<std::shared_mutex> exclusive;
+};
+
 class StateLock {
  public:
   std::shared_lock<std::shared_mutex> reading() const { return std::shared_lock<std::shared_mutex>(mutex_); }
   std::unique_lock<std::shared_mutex> writing() const { return std::unique_lock<std::shared_mutex>(mutex_); }
+  // writing() when the call changes the model (forward() in training mode), else reading().
+  HeldLock holding(bool exclusive) const {
+    HeldLock held;
+    if (exclusive) {
+      held.exclusive = writing();
+    } else {
+      held.shared = reading();
+    }
+    return held;
+  }
 
  private:
   mutable std::shared_mutex mutex_;
@@ -37,6 +53,11 @@ class SerialStateLock {
  public:
   std::unique_lock<std::shared_mutex> reading() const { return std::unique_lock<std::shared_mutex>(mutex_); }
   std::unique_lock<std::shared_mutex> writing() const { return std::unique_lock<std::shared_mutex>(mutex_); }
+  HeldLock holding(bool) const {
+    HeldLock held;
+    held.exclusive = writing();
+    return held;
+  }
 
  private:
   mutable std::shared_mutex mutex_;

@@ -127,4 +127,23 @@ inline void init_normal(float* out, int64_t n, uint64_t seed, uint64_t stream,
     }
 }
 
+// The train/eval mode the generated code passes to the ops whose behavior
+// depends on it (batch norm, dropout), with what dropout draws from: the
+// model's seed and the number of training-mode calls made before this one.
+struct Mode {
+    bool training;
+    uint64_t seed;
+    uint64_t draw;
+};
+
+// Dropout's draws (twin of reference/rng.py's dropout_keep): element i of call
+// `mode.draw` is kept when uniform01(word i of key(mix(seed, stream, draw), 0)) >= p.
+inline uint64_t dropout_key(const Mode& mode, uint64_t stream) {
+    return rng_detail::key(mix(mode.seed, stream, mode.draw), 0);
+}
+
+inline bool dropout_keep(uint64_t key, int64_t i, float p) {
+    return rng_detail::uniform01(rng_detail::word(key, static_cast<uint64_t>(i))) >= p;
+}
+
 }  // namespace dg

@@ -11,6 +11,8 @@
 #include <vector>
 
 #include "dg_cuda.h"
+#include "dg_cuda_conv.h"
+#include "dg_cuda_modes.h"
 #include "dg_cuda_ops.h"
 #include "dg_cuda_tree.h"
 #include "dg_guard.h"

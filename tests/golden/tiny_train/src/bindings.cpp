@@ -81,7 +81,8 @@ void save(Model& model, const std::string& path) {
 void load(Model& model, const std::string& path) {
   std::vector<dg::Expected> params;
   std::vector<dg::Tensor<float>*> targets;
-  for (auto& [name, tensor] : model.parameters()) {
+  auto required = model.parameters();
+  for (auto& [name, tensor] : required) {
     params.push_back({name, tensor->shape});
     targets.push_back(tensor);
   }

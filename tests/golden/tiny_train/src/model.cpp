@@ -8,7 +8,9 @@
 #include <vector>
 
 #include "dg_arena.h"
+#include "dg_conv.h"
 #include "dg_guard.h"
+#include "dg_modes.h"
 #include "dg_ops.h"
 #include "dg_rng.h"
 #include "dg_tree.h"

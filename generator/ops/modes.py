@@ -1,0 +1,200 @@
+"""Ops whose behavior depends on the train/eval mode, as in PyTorch: batch norm
+and dropout. Each reads the graph's mode value (`graph.mode`, a `Mode` in the
+reference, `dg::Mode` in C++: training or not, the model's seed, and the number
+of training-mode calls made before this one).
+
+Batch norm writes its running statistics (values of kind "state", operands 3
+and 4) in place in training mode, as PyTorch's does: it is the one op with a
+side effect (`updates_state`), and the reference applies it to the arrays it
+was given. Dropout draws its mask from the counter-based RNG (reference/rng.py,
+runtime dg_rng.h), so the reference and the C++ drop the same elements, and its
+gradient draws the mask again instead of keeping it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..codegen.stmt import Named
+from ..ir.shapes import fmt_shape, numel
+from ..reference.rng import dropout_keep
+from .registry import OpDef, register, require_float
+
+
+@dataclass
+class Mode:
+    """The reference's mode operand."""
+
+    training: bool = True
+    seed: int = 0
+    draw: int = 0
+
+
+def _channels(x):
+    """x viewed as [N, C, rest] (batch norm over axis 1)."""
+    return x.shape[0], x.shape[1], numel(x.shape[2:])
+
+
+def _moments(x):
+    """Per-channel batch mean and biased variance of x [N, C, ...] (float64 sums)."""
+    axes = (0,) + tuple(range(2, x.ndim))
+    xd = x.astype(np.float64)
+    mean = xd.mean(axis=axes)
+    var = ((xd - _bc(mean, x.ndim)) ** 2).mean(axis=axes)
+    return mean, var
+
+
+def _bc(v, ndim):
+    return v.reshape((1, -1) + (1,) * (ndim - 2))
+
+
+@register
+class BatchNorm(OpDef):
+    """[y, mean, invstd] = batch_norm(x, weight, bias, running_mean, running_var, mode).
+
+    Training: per-channel statistics of the batch (biased variance) normalize x,
+    and the running ones move by `momentum` (unbiased variance); mean and invstd
+    are the batch's, kept for the gradient. Evaluation: the running statistics
+    normalize x, and mean and invstd are those."""
+
+    name = "batch_norm"
+    multi_output = True
+    cse = False
+    updates_state = (3, 4)
+    output_hints = ("batch_norm", "mean", "invstd")
+
+    def infer(self, inputs, attrs):
+        x, w, b, rm, rv, mode = inputs
+        require_float(inputs[:5])
+        if x.rank not in (2, 3, 4) or not isinstance(x.shape[1], int):
+            raise ValueError(f"input '{x.name}' {fmt_shape(x.shape)} must be [N, C] or [N, C, H, W] with C concrete")
+        C = x.shape[1]
+        for v in (w, b, rm, rv):
+            if tuple(v.shape) != (C,):
+                raise ValueError(f"'{v.name}' {fmt_shape(v.shape)} must be [{C}], the channels of '{x.name}' "
+                                 f"{fmt_shape(x.shape)}")
+        return [("float32", x.shape), ("float32", (C,)), ("float32", (C,))]
+
+    def reference(self, args, attrs, dims):
+        x, w, b, rm, rv, mode = args
+        eps, momentum = attrs["eps"], attrs["momentum"]
+        if mode.training:
+            mean, var = _moments(x)
+            count = x.size // x.shape[1]
+            if count < 2:
+                raise ValueError(f"batch norm in training mode needs more than 1 value per channel, got {count}")
+            rm[...] = (1 - momentum) * rm + momentum * mean
+            rv[...] = (1 - momentum) * rv + momentum * var * count / (count - 1)
+        else:
+            mean, var = rm.astype(np.float64), rv.astype(np.float64)
+        invstd = 1.0 / np.sqrt(var + eps)
+        y = (x - _bc(mean, x.ndim)) * _bc(invstd * w, x.ndim) + _bc(b, x.ndim)
+        return [y.astype(x.dtype), mean.astype(x.dtype), invstd.astype(x.dtype)]
+
+    def lower(self, node, ctx):
+        x, w, b, rm, rv, mode = node.inputs
+        y, mean, invstd = node.outputs
+        N, C, rest = _channels(x)
+        what = ctx.string(f"batch norm of '{x.name}'")
+        return [ctx.call("dg::batch_norm", ctx.read(x), ctx.read(w), ctx.read(b), ctx.write(rm), ctx.write(rv),
+                         ctx.write(y), ctx.write(mean), ctx.write(invstd), Named("N", ctx.size(N)),
+                         Named("C", C), Named("HW", ctx.size(rest)), Named("eps", _float(node.attrs["eps"])),
+                         Named("momentum", _float(node.attrs["momentum"])), ctx.read(mode), what)]
+
+    def grad(self, node, gouts, gb):
+        g = gouts[0]
+        x, w, b = node.inputs[:3]
+        _, mean, invstd = node.outputs
+        if g is None:
+            return [None] * 6
+        dx, dw, db = gb.op("batch_norm_grad", [x, w, mean, invstd, g, node.inputs[5]], {},
+                           [f"d_{v.name}" for v in (x, w, b)])
+        return [dx, dw, db, None, None, None]
+
+
+@register
+class BatchNormGrad(OpDef):
+    """[dx, dweight, dbias] of batch_norm, from x, weight, the mean and invstd it used, g."""
+
+    name = "batch_norm_grad"
+    multi_output = True
+
+    def infer(self, inputs, attrs):
+        x, w = inputs[:2]
+        return [("float32", x.shape), ("float32", w.shape), ("float32", w.shape)]
+
+    def reference(self, args, attrs, dims):
+        x, w, mean, invstd, g, mode = args
+        axes = (0,) + tuple(range(2, x.ndim))
+        xhat = (x - _bc(mean, x.ndim)) * _bc(invstd, x.ndim)
+        db = g.sum(axis=axes)
+        dw = (g * xhat).sum(axis=axes)
+        if mode.training:
+            count = x.size // x.shape[1]
+            dx = _bc(w * invstd / count, x.ndim) * (count * g - _bc(db, x.ndim) - xhat * _bc(dw, x.ndim))
+        else:
+            dx = g * _bc(w * invstd, x.ndim)
+        return [dx.astype(x.dtype), dw.astype(x.dtype), db.astype(x.dtype)]
+
+    def lower(self, node, ctx):
+        x, w, mean, invstd, g, mode = node.inputs
+        dx, dw, db = node.outputs
+        N, C, rest = _channels(x)
+        return [ctx.call("dg::batch_norm_grad", ctx.read(x), ctx.read(w), ctx.read(mean), ctx.read(invstd),
+                         ctx.read(g), ctx.write(dx), ctx.write(dw), ctx.write(db), Named("N", ctx.size(N)),
+                         Named("C", C), Named("HW", ctx.size(rest)), ctx.read(mode))]
+
+
+@register
+class Dropout(OpDef):
+    """y = x * mask / (1 - p) in training mode (mask ~ Bernoulli(1 - p), drawn anew
+    each call), y = x in evaluation. attrs: p, stream (the RNG stream of this op)."""
+
+    name = "dropout"
+    cse = False
+
+    def infer(self, inputs, attrs):
+        x, mode = inputs
+        require_float([x])
+        return [("float32", x.shape)]
+
+    def reference(self, args, attrs, dims):
+        x, mode = args
+        if not mode.training:
+            return [x.copy()]
+        keep = dropout_keep(x.size, mode.seed, attrs["stream"], mode.draw, attrs["p"]).reshape(x.shape)
+        return [np.where(keep, x * x.dtype.type(attrs["scale"]), 0).astype(x.dtype)]
+
+    def lower(self, node, ctx):
+        (x, mode), y = node.inputs, node.outputs[0]
+        return [ctx.call("dg::dropout", ctx.read(x), ctx.write(y), Named("n", ctx.size(numel(x.shape))),
+                         *_dropout_args(node), ctx.read(mode))]
+
+    def grad(self, node, gouts, gb):
+        return [gb.op("dropout_grad", [gouts[0], node.inputs[1]], dict(node.attrs), f"d_{node.inputs[0].name}"), None]
+
+    def describe(self, node):
+        return f"dropout({node.inputs[0].name}, p={node.attrs['p']:g}, {node.inputs[1].name})"
+
+
+@register
+class DropoutGrad(Dropout):
+    """dx = g * mask / (1 - p): the same mask, drawn again from the same counter."""
+
+    name = "dropout_grad"  # lowered and evaluated as dropout itself, on g
+
+    def grad(self, node, gouts, gb):
+        raise NotImplementedError("second derivative of dropout")
+
+
+def _dropout_args(node):
+    return [Named("p", _float(node.attrs["p"])), Named("scale", _float(node.attrs["scale"])),
+            Named("stream", f"{node.attrs['stream']}ULL")]
+
+
+def _float(value) -> str:
+    """A float32 literal that C++ reads back to the same float."""
+    text = repr(float(np.float32(value)))
+    return (text if "e" in text or "." in text else text + ".0") + "f"

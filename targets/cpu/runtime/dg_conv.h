@@ -1,0 +1,595 @@
+// dg_conv.h - 2-D convolution and pooling for the CPU runtime (NCHW layout).
+//
+// Tensors are dense row-major float arrays as in PyTorch: an input x[N, C, H, W],
+// a weight w[O, C/groups, KH, KW], an output y[N, O, OH, OW].  One Conv2dGeom
+// describes a convolution or a pooling window (pools: O == C, groups 1); the
+// caller has checked the shapes, so nothing here validates them.
+//
+// Convolutions are GEMMs (dg_gemm.h) on column matrices (im2col): for image n
+// and group g, with Cg = C/groups, Og = O/groups and Kg = Cg*KH*KW,
+//   cols[Kg, OH*OW]:  cols[(c*KH + kh)*KW + kw, oh*OW + ow]
+//                       = x[n, g*Cg + c, oh*sh - ph + kh*dh, ow*sw - pw + kw*dw]
+//                     (0 outside the input: zero padding)
+//   forward:      y[n, g] [Og, OH*OW] = w[g] [Og, Kg] @ cols (+ b, in the epilogue)
+//   grad_input:   cols = w[g]^T @ dy[n, g], then col2im adds each column back
+//   grad_weight:  dw[g] += dy[n, g] @ cols^T, summed over the images
+// A pointwise convolution (1x1, stride 1, no padding) is its own column matrix,
+// so it skips im2col.  The caller provides the column matrix's memory (ws, see
+// conv2d_workspace); nothing big is allocated here.  Convolutions with one
+// input channel per group and few outputs per group (depthwise: groups == C)
+// do too little work per column for a GEMM and run a direct loop instead.
+//
+// Threads (OpenMP): the GEMMs split themselves; im2col / col2im, the direct
+// loops and the pools split over rows, channels or planes when the work is big
+// enough (dg::threads_for, dg_parallel.h).  Every output element gets the same
+// operations in the same order whatever the thread count, so results do not
+// depend on it.
+//
+// Part of the deepgen runtime: hand-written, copied unchanged into every
+// generated project.  Header-only, C++17.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+#include "dg_gemm.h"
+#include "dg_parallel.h"
+
+namespace dg {
+
+// Geometry of one 2-D convolution or pooling window (NCHW).
+struct Conv2dGeom {
+    int64_t N, C, H, W;  // input [N, C, H, W]
+    int64_t O, KH, KW;   // output channels, kernel size (pools: O == C)
+    int64_t OH, OW;      // output [N, O, OH, OW]
+    int64_t stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, groups;  // pools: dil 1, groups 1
+
+    // Plain member initialization (the parameters are the members, in order).
+    constexpr Conv2dGeom(int64_t N_, int64_t C_, int64_t H_, int64_t W_, int64_t O_, int64_t KH_, int64_t KW_,
+                         int64_t OH_, int64_t OW_, int64_t stride_h_, int64_t stride_w_, int64_t pad_h_,
+                         int64_t pad_w_, int64_t dil_h_, int64_t dil_w_, int64_t groups_)
+        : N(N_), C(C_), H(H_), W(W_), O(O_), KH(KH_), KW(KW_), OH(OH_), OW(OW_), stride_h(stride_h_),
+          stride_w(stride_w_), pad_h(pad_h_), pad_w(pad_w_), dil_h(dil_h_), dil_w(dil_w_), groups(groups_) {}
+
+    // KH == KW == 1, stride 1, pad 0: the input is its own column matrix.
+    constexpr bool pointwise() const {
+        return KH == 1 && KW == 1 && stride_h == 1 && stride_w == 1 && pad_h == 0 && pad_w == 0;
+    }
+};
+
+// Floats of workspace conv2d and conv2d_grad_input need: one image's column
+// matrix for one group, (C/groups)*KH*KW x OH*OW, or 0 when pointwise.
+constexpr int64_t conv2d_workspace(const Conv2dGeom& g) {
+    return g.pointwise() ? 0 : (g.C / g.groups) * g.KH * g.KW * g.OH * g.OW;
+}
+
+// Floats of workspace conv2d_grad_weight needs: the column matrix plus one
+// image's partial weight gradient for one group, (O/groups) x (C/groups)*KH*KW.
+constexpr int64_t conv2d_grad_weight_workspace(const Conv2dGeom& g) {
+    return conv2d_workspace(g) + (g.O / g.groups) * (g.C / g.groups) * g.KH * g.KW;
+}
+
+namespace conv_detail {
+
+// Vectorizes the loop that follows (an axpy along an output row whose source
+// and destination do not overlap) at any optimization level, when OpenMP is on.
+#ifdef _OPENMP
+#define DG_CONV_SIMD _Pragma("omp simd")
+#else
+#define DG_CONV_SIMD
+#endif
+
+// Outputs per group up to which a convolution with one input channel per
+// group runs the direct loops (a GEMM with K = KH*KW and so few rows is
+// mostly packing overhead); more outputs per group share each column enough
+// for the GEMM to win.
+constexpr int64_t kDirectMaxOutputsPerGroup = 4;
+
+// Operations (dg::threads_for) one float moved by im2col or col2im counts for:
+// these loops are bound by memory, not arithmetic, so that a second thread
+// pays off for about 2^17 floats (one image's columns of a small layer).
+constexpr int64_t kCopyWork = 8;
+
+// True when conv2d & co. take the direct loops for g.
+constexpr bool direct(const Conv2dGeom& g) {
+    return g.C == g.groups && g.O / g.groups <= kDirectMaxOutputsPerGroup;
+}
+
+// [lo, hi): the outputs o in [0, out) whose input index o*stride + off lies in
+// [0, in), i.e. those that do not read padding along this axis (lo <= hi).
+inline void valid_range(int64_t off, int64_t stride, int64_t in, int64_t out, int64_t& lo, int64_t& hi) {
+    lo = off >= 0 ? 0 : (-off + stride - 1) / stride;
+    hi = in - off <= 0 ? 0 : (in - off + stride - 1) / stride;
+    hi = std::min(hi, out);
+    lo = std::min(lo, hi);
+}
+
+// cols[Cg*KH*KW, OH*OW] = the column matrix of x[Cg, H, W] (one image, one
+// group), see the top of this file.  Each row is written whole: zeros where
+// the window lies in the padding, a copy (contiguous when stride_w == 1)
+// elsewhere.  Rows are shared out over threads.
+inline void im2col(const float* x, int64_t Cg, float* cols, const Conv2dGeom& g) {
+    const int64_t H = g.H, W = g.W, OH = g.OH, OW = g.OW, OHW = OH * OW;
+    const int64_t KH = g.KH, KW = g.KW, sh = g.stride_h, sw = g.stride_w;
+    const int64_t rows = Cg * KH * KW;
+    const int threads = threads_for(kCopyWork * rows * OHW);
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
+#else
+    (void)threads;
+#endif
+    for (int64_t r = 0; r < rows; ++r) {
+        const int64_t c = r / (KH * KW), kh = r / KW % KH, kw = r % KW;
+        const int64_t off_h = kh * g.dil_h - g.pad_h, off_w = kw * g.dil_w - g.pad_w;
+        int64_t oh_lo, oh_hi, ow_lo, ow_hi;
+        valid_range(off_h, sh, H, OH, oh_lo, oh_hi);
+        valid_range(off_w, sw, W, OW, ow_lo, ow_hi);
+        const float* xc = x + c * H * W;
+        float* row = cols + r * OHW;
+        std::fill(row, row + oh_lo * OW, 0.0f);
+        for (int64_t oh = oh_lo; oh < oh_hi; ++oh) {
+            const float* xr = xc + (oh * sh + off_h) * W;
+            float* out = row + oh * OW;
+            std::fill(out, out + ow_lo, 0.0f);
+            if (sw == 1) {
+                if (ow_hi > ow_lo) std::memcpy(out + ow_lo, xr + ow_lo + off_w, (ow_hi - ow_lo) * sizeof(float));
+            } else {
+                for (int64_t ow = ow_lo; ow < ow_hi; ++ow) out[ow] = xr[ow * sw + off_w];
+            }
+            std::fill(out + ow_hi, out + OW, 0.0f);
+        }
+        std::fill(row + oh_hi * OW, row + OHW, 0.0f);
+    }
+}
+
+// dx[Cg, H, W] = the adjoint of im2col applied to cols: dx is overwritten with
+// zeros, then every column entry that im2col took from an input position is
+// added back to it.  Channels are shared out over threads (the rows of one
+// channel all add into its plane).
+inline void col2im(const float* cols, int64_t Cg, float* dx, const Conv2dGeom& g) {
+    const int64_t H = g.H, W = g.W, OH = g.OH, OW = g.OW, OHW = OH * OW;
+    const int64_t KH = g.KH, KW = g.KW, sh = g.stride_h, sw = g.stride_w;
+    const int threads = threads_for(kCopyWork * Cg * KH * KW * OHW);
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
+#else
+    (void)threads;
+#endif
+    for (int64_t c = 0; c < Cg; ++c) {
+        float* dxc = dx + c * H * W;
+        std::fill(dxc, dxc + H * W, 0.0f);
+        for (int64_t kh = 0; kh < KH; ++kh) {
+            const int64_t off_h = kh * g.dil_h - g.pad_h;
+            int64_t oh_lo, oh_hi;
+            valid_range(off_h, sh, H, OH, oh_lo, oh_hi);
+            for (int64_t kw = 0; kw < KW; ++kw) {
+                const int64_t off_w = kw * g.dil_w - g.pad_w;
+                int64_t ow_lo, ow_hi;
+                valid_range(off_w, sw, W, OW, ow_lo, ow_hi);
+                const float* row = cols + ((c * KH + kh) * KW + kw) * OHW;
+                for (int64_t oh = oh_lo; oh < oh_hi; ++oh) {
+                    float* dr = dxc + (oh * sh + off_h) * W;
+                    const float* in = row + oh * OW;
+                    if (sw == 1) {
+                        DG_CONV_SIMD
+                        for (int64_t ow = ow_lo; ow < ow_hi; ++ow) dr[ow + off_w] += in[ow];
+                    } else {
+                        for (int64_t ow = ow_lo; ow < ow_hi; ++ow) dr[ow * sw + off_w] += in[ow];
+                    }
+                }
+            }
+        }
+    }
+}
+
+// Direct forward for one input channel per group (see direct()): each output
+// plane starts at its bias and gets w * (the shifted input plane) added for
+// every kernel position, clipped to the rows and columns that miss the
+// padding.  Planes are shared out over threads.
+inline void conv2d_direct(const float* x, const float* w, const float* b, float* y, const Conv2dGeom& g) {
+    const int64_t H = g.H, W = g.W, OH = g.OH, OW = g.OW, OHW = OH * OW;
+    const int64_t KH = g.KH, KW = g.KW, sh = g.stride_h, sw = g.stride_w;
+    const int64_t O = g.O, Og = g.O / g.groups, planes = g.N * O;
+    const int threads = threads_for(2 * planes * KH * KW * OHW);
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
+#else
+    (void)threads;
+#endif
+    for (int64_t p = 0; p < planes; ++p) {
+        const int64_t n = p / O, o = p % O;
+        const float* xp = x + (n * g.C + o / Og) * H * W;
+        float* yp = y + p * OHW;
+        std::fill(yp, yp + OHW, b ? b[o] : 0.0f);
+        for (int64_t kh = 0; kh < KH; ++kh) {
+            const int64_t off_h = kh * g.dil_h - g.pad_h;
+            int64_t oh_lo, oh_hi;
+            valid_range(off_h, sh, H, OH, oh_lo, oh_hi);
+            for (int64_t kw = 0; kw < KW; ++kw) {
+                const int64_t off_w = kw * g.dil_w - g.pad_w;
+                int64_t ow_lo, ow_hi;
+                valid_range(off_w, sw, W, OW, ow_lo, ow_hi);
+                const float wv = w[(o * KH + kh) * KW + kw];
+                for (int64_t oh = oh_lo; oh < oh_hi; ++oh) {
+                    const float* xr = xp + (oh * sh + off_h) * W;
+                    float* yr = yp + oh * OW;
+                    if (sw == 1) {
+                        DG_CONV_SIMD
+                        for (int64_t ow = ow_lo; ow < ow_hi; ++ow) yr[ow] += wv * xr[ow + off_w];
+                    } else {
+                        for (int64_t ow = ow_lo; ow < ow_hi; ++ow) yr[ow] += wv * xr[ow * sw + off_w];
+                    }
+                }
+            }
+        }
+    }
+}
+
+// Direct input gradient for one input channel per group: each input plane is
+// zeroed, then w * dy is added back to the positions its outputs read, for
+// each of the group's outputs and kernel positions.  Planes are shared out.
+inline void conv2d_grad_input_direct(const float* dy, const float* w, float* dx, const Conv2dGeom& g) {
+    const int64_t H = g.H, W = g.W, OH = g.OH, OW = g.OW, OHW = OH * OW;
+    const int64_t KH = g.KH, KW = g.KW, sh = g.stride_h, sw = g.stride_w;
+    const int64_t C = g.C, Og = g.O / g.groups, planes = g.N * C;
+    const int threads = threads_for(2 * g.N * g.O * KH * KW * OHW);
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
+#else
+    (void)threads;
+#endif
+    for (int64_t p = 0; p < planes; ++p) {
+        const int64_t n = p / C, c = p % C;
+        float* dxp = dx + p * H * W;
+        std::fill(dxp, dxp + H * W, 0.0f);
+        for (int64_t m = 0; m < Og; ++m) {
+            const int64_t o = c * Og + m;
+            const float* dyp = dy + (n * g.O + o) * OHW;
+            for (int64_t kh = 0; kh < KH; ++kh) {
+                const int64_t off_h = kh * g.dil_h - g.pad_h;
+                int64_t oh_lo, oh_hi;
+                valid_range(off_h, sh, H, OH, oh_lo, oh_hi);
+                for (int64_t kw = 0; kw < KW; ++kw) {
+                    const int64_t off_w = kw * g.dil_w - g.pad_w;
+                    int64_t ow_lo, ow_hi;
+                    valid_range(off_w, sw, W, OW, ow_lo, ow_hi);
+                    const float wv = w[(o * KH + kh) * KW + kw];
+                    for (int64_t oh = oh_lo; oh < oh_hi; ++oh) {
+                        float* dr = dxp + (oh * sh + off_h) * W;
+                        const float* gr = dyp + oh * OW;
+                        if (sw == 1) {
+                            DG_CONV_SIMD
+                            for (int64_t ow = ow_lo; ow < ow_hi; ++ow) dr[ow + off_w] += wv * gr[ow];
+                        } else {
+                            for (int64_t ow = ow_lo; ow < ow_hi; ++ow) dr[ow * sw + off_w] += wv * gr[ow];
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+// sum over j in [lo, hi) of a[j] * b[j*stride + off], in 8 independent
+// partial sums (which the compiler can keep in one vector) added up at the end.
+inline float strided_dot(const float* a, const float* b, int64_t stride, int64_t off, int64_t lo, int64_t hi) {
+    float part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    int64_t j = lo;
+    if (stride == 1) {
+        for (; j + 8 <= hi; j += 8) {
+            for (int l = 0; l < 8; ++l) part[l] += a[j + l] * b[j + l + off];
+        }
+    } else {
+        for (; j + 8 <= hi; j += 8) {
+            for (int l = 0; l < 8; ++l) part[l] += a[j + l] * b[(j + l) * stride + off];
+        }
+    }
+    for (int l = 0; j < hi; ++j, ++l) part[l] += a[j] * b[j * stride + off];
+    return ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+}
+
+// Direct weight gradient for one input channel per group: for each output
+// channel (shared out over threads) and kernel position, the sum over the
+// images and the unpadded output rows of dy * (the shifted input row), each
+// row's dot product added into a double.
+inline void conv2d_grad_weight_direct(const float* x, const float* dy, float* dw, const Conv2dGeom& g) {
+    const int64_t H = g.H, W = g.W, OH = g.OH, OW = g.OW, OHW = OH * OW;
+    const int64_t KH = g.KH, KW = g.KW, KK = KH * KW, sh = g.stride_h, sw = g.stride_w;
+    const int64_t O = g.O, Og = g.O / g.groups;
+    const int threads = threads_for(2 * g.N * O * KK * OHW);
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
+#else
+    (void)threads;
+#endif
+    for (int64_t o = 0; o < O; ++o) {
+        std::vector<double> acc(KK, 0.0);
+        for (int64_t n = 0; n < g.N; ++n) {
+            const float* xp = x + (n * g.C + o / Og) * H * W;
+            const float* dyp = dy + (n * O + o) * OHW;
+            for (int64_t kh = 0; kh < KH; ++kh) {
+                const int64_t off_h = kh * g.dil_h - g.pad_h;
+                int64_t oh_lo, oh_hi;
+                valid_range(off_h, sh, H, OH, oh_lo, oh_hi);
+                for (int64_t kw = 0; kw < KW; ++kw) {
+                    const int64_t off_w = kw * g.dil_w - g.pad_w;
+                    int64_t ow_lo, ow_hi;
+                    valid_range(off_w, sw, W, OW, ow_lo, ow_hi);
+                    if (ow_lo == ow_hi) continue;
+                    double s = 0.0;
+                    for (int64_t oh = oh_lo; oh < oh_hi; ++oh) {
+                        const float* xr = xp + (oh * sh + off_h) * W;
+                        s += strided_dot(dyp + oh * OW, xr, sw, off_w, ow_lo, ow_hi);
+                    }
+                    acc[kh * KW + kw] += s;
+                }
+            }
+        }
+        for (int64_t k = 0; k < KK; ++k) dw[o * KK + k] = static_cast<float>(acc[k]);
+    }
+}
+
+}  // namespace conv_detail
+
+// y[N,O,OH,OW] = conv(x[N,C,H,W], w[O,C/groups,KH,KW]) (+ b[O] when b != nullptr):
+// cross-correlation as torch.nn.functional.conv2d, zero padding, dilation and
+// groups (depthwise included).  y is overwritten; ws holds conv2d_workspace(g)
+// floats.
+inline void conv2d(const float* x, const float* w, const float* b, float* y, float* ws, const Conv2dGeom& g) {
+    if (conv_detail::direct(g)) {
+        conv_detail::conv2d_direct(x, w, b, y, g);
+        return;
+    }
+    const int64_t Cg = g.C / g.groups, Og = g.O / g.groups, Kg = Cg * g.KH * g.KW;
+    const int64_t HW = g.H * g.W, OHW = g.OH * g.OW;
+    const bool pointwise = g.pointwise();
+    for (int64_t n = 0; n < g.N; ++n) {
+        for (int64_t grp = 0; grp < g.groups; ++grp) {
+            const float* xg = x + (n * g.C + grp * Cg) * HW;
+            const float* cols = xg;
+            if (!pointwise) {
+                conv_detail::im2col(xg, Cg, ws, g);
+                cols = ws;
+            }
+            const float* wg = w + grp * Og * Kg;
+            float* yg = y + (n * g.O + grp * Og) * OHW;
+            if (b) {
+                const float* bg = b + grp * Og;
+                gemm(false, false, Og, OHW, Kg, wg, Kg, cols, OHW, yg, OHW,
+                     [bg](int64_t row, int64_t, float* c, int64_t len) {
+                         const float v = bg[row];
+                         for (int64_t j = 0; j < len; ++j) c[j] += v;
+                     });
+            } else {
+                gemm(false, false, Og, OHW, Kg, wg, Kg, cols, OHW, yg, OHW);
+            }
+        }
+    }
+}
+
+// dx[N,C,H,W] = the gradient of conv2d with respect to x, given dy[N,O,OH,OW];
+// dx is overwritten; ws holds conv2d_workspace(g) floats.
+inline void conv2d_grad_input(const float* dy, const float* w, float* dx, float* ws, const Conv2dGeom& g) {
+    if (conv_detail::direct(g)) {
+        conv_detail::conv2d_grad_input_direct(dy, w, dx, g);
+        return;
+    }
+    const int64_t Cg = g.C / g.groups, Og = g.O / g.groups, Kg = Cg * g.KH * g.KW;
+    const int64_t HW = g.H * g.W, OHW = g.OH * g.OW;
+    const bool pointwise = g.pointwise();
+    for (int64_t n = 0; n < g.N; ++n) {
+        for (int64_t grp = 0; grp < g.groups; ++grp) {
+            const float* wg = w + grp * Og * Kg;
+            const float* dyg = dy + (n * g.O + grp * Og) * OHW;
+            float* dxg = dx + (n * g.C + grp * Cg) * HW;
+            if (pointwise) {
+                gemm(true, false, Cg, HW, Og, wg, Kg, dyg, OHW, dxg, HW);
+            } else {
+                gemm(true, false, Kg, OHW, Og, wg, Kg, dyg, OHW, ws, OHW);
+                conv_detail::col2im(ws, Cg, dxg, g);
+            }
+        }
+    }
+}
+
+// dw[O,C/groups,KH,KW] = the gradient of conv2d with respect to w, given x and
+// dy (summed over the images); dw is overwritten; ws holds
+// conv2d_grad_weight_workspace(g) floats.
+inline void conv2d_grad_weight(const float* x, const float* dy, float* dw, float* ws, const Conv2dGeom& g) {
+    if (conv_detail::direct(g)) {
+        conv_detail::conv2d_grad_weight_direct(x, dy, dw, g);
+        return;
+    }
+    const int64_t Cg = g.C / g.groups, Og = g.O / g.groups, Kg = Cg * g.KH * g.KW;
+    const int64_t HW = g.H * g.W, OHW = g.OH * g.OW;
+    const bool pointwise = g.pointwise();
+    if (g.N == 0) std::fill(dw, dw + g.O * Kg, 0.0f);
+    float* part = ws + conv2d_workspace(g);
+    for (int64_t n = 0; n < g.N; ++n) {
+        for (int64_t grp = 0; grp < g.groups; ++grp) {
+            const float* xg = x + (n * g.C + grp * Cg) * HW;
+            const float* cols = xg;
+            if (!pointwise) {
+                conv_detail::im2col(xg, Cg, ws, g);
+                cols = ws;
+            }
+            const float* dyg = dy + (n * g.O + grp * Og) * OHW;
+            float* dwg = dw + grp * Og * Kg;
+            if (n == 0) {
+                gemm(false, true, Og, Kg, OHW, dyg, OHW, cols, OHW, dwg, Kg);
+            } else {
+                // The image's product goes to `part`; each finished piece is
+                // added into dw while it is still in cache.
+                gemm(false, true, Og, Kg, OHW, dyg, OHW, cols, OHW, part, Kg,
+                     [dwg, Kg](int64_t row, int64_t col0, float* c, int64_t len) {
+                         float* d = dwg + row * Kg + col0;
+                         for (int64_t j = 0; j < len; ++j) d[j] += c[j];
+                     });
+            }
+        }
+    }
+}
+
+namespace conv_detail {
+
+// Runs body(plane) for every plane in [0, planes), shared out over threads
+// when `work` (operations in all) is big enough.
+template <class Body>
+void for_planes(int64_t planes, int64_t work, const Body& body) {
+    const int threads = threads_for(work);
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
+#else
+    (void)threads;
+#endif
+    for (int64_t p = 0; p < planes; ++p) body(p);
+}
+
+// True when a pooled maximum y came from the input value v (NaN matches NaN).
+inline bool same_max(float v, float y) { return v == y || (std::isnan(v) && std::isnan(y)); }
+
+// The number of window positions along one axis that lie inside the padded
+// input [-pad, in + pad), for the window starting at i0 (PyTorch's divisor
+// for avg_pool2d with count_include_pad; k unless ceil_mode cut the window).
+inline int64_t padded_count(int64_t i0, int64_t k, int64_t dil, int64_t in, int64_t pad) {
+    int64_t count = 0;
+    for (int64_t j = 0; j < k; ++j) count += i0 + j * dil < in + pad ? 1 : 0;
+    return count;
+}
+
+}  // namespace conv_detail
+
+// y[N,C,OH,OW] = the maximum over each window of x[N,C,H,W]; padding positions
+// are ignored (as -inf) and NaN propagates.  y is overwritten.
+inline void max_pool2d(const float* x, float* y, const Conv2dGeom& g) {
+    const int64_t H = g.H, W = g.W, OH = g.OH, OW = g.OW;
+    conv_detail::for_planes(g.N * g.C, g.N * g.C * OH * OW * g.KH * g.KW, [&](int64_t p) {
+        const float* xp = x + p * H * W;
+        float* yp = y + p * OH * OW;
+        for (int64_t oh = 0; oh < OH; ++oh) {
+            const int64_t ih0 = oh * g.stride_h - g.pad_h;
+            for (int64_t ow = 0; ow < OW; ++ow) {
+                const int64_t iw0 = ow * g.stride_w - g.pad_w;
+                float m = -std::numeric_limits<float>::infinity();
+                for (int64_t kh = 0; kh < g.KH; ++kh) {
+                    const int64_t ih = ih0 + kh * g.dil_h;
+                    if (ih < 0 || ih >= H) continue;
+                    const float* xr = xp + ih * W;
+                    for (int64_t kw = 0; kw < g.KW; ++kw) {
+                        const int64_t iw = iw0 + kw * g.dil_w;
+                        if (iw < 0 || iw >= W) continue;
+                        const float v = xr[iw];
+                        // Once m holds NaN, `v > NaN` is false, so the NaN is kept.
+                        if (v > m || std::isnan(v)) m = v;
+                    }
+                }
+                yp[oh * OW + ow] = m;
+            }
+        }
+    });
+}
+
+// dx[N,C,H,W] = the gradient of max_pool2d given x, its output y and dy: zeros,
+// then each dy goes to the first position of its window (row-major: kh outer,
+// kw inner) whose x equals the window's y (a NaN y: the first NaN), as
+// PyTorch's CPU kernel for ties.  dx is overwritten.
+inline void max_pool2d_grad(const float* x, const float* y, const float* dy, float* dx, const Conv2dGeom& g) {
+    const int64_t H = g.H, W = g.W, OH = g.OH, OW = g.OW;
+    conv_detail::for_planes(g.N * g.C, g.N * g.C * OH * OW * g.KH * g.KW, [&](int64_t p) {
+        const float* xp = x + p * H * W;
+        const float* yp = y + p * OH * OW;
+        const float* gp = dy + p * OH * OW;
+        float* dxp = dx + p * H * W;
+        std::fill(dxp, dxp + H * W, 0.0f);
+        for (int64_t oh = 0; oh < OH; ++oh) {
+            const int64_t ih0 = oh * g.stride_h - g.pad_h;
+            for (int64_t ow = 0; ow < OW; ++ow) {
+                const int64_t iw0 = ow * g.stride_w - g.pad_w;
+                const float m = yp[oh * OW + ow];
+                int64_t at = -1;
+                for (int64_t kh = 0; kh < g.KH && at < 0; ++kh) {
+                    const int64_t ih = ih0 + kh * g.dil_h;
+                    if (ih < 0 || ih >= H) continue;
+                    for (int64_t kw = 0; kw < g.KW; ++kw) {
+                        const int64_t iw = iw0 + kw * g.dil_w;
+                        if (iw < 0 || iw >= W) continue;
+                        if (conv_detail::same_max(xp[ih * W + iw], m)) {
+                            at = ih * W + iw;
+                            break;
+                        }
+                    }
+                }
+                if (at >= 0) dxp[at] += gp[oh * OW + ow];
+            }
+        }
+    });
+}
+
+// y[N,C,OH,OW] = the sum over each window of x / the window size, padding
+// counted as zeros (PyTorch's count_include_pad=True): the size is KH*KW, or
+// fewer where an output size rounded up (ceil_mode) cut the window at the far
+// padding edge.  y is overwritten.
+inline void avg_pool2d(const float* x, float* y, const Conv2dGeom& g) {
+    const int64_t H = g.H, W = g.W, OH = g.OH, OW = g.OW;
+    conv_detail::for_planes(g.N * g.C, g.N * g.C * OH * OW * g.KH * g.KW, [&](int64_t p) {
+        const float* xp = x + p * H * W;
+        float* yp = y + p * OH * OW;
+        for (int64_t oh = 0; oh < OH; ++oh) {
+            const int64_t ih0 = oh * g.stride_h - g.pad_h;
+            const int64_t count_h = conv_detail::padded_count(ih0, g.KH, g.dil_h, H, g.pad_h);
+            for (int64_t ow = 0; ow < OW; ++ow) {
+                const int64_t iw0 = ow * g.stride_w - g.pad_w;
+                const int64_t count = count_h * conv_detail::padded_count(iw0, g.KW, g.dil_w, W, g.pad_w);
+                float s = 0.0f;
+                for (int64_t kh = 0; kh < g.KH; ++kh) {
+                    const int64_t ih = ih0 + kh * g.dil_h;
+                    if (ih < 0 || ih >= H) continue;
+                    const float* xr = xp + ih * W;
+                    for (int64_t kw = 0; kw < g.KW; ++kw) {
+                        const int64_t iw = iw0 + kw * g.dil_w;
+                        if (iw >= 0 && iw < W) s += xr[iw];
+                    }
+                }
+                yp[oh * OW + ow] = s / static_cast<float>(count);
+            }
+        }
+    });
+}
+
+// dx[N,C,H,W] = the gradient of avg_pool2d given dy: zeros, then each dy / its
+// window size (as avg_pool2d) added to every input position of its window.
+// dx is overwritten.
+inline void avg_pool2d_grad(const float* dy, float* dx, const Conv2dGeom& g) {
+    const int64_t H = g.H, W = g.W, OH = g.OH, OW = g.OW;
+    conv_detail::for_planes(g.N * g.C, g.N * g.C * OH * OW * g.KH * g.KW, [&](int64_t p) {
+        const float* gp = dy + p * OH * OW;
+        float* dxp = dx + p * H * W;
+        std::fill(dxp, dxp + H * W, 0.0f);
+        for (int64_t oh = 0; oh < OH; ++oh) {
+            const int64_t ih0 = oh * g.stride_h - g.pad_h;
+            const int64_t count_h = conv_detail::padded_count(ih0, g.KH, g.dil_h, H, g.pad_h);
+            for (int64_t ow = 0; ow < OW; ++ow) {
+                const int64_t iw0 = ow * g.stride_w - g.pad_w;
+                const int64_t count = count_h * conv_detail::padded_count(iw0, g.KW, g.dil_w, W, g.pad_w);
+                const float v = gp[oh * OW + ow] / static_cast<float>(count);
+                for (int64_t kh = 0; kh < g.KH; ++kh) {
+                    const int64_t ih = ih0 + kh * g.dil_h;
+                    if (ih < 0 || ih >= H) continue;
+                    float* dr = dxp + ih * W;
+                    for (int64_t kw = 0; kw < g.KW; ++kw) {
+                        const int64_t iw = iw0 + kw * g.dil_w;
+                        if (iw >= 0 && iw < W) dr[iw] += v;
+                    }
+                }
+            }
+        }
+    });
+}
+
+}  // namespace dg
+
+#undef DG_CONV_SIMD

@@ -1,0 +1,347 @@
+"""Tests for targets/cpu/runtime/dg_conv.h: 2-D convolution and pooling (NCHW).
+
+tests/conv_runtime_driver.cpp, which calls every function of the header on
+raw float32 arrays (stdin to stdout), is compiled once per session for this
+machine (-march=native) and, where that is AVX-512, once more for AVX2 only,
+since dg::gemm's micro-kernel (and so the tile edges im2col's columns meet)
+differs between the two.  Each case is compared with torch.nn.functional and
+torch.autograd.  The driver starts outputs and the workspace as NaN and
+guards the workspace's end, so a value not written or a write past the size
+conv2d_workspace gives fails here.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+F = torch.nn.functional
+
+ROOT = Path(__file__).resolve().parents[1]
+RUNTIME_DIR = ROOT / "targets" / "cpu" / "runtime"
+DRIVER_SRC = Path(__file__).resolve().parent / "conv_runtime_driver.cpp"
+CXX_FLAGS = ["-std=c++17", "-O2", "-fopenmp", "-Wall", "-Wextra"]
+GUARD_EXIT = 4  # the driver's exit status for a write past the workspace
+
+
+def _cpu_flags() -> set[str]:
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+def _builds() -> dict[str, list[str]]:
+    """Build name -> its ISA flags: native, plus AVX2-only on an AVX-512 machine."""
+    builds = {"native": ["-march=native"]}
+    flags = _cpu_flags()
+    if "avx512f" in flags and {"avx2", "fma"} <= flags:
+        builds["avx2"] = ["-march=native", "-mno-avx512f", "-mavx2", "-mfma"]
+    return builds
+
+
+BUILDS = _builds()
+
+
+class Driver:
+    """Runs one compiled driver: ``driver(op, geom, *extra, inputs=[arrays])``."""
+
+    def __init__(self, exe: Path, name: str):
+        self.exe = exe
+        self.name = name
+
+    def run(self, op, geom, *extra, inputs=(), threads=1) -> subprocess.CompletedProcess:
+        stdin = b"".join(np.ascontiguousarray(a, dtype=np.float32).tobytes() for a in inputs)
+        cmd = [str(self.exe), op, *[str(v) for v in geom.args()], *[str(v) for v in extra]]
+        env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+        return subprocess.run(cmd, input=stdin, capture_output=True, timeout=60, env=env)
+
+    def __call__(self, op, geom, *extra, inputs=(), threads=1) -> np.ndarray:
+        proc = self.run(op, geom, *extra, inputs=inputs, threads=threads)
+        assert proc.returncode == 0, (proc.returncode, proc.stderr.decode())
+        return np.frombuffer(proc.stdout, dtype=np.float32)
+
+
+@pytest.fixture(scope="session")
+def compiled(tmp_path_factory) -> dict[str, Driver]:
+    """Every build of the driver, compiled once per session (in parallel)."""
+    cxx = shutil.which("g++")
+    if cxx is None:
+        pytest.skip("g++ not found: cannot compile the conv runtime tests")
+    tmp = tmp_path_factory.mktemp("conv_runtime")
+
+    def build(item):
+        name, isa = item
+        exe = tmp / f"conv_runtime_driver_{name}"
+        cmd = [cxx, *CXX_FLAGS, *isa, "-I", str(RUNTIME_DIR), str(DRIVER_SRC), "-o", str(exe)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        assert proc.returncode == 0, f"compile failed:\n{' '.join(cmd)}\n{proc.stderr}"
+        assert "warning" not in proc.stderr, proc.stderr
+        return name, Driver(exe, name)
+
+    with ThreadPoolExecutor(len(BUILDS)) as pool:
+        return dict(pool.map(build, BUILDS.items()))
+
+
+@pytest.fixture(params=list(BUILDS))
+def driver(request, compiled) -> Driver:
+    return compiled[request.param]
+
+
+# --------------------------------------------------------------------------- geometry
+
+
+class Geom:
+    """A dg::Conv2dGeom with the output size PyTorch gives (floor mode)."""
+
+    def __init__(self, N, C, H, W, O, KH, KW, stride=1, pad=0, dil=1, groups=1):
+        pair = lambda v: tuple(v) if isinstance(v, (tuple, list)) else (v, v)  # noqa: E731
+        self.N, self.C, self.H, self.W, self.O, self.KH, self.KW = N, C, H, W, O, KH, KW
+        self.stride, self.pad, self.dil, self.groups = pair(stride), pair(pad), pair(dil), groups
+        self.OH = (H + 2 * self.pad[0] - self.dil[0] * (KH - 1) - 1) // self.stride[0] + 1
+        self.OW = (W + 2 * self.pad[1] - self.dil[1] * (KW - 1) - 1) // self.stride[1] + 1
+
+    def args(self):
+        return [self.N, self.C, self.H, self.W, self.O, self.KH, self.KW, self.OH, self.OW,
+                self.stride[0], self.stride[1], self.pad[0], self.pad[1], self.dil[0], self.dil[1],
+                self.groups]
+
+    def __repr__(self):
+        return (f"N{self.N}C{self.C}_{self.H}x{self.W}_O{self.O}_k{self.KH}x{self.KW}"
+                f"_s{self.stride}_p{self.pad}_d{self.dil}_g{self.groups}")
+
+
+def pool_geom(N, C, H, W, K, stride, pad, dil=1):
+    k = K if isinstance(K, tuple) else (K, K)
+    return Geom(N, C, H, W, C, k[0], k[1], stride, pad, dil, 1)
+
+
+def close(got, want, rtol=1e-4):
+    """float32 agreement up to rtol of the result's scale."""
+    want = want.detach().numpy().astype(np.float32)
+    got = got.reshape(want.shape)
+    scale = max(1.0, float(np.abs(want).max(initial=0.0)))
+    np.testing.assert_allclose(got, want, rtol=rtol, atol=rtol * scale)
+
+
+def randn(gen, *shape):
+    return torch.randn(*shape, generator=gen, dtype=torch.float32)
+
+
+# --------------------------------------------------------------------------- convolutions
+
+CONV_CASES = [
+    Geom(1, 3, 8, 8, 4, 3, 3),                            # plain, no padding
+    Geom(3, 4, 9, 7, 5, 3, 3, pad=1),                     # padding 1, N=3, odd sizes
+    Geom(2, 3, 11, 10, 6, 3, 3, stride=2, pad=1),         # stride 2
+    Geom(2, 3, 12, 12, 4, 3, 3, stride=2),                # stride 2, no padding
+    Geom(1, 2, 12, 11, 3, 3, 3, pad=2, dil=2),            # dilation 2
+    Geom(2, 4, 9, 9, 6, 3, 3, pad=1, groups=2),           # groups 2
+    Geom(2, 6, 10, 10, 9, 3, 2, stride=(2, 1), pad=(1, 0), groups=3),  # groups 3, rectangular
+    Geom(3, 5, 8, 9, 5, 3, 3, pad=1, groups=5),           # depthwise (direct loops)
+    Geom(2, 4, 10, 9, 8, 3, 3, stride=2, pad=1, groups=4),  # depthwise, multiplier 2 (direct)
+    Geom(1, 3, 13, 12, 3, 5, 3, stride=(1, 2), pad=(2, 1), dil=(1, 2), groups=3),  # depthwise, mixed
+    Geom(2, 2, 9, 8, 16, 3, 3, pad=1, groups=2),          # one channel per group, 8 outputs (GEMM)
+    Geom(2, 1, 10, 10, 8, 5, 5, pad=2),                   # one input channel, GEMM path
+    Geom(1, 1, 7, 7, 2, 3, 3, pad=1),                     # one input channel, direct path
+    Geom(1, 8, 6, 5, 12, 1, 1),                           # 1x1 pointwise
+    Geom(3, 6, 5, 7, 4, 1, 1, groups=2),                  # pointwise, groups 2
+    Geom(2, 4, 5, 5, 4, 1, 1, groups=4),                  # pointwise depthwise
+    Geom(2, 4, 9, 9, 6, 1, 1, stride=2),                  # 1x1 stride 2: not pointwise
+    Geom(1, 4, 7, 7, 5, 1, 1, pad=1),                     # 1x1 padded: not pointwise
+    Geom(2, 3, 7, 9, 4, 2, 5, pad=(0, 2)),                # rectangular kernel
+    Geom(1, 2, 6, 6, 3, 6, 6),                            # kernel covers the whole input
+    Geom(1, 2, 4, 4, 3, 3, 3, pad=2),                     # padding wider than the overlap
+    Geom(1, 3, 5, 6, 2, 3, 3, stride=3, pad=2, dil=2),    # stride 3 and dilation
+    Geom(2, 16, 12, 12, 40, 3, 3, pad=1),                 # more rows than one GEMM tile
+]
+
+
+def conv_reference(g: Geom, gen, bias: bool):
+    """Random x, w, b, dy and torch's y, dx, dw for them."""
+    x = randn(gen, g.N, g.C, g.H, g.W).requires_grad_()
+    w = randn(gen, g.O, g.C // g.groups, g.KH, g.KW).requires_grad_()
+    b = randn(gen, g.O) if bias else None
+    y = F.conv2d(x, w, b, stride=g.stride, padding=g.pad, dilation=g.dil, groups=g.groups)
+    assert y.shape == (g.N, g.O, g.OH, g.OW)
+    dy = randn(gen, *y.shape)
+    y.backward(dy)
+    return x.detach(), w.detach(), b, dy, y, x.grad, w.grad
+
+
+@pytest.mark.parametrize("g", CONV_CASES, ids=repr)
+def test_conv2d(driver, g):
+    gen = torch.Generator().manual_seed(7)
+    for bias in (True, False):
+        x, w, b, dy, y, dx, dw = conv_reference(g, gen, bias)
+        inputs = [x, w] + ([b] if bias else [])
+        close(driver("conv2d", g, int(bias), inputs=inputs), y)
+    close(driver("conv2d_grad_input", g, inputs=[dy, w]), dx)
+    close(driver("conv2d_grad_weight", g, inputs=[x, dy]), dw)
+
+
+# Large enough that every loop and GEMM splits over threads.
+THREAD_CASES = [
+    Geom(3, 16, 32, 32, 32, 3, 3, pad=1),
+    Geom(4, 32, 48, 48, 32, 3, 3, stride=2, pad=1, groups=32),  # depthwise
+    Geom(2, 64, 16, 16, 64, 1, 1),  # pointwise
+]
+
+
+@pytest.mark.parametrize("g", THREAD_CASES, ids=repr)
+def test_conv2d_threads(driver, g):
+    """Two threads: right, and bitwise equal to one thread."""
+    gen = torch.Generator().manual_seed(11)
+    x, w, b, dy, y, dx, dw = conv_reference(g, gen, True)
+    for op, inputs, extra, want in [("conv2d", [x, w, b], [1], y), ("conv2d_grad_input", [dy, w], [], dx),
+                                    ("conv2d_grad_weight", [x, dy], [], dw)]:
+        one = driver(op, g, *extra, inputs=inputs, threads=1)
+        two = driver(op, g, *extra, inputs=inputs, threads=2)
+        close(two, want)
+        np.testing.assert_array_equal(one, two)
+
+
+def test_builds_use_their_isa(driver):
+    want = {"native": {"avx512", "avx2", "portable"}, "avx2": {"avx2"}}[driver.name]
+    proc = subprocess.run([str(driver.exe), "isa"], capture_output=True, text=True)
+    assert proc.stdout.strip() in want
+
+
+def test_conv2d_empty_batch_weight_gradient(driver):
+    """N == 0: the weight gradient is all zeros (overwritten, not left as is)."""
+    g = Geom(0, 3, 6, 6, 4, 3, 3, pad=1)
+    dw = driver("conv2d_grad_weight", g, inputs=[])
+    np.testing.assert_array_equal(dw, np.zeros(4 * 3 * 3 * 3, np.float32))
+
+
+def test_workspace_sizes(driver):
+    """The documented formulas (the driver allocates exactly these)."""
+    # A case where grad_weight's partial product is bigger than the columns.
+    g = Geom(2, 8, 1, 1, 16, 3, 3, pad=1, groups=2)
+    gen = torch.Generator().manual_seed(3)
+    x, w, b, dy, y, dx, dw = conv_reference(g, gen, False)
+    close(driver("conv2d_grad_weight", g, inputs=[x, dy]), dw)
+
+
+# --------------------------------------------------------------------------- pools
+
+POOL_CASES = [
+    pool_geom(1, 2, 8, 8, 2, 2, 0),
+    pool_geom(3, 3, 9, 7, 3, 2, 1),        # padding 1, N=3
+    pool_geom(2, 2, 10, 11, 3, 1, 1),      # overlapping windows, stride 1
+    pool_geom(1, 3, 7, 9, (3, 2), (2, 1), (1, 1)),  # rectangular
+    pool_geom(2, 2, 5, 5, 5, 1, 2),        # window bigger than the input, heavy padding
+    pool_geom(2, 4, 6, 6, 1, 1, 0),        # 1x1 window: identity
+]
+
+
+@pytest.mark.parametrize("g", POOL_CASES, ids=repr)
+def test_max_pool2d(driver, g):
+    gen = torch.Generator().manual_seed(5)
+    x = randn(gen, g.N, g.C, g.H, g.W).requires_grad_()
+    y = F.max_pool2d(x, (g.KH, g.KW), g.stride, g.pad)
+    dy = randn(gen, *y.shape)
+    y.backward(dy)
+    got = driver("max_pool2d", g, inputs=[x.detach()])
+    np.testing.assert_array_equal(got, y.detach().numpy().ravel())
+    close(driver("max_pool2d_grad", g, inputs=[x.detach(), y.detach(), dy]), x.grad, rtol=1e-6)
+
+
+@pytest.mark.parametrize("g", [pool_geom(2, 2, 6, 6, 3, 2, 1), pool_geom(1, 2, 7, 8, 3, 1, 1),
+                               pool_geom(1, 1, 4, 4, 2, 2, 0)], ids=repr)
+def test_max_pool2d_ties_go_to_first_max(driver, g):
+    """Constant input (every position ties) and repeated values: PyTorch's first max."""
+    gen = torch.Generator().manual_seed(9)
+    for x0 in (torch.full((g.N, g.C, g.H, g.W), 0.5),
+               torch.randint(-2, 3, (g.N, g.C, g.H, g.W), generator=gen).float(),
+               torch.full((g.N, g.C, g.H, g.W), -3.0)):  # negative: padding must not win
+        x = x0.clone().requires_grad_()
+        y = F.max_pool2d(x, (g.KH, g.KW), g.stride, g.pad)
+        dy = randn(gen, *y.shape)
+        y.backward(dy)
+        got_y = driver("max_pool2d", g, inputs=[x0])
+        np.testing.assert_array_equal(got_y, y.detach().numpy().ravel())
+        got = driver("max_pool2d_grad", g, inputs=[x0, y.detach(), dy])
+        close(got, x.grad, rtol=1e-6)
+
+
+def test_max_pool2d_nan_propagates(driver):
+    g = pool_geom(1, 1, 4, 4, 2, 2, 0)
+    x = np.arange(16, dtype=np.float32).reshape(1, 1, 4, 4)
+    x[0, 0, 0, 1] = np.nan
+    x[0, 0, 3, 3] = np.nan
+    y = driver("max_pool2d", g, inputs=[x])
+    assert np.isnan(y[0]) and np.isnan(y[3])
+    np.testing.assert_array_equal(y[1:3], [7.0, 13.0])
+    dx = driver("max_pool2d_grad", g, inputs=[x, y, np.ones(4, np.float32)]).reshape(4, 4)
+    assert dx[0, 1] == 1.0 and dx[3, 3] == 1.0 and dx.sum() == 4.0
+
+
+@pytest.mark.parametrize("g", POOL_CASES, ids=repr)
+def test_avg_pool2d(driver, g):
+    if 2 * g.pad[0] > g.KH or 2 * g.pad[1] > g.KW:
+        pytest.skip("PyTorch needs padding <= half the kernel")
+    gen = torch.Generator().manual_seed(6)
+    x = randn(gen, g.N, g.C, g.H, g.W).requires_grad_()
+    y = F.avg_pool2d(x, (g.KH, g.KW), g.stride, g.pad)  # count_include_pad=True
+    dy = randn(gen, *y.shape)
+    y.backward(dy)
+    close(driver("avg_pool2d", g, inputs=[x.detach()]), y)
+    close(driver("avg_pool2d_grad", g, inputs=[dy]), x.grad)
+
+
+def test_max_pool2d_padded_window_bigger_than_input(driver):
+    """Padding beyond what PyTorch allows (windows partly outside): still the max of the real inputs."""
+    g = pool_geom(2, 2, 5, 5, 5, 1, 2)
+    x = np.random.default_rng(0).standard_normal((2, 2, 5, 5)).astype(np.float32)
+    y = driver("max_pool2d", g, inputs=[x]).reshape(2, 2, 5, 5)
+    want = np.empty_like(y)
+    for i in range(5):
+        for j in range(5):
+            want[:, :, i, j] = x[:, :, max(0, i - 2):i + 3, max(0, j - 2):j + 3].max(axis=(2, 3))
+    np.testing.assert_array_equal(y, want)
+
+
+def test_pools_threads(driver):
+    """Pools over many planes: two threads equal one."""
+    g = pool_geom(8, 32, 48, 48, 3, 2, 1)
+    x = np.random.default_rng(1).standard_normal((8, 32, 48, 48)).astype(np.float32)
+    dy = np.random.default_rng(2).standard_normal((8, 32, g.OH, g.OW)).astype(np.float32)
+    for op, inputs in [("max_pool2d", [x]), ("avg_pool2d", [x]), ("avg_pool2d_grad", [dy])]:
+        np.testing.assert_array_equal(driver(op, g, inputs=inputs, threads=1),
+                                      driver(op, g, inputs=inputs, threads=2))
+    y = driver("max_pool2d", g, inputs=[x])
+    np.testing.assert_array_equal(driver("max_pool2d_grad", g, inputs=[x, y, dy], threads=1),
+                                  driver("max_pool2d_grad", g, inputs=[x, y, dy], threads=2))
+
+
+# --------------------------------------------------------------------------- header hygiene
+
+
+def test_header_compiles_without_openmp(tmp_path):
+    """The header alone, no OpenMP, portable ISA: no warnings."""
+    if shutil.which("g++") is None:
+        pytest.skip("g++ not found")
+    src = tmp_path / "only_conv.cpp"
+    src.write_text('#include "dg_conv.h"\nint main() {\n'
+                   '    constexpr dg::Conv2dGeom g(1, 2, 4, 4, 2, 3, 3, 2, 2, 1, 1, 0, 0, 1, 1, 1);\n'
+                   '    static_assert(dg::conv2d_workspace(g) == 2 * 9 * 4, "workspace");\n'
+                   '    float x[32] = {}, w[36] = {}, y[8], ws[72];\n'
+                   '    dg::conv2d(x, w, nullptr, y, ws, g);\n'
+                   '    return y[0] == 0.0f ? 0 : 1;\n}\n')
+    cmd = ["g++", "-std=c++17", "-O1", "-Wall", "-Wextra", "-Werror", "-I", str(RUNTIME_DIR), str(src),
+           "-o", str(tmp_path / "only_conv")]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert subprocess.run([str(tmp_path / "only_conv")]).returncode == 0
