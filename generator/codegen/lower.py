@@ -290,12 +290,14 @@ def _lower_training(ctx, graph, dim_index, bound_dims, first: int) -> TrainPlan:
     slots = {p: [(slot, _member_name(graph, f"{p}_{slot}", live)) for slot in opt.slots] for p, _, _ in grads}
     # One update call per parameter; the memory stage moves each into the statement
     # where its gradient is complete and it is no longer read (DeepDSL's rescheduling).
+    # Adam's bias corrections are locals of train_step: names no value of the model has.
+    corrections = {c: _member_name(graph, c, live) for c in ("c1", "c2")} if opt.kind == "adam" else {}
     updates = []
     copied = {p for p, _, _ in copies}
     params = {p.name: p for p in graph.params}
     for p, member, _ in grads:
         args = [f"{p}.ptr()", f"{member}.ptr()"] + [f"{m}.ptr()" for _, m in slots[p]] + [f"{p}.size()"]
-        args += [s if s in ("c1", "c2") else f"hyper.{s}" for s in scalars]
+        args += [corrections[s] if s in corrections else f"hyper.{s}" for s in scalars]
         updates.append(Update(p, params[p], spec.grads[p], Call(f"kernels::{kernel.name}", args), p in copied))
     hyper = [(name, f"{np.float32(value)!r}".replace("np.float32(", "").rstrip(")") + "f") for name, value in spec.hyper]
     from ..frontend.train import HYPER_RANGES
@@ -316,7 +318,7 @@ def _lower_training(ctx, graph, dim_index, bound_dims, first: int) -> TrainPlan:
         updates=updates,
         hyper=hyper,
         hyper_checks=hyper_checks,
-        bias_correction=opt.kind == "adam",
+        bias_correction=[corrections[c] for c in ("c1", "c2")] if corrections else [],
         grads=grads,
         slots=[(p, slot, member, shape) for p, _, shape in grads for slot, member in slots[p]],
     )

@@ -158,7 +158,7 @@ class TrainPlan:
     updates: list  # [Update]; plan_memory moves each it can into the backward statements
     hyper: list  # [(name, C++ float literal default)]
     hyper_checks: list  # [(name, dg_guard.h range check)], applied when set and by every train_step
-    bias_correction: bool  # Adam: c1, c2 computed from the step count
+    bias_correction: list  # Adam: the names of the locals c1, c2 computed from the step count
     grads: list  # [(param, gradient member, C++ shape list)]
     slots: list  # [(param, slot, member, C++ shape list)]
 
