@@ -28,16 +28,19 @@ def basic_block(x, channels, stride, name):
 
 
 @dg.model
-def resnet18():
-    images = dg.input("images", (N, 3, 32, 32))
+def resnet18(image=32, width=64):
+    """`image`: the images' height and width; `width`: the first stage's channels (the
+    tests build the same network smaller: `resnet18.build(image=16, width=8)`)."""
+    images = dg.input("images", (N, 3, image, image))
     labels = dg.input("labels", (N,), dtype="int64")
-    x = dg.relu(dg.batch_norm_layer(dg.conv2d_layer(images, 64, 3, padding=1, bias=False, name="conv1"), name="bn1"))
-    for stage, (channels, stride) in enumerate([(64, 1), (128, 2), (256, 2), (512, 2)], start=1):
-        x = basic_block(x, channels, stride, f"layer{stage}_0")
-        x = basic_block(x, channels, 1, f"layer{stage}_1")
-    pooled = dg.global_avg_pool(x)  # [N, 512]
-    weight = dg.param("linear_weight", (10, 512), init=dg.uniform(-512**-0.5, 512**-0.5))
-    bias = dg.param("linear_bias", (10,), init=dg.uniform(-512**-0.5, 512**-0.5))
+    x = dg.relu(dg.batch_norm_layer(dg.conv2d_layer(images, width, 3, padding=1, bias=False, name="conv1"), name="bn1"))
+    for stage, (scale, stride) in enumerate([(1, 1), (2, 2), (4, 2), (8, 2)], start=1):
+        x = basic_block(x, scale * width, stride, f"layer{stage}_0")
+        x = basic_block(x, scale * width, 1, f"layer{stage}_1")
+    pooled = dg.global_avg_pool(x)  # [N, 8 * width]
+    features = 8 * width
+    weight = dg.param("linear_weight", (10, features), init=dg.uniform(-features**-0.5, features**-0.5))
+    bias = dg.param("linear_bias", (10,), init=dg.uniform(-features**-0.5, features**-0.5))
     logits = pooled @ weight.T + bias
     loss = dg.softmax_cross_entropy(logits, labels)
     dg.train(loss, dg.sgd(lr=0.05))

@@ -96,3 +96,18 @@ def load_example(name: str):
     from generator.frontend.loader import load_model
 
     return load_model(str(ROOT / "examples" / f"{name}.py"))
+
+
+# The checks every example goes through (API, memory, passes, sanitizers, the CUDA
+# emulation) build the CNN examples smaller, with the same structure: at their real
+# sizes the emulated CUDA train steps alone would take longer than the whole suite.
+# tests/test_cnn.py compares the real sizes against PyTorch.
+SMALL = {"resnet18": {"image": 16, "width": 8}, "vgg11": {"width": 8}}
+
+
+def build_example(name: str, graph_name: str | None = None):
+    """The example's Graph as the generic checks use it (SMALL options applied: the
+    graph is then `<name>_small` unless `graph_name` says otherwise)."""
+    options = SMALL.get(name, {})
+    default = f"{name}_small" if options else None
+    return load_example(name).build(graph_name or default, **options)

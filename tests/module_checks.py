@@ -28,9 +28,14 @@ def check_forward(graph, module, size):
 
 def check_init(graph, module):
     """Model(seed) draws exactly reference.init_params(graph, seed)."""
-    params = module.Model(seed=11).parameters()
+    model = module.Model(seed=11)
+    params = dict(model.parameters())
+    assert list(params) == [p.name for p in graph.trainable]
+    if graph.states:  # batch norm's running statistics
+        assert list(model.buffers()) == [p.name for p in graph.states]
+        params.update(model.buffers())
     want = reference.init_params(graph, seed=11)
-    assert list(params) == [p.name for p in graph.params]
+    assert set(want) == set(params)
     for name, value in want.items():
         assert params[name].dtype == np.float32
         np.testing.assert_array_equal(params[name], value, err_msg=name)
@@ -44,7 +49,8 @@ def check_parameter_views(graph, module):
     for k, v in new.items():
         params[k][...] = v
     inputs = sample_inputs(graph)
-    want = reference.run(graph, inputs, params=new)
+    state = {k: np.array(v) for k, v in model.buffers().items()} if graph.states else {}
+    want = reference.run(graph, inputs, params=dict(new, **state))
     got = model.forward(**inputs)
     for name in want:
         np.testing.assert_allclose(got[name], want[name], rtol=1e-4, atol=1e-5)
@@ -106,8 +112,13 @@ def check_bad_inputs(graph, module):
 
 
 def state_of(model) -> dict:
-    """Everything a Model keeps between calls, copied: parameters, optimizer state, step."""
+    """Everything a Model keeps between calls, copied: parameters, module state (running
+    statistics, the mode and its draw count), optimizer state, step."""
     state = {k: np.array(v) for k, v in model.parameters().items()}
+    if hasattr(model, "buffers"):
+        state.update({f"buffer/{k}": np.array(v) for k, v in model.buffers().items()})
+    if hasattr(model, "training"):
+        state.update(training=model.training, draws=model.draws)
     if hasattr(model, "train_step"):
         state.update({f"optimizer/{k}": np.array(v) for k, v in model.optimizer_state().items()})
         state["step"] = model.step
@@ -154,8 +165,9 @@ def check_load_validates_everything_first(graph, module, tmp_path):
             "step array": ({"optimizer/step": np.arange(2)}, "scalar"),
             "text step": ({"optimizer/step": np.array("one")}, "must be an integer"),
         })
-        state_key = next(k for k in saved if k.startswith("optimizer/") and k != "optimizer/step")
-        cases["bad state last"] = ({state_key: np.zeros((1,), np.float32)}, "has shape")
+        state_keys = [k for k in saved if k.startswith("optimizer/") and k != "optimizer/step"]
+        if state_keys:  # plain SGD keeps no state but the step
+            cases["bad state last"] = ({state_keys[-1]: np.zeros((1,), np.float32)}, "has shape")
     for what, (change, message) in cases.items():
         np.savez(tmp_path / "bad.npz", **dict(saved, **change))
         with pytest.raises(ValueError, match=message):
@@ -171,7 +183,11 @@ def check_load_validates_everything_first(graph, module, tmp_path):
         other.load(str(tmp_path / "nope"))
     assert_same_state(before, state_of(other))
     other.load(str(tmp_path / "w"))
-    assert_same_state(state_of(model), state_of(other))
+    # What a file carries: not the mode or its draw count (PyTorch's state_dict keeps neither).
+    saved_state, loaded_state = state_of(model), state_of(other)
+    for k in ("training", "draws"):
+        saved_state.pop(k, None), loaded_state.pop(k, None)
+    assert_same_state(saved_state, loaded_state)
 
 
 def check_hyperparameters_are_validated(module):
@@ -237,11 +253,15 @@ def check_threads_share_a_model(graph, module, threads=4, steps=100):
     fwd = {k: inputs[k] for k in forward_names}
     rounds = 40
     reference_model = module.Model(seed=3)
+    if hasattr(reference_model, "eval"):  # a training-mode forward() changes the model: readers evaluate
+        reference_model.eval()
     expected = [reference_model.forward(**fwd)]
     for _ in range(rounds):
         reference_model.train_step(**inputs)
         expected.append(reference_model.forward(**fwd))
     model, seen, done = module.Model(seed=3), [], threading.Event()
+    if hasattr(model, "eval"):
+        model.eval()
 
     def read():
         while not done.is_set():

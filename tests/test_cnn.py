@@ -5,6 +5,7 @@ modes (batch norm, dropout) against the reference; LeNet trained on the digits."
 
 from __future__ import annotations
 
+import copy
 import runpy
 
 import numpy as np
@@ -26,9 +27,14 @@ def _close(got, want, what, rtol=1e-4, floor=1e-12):
     """Equal to rtol relative to the array's largest magnitude (float32 sums differ in
     order), or to `floor` for an array that is zero but for rounding (the gradient of a
     convolution's bias under batch norm, which removes it)."""
+    err = _error(got, want, floor)
+    assert err <= rtol, f"{what}: max error {err:.2e} of the largest magnitude {max(np.abs(want).max(), floor):.3g}"
+
+
+def _error(got, want, floor=1e-12) -> float:
+    """The largest difference relative to the largest magnitude of `want` (at least `floor`)."""
     scale = max(float(np.abs(want).max()), floor)
-    err = float(np.abs(np.asarray(got) - want).max()) / scale
-    assert err <= rtol, f"{what}: max error {err:.2e} of the largest magnitude {scale:.3g}"
+    return float(np.abs(np.asarray(got, np.float64) - want).max()) / scale
 
 
 def _setup(name, builds, seed=3):
@@ -66,16 +72,27 @@ def test_forward_and_train_step_equal_pytorch(name, builds):
             torch_key = next(t for t in state if t.replace(".", "_") == k)
             _close(v, state[torch_key].numpy(), f"{name} {k} after forward", 1e-5)
 
+    exact = copy.deepcopy(net).double()  # the same twin, after the same forward, in float64
     loss = model.train_step(images=images, labels=labels)
     net.zero_grad()
     torch_loss = F.cross_entropy(net(x), y)
     torch_loss.backward()
     assert abs(loss - torch_loss.item()) <= 1e-4 * abs(torch_loss.item()), (loss, torch_loss.item())
-    want_grads = torch_grads(net, DENSE.get(name, ()))
+    F.cross_entropy(exact(x.double()), y).backward()
+    dense = DENSE.get(name, ())
+    want_grads, torch32 = torch_grads(exact, dense), torch_grads(net, dense)
     got_grads = model.gradients()
     assert set(got_grads) == set(want_grads)
+    # Through many batch norms and relus a float32 gradient is only as close to the exact
+    # one as the problem's conditioning allows (a relu input within rounding of zero flips):
+    # ours must be as close as PyTorch's own float32 gradient is, or within 2e-4.
+    def worst(grads):
+        return max(_error(grads[k], want_grads[k], floor=1e-2) for k in want_grads)
+
+    allowed = max(2e-4, 3 * worst(torch32))
     for k, g in got_grads.items():
-        _close(g, want_grads[k], f"{name} d loss / d {k}", 2e-4, floor=1e-2)
+        _close(g, want_grads[k], f"{name} d loss / d {k} (PyTorch float32 is within {worst(torch32):.1e})",
+               allowed, floor=1e-2)
 
 
 @pytest.mark.parametrize("name", ["lenet", "resnet18", "vgg11"])

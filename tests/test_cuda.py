@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import ROOT, _cache_root, load_example
+from conftest import ROOT, _cache_root, build_example
 from module_checks import (
     check_bad_inputs,
     check_forward,
@@ -109,7 +109,7 @@ def _graph(name, mode="compile"):
         from test_grad import _grad_table
 
         return _grad_table().build(module)
-    return load_example(name).build(module)
+    return build_example(name, module)
 
 
 @functools.lru_cache(maxsize=None)

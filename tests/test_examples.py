@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import ROOT, load_example
+from conftest import ROOT, build_example, load_example
 from module_checks import (
     check_bad_inputs,
     check_forward,
@@ -31,7 +31,7 @@ EXAMPLES = sorted(p.stem for p in (ROOT / "examples").glob("*.py"))
 
 @pytest.fixture(scope="module", params=EXAMPLES)
 def example(request, builds):
-    graph = load_example(request.param).build()
+    graph = build_example(request.param)
     module, where = builds.module(graph)
     return graph, module, where
 
@@ -61,11 +61,12 @@ def test_load_validates_everything_before_changing_anything(example, tmp_path):
     check_load_validates_everything_first(*example[:2], tmp_path)
 
 
-@pytest.mark.parametrize("name", ["mlp", "digits"])
+@pytest.mark.parametrize("name", ["mlp", "digits", "resnet18"])
 def test_trainable_module_guards_its_state(builds, name):
-    """Hyperparameters checked when set, a non-finite loss changes nothing, and
-    threads may share the Model (README: "What deepgen guarantees")."""
-    graph = load_example(name).build()
+    """Hyperparameters checked when set, a non-finite loss changes nothing (batch
+    norm's running statistics and the draw count included), and threads may share
+    the Model (README: "What deepgen guarantees")."""
+    graph = build_example(name)
     module, _ = builds.module(graph)
     check_hyperparameters_are_validated(module)
     check_non_finite_loss_changes_nothing(graph, module)

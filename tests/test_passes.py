@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import generator as dg
-from conftest import ROOT, load_example
+from conftest import ROOT, build_example, load_example
 from generator.reference import interpreter as reference
 from generator.pipeline import prepare
 from generator.memory.planner import dominates
@@ -61,7 +61,7 @@ def test_passes_preserve_semantics_on_random_graphs(program, until):
 
 @pytest.mark.parametrize("name", EXAMPLES)
 def test_every_example_is_the_same_at_o0_and_o2(name):
-    o0, o2 = prepare(load_example(name).build(), "O0"), prepare(load_example(name).build(), "O2")
+    o0, o2 = prepare(build_example(name), "O0"), prepare(build_example(name), "O2")
     inputs = sample_inputs(o0)
     want, got = reference.run(o0, inputs), reference.run(o2, inputs)
     for key in want:

@@ -44,7 +44,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import ROOT, _cache_root, load_example
+from conftest import ROOT, _cache_root, build_example
 from generator.tools.build import cmake_build
 
 EXAMPLES = sorted(p.stem for p in (ROOT / "examples").glob("*.py"))
@@ -144,11 +144,12 @@ class AsanBuilds:
 
         todo = []
         for name in names:  # rendering traces the DSL (one global builder): here, not in the pool
-            files = project_files(load_example(name).build())  # as conftest's builds
+            graph = build_example(name)
+            files = project_files(graph)  # as conftest's builds
             digest = hashlib.sha256()
             for rel, data in files.items():
                 digest.update(rel.encode() + b"\0" + hashlib.sha256(data).digest())
-            settings = [sys.version, self.version, PROJECT_INCLUDE, *_configure_args(self.cxx, name)]
+            settings = [sys.version, self.version, PROJECT_INCLUDE, *_configure_args(self.cxx, graph.name)]
             digest.update("\0".join(settings).encode())
             cached = _cache_root() / f"{name}-{digest.hexdigest()[:16]}-asan"
             if (cached / "build" / ".ok").is_file():
@@ -163,7 +164,7 @@ class AsanBuilds:
             write_project(staging / "src_tree", files, force=True)
             (staging / "asan.cmake").write_text(PROJECT_INCLUDE)
             # -ffile-prefix-map: stack traces name the files of the cache folder, not the staging one's
-            args = _configure_args(self.cxx, name, f"{SANITIZE} -ffile-prefix-map={staging}={cached}")
+            args = _configure_args(self.cxx, graph.name, f"{SANITIZE} -ffile-prefix-map={staging}={cached}")
             args.append(f"-DCMAKE_PROJECT_INCLUDE={staging / 'asan.cmake'}")
             todo.append((name, staging, cached, args))
         for name, staging, cached, args in todo:
@@ -199,11 +200,11 @@ def asan_builds(request, sanitizer_env):
 
 @pytest.fixture(scope="module", params=EXAMPLES)
 def asan_example(request, sanitizer_env, asan_builds):
-    graph = load_example(request.param).build()
-    where = asan_builds.project(graph.name)
+    graph = build_example(request.param)
+    where = asan_builds.project(request.param)
     built = list((where / "build").glob(f"{graph.name}*.so"))
     assert built and b"__asan_report" in built[0].read_bytes(), f"{built}: not instrumented"
-    return graph, where, sanitizer_env["env"]
+    return graph, where, sanitizer_env["env"], request.param
 
 
 def _run_child(cmd, env, cwd) -> str:
@@ -221,7 +222,7 @@ def _run_child(cmd, env, cwd) -> str:
 
 def test_generated_project_tests_pass_under_sanitizers(asan_example):
     """(a) The project's own tests/test_model.py, as test_examples.py runs it."""
-    graph, where, env = asan_example
+    graph, where, env, _ = asan_example
     tests = where / "src_tree" / "tests"
     out = _run_child([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tests)],
                      dict(env, PYTHONPATH=str(where / "build")), where)
@@ -230,8 +231,8 @@ def test_generated_project_tests_pass_under_sanitizers(asan_example):
 
 def test_bad_inputs_and_calls_under_sanitizers(asan_example):
     """(b) The batch of calls below (_child), in a child process."""
-    graph, where, env = asan_example
-    out = _run_child([sys.executable, __file__, graph.name, str(where / "build")], env, ROOT)
+    graph, where, env, example = asan_example
+    out = _run_child([sys.executable, __file__, example, str(where / "build")], env, ROOT)
     assert f"sanitizer child {graph.name}: done" in out, out[-3000:]
 
 
@@ -239,10 +240,10 @@ def test_step_count_at_its_limit_under_sanitizers(asan_example):
     """train_step with model.step at INT64_MAX (set, or loaded from a weights file):
     a ValueError, or a step, without signed overflow. A test of its own, so that a
     failure here does not hide the batch's."""
-    graph, where, env = asan_example
+    graph, where, env, example = asan_example
     if graph.train is None:
         pytest.skip(f"{graph.name} is not trainable")
-    out = _run_child([sys.executable, __file__, graph.name, str(where / "build"), "--step-limit"], env, ROOT)
+    out = _run_child([sys.executable, __file__, example, str(where / "build"), "--step-limit"], env, ROOT)
     assert f"sanitizer child {graph.name}: done" in out, out[-3000:]
 
 
@@ -250,8 +251,8 @@ def test_unaligned_inputs_under_sanitizers(asan_example):
     """(c) Each input in turn as a C-contiguous array at an odd address: refused with
     a ValueError, or computed without undefined behaviour (reading a float or an
     int64 at a misaligned address is)."""
-    graph, where, env = asan_example
-    out = _run_child([sys.executable, __file__, graph.name, str(where / "build"), "--unaligned"], env, ROOT)
+    graph, where, env, example = asan_example
+    out = _run_child([sys.executable, __file__, example, str(where / "build"), "--unaligned"], env, ROOT)
     assert f"sanitizer child {graph.name}: done" in out, out[-3000:]
 
 
@@ -490,9 +491,10 @@ def _child_step_limit(name, graph, module, tmp_path: Path) -> int:
 
 
 def _child(name: str, build: str, mode: str, tmp_path: Path) -> int:
+    graph = build_example(name)
+    name = graph.name  # the module's name: `<example>_small` for the CNNs (conftest.SMALL)
     sys.path.insert(0, build)
     module = importlib.import_module(name)
-    graph = load_example(name).build()
     print(f"sanitizer child {name}: {module.__file__}, {module.build_info()}", flush=True)
     if mode == "--unaligned":
         return _child_unaligned(name, graph, module)

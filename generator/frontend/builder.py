@@ -61,6 +61,7 @@ class Builder:
         self.names = NameTable()
         self.dims = set()  # symbolic dims seen so far (their names are taken)
         self.regions = []  # node lists traced apart (recursive cells), named after the graph
+        self.layer_names = {}  # id(value) -> the name= of the layer helper that made it
 
     # -- declarations -------------------------------------------------------
     def declare(self, kind: str, name, shape, dtype, explicit: bool, loc, claimed: bool = False, **extra) -> Tensor:
@@ -184,7 +185,8 @@ class Builder:
                     raise ModelError(f"output {problem}", loc)
         # `return {"probs": dg.softmax(logits)}`: the value made in the return
         # statement takes the output's name.
-        preferred = {
+        preferred = dict(self.layer_names)
+        preferred |= {
             id(t.value): key
             for key, t in outputs
             if key is not None and t.value.producer is not None and in_return(t.value.loc)
@@ -254,11 +256,14 @@ def _name_values(graph: Graph, names: NameTable, preferred: dict, prefix: str = 
         base = targets[0] if targets and len(targets) == 1 else None
         for node in run:
             last = node is run[-1]
+            main = preferred.get(id(node.outputs[0])) if get_op(node.op).output_hints else None
             for i, v in enumerate(node.outputs):
                 if v.explicit:
                     continue  # claimed below, in order
                 if id(v) in preferred:
                     v.name = preferred[id(v)]
+                elif main:  # a layer's other outputs: bn1_mean, bn1_invstd
+                    v.name = f"{main}_{v.name}"
                 elif last and targets and len(targets) == len(node.outputs):
                     v.name = targets[i]
                 elif last and base and i == 0 and get_op(node.op).output_hints:
@@ -321,16 +326,39 @@ class ModelDef:
                 self.loc,
             )
 
-    def build(self, name: str | None = None) -> Graph:
+    def _check_options(self, options: dict):
+        """Every option must be a keyword parameter of the model function."""
+        if not options:
+            return
+        try:
+            params = inspect.signature(self.fn).parameters
+        except (TypeError, ValueError):
+            return
+        if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+            return
+        known = [p.name for p in params.values() if p.kind is not inspect.Parameter.VAR_POSITIONAL]
+        unknown = sorted(set(options) - set(known))
+        if unknown:
+            raise ModelError(
+                f"{self.fn.__name__}() has no option {', '.join(map(repr, unknown))}; "
+                f"its options are: {', '.join(known) or 'none'}",
+                self.loc,
+            )
+
+    def build(self, name: str | None = None, **options) -> Graph:
+        """Trace the model function into a Graph named `name` (default: the function's).
+        `options` are passed to the function as keyword arguments: a model written as
+        `def resnet18(image=32, width=64)` builds smaller with `build(image=8, width=8)`."""
         name = name or self.name
         problem = problem_with(name)
         if problem:
             raise ModelError(f"invalid model name: {problem}", self.loc)
         self._check_signature()
+        self._check_options(options)
         builder = Builder(name)
         _ACTIVE.append(builder)
         try:
-            result = self.fn()
+            result = self.fn(**options)
         except DeepgenError:
             raise
         except (Exception, SystemExit) as e:  # the user's code failed: say where, in one line

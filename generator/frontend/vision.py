@@ -118,7 +118,10 @@ def conv2d_layer(x, out_channels, kernel, stride=1, padding=0, dilation=1, group
     w = _helper_param(b, loc, names[0], (out_channels, channels // groups, kh, kw), init or inits.uniform(-bound, bound))
     bias_param = _helper_param(b, loc, names[1], (out_channels,), bias_init or inits.uniform(-bound, bound)) if bias else None
     y = conv2d(x, w, bias_param, stride, padding, dilation, groups)
-    return act(y) if act is not None else y
+    y = act(y) if act is not None else y
+    if name is not None:  # inside a function building several blocks, the layer's name says more
+        b.layer_names[id(y.value)] = name
+    return y
 
 
 def _rate(value, what, op, top):
@@ -144,8 +147,8 @@ def _batch_norm(x, weight, bias, eps, momentum, state_names, out_name, op="batch
     loc, b = user_loc(), current()
     if x.ndim not in (2, 3, 4):
         raise ShapeError(f"input '{x.name}' {fmt_shape(x.shape)} must be [N, C] or [N, C, H, W]", loc, op)
-    if not isinstance(eps, (int, float)) or isinstance(eps, bool) or eps <= 0:
-        raise ModelError(f"eps must be a positive number, got {eps!r}", loc, op)
+    if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not 0 < eps < float("inf"):
+        raise ModelError(f"eps must be a positive finite number, got {eps!r}", loc, op)
     momentum = _rate(momentum, "momentum", op, 1.0 + 1e-12)
     names = state_names
     channels = (x.shape[1],)
@@ -168,7 +171,10 @@ def batch_norm_layer(x, eps=1e-5, momentum=0.1, name=None) -> Tensor:
                             "batch_norm_layer")
     w = _helper_param(b, loc, names[0], (x.shape[1],), inits.ones())
     bias = _helper_param(b, loc, names[1], (x.shape[1],), inits.zeros())
-    return _batch_norm(x, w, bias, eps, momentum, names[2:], None, "batch_norm_layer")
+    y = _batch_norm(x, w, bias, eps, momentum, names[2:], None, "batch_norm_layer")
+    if name is not None:
+        b.layer_names[id(y.value)] = name
+    return y
 
 
 def dropout(x, p=0.5, name=None) -> Tensor:

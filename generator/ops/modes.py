@@ -195,6 +195,6 @@ def _dropout_args(node):
 
 
 def _float(value) -> str:
-    """A float32 literal that C++ reads back to the same float."""
-    text = repr(float(np.float32(value)))
+    """A float32 literal that C++ reads back to the same float (numpy's shortest repr)."""
+    text = str(np.float32(value))
     return (text if "e" in text or "." in text else text + ".0") + "f"

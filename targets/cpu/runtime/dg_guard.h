@@ -7,6 +7,7 @@
 // generated project.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -14,6 +15,8 @@
 #include <shared_mutex>
 #include <stdexcept>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace dg {
 
@@ -97,6 +100,32 @@ class MemoryStats {
 class NonFiniteLoss : public std::domain_error {
  public:
   using std::domain_error::domain_error;
+};
+
+// Module state as a train_step found it, put back when the step fails: batch
+// norm moves its running statistics (and a training-mode call takes a dropout
+// draw) in the forward part, before the loss is known to be finite.  Tensor is
+// dg::Tensor or dg::DeviceTensor (host() and host_written() on either).
+template <typename Tensor>
+class KeptState {
+ public:
+  KeptState(const std::vector<std::pair<std::string, Tensor*>>& tensors, uint64_t draws) : draws_(draws) {
+    for (const auto& named : tensors) {
+      const auto* values = named.second->host();
+      kept_.emplace_back(named.second, std::vector<float>(values, values + named.second->size()));
+    }
+  }
+  void put_back(uint64_t& draws) {
+    for (auto& [tensor, values] : kept_) {
+      std::copy(values.begin(), values.end(), tensor->host());
+      tensor->host_written();
+    }
+    draws = draws_;
+  }
+
+ private:
+  std::vector<std::pair<Tensor*, std::vector<float>>> kept_;
+  uint64_t draws_;
 };
 
 inline void require_finite_loss(float loss, int64_t step) {

@@ -53,6 +53,11 @@ struct Tensor {
   T* ptr() { return data.data(); }
   const T* ptr() const { return data.data(); }
   int64_t size() const { return static_cast<int64_t>(data.size()); }
+
+  // The values on the host, and the note that they were changed there: the calls
+  // of dg::DeviceTensor (CUDA), so that code shared by both targets reads alike.
+  T* host() { return data.data(); }
+  void host_written() {}
 };
 
 // Binds the symbolic dims of a model (N, T, ...) from its inputs' shapes and
