@@ -118,12 +118,9 @@ def largest_batch(peer: str, base: dict) -> tuple:
     ok, bad = 0, None
     batch = 16
     while bad is None:  # grow until a trial fails
-        if run(dict(base, peer=peer, kind="trial", batch=batch)) is None:
-            bad = batch
-        else:
-            ok, batch = batch, batch * 2
-        print(f"    {peer:8s} batch {batch if bad is None else bad:5d}: {'trains' if bad is None else 'fails'}",
-              flush=True)
+        trains = run(dict(base, peer=peer, kind="trial", batch=batch)) is not None
+        print(f"    {peer:8s} batch {batch:5d}: {'trains' if trains else 'fails'}", flush=True)
+        ok, bad, batch = (batch, None, batch * 2) if trains else (ok, batch, batch)
     while bad - ok > max(1, ok // 64):
         mid = (ok + bad) // 2
         trains = run(dict(base, peer=peer, kind="trial", batch=mid)) is not None

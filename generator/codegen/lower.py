@@ -191,15 +191,23 @@ def _param_spec(p) -> ParamSpec:
 def _statements(ctx, nodes, first: int) -> list:
     """One Statement per run of consecutive nodes from the same DSL statement;
     node k runs at schedule position first + k."""
-    statements, key = [], object()
+    statements, key, call_key = [], object(), None
     for position, node in enumerate(nodes, first):
         loc = node.loc
-        k = (loc.filename, loc.stmt_line) if loc else None
+        k = (loc.filename, loc.stmt_line, loc.call_id) if loc else None
         if k != key or not statements:
             text = f"{loc.short}  {comment_text(loc.text)}" if loc else node.op
             ctx.comment = f"gradient of {text}" if node.phase == "backward" else text
             statements.append(Statement(ctx.comment))
             key = k
+            # The statements of one call of a user's function (a residual block) come
+            # together under the line that called it.
+            call = loc.call if loc else None
+            new_call_key = (call.filename, call.line, loc.call_id) if call else None
+            if call and new_call_key != call_key:
+                header = f"{call.short}  {comment_text(call.text)}"
+                statements[-1].header = f"gradient of {header}" if node.phase == "backward" else header
+            call_key = new_call_key
         ctx.pending = []
         ctx.phase = node.phase
         statements[-1].positions.append(position)

@@ -105,6 +105,7 @@ class Statement:
     comment: str
     lines: list = field(default_factory=list)
     positions: list = field(default_factory=list)  # the schedule positions of its nodes
+    header: str = ""  # the call of the user's function it is part of, at the first of them
 
 
 @dataclass

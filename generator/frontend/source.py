@@ -12,7 +12,7 @@ import functools
 import linecache
 import os
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 # The package root (generator/): frames from any of its modules are deepgen's own.
 _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -26,6 +26,10 @@ class Loc:
     line: int
     stmt_line: int
     text: str
+    # In a function of the user's called from another of theirs (a residual block
+    # built by `basic_block(x, ...)`): the line of that call, and which call it was.
+    call: "Loc | None" = field(default=None, compare=False)
+    call_id: int = field(default=0, compare=False)
 
     @property
     def short(self) -> str:
@@ -37,18 +41,29 @@ class Loc:
 
 
 def user_loc() -> Loc | None:
-    """The innermost stack frame that is not deepgen's own code."""
+    """The innermost stack frame that is not deepgen's own code (with the line that
+    called its function, when user code called it directly)."""
     frame = sys._getframe(1)
     while frame is not None:
-        filename = os.path.abspath(frame.f_code.co_filename)
-        if not filename.startswith(_PACKAGE_DIR + os.sep):
-            line = frame.f_lineno
-            stmt = _statement_at(filename, line)
-            stmt_line = stmt.lineno if stmt is not None else line
-            text = linecache.getline(filename, line).strip()
-            return Loc(filename, line, stmt_line, text)
+        if _is_users(frame):
+            caller = frame.f_back
+            call = _frame_loc(caller) if caller is not None and _is_users(caller) and caller.f_back else None
+            # Calls in a loop run one after the other: the frame's address tells them apart
+            # from the call before (they are only compared, never printed).
+            return _frame_loc(frame, call, id(frame) if call else 0)
         frame = frame.f_back
     return None
+
+
+def _is_users(frame) -> bool:
+    return not os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE_DIR + os.sep)
+
+
+def _frame_loc(frame, call: Loc | None = None, call_id: int = 0) -> Loc:
+    filename, line = os.path.abspath(frame.f_code.co_filename), frame.f_lineno
+    stmt = _statement_at(filename, line)
+    stmt_line = stmt.lineno if stmt is not None else line
+    return Loc(filename, line, stmt_line, linecache.getline(filename, line).strip(), call, call_id)
 
 
 def assigned_names(loc: Loc | None) -> list[str] | None:
