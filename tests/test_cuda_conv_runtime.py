@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import struct
 import subprocess
 from dataclasses import dataclass
@@ -29,35 +28,12 @@ ROOT = Path(__file__).resolve().parents[1]
 RUNTIME = ROOT / "targets" / "cuda" / "runtime"
 CPU_RUNTIME = ROOT / "targets" / "cpu" / "runtime"
 DRIVER = ROOT / "tests" / "cuda_conv_driver.cpp"
-COMPILE_ARCH = "90"  # H100 / H200, as tests/test_cuda.py
 
+from test_cuda import COMPILE_ARCH, GPU, NVCC  # noqa: E402  (one way to find nvcc and a GPU)
 
-def _nvcc():
-    found = shutil.which("nvcc")
-    if found is None and Path("/usr/local/cuda/bin/nvcc").is_file():
-        found = "/usr/local/cuda/bin/nvcc"
-    return found
-
-
-def _gpu_present() -> bool:
-    """As tests/test_cuda.py: DEEPGEN_GPU=1/0, else whether `nvidia-smi -L` lists a GPU."""
-    flag = os.environ.get("DEEPGEN_GPU")
-    if flag is not None:
-        return flag.strip() not in ("", "0")
-    smi = shutil.which("nvidia-smi")
-    if smi is None:
-        return False
-    try:
-        proc = subprocess.run([smi, "-L"], capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.TimeoutExpired):
-        return False
-    return proc.returncode == 0 and "GPU" in proc.stdout
-
-
-NVCC = _nvcc()
 needs_nvcc = pytest.mark.skipif(NVCC is None, reason="nvcc not found (the CUDA toolkit is not installed)")
 needs_gpu = pytest.mark.skipif(
-    not _gpu_present() or NVCC is None,
+    not GPU or NVCC is None,
     reason="no GPU here (set DEEPGEN_GPU=1 on a machine with one and nvcc)",
 )
 MODES = [pytest.param("emulated", id="emulated"), pytest.param("gpu", id="gpu", marks=needs_gpu)]

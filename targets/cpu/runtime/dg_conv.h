@@ -36,42 +36,11 @@
 #include <limits>
 #include <vector>
 
+#include "dg_conv_geom.h"
 #include "dg_gemm.h"
 #include "dg_parallel.h"
 
 namespace dg {
-
-// Geometry of one 2-D convolution or pooling window (NCHW).
-struct Conv2dGeom {
-    int64_t N, C, H, W;  // input [N, C, H, W]
-    int64_t O, KH, KW;   // output channels, kernel size (pools: O == C)
-    int64_t OH, OW;      // output [N, O, OH, OW]
-    int64_t stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, groups;  // pools: dil 1, groups 1
-
-    // Plain member initialization (the parameters are the members, in order).
-    constexpr Conv2dGeom(int64_t N_, int64_t C_, int64_t H_, int64_t W_, int64_t O_, int64_t KH_, int64_t KW_,
-                         int64_t OH_, int64_t OW_, int64_t stride_h_, int64_t stride_w_, int64_t pad_h_,
-                         int64_t pad_w_, int64_t dil_h_, int64_t dil_w_, int64_t groups_)
-        : N(N_), C(C_), H(H_), W(W_), O(O_), KH(KH_), KW(KW_), OH(OH_), OW(OW_), stride_h(stride_h_),
-          stride_w(stride_w_), pad_h(pad_h_), pad_w(pad_w_), dil_h(dil_h_), dil_w(dil_w_), groups(groups_) {}
-
-    // KH == KW == 1, stride 1, pad 0: the input is its own column matrix.
-    constexpr bool pointwise() const {
-        return KH == 1 && KW == 1 && stride_h == 1 && stride_w == 1 && pad_h == 0 && pad_w == 0;
-    }
-};
-
-// Floats of workspace conv2d and conv2d_grad_input need: one image's column
-// matrix for one group, (C/groups)*KH*KW x OH*OW, or 0 when pointwise.
-constexpr int64_t conv2d_workspace(const Conv2dGeom& g) {
-    return g.pointwise() ? 0 : (g.C / g.groups) * g.KH * g.KW * g.OH * g.OW;
-}
-
-// Floats of workspace conv2d_grad_weight needs: the column matrix plus one
-// image's partial weight gradient for one group, (O/groups) x (C/groups)*KH*KW.
-constexpr int64_t conv2d_grad_weight_workspace(const Conv2dGeom& g) {
-    return conv2d_workspace(g) + (g.O / g.groups) * (g.C / g.groups) * g.KH * g.KW;
-}
 
 namespace conv_detail {
 
@@ -186,15 +155,36 @@ inline void col2im(const float* cols, int64_t Cg, float* dx, const Conv2dGeom& g
     }
 }
 
+// Calls row(k, oh, ih, off_w, ow_lo, ow_hi) for every kernel position k =
+// kh*KW + kw and every output row oh whose input row ih = oh*stride_h +
+// kh*dil_h - pad_h lies inside the input, where [ow_lo, ow_hi) are the output
+// columns whose input column ow*stride_w + off_w does: the unpadded part of each
+// tap, which the direct loops below walk.
+template <typename Row>
+inline void for_each_tap_row(const Conv2dGeom& g, Row&& row) {
+    for (int64_t kh = 0; kh < g.KH; ++kh) {
+        const int64_t off_h = kh * g.dil_h - g.pad_h;
+        int64_t oh_lo, oh_hi;
+        valid_range(off_h, g.stride_h, g.H, g.OH, oh_lo, oh_hi);
+        for (int64_t kw = 0; kw < g.KW; ++kw) {
+            const int64_t off_w = kw * g.dil_w - g.pad_w;
+            int64_t ow_lo, ow_hi;
+            valid_range(off_w, g.stride_w, g.W, g.OW, ow_lo, ow_hi);
+            if (ow_lo == ow_hi) continue;
+            for (int64_t oh = oh_lo; oh < oh_hi; ++oh)
+                row(kh * g.KW + kw, oh, oh * g.stride_h + off_h, off_w, ow_lo, ow_hi);
+        }
+    }
+}
+
 // Direct forward for one input channel per group (see direct()): each output
 // plane starts at its bias and gets w * (the shifted input plane) added for
 // every kernel position, clipped to the rows and columns that miss the
 // padding.  Planes are shared out over threads.
 inline void conv2d_direct(const float* x, const float* w, const float* b, float* y, const Conv2dGeom& g) {
-    const int64_t H = g.H, W = g.W, OH = g.OH, OW = g.OW, OHW = OH * OW;
-    const int64_t KH = g.KH, KW = g.KW, sh = g.stride_h, sw = g.stride_w;
+    const int64_t W = g.W, OW = g.OW, OHW = g.OH * OW, KK = g.KH * g.KW, sw = g.stride_w;
     const int64_t O = g.O, Og = g.O / g.groups, planes = g.N * O;
-    const int threads = threads_for(2 * planes * KH * KW * OHW);
+    const int threads = threads_for(2 * planes * KK * OHW);
 #ifdef _OPENMP
 #pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
 #else
@@ -202,30 +192,20 @@ inline void conv2d_direct(const float* x, const float* w, const float* b, float*
 #endif
     for (int64_t p = 0; p < planes; ++p) {
         const int64_t n = p / O, o = p % O;
-        const float* xp = x + (n * g.C + o / Og) * H * W;
+        const float* xp = x + (n * g.C + o / Og) * g.H * W;
         float* yp = y + p * OHW;
         std::fill(yp, yp + OHW, b ? b[o] : 0.0f);
-        for (int64_t kh = 0; kh < KH; ++kh) {
-            const int64_t off_h = kh * g.dil_h - g.pad_h;
-            int64_t oh_lo, oh_hi;
-            valid_range(off_h, sh, H, OH, oh_lo, oh_hi);
-            for (int64_t kw = 0; kw < KW; ++kw) {
-                const int64_t off_w = kw * g.dil_w - g.pad_w;
-                int64_t ow_lo, ow_hi;
-                valid_range(off_w, sw, W, OW, ow_lo, ow_hi);
-                const float wv = w[(o * KH + kh) * KW + kw];
-                for (int64_t oh = oh_lo; oh < oh_hi; ++oh) {
-                    const float* xr = xp + (oh * sh + off_h) * W;
-                    float* yr = yp + oh * OW;
-                    if (sw == 1) {
-                        DG_CONV_SIMD
-                        for (int64_t ow = ow_lo; ow < ow_hi; ++ow) yr[ow] += wv * xr[ow + off_w];
-                    } else {
-                        for (int64_t ow = ow_lo; ow < ow_hi; ++ow) yr[ow] += wv * xr[ow * sw + off_w];
-                    }
-                }
+        for_each_tap_row(g, [&](int64_t k, int64_t oh, int64_t ih, int64_t off_w, int64_t lo, int64_t hi) {
+            const float wv = w[o * KK + k];
+            const float* xr = xp + ih * W;
+            float* yr = yp + oh * OW;
+            if (sw == 1) {
+                DG_CONV_SIMD
+                for (int64_t ow = lo; ow < hi; ++ow) yr[ow] += wv * xr[ow + off_w];
+            } else {
+                for (int64_t ow = lo; ow < hi; ++ow) yr[ow] += wv * xr[ow * sw + off_w];
             }
-        }
+        });
     }
 }
 
@@ -233,10 +213,9 @@ inline void conv2d_direct(const float* x, const float* w, const float* b, float*
 // zeroed, then w * dy is added back to the positions its outputs read, for
 // each of the group's outputs and kernel positions.  Planes are shared out.
 inline void conv2d_grad_input_direct(const float* dy, const float* w, float* dx, const Conv2dGeom& g) {
-    const int64_t H = g.H, W = g.W, OH = g.OH, OW = g.OW, OHW = OH * OW;
-    const int64_t KH = g.KH, KW = g.KW, sh = g.stride_h, sw = g.stride_w;
+    const int64_t W = g.W, OW = g.OW, OHW = g.OH * OW, KK = g.KH * g.KW, sw = g.stride_w;
     const int64_t C = g.C, Og = g.O / g.groups, planes = g.N * C;
-    const int threads = threads_for(2 * g.N * g.O * KH * KW * OHW);
+    const int threads = threads_for(2 * g.N * g.O * KK * OHW);
 #ifdef _OPENMP
 #pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
 #else
@@ -244,32 +223,23 @@ inline void conv2d_grad_input_direct(const float* dy, const float* w, float* dx,
 #endif
     for (int64_t p = 0; p < planes; ++p) {
         const int64_t n = p / C, c = p % C;
-        float* dxp = dx + p * H * W;
-        std::fill(dxp, dxp + H * W, 0.0f);
+        float* dxp = dx + p * g.H * W;
+        std::fill(dxp, dxp + g.H * W, 0.0f);
         for (int64_t m = 0; m < Og; ++m) {
             const int64_t o = c * Og + m;
             const float* dyp = dy + (n * g.O + o) * OHW;
-            for (int64_t kh = 0; kh < KH; ++kh) {
-                const int64_t off_h = kh * g.dil_h - g.pad_h;
-                int64_t oh_lo, oh_hi;
-                valid_range(off_h, sh, H, OH, oh_lo, oh_hi);
-                for (int64_t kw = 0; kw < KW; ++kw) {
-                    const int64_t off_w = kw * g.dil_w - g.pad_w;
-                    int64_t ow_lo, ow_hi;
-                    valid_range(off_w, sw, W, OW, ow_lo, ow_hi);
-                    const float wv = w[(o * KH + kh) * KW + kw];
-                    for (int64_t oh = oh_lo; oh < oh_hi; ++oh) {
-                        float* dr = dxp + (oh * sh + off_h) * W;
-                        const float* gr = dyp + oh * OW;
-                        if (sw == 1) {
-                            DG_CONV_SIMD
-                            for (int64_t ow = ow_lo; ow < ow_hi; ++ow) dr[ow + off_w] += wv * gr[ow];
-                        } else {
-                            for (int64_t ow = ow_lo; ow < ow_hi; ++ow) dr[ow * sw + off_w] += wv * gr[ow];
-                        }
-                    }
+            const auto tap = [&](int64_t k, int64_t oh, int64_t ih, int64_t off_w, int64_t lo, int64_t hi) {
+                const float wv = w[o * KK + k];
+                float* dr = dxp + ih * W;
+                const float* gr = dyp + oh * OW;
+                if (sw == 1) {
+                    DG_CONV_SIMD
+                    for (int64_t ow = lo; ow < hi; ++ow) dr[ow + off_w] += wv * gr[ow];
+                } else {
+                    for (int64_t ow = lo; ow < hi; ++ow) dr[ow * sw + off_w] += wv * gr[ow];
                 }
-            }
+            };
+            for_each_tap_row(g, tap);
         }
     }
 }
@@ -297,8 +267,7 @@ inline float strided_dot(const float* a, const float* b, int64_t stride, int64_t
 // images and the unpadded output rows of dy * (the shifted input row), each
 // row's dot product added into a double.
 inline void conv2d_grad_weight_direct(const float* x, const float* dy, float* dw, const Conv2dGeom& g) {
-    const int64_t H = g.H, W = g.W, OH = g.OH, OW = g.OW, OHW = OH * OW;
-    const int64_t KH = g.KH, KW = g.KW, KK = KH * KW, sh = g.stride_h, sw = g.stride_w;
+    const int64_t W = g.W, OW = g.OW, OHW = g.OH * OW, KK = g.KH * g.KW, sw = g.stride_w;
     const int64_t O = g.O, Og = g.O / g.groups;
     const int threads = threads_for(2 * g.N * O * KK * OHW);
 #ifdef _OPENMP
@@ -309,25 +278,12 @@ inline void conv2d_grad_weight_direct(const float* x, const float* dy, float* dw
     for (int64_t o = 0; o < O; ++o) {
         std::vector<double> acc(KK, 0.0);
         for (int64_t n = 0; n < g.N; ++n) {
-            const float* xp = x + (n * g.C + o / Og) * H * W;
+            const float* xp = x + (n * g.C + o / Og) * g.H * W;
             const float* dyp = dy + (n * O + o) * OHW;
-            for (int64_t kh = 0; kh < KH; ++kh) {
-                const int64_t off_h = kh * g.dil_h - g.pad_h;
-                int64_t oh_lo, oh_hi;
-                valid_range(off_h, sh, H, OH, oh_lo, oh_hi);
-                for (int64_t kw = 0; kw < KW; ++kw) {
-                    const int64_t off_w = kw * g.dil_w - g.pad_w;
-                    int64_t ow_lo, ow_hi;
-                    valid_range(off_w, sw, W, OW, ow_lo, ow_hi);
-                    if (ow_lo == ow_hi) continue;
-                    double s = 0.0;
-                    for (int64_t oh = oh_lo; oh < oh_hi; ++oh) {
-                        const float* xr = xp + (oh * sh + off_h) * W;
-                        s += strided_dot(dyp + oh * OW, xr, sw, off_w, ow_lo, ow_hi);
-                    }
-                    acc[kh * KW + kw] += s;
-                }
-            }
+            const auto tap = [&](int64_t k, int64_t oh, int64_t ih, int64_t off_w, int64_t lo, int64_t hi) {
+                acc[k] += strided_dot(dyp + oh * OW, xp + ih * W, sw, off_w, lo, hi);
+            };
+            for_each_tap_row(g, tap);
         }
         for (int64_t k = 0; k < KK; ++k) dw[o * KK + k] = static_cast<float>(acc[k]);
     }

@@ -50,42 +50,10 @@
 
 #include "dg_cuda.h"
 #include "dg_cuda_compat.h"
+#include "dg_conv_geom.h"  // after dg_cuda_compat.h: it reads DG_HD
 #include "dg_cuda_launch.h"
 
 namespace dg {
-
-// Geometry of one 2-D convolution or pooling window (NCHW).
-struct Conv2dGeom {
-  int64_t N, C, H, W;  // input [N, C, H, W]
-  int64_t O, KH, KW;   // output channels, kernel size (pools: O == C)
-  int64_t OH, OW;      // output [N, O, OH, OW]
-  int64_t stride_h, stride_w, pad_h, pad_w, dil_h, dil_w, groups;  // pools: dil 1, groups 1
-
-  DG_HD constexpr Conv2dGeom(int64_t N, int64_t C, int64_t H, int64_t W, int64_t O, int64_t KH, int64_t KW,
-                             int64_t OH, int64_t OW, int64_t stride_h, int64_t stride_w, int64_t pad_h,
-                             int64_t pad_w, int64_t dil_h, int64_t dil_w, int64_t groups)
-      : N(N), C(C), H(H), W(W), O(O), KH(KH), KW(KW), OH(OH), OW(OW), stride_h(stride_h), stride_w(stride_w),
-        pad_h(pad_h), pad_w(pad_w), dil_h(dil_h), dil_w(dil_w), groups(groups) {}
-
-  // KH == KW == 1, stride 1, pad 0: the input is its own column matrix.
-  DG_HD constexpr bool pointwise() const {
-    return KH == 1 && KW == 1 && stride_h == 1 && stride_w == 1 && pad_h == 0 && pad_w == 0;
-  }
-};
-
-// Floats of workspace the caller provides to conv2d and conv2d_grad_input: one
-// image's column matrix for one group, (C/groups)*KH*KW x OH*OW, or 0 when
-// pointwise (the CPU runtime's im2col; the kernels here do not use it).
-inline int64_t conv2d_workspace(const Conv2dGeom& g) {
-  return g.pointwise() ? 0 : (g.C / g.groups) * g.KH * g.KW * g.OH * g.OW;
-}
-
-// Floats of workspace for conv2d_grad_weight: the column matrix plus one
-// group's weight gradient, (O/groups) x (C/groups)*KH*KW. Here: the K slices'
-// partial weight gradients.
-inline int64_t conv2d_grad_weight_workspace(const Conv2dGeom& g) {
-  return conv2d_workspace(g) + (g.O / g.groups) * (g.C / g.groups) * g.KH * g.KW;
-}
 
 namespace conv_detail {
 
