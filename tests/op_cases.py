@@ -216,6 +216,11 @@ def _conv_cases():
         Case("batch_norm_3d", lambda t: dg.batch_norm(t["x"], t["w"], t["b"], name="bn_3d"),
              lambda a: _bn_oracle(a["x"], a["w"], a["b"], 1e-5), {"x": _f((N, 4, 2)), "w": _f((4,)), "b": _f((4,))},
              ("batch_norm",), tol=1e-3),
+        # the backward pass makes relu(batch_norm(x)) again for the matmul's gradient (passes: remat)
+        Case("batch_norm_relu_matmul", lambda t: dg.relu(dg.batch_norm(t["x"], t["w"], t["b"], name="bn_mm")) @ t["v"],
+             lambda a: np.maximum(_bn_oracle(a["x"], a["w"], a["b"], 1e-5), 0) @ a["v"],
+             {"x": _f((N, 3, 2)), "w": _f((3,), 0.5, 2), "b": _f((3,)), "v": _f((2, 2))},
+             ("batch_norm", "ewise", "matmul"), tol=1e-4, grad_ops=("batch_norm_grad", "batch_norm_apply")),
         Case("dropout", lambda t: dg.dropout(t["x"], 0.4), lambda a: _dropout_oracle(a["x"], 0.4, 0),
              {"x": _f((N, 6, 5))}, ("dropout",), grad_ops=("dropout_grad",)),
     ]

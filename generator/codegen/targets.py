@@ -21,6 +21,10 @@ A target is a folder targets/<name>/ with a target.json:
   type of dg_guard.h; ...), rendered as `target.<name>`;
 - `packs_weights`: the runtime has `dg::PackedB` and `dg::matmul(a, packed, ...)`,
   so a loop's matmuls by a weight pack it once before the loop.
+- `weight_grad_partials`: the runtime's `dg::conv2d_grad_weight` sums slices of its
+  K in a workspace of one group's weight gradient (CUDA, for parallel work), so the
+  workspace the memory plan gives it holds that too; the CPU adds each image's
+  product into the gradient in place and needs only the column matrix.
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ class Target:
     vector_type: str = "std::vector"
     scratch_type: str = "std::vector"
     packs_weights: bool = False
+    weight_grad_partials: bool = False
     copy_fn: str = "std::copy"
     names: dict = None  # template-facing names (see the module docstring)
 
@@ -86,5 +91,6 @@ def load_target(name: str) -> Target:
         names=dict(conf.get("names", {})),
         scratch_type=conf.get("scratch", conf.get("vector", "std::vector")),
         packs_weights=bool(conf.get("packs_weights", False)),
+        weight_grad_partials=bool(conf.get("weight_grad_partials", False)),
         copy_fn=conf.get("copy", "std::copy"),
     )

@@ -89,9 +89,10 @@ class BatchNorm(OpDef):
             rv[...] = (1 - momentum) * rv + momentum * var * count / (count - 1)
         else:
             mean, var = rm.astype(np.float64), rv.astype(np.float64)
-        invstd = 1.0 / np.sqrt(var + eps)
+        mean, invstd = mean.astype(x.dtype), (1.0 / np.sqrt(var + eps)).astype(x.dtype)
+        # normalized with the statistics as stored, as batch_norm_apply does: a recomputation is exact
         y = (x - _bc(mean, x.ndim)) * _bc(invstd * w, x.ndim) + _bc(b, x.ndim)
-        return [y.astype(x.dtype), mean.astype(x.dtype), invstd.astype(x.dtype)]
+        return [y.astype(x.dtype), mean, invstd]
 
     def lower(self, node, ctx):
         x, w, b, rm, rv, mode = node.inputs
@@ -145,6 +146,33 @@ class BatchNormGrad(OpDef):
         return [ctx.call("dg::batch_norm_grad", ctx.read(x), ctx.read(w), ctx.read(mean), ctx.read(invstd),
                          ctx.read(g), ctx.write(dx), ctx.write(dw), ctx.write(db), Named("N", ctx.size(N)),
                          Named("C", C), Named("HW", ctx.size(rest)), ctx.read(mode))]
+
+
+@register
+class BatchNormApply(OpDef):
+    """y = (x - mean) * (invstd * weight) + bias, per channel, with the statistics a
+    batch_norm wrote: its output made again. The backward pass recomputes a batch
+    norm's output (and the relu after it) from what it keeps anyway, instead of
+    keeping the output from the forward pass (transforms/passes.py: remat)."""
+
+    name = "batch_norm_apply"
+    cse = False  # a recomputation, placed where backward needs it: never merged with the original
+
+    def infer(self, inputs, attrs):
+        x, w = inputs[:2]
+        require_float(inputs)
+        return [("float32", x.shape)]
+
+    def reference(self, args, attrs, dims):
+        x, w, b, mean, invstd = args
+        return [((x - _bc(mean, x.ndim)) * _bc(invstd * w, x.ndim) + _bc(b, x.ndim)).astype(x.dtype)]
+
+    def lower(self, node, ctx):
+        x, w, b, mean, invstd = node.inputs
+        N, C, rest = _channels(x)
+        return [ctx.call("dg::batch_norm_apply", ctx.read(x), ctx.read(w), ctx.read(b), ctx.read(mean),
+                         ctx.read(invstd), ctx.write(node.outputs[0]), Named("N", ctx.size(N)), Named("C", C),
+                         Named("HW", ctx.size(rest)))]
 
 
 @register

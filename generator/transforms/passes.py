@@ -16,11 +16,12 @@ from __future__ import annotations
 import sympy
 
 from ..ops import ARGS, get_op, make_constant
+from .remat import remat
 
 LEVELS = {
     "O0": [],
     "O1": ["dce", "cse", "fold", "copyprop", "dce"],
-    "O2": ["dce", "cse", "fold", "copyprop", "fuse", "simplify", "epilogue", "dce"],
+    "O2": ["dce", "cse", "fold", "copyprop", "fuse", "simplify", "epilogue", "remat", "dce"],
 }
 
 
@@ -250,7 +251,7 @@ def simplify(graph):
 
 
 PASSES = {"dce": dce, "cse": cse, "copyprop": copyprop, "fuse": fuse, "simplify": simplify, "epilogue": epilogue,
-          "fold": fold}
+          "fold": fold, "remat": remat}
 
 
 def optimize(graph, level: str = "O2", until: str | None = None, report=None):

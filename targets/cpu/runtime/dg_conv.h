@@ -42,6 +42,12 @@
 
 namespace dg {
 
+// Floats of workspace conv2d_grad_weight needs: the column matrix of one image
+// and group (each image's product is added into dw in place).  The CUDA runtime
+// wants more, for its K slices' partial sums: see target.json's
+// "weight_grad_partials" and ops/conv.py.
+constexpr int64_t conv2d_grad_weight_workspace(const Conv2dGeom& g) { return conv2d_workspace(g); }
+
 namespace conv_detail {
 
 // Vectorizes the loop that follows (an axpy along an output row whose source
@@ -364,7 +370,6 @@ inline void conv2d_grad_weight(const float* x, const float* dy, float* dw, float
     const int64_t HW = g.H * g.W, OHW = g.OH * g.OW;
     const bool pointwise = g.pointwise();
     if (g.N == 0) std::fill(dw, dw + g.O * Kg, 0.0f);
-    float* part = ws + conv2d_workspace(g);
     for (int64_t n = 0; n < g.N; ++n) {
         for (int64_t grp = 0; grp < g.groups; ++grp) {
             const float* xg = x + (n * g.C + grp * Cg) * HW;
@@ -377,14 +382,8 @@ inline void conv2d_grad_weight(const float* x, const float* dy, float* dw, float
             float* dwg = dw + grp * Og * Kg;
             if (n == 0) {
                 gemm(false, true, Og, Kg, OHW, dyg, OHW, cols, OHW, dwg, Kg);
-            } else {
-                // The image's product goes to `part`; each finished piece is
-                // added into dw while it is still in cache.
-                gemm(false, true, Og, Kg, OHW, dyg, OHW, cols, OHW, part, Kg,
-                     [dwg, Kg](int64_t row, int64_t col0, float* c, int64_t len) {
-                         float* d = dwg + row * Kg + col0;
-                         for (int64_t j = 0; j < len; ++j) d[j] += c[j];
-                     });
+            } else {  // the next image's product is added in place: no weight-sized workspace
+                gemm_add(false, true, Og, Kg, OHW, dyg, OHW, cols, OHW, dwg, Kg);
             }
         }
     }

@@ -1,5 +1,5 @@
 // dg_conv_geom.h - the geometry of a 2-D convolution or pooling window, and the
-// workspace it needs: what lowered code passes to the CPU runtime (dg_conv.h)
+// column-matrix workspace it needs: what lowered code passes to the CPU runtime (dg_conv.h)
 // and to the CUDA runtime (dg_cuda_conv.h) alike.
 //
 // Part of the deepgen runtime: hand-written, copied unchanged into every
@@ -41,13 +41,6 @@ struct Conv2dGeom {
 // pointwise (the CPU's im2col; the CUDA kernels compute columns in their tiles).
 constexpr int64_t conv2d_workspace(const Conv2dGeom& g) {
   return g.pointwise() ? 0 : (g.C / g.groups) * g.KH * g.KW * g.OH * g.OW;
-}
-
-// Floats of workspace for conv2d_grad_weight: the column matrix plus one group's
-// weight gradient, (O/groups) x (C/groups)*KH*KW (the CPU's per-image partial
-// sum; on CUDA, the K slices' partial weight gradients).
-constexpr int64_t conv2d_grad_weight_workspace(const Conv2dGeom& g) {
-  return conv2d_workspace(g) + (g.O / g.groups) * (g.C / g.groups) * g.KH * g.KW;
 }
 
 }  // namespace dg

@@ -504,7 +504,8 @@ inline float* scratch(int64_t floats) {
 // `stream`: take the tiny-M path (decided by gemm from M alone).
 template <class Epilogue>
 void gemm_part(const Operand& A, const Operand& B, int64_t K, float* C, int64_t ldc,
-               int64_t m0, int64_t m1, int64_t n0, int64_t n1, bool stream, const Epilogue& epi) {
+               int64_t m0, int64_t m1, int64_t n0, int64_t n1, bool stream, const Epilogue& epi,
+               bool add_to_c = false) {
 #if DG_GEMM_SIMD
     if (stream) {
         // Every whole NR-wide strip is streamed; a partial last strip goes
@@ -555,7 +556,7 @@ void gemm_part(const Operand& A, const Operand& B, int64_t K, float* C, int64_t 
         const int64_t n_full = nc / NR * NR;
         for (int64_t pc = 0; pc < K; pc += kc_max) {
             const int64_t kc = std::min(kc_max, K - pc);
-            const bool first = pc == 0, last = pc + kc == K;
+            const bool first = pc == 0 && !add_to_c, last = pc + kc == K;
 
             // B for this (jc, pc) block.  In place, only a partial-width last
             // micro-panel is copied (zero padded), so that the kernel never
@@ -703,17 +704,18 @@ constexpr const char* gemm_isa() { return gemm_detail::kIsa; }
 // stored [N,K] (row stride ldb), else [K,N].  K == 0 gives zeros.
 // Throws std::invalid_argument for negative sizes or a leading dimension
 // smaller than its row.
-template <class Epilogue = NoEpilogue>
-void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K,
-          const float* A, int64_t lda, const float* B, int64_t ldb,
-          float* C, int64_t ldc, const Epilogue& epi = Epilogue()) {
-    using namespace gemm_detail;
+namespace gemm_detail {
+
+// gemm and gemm_add: C = op(A) @ op(B), or C += it (add_to_c), then epi.
+template <class Epilogue>
+void gemm_into(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
+               int64_t ldb, float* C, int64_t ldc, const Epilogue& epi, bool add_to_c) {
     check_args(M, N, K, lda, ta ? M : K, ldb, tb ? K : N, ldc);
     if (M == 0 || N == 0) return;
     if (K == 0) {
         for (int64_t i = 0; i < M; ++i) {
             float* row = C + i * ldc;
-            std::fill(row, row + N, 0.0f);
+            if (!add_to_c) std::fill(row, row + N, 0.0f);
             epi(i, 0, row, N);
         }
         return;
@@ -721,14 +723,14 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K,
     const Operand a{A, lda, ta}, b{B, ldb, tb};
     // The tiny-M path sums K in one block, unlike the micro-kernel, so the
     // choice depends on M alone, never on how C is split over threads.  (With
-    // M <= MR, C is only ever split along N.)
-    const bool stream = DG_GEMM_SIMD && !tb && M <= kStreamMaxRows;
+    // M <= MR, C is only ever split along N.)  It writes C, never adds to it.
+    const bool stream = DG_GEMM_SIMD && !tb && M <= kStreamMaxRows && !add_to_c;
     const double flops = 2.0 * double(M) * double(N) * double(K);
     const int threads = threads_for(flops < 1e18 ? int64_t(flops) : int64_t(1e18));
     const Grid grid = choose_grid(M, N, threads);
     const int parts = grid.tm * grid.tn;
     if (parts == 1) {
-        gemm_part(a, b, K, C, ldc, 0, M, 0, N, stream, epi);
+        gemm_part(a, b, K, C, ldc, 0, M, 0, N, stream, epi, add_to_c);
         return;
     }
 #ifdef _OPENMP
@@ -737,8 +739,24 @@ void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K,
     for (int part = 0; part < parts; ++part) {
         const int pi = part / grid.tn, pj = part % grid.tn;
         gemm_part(a, b, K, C, ldc, part_start(M, MR, grid.tm, pi), part_start(M, MR, grid.tm, pi + 1),
-                  part_start(N, NR, grid.tn, pj), part_start(N, NR, grid.tn, pj + 1), stream, epi);
+                  part_start(N, NR, grid.tn, pj), part_start(N, NR, grid.tn, pj + 1), stream, epi, add_to_c);
     }
+}
+
+}  // namespace gemm_detail
+
+template <class Epilogue = NoEpilogue>
+void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K,
+          const float* A, int64_t lda, const float* B, int64_t ldb,
+          float* C, int64_t ldc, const Epilogue& epi = Epilogue()) {
+    gemm_detail::gemm_into(ta, tb, M, N, K, A, lda, B, ldb, C, ldc, epi, false);
+}
+
+// C[M,N] += op(A) @ op(B): a sum of products made in place (a convolution's
+// weight gradient over the images), K blocked as gemm's.  Arguments as gemm's.
+inline void gemm_add(bool ta, bool tb, int64_t M, int64_t N, int64_t K,
+                     const float* A, int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc) {
+    gemm_detail::gemm_into(ta, tb, M, N, K, A, lda, B, ldb, C, ldc, NoEpilogue(), true);
 }
 
 // op(B)[K, N] packed once into the micro-panels every product with it reads,

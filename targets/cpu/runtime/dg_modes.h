@@ -23,6 +23,22 @@
 
 namespace dg {
 
+namespace modes_detail {
+
+// y = (x - mean) * (invstd * w) + b on channel c, from the statistics as stored:
+// batch_norm and batch_norm_apply compute alike, so a recomputation is exact.
+inline void normalize_channel(const float* x, const float* w, const float* b, const float* mean,
+                              const float* invstd, float* y, int64_t N, int64_t C, int64_t HW, int64_t c) {
+    const float m = mean[c], scale = invstd[c] * w[c], shift = b[c];
+    for (int64_t n = 0; n < N; ++n) {
+        const float* from = x + (n * C + c) * HW;
+        float* to = y + (n * C + c) * HW;
+        for (int64_t i = 0; i < HW; ++i) to[i] = (from[i] - m) * scale + shift;
+    }
+}
+
+}  // namespace modes_detail
+
 inline void batch_norm(const float* x, const float* w, const float* b, float* running_mean,
                        float* running_var, float* y, float* mean, float* invstd, int64_t N, int64_t C,
                        int64_t HW, float eps, float momentum, const Mode& mode, const char* what) {
@@ -58,17 +74,20 @@ inline void batch_norm(const float* x, const float* w, const float* b, float* ru
             m = running_mean[c];
             var = running_var[c];
         }
-        const double inv = 1.0 / std::sqrt(var + static_cast<double>(eps));
         mean[c] = static_cast<float>(m);
-        invstd[c] = static_cast<float>(inv);
-        const float scale = static_cast<float>(inv * w[c]);
-        const float shift = static_cast<float>(b[c] - m * inv * w[c]);
-        for (int64_t n = 0; n < N; ++n) {
-            const float* from = x + (n * C + c) * HW;
-            float* to = y + (n * C + c) * HW;
-            for (int64_t i = 0; i < HW; ++i) to[i] = from[i] * scale + shift;
-        }
+        invstd[c] = static_cast<float>(1.0 / std::sqrt(var + static_cast<double>(eps)));
+        modes_detail::normalize_channel(x, w, b, mean, invstd, y, N, C, HW, c);
     }
+}
+
+
+// y = batch norm's output made again from x and the mean and invstd it wrote
+// (the backward pass recomputes it rather than keep it: see ops/modes.py).
+inline void batch_norm_apply(const float* x, const float* w, const float* b, const float* mean,
+                             const float* invstd, float* y, int64_t N, int64_t C, int64_t HW) {
+    const int threads = threads_for(2 * N * C * HW);
+#pragma omp parallel for num_threads(threads) if (threads > 1)
+    for (int64_t c = 0; c < C; ++c) modes_detail::normalize_channel(x, w, b, mean, invstd, y, N, C, HW, c);
 }
 
 // dx, dw, db of batch_norm from x, w, the mean and invstd it used, and g.

@@ -55,6 +55,13 @@
 
 namespace dg {
 
+// Floats of workspace for conv2d_grad_weight: the column matrix plus one group's
+// weight gradient, (O/groups) x (C/groups)*KH*KW: room for the K slices' partial
+// weight gradients (target.json: "weight_grad_partials").
+inline int64_t conv2d_grad_weight_workspace(const Conv2dGeom& g) {
+  return conv2d_workspace(g) + (g.O / g.groups) * (g.C / g.groups) * g.KH * g.KW;
+}
+
 namespace conv_detail {
 
 // ---------------------------------------------------------------- the tile kernel

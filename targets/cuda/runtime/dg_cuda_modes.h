@@ -77,6 +77,16 @@ inline void batch_norm(const float* x, const float* w, const float* b, float* ru
   });
 }
 
+// y = batch norm's output made again from x and the mean and invstd it wrote, by
+// the same expression as batch_norm's (so a recomputation is exact).
+inline void batch_norm_apply(const float* x, const float* w, const float* b, const float* mean,
+                             const float* invstd, float* y, int64_t N, int64_t C, int64_t HW) {
+  for_each("batch_norm_apply", N * C * HW, [=] DG_HD(int64_t j) {
+    const int64_t c = (j / HW) % C;
+    y[j] = (x[j] - mean[c]) * (invstd[c] * w[c]) + b[c];
+  });
+}
+
 inline void batch_norm_grad(const float* x, const float* w, const float* mean, const float* invstd, const float* g,
                             float* dx, float* dw, float* db, int64_t N, int64_t C, int64_t HW, const Mode& mode) {
   const int64_t count = N * HW;
