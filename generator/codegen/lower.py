@@ -194,10 +194,13 @@ def _statements(ctx, nodes, first: int) -> list:
     statements, key, call_key = [], object(), None
     for position, node in enumerate(nodes, first):
         loc = node.loc
-        k = (loc.filename, loc.stmt_line, loc.call_id) if loc else None
+        again = bool(node.attrs.get("recomputed"))  # made again for the gradient (transforms/remat.py)
+        k = (loc.filename, loc.stmt_line, loc.call_id, again) if loc else None
         if k != key or not statements:
             text = f"{loc.short}  {comment_text(loc.text)}" if loc else node.op
-            ctx.comment = f"gradient of {text}" if node.phase == "backward" else text
+            if node.phase == "backward":
+                text = f"{'made again for the gradient:' if again else 'gradient of'} {text}"
+            ctx.comment = text
             statements.append(Statement(ctx.comment))
             key = k
             # The statements of one call of a user's function (a residual block) come

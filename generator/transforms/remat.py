@@ -92,12 +92,13 @@ def _recompute(graph, node, backward_readers):
     made = []
     for v in node.inputs:
         if _is_batch_norm_output(v) and id(v) not in swapped:
-            apply = Node("batch_norm_apply", _statistics(v), {}, loc=v.producer.loc, phase="backward")
+            apply = Node("batch_norm_apply", _statistics(v), {"recomputed": True}, loc=v.producer.loc,
+                         phase="backward")
             apply.outputs.append(_twin(graph, v, apply))
             swapped[id(v)] = apply.outputs[0]
             made.append(apply)
-    again = Node("ewise", [swapped.get(id(v), v) for v in node.inputs], dict(node.attrs), loc=node.loc,
-                 phase="backward")
+    again = Node("ewise", [swapped.get(id(v), v) for v in node.inputs], {**node.attrs, "recomputed": True},
+                 loc=node.loc, phase="backward")
     again.outputs.append(_twin(graph, node.outputs[0], again))
     swapped[id(node.outputs[0])] = again.outputs[0]
     made.append(again)
