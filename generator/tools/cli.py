@@ -156,7 +156,8 @@ def parser() -> argparse.ArgumentParser:
     i.add_argument("--grad", action="store_true", help="include the backward pass (gradient nodes)")
     i.add_argument("--after", help="stop after a stage (optimize, differentiate, lower: the lowered statements "
                                    "and kernels, plan_memory: with the arena offsets) or after one pass of -O2 (dce, cse, fold, copyprop, fuse, "
-                                   "simplify, epilogue) and print what it made")
+                                   "simplify, epilogue, remat) and print what it made (a pass over the forward graph; "
+                                   "remat changes only the training graph: see --after differentiate)")
     i.set_defaults(func=cmd_ir)
     for command in sub.choices.values():
         command.add_argument("--debug", action="store_true", help="show the Python traceback of an error")
