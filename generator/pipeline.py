@@ -97,6 +97,8 @@ def plan_text(plan) -> str:
             for line in s.lines:
                 if getattr(line, "kind", "") == "level_loop":
                     out.extend(_level_loop_text(line))
+                elif getattr(line, "kind", "") == "reverse_level_loop":
+                    out.extend(_reverse_loop_text(line))
                 else:
                     out.append(f"  @{line.at:<3} {line}")
 
@@ -127,6 +129,23 @@ def _declared_buffers(plan) -> list:
     groups = [plan.statements] + ([plan.train.loss_statements, plan.train.backward_statements] if plan.train else [])
     return [line.buffer for group in groups for s in group for line in nested_lines(s.lines)
             if isinstance(line, ArenaDecl)]
+
+
+def _reverse_loop_text(loop) -> list:
+    """A ReverseLevelLoop's parts, labelled (the reverse_level_loop macro is the C++)."""
+    out = [f"    reverse level loop over {loop.batch}:"]
+    parts = [("inspector", loop.inspector)]
+    if loop.hoisted is not None:
+        parts.append(("hoisted block", loop.hoisted.decls + loop.hoisted.body))
+    parts += [("before the loop", loop.buffers + loop.packed + loop.body.decls), ("each level: gathers", loop.gathers),
+              ("each level: body", loop.body.body), ("each level: scatters", loop.scatters)]
+    for title, block in (("after the loop", loop.after), ("leaf block", loop.leaf)):
+        if block is not None:
+            parts.append((title, block.decls + block.body))
+    for title, lines in parts:
+        out.append(f"      {title}:")
+        out.extend(f"        {line}" for line in lines)
+    return out
 
 
 def _level_loop_text(loop) -> list:

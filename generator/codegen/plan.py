@@ -97,6 +97,40 @@ class LevelLoop:
     at: int = -1
 
 
+@dataclass(eq=False)
+class ReverseLevelLoop:
+    """A typed statement: the gradient of a recursive op (ops/recurse_grad.py),
+    rendered by the `reverse_level_loop` macro of model.cpp.j2: the inspector,
+    the states and their gradients in schedule order; the hoisted internal-cell
+    work made again; then per level, roots to leaves, the children's states
+    gathered, the cell made again and differentiated, and the children's state
+    gradients added into their rows; after the loop the rest of the internal
+    cell's gradient (the parameters') over all internal rows at once, then the
+    leaf cell's gradient."""
+
+    kind = "reverse_level_loop"
+    batch: str
+    schedule: str
+    inspector: list  # the schedule, sorted words, states and their gradients in schedule order
+    leaves: str
+    internal: str  # the internal-row count variable
+    internal_rows: str  # its value
+    hoisted: CellBlock | None
+    max_rows: str
+    buffers: list  # declarations before the loop: children's states, values kept for after it
+    packed: list
+    level: str
+    start: str
+    gathers: list
+    body: CellBlock
+    scatters: list  # per level: the children's state gradients added into their rows
+    after: CellBlock | None  # the internal cell's gradient pieces that need no loop, all rows at once
+    leaf: CellBlock | None
+    finish: list
+    writes: list  # the outputs (Write operands: the blocks write them under the cells' names)
+    at: int = -1
+
+
 @dataclass
 class Statement:
     """The code for one DSL statement: a comment citing it, then its typed lines

@@ -119,6 +119,32 @@ class Recurse(OpDef):
                 states[j][n] = value[0]
         return states
 
+    def grad(self, node, gouts, gb):
+        """One recurse_grad node (ops/recurse_grad.py) computes each free float
+        value's gradient, a piece per cell that reads it; pieces are added here."""
+        from ..transforms.cell_grad import differentiate_recursion
+        from .scalar import ARGS
+
+        spec = node.attrs["spec"]
+        back = differentiate_recursion(gb, spec)
+        pieces = [(which, i) for which, cell in enumerate(back.cells) for i in sorted(cell.d_free)]
+        grads = [None] * len(node.inputs)
+        if not pieces:
+            return grads
+        gouts = [g if g is not None else gb.fill(v.shape, 0.0) for g, v in zip(gouts, node.outputs)]
+        hints = [f"d_{spec.free[i].name}_{'leaf' if which == 0 else 'node'}" for which, i in pieces]
+        outs = gb.op("recurse_grad", list(node.inputs[:3]) + list(spec.free) + list(node.outputs) + gouts,
+                     {"spec": spec, "back": back, "pieces": pieces}, hints)
+        for (which, i), g in zip(pieces, outs):
+            slot = next((3 + k for k, v in enumerate(node.inputs[3:]) if v is spec.free[i]), None)
+            if slot is None:
+                continue
+            if grads[slot] is None:
+                grads[slot] = g
+            else:
+                grads[slot] = gb.ewise("add", ARGS[0] + ARGS[1], [grads[slot], g], g.shape, f"d_{spec.free[i].name}")
+        return grads
+
     def describe(self, node):
         spec = node.attrs["spec"]
         from ..ir.printing import format_node
@@ -141,25 +167,14 @@ class Recurse(OpDef):
         from ..codegen.stmt import Call, Copy, Declare, Named
 
         spec = node.attrs["spec"]
-        children, words, roots = node.inputs[:3]
-        nodes, count = children.shape[0], roots.shape[0]
+        children, words = node.inputs[:2]
+        nodes = children.shape[0]
         names = ctx.graph.names
-        sched, sorted_words = names.unique("schedule"), names.unique("sorted_words")
         rows = str(spec.rows)
         widths = [numel(shape) for _, shape in spec.state]
         states = [names.unique(f"{name}_rows") for name, _ in spec.state]
-        what = ctx.string(f"recurse over '{children.name}' ({node.loc.short if node.loc else ''})")
         scratch = ctx.target.scratch_type
-        schedule = Call("dg::schedule_levels", [ctx.read(children), Named("nodes", ctx.size(nodes)),
-                                                Named("arity", spec.arity), ctx.read(roots),
-                                                Named("num_roots", ctx.size(count)),
-                                                Named("dag", "true" if spec.dag else "false"), what])
-        inspector = [
-            Declare("const dg::LevelSchedule", sched, init=schedule),
-            Declare(f"{scratch}<int64_t>", sorted_words, [ctx.size(nodes)]),
-            ctx.call("dg::permute_rows", ctx.read(words), f"{sched}.order.data()", Named("count", ctx.size(nodes)),
-                     f"{sorted_words}.data()"),
-        ]
+        sched, sorted_words, inspector = inspector_lines(ctx, node)
         inspector += [Declare(f"{scratch}<float>", state, [f"{ctx.size(nodes)} * {ctx.size(width)}"],
                               note="in schedule order") for state, width in zip(states, widths)]
 
@@ -190,11 +205,7 @@ class Recurse(OpDef):
 
         # Hoisted: internal-cell work that does not read children, for all internal rows.
         cell = spec.internal
-        tainted = _depends_on_children(cell)
-        hoisted_nodes = [n for n in cell.nodes if not any(id(v) in tainted for v in n.outputs)
-                         and all(not isinstance(d, int) and d == spec.rows
-                                 or spec.rows not in getattr(d, "free_symbols", ())
-                                 for v in n.outputs for d in v.shape[:1])]
+        hoisted_nodes = hoistable(cell.nodes, _depends_on_children(cell), spec.rows)
         looped = [n for n in cell.nodes if n not in hoisted_nodes]
         inner = names.unique("internal_rows")
         hoisted = None
@@ -211,7 +222,7 @@ class Recurse(OpDef):
         level, start = names.unique("level"), names.unique("start")
         for n in hoisted_nodes:  # inside the loop, hoisted values are read at the level's rows
             for v in n.outputs:
-                if v.rank and not isinstance(v.shape[0], int) and v.shape[0] == spec.rows:
+                if has_rows(v, spec.rows):
                     ctx.place[id(v)] = f"{v.name}.data() + ({start} - {leaves}) * {ctx.size(numel(v.shape[1:]))}"
         level_rows = f"{sched}.level_start[{level} + 1] - {start}"
         packed = _pack_loop_weights(ctx, names, cell, looped)
@@ -233,6 +244,44 @@ class Recurse(OpDef):
             child_buffers=child_buffers, packed=packed, level=level, start=start, gathers=gathers, body=body,
             finish=finish,
         )]
+
+
+def inspector_lines(ctx, node):
+    """The inspector of a recursive op (or of its gradient): the schedule (the
+    batch checked, nodes numbered by height) and the word ids in row order.
+    Returns (schedule variable, sorted words variable, lines)."""
+    from ..codegen.stmt import Call, Declare, Named
+
+    spec = node.attrs["spec"]
+    children, words, roots = node.inputs[:3]
+    nodes, count = children.shape[0], roots.shape[0]
+    names = ctx.graph.names
+    sched, sorted_words = names.unique("schedule"), names.unique("sorted_words")
+    what = ctx.string(f"recurse over '{children.name}' ({node.loc.short if node.loc else ''})")
+    schedule = Call("dg::schedule_levels", [ctx.read(children), Named("nodes", ctx.size(nodes)),
+                                            Named("arity", spec.arity), ctx.read(roots),
+                                            Named("num_roots", ctx.size(count)),
+                                            Named("dag", "true" if spec.dag else "false"), what])
+    return sched, sorted_words, [
+        Declare("const dg::LevelSchedule", sched, init=schedule),
+        Declare(f"{ctx.target.scratch_type}<int64_t>", sorted_words, [ctx.size(nodes)]),
+        ctx.call("dg::permute_rows", ctx.read(words), f"{sched}.order.data()", Named("count", ctx.size(nodes)),
+                 f"{sorted_words}.data()"),
+    ]
+
+
+def has_rows(v, rows) -> bool:
+    """Whether v's first dimension is the block's row count."""
+    return bool(v.rank) and not isinstance(v.shape[0], int) and v.shape[0] == rows
+
+
+def hoistable(nodes, tainted: set, rows) -> list:
+    """The nodes of an internal cell that can run once for all internal rows
+    before the level loop: they read no child (`tainted`: ids of values that do)
+    and are row-wise (their outputs have the rows first, or no rows at all)."""
+    return [n for n in nodes if not any(id(v) in tainted for v in n.outputs)
+            and all(not isinstance(d, int) and d == rows or rows not in getattr(d, "free_symbols", ())
+                    for v in n.outputs for d in v.shape[:1])]
 
 
 def _pack_loop_weights(ctx, names, cell, looped) -> list:

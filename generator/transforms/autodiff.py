@@ -99,28 +99,16 @@ def _same_shape(a, b) -> bool:
     return len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
 
 
-def differentiate(graph, loss: Value, wrt: list) -> dict:
-    """Append backward nodes to graph.nodes; returns {id(value): gradient Value}
-    for each value in `wrt` that the loss depends on."""
-    if loss.shape != () or loss.dtype != "float32":
-        raise ModelError(f"the loss must be a float32 scalar, got '{loss.name}' {loss.type_str()}", loss.loc)
-    # Nodes on a path from wrt to the loss.
-    needed = {id(loss)}
-    for node in reversed(graph.nodes):
-        if any(id(v) in needed for v in node.outputs):
-            needed.update(id(v) for v in node.inputs)
-    reaches = {id(v) for v in wrt}
-    for node in graph.nodes:
-        if any(id(v) in reaches for v in node.inputs):
-            reaches.update(id(v) for v in node.outputs)
-    gb = GradBuilder(graph)
-    gb.loc = loss.loc
-    grads = {id(loss): gb.fill((), 1.0)}
-    grads[id(loss)].name = graph.names.unique(f"d_{loss.name}")
-    for node in reversed(list(graph.nodes)):
+def backprop(gb, nodes, grads: dict, reaches: set, needed=None) -> dict:
+    """Walk `nodes` backwards from the gradients in `grads` ({id(value): gradient
+    Value}, updated in place), asking each op's rule for its inputs' gradients;
+    only inputs in `reaches` (ids of values that depend on what is differentiated
+    for) get one, and only nodes whose inputs are `needed` (None: all) are
+    visited. The new nodes are in gb.nodes."""
+    for node in reversed(list(nodes)):
         if not any(id(v) in grads for v in node.outputs):
             continue
-        if not any(id(v) in reaches and id(v) in needed for v in node.inputs):
+        if not any(id(v) in reaches and (needed is None or id(v) in needed) for v in node.inputs):
             continue
         opdef = get_op(node.op)
         if opdef.grad is None:
@@ -136,16 +124,48 @@ def differentiate(graph, loss: Value, wrt: list) -> dict:
                 a, b = ARGS[0], ARGS[1]
                 g = gb.ewise("add", a + b, [grads[id(v)], g], v.shape, f"d_{v.name}")
             grads[id(v)] = g
-    result = {id(v): grads[id(v)] for v in wrt if id(v) in grads}
-    # Rules compute every input's gradient (matmul: both operands); keep only
-    # the backward nodes that the requested gradients need.
-    keep = {id(g) for g in result.values()}
-    kept = []
-    for node in reversed(gb.nodes):
+    return grads
+
+
+def reaching(nodes, sources) -> set:
+    """ids of `sources` and of every value of `nodes` computed from them."""
+    reaches = {id(v) for v in sources}
+    for node in nodes:
+        if any(id(v) in reaches for v in node.inputs):
+            reaches.update(id(v) for v in node.outputs)
+    return reaches
+
+
+def needed_nodes(new_nodes, keep: set) -> list:
+    """The nodes of `new_nodes` that the values in `keep` need, in order."""
+    keep, kept = set(keep), []
+    for node in reversed(new_nodes):
         if any(id(v) in keep for v in node.outputs):
             keep.update(id(v) for v in node.inputs)
             kept.append(node)
-    graph.nodes.extend(reversed(kept))
+    return kept[::-1]
+
+
+def differentiate(graph, loss: Value, wrt: list) -> dict:
+    """Append backward nodes to graph.nodes; returns {id(value): gradient Value}
+    for each value in `wrt` that the loss depends on."""
+    if loss.shape != () or loss.dtype != "float32":
+        raise ModelError(f"the loss must be a float32 scalar, got '{loss.name}' {loss.type_str()}", loss.loc)
+    # Nodes on a path from wrt to the loss.
+    needed = {id(loss)}
+    for node in reversed(graph.nodes):
+        if any(id(v) in needed for v in node.outputs):
+            needed.update(id(v) for v in node.inputs)
+    reaches = reaching(graph.nodes, wrt)
+    gb = GradBuilder(graph)
+    gb.loc = loss.loc
+    grads = {id(loss): gb.fill((), 1.0)}
+    grads[id(loss)].name = graph.names.unique(f"d_{loss.name}")
+    backprop(gb, graph.nodes, grads, reaches, needed)
+    result = {id(v): grads[id(v)] for v in wrt if id(v) in grads}
+    # Rules compute every input's gradient (matmul: both operands); keep only
+    # the backward nodes that the requested gradients need.
+    graph.nodes.extend(needed_nodes(gb.nodes, {id(g) for g in result.values()}))
     return result
 
 

@@ -52,4 +52,23 @@ inline void unsort_rows(const float* state, const int64_t* order, int64_t rows, 
   for (int64_t r = 0; r < rows; ++r) std::copy(state + r * width, state + (r + 1) * width, out + order[r] * width);
 }
 
+// out[r, :] = state[order[r], :]: states (or their gradients) in schedule order.
+inline void sort_rows(const float* state, const int64_t* order, int64_t rows, int64_t width, float* out) {
+  for (int64_t r = 0; r < rows; ++r) std::copy(state + order[r] * width, state + (order[r] + 1) * width, out + r * width);
+}
+
+// The backward of gather_children: d_state[child_row[r * arity + slot], :] += d_child[r, :]
+// for each row with a child in that slot. Rows in order, so a child shared by
+// several parents (a DAG) sums them in one fixed order at any thread count.
+inline void scatter_children_add(const float* d_child, int64_t width, const int64_t* child_row, int64_t arity,
+                                 int64_t slot, int64_t rows, float* d_state) {
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t c = child_row[r * arity + slot];
+    if (c < 0) continue;
+    const float* src = d_child + r * width;
+    float* dst = d_state + c * width;
+    for (int64_t k = 0; k < width; ++k) dst[k] += src[k];
+  }
+}
+
 }  // namespace dg

@@ -77,4 +77,25 @@ inline void unsort_rows(const float* state, const int64_t* order, int64_t rows, 
   });
 }
 
+// out[r, :] = state[order[r], :]: states (or their gradients) in schedule order.
+inline void sort_rows(const float* state, const int64_t* order, int64_t rows, int64_t width, float* out) {
+  for_each("sort_rows", rows * width, [=] DG_HD(int64_t j) {
+    const int64_t r = j / width, c = j % width;
+    out[j] = state[order[r] * width + c];
+  });
+}
+
+// The backward of gather_children: d_state[child_row[r * arity + slot], :] += d_child[r, :].
+// One thread per column walks the rows in order: a child shared by several
+// parents (a DAG) sums them in one fixed order, with no atomics.
+inline void scatter_children_add(const float* d_child, int64_t width, const int64_t* child_row, int64_t arity,
+                                 int64_t slot, int64_t rows, float* d_state) {
+  for_each("scatter_children_add", width, [=] DG_HD(int64_t k) {
+    for (int64_t r = 0; r < rows; ++r) {
+      const int64_t c = child_row[r * arity + slot];
+      if (c >= 0) d_state[c * width + k] += d_child[r * width + k];
+    }
+  });
+}
+
 }  // namespace dg

@@ -1,0 +1,100 @@
+"""The gradient of a recursive op's cells (backpropagation through structure).
+
+Each cell is differentiated on its own, like a small graph: its forward nodes
+are copied over placeholders of their own (the copies are what the backward
+pass makes again: only the node states are kept between the passes), then
+`autodiff.backprop` builds the backward nodes from one placeholder per state
+component, `d_out` (the gradient arriving at the block's rows). What comes out:
+the gradient of each child's state (added into the child's rows, level by level)
+and, for every float value the cell reads from outside (parameters), the
+gradient summed over the block's rows. ops/recurse_grad.py runs the result.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..ir.graph import Node, Value
+from ..ops import ARGS
+from .autodiff import GradBuilder, backprop, needed_nodes, reaching
+
+
+@dataclass(eq=False)
+class BackCell:
+    """A cell's backward pass: forward copies (phase "forward", attr recomputed),
+    then backward nodes, over the placeholders below."""
+
+    words: Value
+    children: list  # [[Value per state component] per child slot]: the children's states
+    d_out: list  # [Value per state component]: the gradient at the block's rows
+    nodes: list
+    d_children: list  # [[Value or None]] like children
+    d_free: dict = field(default_factory=dict)  # index into spec.free -> gradient summed over the rows
+
+    def results(self) -> list:
+        """The values the block must keep: the children's and the free values' gradients."""
+        out = [v for slot in self.d_children for v in slot if v is not None]
+        return out + list(self.d_free.values())
+
+
+@dataclass(eq=False)
+class BackSpec:
+    leaf: BackCell
+    internal: BackCell
+
+    @property
+    def cells(self):
+        return (self.leaf, self.internal)
+
+
+def _placeholder(names, base, like):
+    return Value(names.unique(base), like.dtype, tuple(like.shape), kind="cell", explicit=True)
+
+
+def differentiate_cell(gb: GradBuilder, spec, cell) -> BackCell:
+    """`cell`'s backward pass as a BackCell (see the module docstring)."""
+    names = gb.graph.names
+    copy = {id(cell.words): _placeholder(names, cell.words.name, cell.words)}
+    children = [[_placeholder(names, v.name, v) for v in slot] for slot in cell.children]
+    for slot, new in zip(cell.children, children):
+        copy.update({id(v): n for v, n in zip(slot, new)})
+    nodes = []
+    for node in cell.nodes:
+        new = Node(node.op, [copy.get(id(v), v) for v in node.inputs], {**node.attrs, "recomputed": True},
+                   loc=node.loc, phase="forward")
+        for v in node.outputs:
+            out = Value(names.unique(v.name), v.dtype, v.shape, producer=new, loc=v.loc, explicit=True)
+            new.outputs.append(out)
+            copy[id(v)] = out
+        nodes.append(new)
+    outputs = [copy.get(id(v), v) for v in cell.outputs]
+    d_out = [Value(names.unique(f"d_{name}_rows"), "float32", v.shape, kind="cell", explicit=True)
+             for (name, _), v in zip(spec.state, outputs)]
+    floats = [v for v in spec.free if v.dtype == "float32"]
+    wrt = [v for slot in children for v in slot] + floats
+    grads = {}
+    start = len(gb.nodes)
+    for v, d in zip(outputs, d_out):
+        if id(v) in grads:  # the same value returned as two components
+            grads[id(v)] = gb.ewise("add", ARGS[0] + ARGS[1], [grads[id(v)], d], v.shape, f"d_{v.name}")
+        else:
+            grads[id(v)] = d
+    backprop(gb, nodes, grads, reaching(nodes, wrt))
+    d_children = [[grads.get(id(v)) for v in slot] for slot in children]
+    d_free = {i: grads[id(v)] for i, v in enumerate(spec.free) if v.dtype == "float32" and id(v) in grads}
+    prefix = "leaf_" if not cell.children else "node_"
+    for i, v in d_free.items():  # d_u names the parameter's whole gradient (a Model member): node_d_u a piece
+        if v.producer is not None and v.producer in gb.nodes[start:]:
+            v.name = names.unique(f"{prefix}d_{spec.free[i].name}")
+    made = gb.nodes[start:]
+    del gb.nodes[start:]  # the backward nodes live in the cell, not in the graph
+    back = BackCell(copy[id(cell.words)], children, d_out, [], d_children, d_free)
+    backward = needed_nodes(made, {id(v) for v in back.results()})
+    forward = needed_nodes(nodes, {id(v) for n in backward for v in n.inputs} | {id(v) for v in back.results()})
+    back.nodes = forward + backward
+    return back
+
+
+def differentiate_recursion(gb: GradBuilder, spec) -> BackSpec:
+    """Both cells of a recursive op, differentiated."""
+    return BackSpec(differentiate_cell(gb, spec, spec.leaf), differentiate_cell(gb, spec, spec.internal))
