@@ -38,14 +38,15 @@ if str(ROOT) not in sys.path:
 # ----------------------------------------------------------------------------
 
 
-def build_module(model_def, name: str | None = None, cache: Path = CACHE) -> dict:
+def build_module(model_def, name: str | None = None, cache: Path = CACHE, **options) -> dict:
     """Generate into <cache>/<name>/src and build into <cache>/<name>/build (plain CMake,
-    Release); a build whose generated sources (and Python) are unchanged is reused."""
+    Release); a build whose generated sources (and Python) are unchanged is reused.
+    `options` go to the model function (train=True)."""
     from generator.tools.build import build_if_changed
     from generator.codegen.emit import MANIFEST
     from generator.pipeline import generate
 
-    graph = model_def.build(name=name) if name else model_def.build()
+    graph = model_def.build(name=name, **options)
     folder = cache / graph.name
     src, build = folder / "src", folder / "build"
     t0 = time.perf_counter()

@@ -8,10 +8,11 @@ of the level loop and computes it for all internal nodes at once.
 import generator as dg
 
 VOCAB, EMBED, HIDDEN, ARITY = 1000, 64, 128, 4
+CLASSES = 5  # sentiment classes of the per-node labels (train=True)
 
 
 @dg.model
-def childsum_treelstm():
+def childsum_treelstm(train: bool = False):
     trees = dg.trees("trees", arity=ARITY)
     emb = dg.param("emb", (VOCAB, EMBED), init=dg.normal(0, 0.1))
     w = dg.param("w", (EMBED, 4 * HIDDEN))  # i, o, u, f from the node's word
@@ -38,4 +39,8 @@ def childsum_treelstm():
         return dg.sigmoid(o) * dg.tanh(c), c
 
     h, c = dg.recurse(trees, leaf, internal, names=("h", "c"))
+    if train:  # per-node labels (SST-style: every node of every tree), -1 where a node has none
+        labels = dg.input("labels", (h.shape[0],), dtype="int64")
+        logits = dg.dense(h, CLASSES)
+        dg.train(dg.softmax_cross_entropy(logits, labels, ignore_index=-1), dg.adam(lr=1e-3))
     return {"h": h, "root_h": dg.roots(trees, h)}

@@ -4,10 +4,11 @@ children (a, A) and (b, B) as p = tanh(W [B a; A b] + b_w) and P = W_M [A; B].""
 import generator as dg
 
 VOCAB, HIDDEN = 500, 16
+CLASSES = 5  # sentiment classes of the per-node labels (train=True)
 
 
 @dg.model
-def mvrnn():
+def mvrnn(train: bool = False):
     trees = dg.trees("trees", arity=2)
     vectors = dg.param("vectors", (VOCAB, HIDDEN), init=dg.normal(0, 0.1))
     matrices = dg.param("matrices", (VOCAB, HIDDEN * HIDDEN), init=dg.normal(0, 0.1))
@@ -31,4 +32,8 @@ def mvrnn():
         return p, p_mat
 
     p, p_mat = dg.recurse(trees, leaf, internal, names=("p", "p_mat"))
+    if train:  # per-node labels (SST-style: every node of every tree), -1 where a node has none
+        labels = dg.input("labels", (p.shape[0],), dtype="int64")
+        logits = dg.dense(p, CLASSES)
+        dg.train(dg.softmax_cross_entropy(logits, labels, ignore_index=-1), dg.adam(lr=1e-3))
     return {"p": p, "root_p": dg.roots(trees, p)}

@@ -3,10 +3,11 @@
 import generator as dg
 
 VOCAB, EMBED, HIDDEN = 1000, 64, 128
+CLASSES = 5  # sentiment classes of the per-node labels (train=True)
 
 
 @dg.model
-def treegru():
+def treegru(train: bool = False):
     trees = dg.trees("trees", arity=2)
     emb = dg.param("emb", (VOCAB, EMBED), init=dg.normal(0, 0.1))
     w_leaf = dg.param("w_leaf", (EMBED, HIDDEN))
@@ -26,4 +27,8 @@ def treegru():
         return (h,)
 
     h = dg.recurse(trees, leaf, internal, names=("h",))
+    if train:  # per-node labels (SST-style: every node of every tree), -1 where a node has none
+        labels = dg.input("labels", (h.shape[0],), dtype="int64")
+        logits = dg.dense(h, CLASSES)
+        dg.train(dg.softmax_cross_entropy(logits, labels, ignore_index=-1), dg.adam(lr=1e-3))
     return {"h": h, "root_h": dg.roots(trees, h)}

@@ -8,13 +8,14 @@ batched step and then one step per tree level (see the generated src/model.cpp).
 import generator as dg
 
 VOCAB, EMBED, HIDDEN = 1000, 128, 256
+CLASSES = 5  # sentiment classes of the per-node labels (train=True)
 
 
 def treelstm_model(hidden: int = HIDDEN, name: str = "treelstm"):
     """The model at a given hidden size (benchmarks/treelstm.py builds 256 and 512)."""
 
     @dg.model(name=name)
-    def treelstm():
+    def treelstm(train: bool = False):
         trees = dg.trees("trees", arity=2)
         emb = dg.param("emb", (VOCAB, EMBED), init=dg.normal(0, 0.1))
         w_leaf = dg.param("w_leaf", (EMBED, 3 * hidden))  # input, output and update gates of a leaf
@@ -39,6 +40,10 @@ def treelstm_model(hidden: int = HIDDEN, name: str = "treelstm"):
 
         h, c = dg.recurse(trees, leaf, internal, names=("h", "c"))
         root_h = dg.roots(trees, h)
+        if train:  # per-node labels (SST-style: every node of every tree), -1 where a node has none
+            labels = dg.input("labels", (h.shape[0],), dtype="int64")
+            logits = dg.dense(h, CLASSES)
+            dg.train(dg.softmax_cross_entropy(logits, labels, ignore_index=-1), dg.adam(lr=1e-3))
         return {"h": h, "root_h": root_h}
 
     return treelstm

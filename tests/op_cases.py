@@ -40,6 +40,13 @@ def _sigmoid(x):
     return 1 / (1 + np.exp(-x))
 
 
+def _xent_ignoring(logits, labels, ignore):
+    keep = labels != ignore
+    if not keep.any():
+        return np.float32(0)
+    return -np.mean(np.log(_softmax(logits[keep], 1))[np.arange(keep.sum()), labels[keep]])
+
+
 UNARY = {
     "neg": (lambda x: -x, -2, 2),
     "abs": (np.abs, -2, 2),
@@ -135,6 +142,10 @@ def _cases():
         Case("softmax_xent", lambda t: dg.softmax_cross_entropy(t["logits"], t["labels"]),
              lambda a: -np.mean(np.log(_softmax(a["logits"], 1))[np.arange(len(a["labels"])), a["labels"]]),
              {"logits": _f((N, 5), -5, 5), "labels": ((N,), "int64", 0, 5)}, ("softmax_xent",),
+             grad_ops=("softmax_xent_grad",)),
+        Case("xent_ignore_index", lambda t: dg.softmax_cross_entropy(t["logits"], t["labels"], ignore_index=-1),
+             lambda a: _xent_ignoring(a["logits"], a["labels"], -1),
+             {"logits": _f((N, 5), -5, 5), "labels": ((N,), "int64", -1, 5)}, ("softmax_xent",),
              grad_ops=("softmax_xent_grad",)),
         Case("mse", lambda t: dg.mse(t["p"], t["t"]), lambda a: np.mean((a["p"] - a["t"]) ** 2),
              {"p": _f((N, 4)), "t": _f((N, 4))}, ("ewise", "mean")),

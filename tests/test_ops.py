@@ -18,7 +18,7 @@ def _prefixed(case, arrays):
     return {f"{case.name}_{k}": v for k, v in arrays.items()}
 
 
-TESTED_ELSEWHERE = {"recurse"}  # tests/test_recursion.py, against per-node recursion
+TESTED_ELSEWHERE = {"recurse", "recurse_grad"}  # tests/test_recursion.py and test_tree_training.py
 
 
 def test_every_op_and_function_is_in_the_table():

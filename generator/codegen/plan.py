@@ -123,7 +123,7 @@ class ReverseLevelLoop:
     start: str
     gathers: list
     body: CellBlock
-    scatters: list  # per level: the children's state gradients added into their rows
+    scatters: list  # per level, at the end of the body's scope: the children's state gradients added into their rows
     after: CellBlock | None  # the internal cell's gradient pieces that need no loop, all rows at once
     leaf: CellBlock | None
     finish: list

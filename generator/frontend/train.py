@@ -149,9 +149,17 @@ def train(loss, optimizer: Optimizer | None = None, weight_decay: float = 0.0):
 # -- losses --------------------------------------------------------------------
 
 
-def softmax_cross_entropy(logits, labels, name=None):
-    """Mean over rows of -log softmax(logits)[label]: logits [N, C], labels int [N]."""
-    return current().add("softmax_xent", [logits, labels], {}, label="softmax_cross_entropy", name=name)[0]
+def softmax_cross_entropy(logits, labels, name=None, ignore_index=None):
+    """Mean over rows of -log softmax(logits)[label]: logits [N, C], labels int [N].
+    Rows labeled `ignore_index` (an int, e.g. -1 for a tree's unlabeled nodes) are
+    skipped and the mean is over the others (0 when none is labeled), as PyTorch's
+    ignore_index."""
+    attrs = {}
+    if ignore_index is not None:
+        if isinstance(ignore_index, bool) or not isinstance(ignore_index, int) or not -2**62 < ignore_index < 2**62:
+            raise ModelError(f"ignore_index must be an int, got {ignore_index!r}", user_loc(), "softmax_cross_entropy")
+        attrs["ignore_index"] = ignore_index
+    return current().add("softmax_xent", [logits, labels], attrs, label="softmax_cross_entropy", name=name)[0]
 
 
 def mse(pred, target, name=None):

@@ -30,8 +30,8 @@ def _log_softmax(z):
     return z - np.log(np.exp(z).sum(axis=1, keepdims=True))
 
 
-def _check_labels(labels, classes):
-    bad = (labels < 0) | (labels >= classes)
+def _check_labels(labels, classes, ignore=None):
+    bad = ((labels < 0) | (labels >= classes)) & (labels != ignore if ignore is not None else True)
     if bad.any():
         pos = int(np.flatnonzero(bad)[0])
         raise ValueError(f"label {int(labels[pos])} at position {pos} is out of range [0, {classes})")
@@ -39,7 +39,8 @@ def _check_labels(labels, classes):
 
 @register
 class SoftmaxXent(OpDef):
-    """mean_i -log softmax(logits_i)[labels_i], a scalar."""
+    """mean_i -log softmax(logits_i)[labels_i], a scalar; with attr ignore_index,
+    over the rows whose label is not it (0 when there are none)."""
 
     name = "softmax_xent"
 
@@ -53,28 +54,37 @@ class SoftmaxXent(OpDef):
 
     def reference(self, args, attrs, dims):
         logits, labels = args
-        _check_labels(labels, logits.shape[1])
-        if logits.shape[0] == 0:
+        ignore = attrs.get("ignore_index")
+        _check_labels(labels, logits.shape[1], ignore)
+        rows = np.flatnonzero(labels != ignore) if ignore is not None else np.arange(len(labels))
+        if len(rows) == 0:
             return [np.zeros((), logits.dtype)]
-        logp = _log_softmax(logits)
-        return [np.asarray(-logp[np.arange(len(labels)), labels].mean(), dtype=logits.dtype)]
+        logp = _log_softmax(logits[rows])
+        return [np.asarray(-logp[np.arange(len(rows)), labels[rows]].mean(), dtype=logits.dtype)]
 
     def lower(self, node, ctx):
         logits, labels = node.inputs
         what = ctx.string(f"softmax_cross_entropy labels '{labels.name}'")
         return [ctx.call("dg::softmax_xent", ctx.read(logits), ctx.read(labels), ctx.write(node.outputs[0]),
                          Named("rows", ctx.size(logits.shape[0])), Named("classes", ctx.size(logits.shape[1])), what,
-                         template=_CPP_ID[labels.dtype])]
+                         *_ignore_arg(node), template=_CPP_ID[labels.dtype])]
 
     def grad(self, node, gouts, gb):
         logits, labels = node.inputs
-        d = gb.op("softmax_xent_grad", [logits, labels, gouts[0]], {}, f"d_{logits.name}")
+        attrs = {k: v for k, v in node.attrs.items() if k == "ignore_index"}
+        d = gb.op("softmax_xent_grad", [logits, labels, gouts[0]], attrs, f"d_{logits.name}")
         return [d, None]
+
+
+def _ignore_arg(node) -> list:
+    ignore = node.attrs.get("ignore_index")
+    return [] if ignore is None else [Named("ignore_index", f"int64_t{{{int(ignore)}}}")]
 
 
 @register
 class SoftmaxXentGrad(OpDef):
-    """(softmax(logits) - onehot(labels)) * g / rows."""
+    """(softmax(logits) - onehot(labels)) * g / rows (the labeled rows: zero on
+    the others)."""
 
     name = "softmax_xent_grad"
 
@@ -84,14 +94,17 @@ class SoftmaxXentGrad(OpDef):
 
     def reference(self, args, attrs, dims):
         logits, labels, g = args
-        rows = logits.shape[0]
-        d = np.exp(_log_softmax(logits)) if rows else np.zeros_like(logits)
-        d[np.arange(rows), labels] -= 1
-        return [(d * (g / max(rows, 1))).astype(logits.dtype)]
+        ignore = attrs.get("ignore_index")
+        labeled = labels != ignore if ignore is not None else np.ones(len(labels), bool)
+        rows = np.flatnonzero(labeled)
+        d = np.exp(_log_softmax(logits)) if logits.shape[0] else np.zeros_like(logits)
+        d[rows, labels[rows]] -= 1
+        d[~labeled] = 0
+        return [(d * (g / max(len(rows), 1))).astype(logits.dtype)]
 
     def lower(self, node, ctx):
         logits, labels, g = node.inputs
         return [ctx.call("dg::softmax_xent_grad", ctx.read(logits), ctx.read(labels), ctx.read(g),
                          ctx.write(node.outputs[0]), Named("rows", ctx.size(logits.shape[0])),
-                         Named("classes", ctx.size(logits.shape[1])),
+                         Named("classes", ctx.size(logits.shape[1])), *_ignore_arg(node),
                          template=_CPP_ID[labels.dtype])]

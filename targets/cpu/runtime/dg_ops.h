@@ -243,14 +243,20 @@ void scatter_add_rows(const Id* ids, int64_t n, const float* src, int64_t width,
     }
 }
 
+// A label that softmax_xent skips: none unless ignore_index is given.
+constexpr int64_t kNoIgnoreIndex = INT64_MIN;
+
 // Mean softmax cross-entropy of logits[rows, classes] against integer labels:
-// loss = mean_i (logsumexp(logits_i) - logits_i[label_i]).
+// loss = mean_i (logsumexp(logits_i) - logits_i[label_i]) over the rows whose
+// label is not ignore_index (PyTorch's ignore_index); 0 when no row is labeled.
 template <typename Id>
 void softmax_xent(const float* logits, const Id* labels, float* loss,
-                  int64_t rows, int64_t classes, const char* what) {
+                  int64_t rows, int64_t classes, const char* what, int64_t ignore_index = kNoIgnoreIndex) {
     double total = 0.0;
+    int64_t counted = 0;
     for (int64_t i = 0; i < rows; ++i) {
         const int64_t label = static_cast<int64_t>(labels[i]);
+        if (label == ignore_index) continue;
         if (label < 0 || label >= classes) {
             throw std::invalid_argument(std::string(what) + ": label " + std::to_string(label) +
                                         " at position " + std::to_string(i) +
@@ -260,23 +266,31 @@ void softmax_xent(const float* logits, const Id* labels, float* loss,
         const float m = ops_detail::strided_max(z, classes, 1);
         const float logz = m + std::log(ops_detail::strided_sum_exp(z, classes, 1, m));
         total += static_cast<double>(logz - z[label]);
+        ++counted;
     }
-    loss[0] = rows > 0 ? static_cast<float>(total / static_cast<double>(rows)) : 0.0f;
+    loss[0] = counted > 0 ? static_cast<float>(total / static_cast<double>(counted)) : 0.0f;
 }
 
-// Gradient of softmax_xent: d_logits = (softmax(logits) - onehot(labels)) * g / rows.
+// Gradient of softmax_xent: d_logits = (softmax(logits) - onehot(labels)) * g / labeled rows,
+// zero on the rows it skips.
 template <typename Id>
 void softmax_xent_grad(const float* logits, const Id* labels, const float* g,
-                       float* d_logits, int64_t rows, int64_t classes) {
-    if (rows == 0) return;
-    const float scale = g[0] / static_cast<float>(rows);
+                       float* d_logits, int64_t rows, int64_t classes, int64_t ignore_index = kNoIgnoreIndex) {
+    int64_t counted = 0;
+    for (int64_t i = 0; i < rows; ++i) counted += static_cast<int64_t>(labels[i]) != ignore_index;
+    const float scale = counted > 0 ? g[0] / static_cast<float>(counted) : 0.0f;
     for (int64_t i = 0; i < rows; ++i) {
         const float* z = logits + i * classes;
         float* d = d_logits + i * classes;
+        const int64_t label = static_cast<int64_t>(labels[i]);
+        if (label == ignore_index) {
+            std::fill(d, d + classes, 0.0f);
+            continue;
+        }
         const float m = ops_detail::strided_max(z, classes, 1);
         const float sum = ops_detail::strided_sum_exp(z, classes, 1, m);
         for (int64_t j = 0; j < classes; ++j) d[j] = std::exp(z[j] - m) / sum * scale;
-        d[static_cast<int64_t>(labels[i])] -= scale;
+        d[label] -= scale;
     }
 }
 

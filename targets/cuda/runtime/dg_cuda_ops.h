@@ -269,12 +269,16 @@ void scatter_add_rows(const Id* ids, int64_t n, const float* src, int64_t width,
   });
 }
 
+// A label that softmax_xent skips: none unless ignore_index is given.
+constexpr int64_t kNoIgnoreIndex = INT64_MIN;
+
 // Mean softmax cross-entropy of logits[rows, classes] against integer labels:
-// loss = mean_i (logsumexp(logits_i) - logits_i[label_i]). Bad labels fail the
-// call like bad gather ids.
+// loss = mean_i (logsumexp(logits_i) - logits_i[label_i]) over the rows whose label
+// is not ignore_index; 0 when no row is labeled. Bad labels fail the call like bad
+// gather ids.
 template <typename Id>
 void softmax_xent(const float* logits, const Id* labels, float* loss, int64_t rows, int64_t classes,
-                  const char* what) {
+                  const char* what, int64_t ignore_index = kNoIgnoreIndex) {
   if (rows == 0) {
     fill(loss, 1, 0.0f);
     return;
@@ -284,6 +288,10 @@ void softmax_xent(const float* logits, const Id* labels, float* loss, int64_t ro
   float* row_loss = per_row.data();
   for_each("softmax_xent", rows, [=] DG_HD(int64_t i) {
     const int64_t label = static_cast<int64_t>(labels[i]);
+    if (label == ignore_index) {
+      row_loss[i] = 0.0f;
+      return;
+    }
     if (label < 0 || label >= classes) {
       atomic_min_position(bad, i);
       row_loss[i] = 0.0f;
@@ -296,27 +304,41 @@ void softmax_xent(const float* logits, const Id* labels, float* loss, int64_t ro
   // The mean, in double and in a fixed order.
   for_each("softmax_xent mean", 1, [=] DG_HD(int64_t) {
     double total = 0.0;
-    for (int64_t i = 0; i < rows; ++i) total += static_cast<double>(row_loss[i]);
-    loss[0] = static_cast<float>(total / static_cast<double>(rows));
+    int64_t counted = 0;
+    for (int64_t i = 0; i < rows; ++i) {
+      total += static_cast<double>(row_loss[i]);
+      counted += static_cast<int64_t>(labels[i]) != ignore_index;
+    }
+    loss[0] = counted > 0 ? static_cast<float>(total / static_cast<double>(counted)) : 0.0f;
     if (bad[0] != kNoBadPosition) bad[1] = static_cast<int64_t>(labels[bad[0]]);
   });
 }
 
-// Gradient of softmax_xent: d_logits = (softmax(logits) - onehot(labels)) * g / rows,
-// with g a device scalar.
+// Gradient of softmax_xent: d_logits = (softmax(logits) - onehot(labels)) * g / labeled rows,
+// with g a device scalar; zero on the rows it skips.
 template <typename Id>
 void softmax_xent_grad(const float* logits, const Id* labels, const float* g, float* d_logits, int64_t rows,
-                       int64_t classes) {
+                       int64_t classes, int64_t ignore_index = kNoIgnoreIndex) {
   if (rows == 0) return;
+  DeviceVector<float> scale_slot(1);
+  float* scale = scale_slot.data();
+  for_each("softmax_xent_grad count", 1, [=] DG_HD(int64_t) {
+    int64_t counted = 0;
+    for (int64_t i = 0; i < rows; ++i) counted += static_cast<int64_t>(labels[i]) != ignore_index;
+    scale[0] = counted > 0 ? g[0] / static_cast<float>(counted) : 0.0f;
+  });
   for_each("softmax_xent_grad", rows, [=] DG_HD(int64_t i) {
-    const float scale = g[0] / static_cast<float>(rows);
     const float* z = logits + i * classes;
     float* d = d_logits + i * classes;
+    const int64_t label = static_cast<int64_t>(labels[i]);
+    if (label == ignore_index) {
+      for (int64_t j = 0; j < classes; ++j) d[j] = 0.0f;
+      return;
+    }
     const float m = ops_detail::strided_max(z, classes, 1);
     const float sum = ops_detail::strided_sum_exp(z, classes, 1, m);
-    for (int64_t j = 0; j < classes; ++j) d[j] = expf(z[j] - m) / sum * scale;
-    const int64_t label = static_cast<int64_t>(labels[i]);
-    if (label >= 0 && label < classes) d[label] -= scale;
+    for (int64_t j = 0; j < classes; ++j) d[j] = expf(z[j] - m) / sum * scale[0];
+    if (label >= 0 && label < classes) d[label] -= scale[0];
   });
 }
 

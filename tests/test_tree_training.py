@@ -1,0 +1,167 @@
+"""Training through recursion: every recursive example built with train=True (a
+per-node classifier, SST-style labels, -1 for unlabeled nodes).
+
+Oracles: float64 central finite differences of the per-node reference forward
+(the reference's gradient, which runs the differentiated cells one node at a
+time), and that reference against the generated level-batched backward pass on
+random, single-node, deep (2000) and wide batches; train steps at 1 and 2
+threads bit for bit. tests/test_tree_torch.py compares with PyTorch autograd."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from conftest import load_example
+from generator.reference import interpreter as reference
+from generator.treebatch import from_nested, random_batch
+
+RECURSIVE = ["treelstm", "childsum_treelstm", "treegru", "treernn", "mvrnn", "dagrnn"]
+
+
+def build_trainable(name: str):
+    return load_example(name).build(f"{name}_train", train=True)
+
+
+def _spec(graph):
+    return next(n for n in graph.nodes if n.op == "recurse").attrs["spec"]
+
+
+def _vocab(graph):
+    from generator.reference.samples import id_limit
+
+    return id_limit(graph, next(n for n in graph.nodes if n.op == "recurse").inputs[1])
+
+
+def _inputs(graph, batch, rng):
+    node = next(n for n in graph.nodes if n.op == "recurse")
+    children, words, roots = node.inputs[:3]
+    count = len(batch["words"])
+    labels = rng.integers(0, 5, count)
+    labels[rng.random(count) < 0.3] = -1  # unlabeled nodes
+    labels[batch["roots"]] = rng.integers(0, 5, len(batch["roots"]))  # every root labeled
+    return {children.name: batch["children"], words.name: batch["words"], roots.name: batch["roots"],
+            "labels": labels.astype(np.int64)}
+
+
+def _chain(depth, arity, vocab):
+    children = np.full((depth, arity), -1, np.int64)
+    children[1:, 0] = np.arange(depth - 1)
+    return {"children": children, "words": np.arange(depth, dtype=np.int64) % vocab,
+            "roots": np.array([depth - 1], np.int64)}
+
+
+@pytest.mark.parametrize("name", RECURSIVE)
+def test_reference_gradient_matches_finite_differences(name):
+    """The differentiated cells, run per node, against the per-node forward pass
+    in float64: a few entries of every parameter, central differences."""
+    graph = build_trainable(name)
+    spec = _spec(graph)
+    rng = np.random.default_rng(3)
+    inputs = _inputs(graph, random_batch(rng, 2, spec.arity, _vocab(graph), 1, 5, dag=spec.dag), rng)
+    params = {k: v.astype(np.float64) for k, v in reference.init_params(graph, seed=1).items()}
+    loss, grads = reference.gradients(graph, inputs, params, float_dtype=np.float64)
+
+    def loss_at():
+        out = reference.run(graph, inputs, params, float_dtype=np.float64, values=[graph.train.loss])
+        return float(next(iter(out.values())))
+
+    assert set(grads) == {p.name for p in graph.trainable}
+    for pname, grad in grads.items():
+        p = params[pname]
+        # the entries with the largest gradient, and random ones
+        flat = np.argsort(-np.abs(grad).ravel())[:3].tolist() + rng.integers(0, p.size, 3).tolist()
+        for index in flat:
+            idx = np.unravel_index(index, p.shape)
+            old = p[idx]
+            p[idx] = old + 1e-6
+            up = loss_at()
+            p[idx] = old - 1e-6
+            down = loss_at()
+            p[idx] = old
+            numeric = (up - down) / 2e-6
+            assert abs(numeric - grad[idx]) <= 1e-6 + 1e-5 * abs(numeric), (pname, idx, numeric, grad[idx])
+
+
+@pytest.fixture(scope="module", params=RECURSIVE)
+def trained(request, builds):
+    graph = build_trainable(request.param)
+    module, _ = builds.module(graph)
+    return graph, module
+
+
+def _compare(graph, module, inputs, seed=4):
+    model = module.Model(seed=seed)
+    loss = model.train_step(**inputs)
+    want_loss, want = reference.gradients(graph, inputs, reference.init_params(graph, seed=seed))
+    np.testing.assert_allclose(loss, want_loss, rtol=1e-5, atol=1e-6)
+    got = model.gradients()
+    assert set(got) == set(want)
+    for name, w in want.items():
+        scale = max(float(np.abs(w).max()), 1e-3)
+        err = float(np.abs(np.asarray(got[name]) - w).max())
+        assert err <= 2e-4 * scale, (name, err, scale)
+
+
+def test_generated_gradients_match_reference(trained):
+    graph, module = trained
+    spec = _spec(graph)
+    rng = np.random.default_rng(5)
+    _compare(graph, module, _inputs(graph, random_batch(rng, 6, spec.arity, _vocab(graph), 1, 20, dag=spec.dag), rng))
+
+
+def test_single_node_trees_train(trained):
+    graph, module = trained
+    rng = np.random.default_rng(6)
+    _compare(graph, module, _inputs(graph, from_nested([3, 5, 7], _spec(graph).arity), rng))
+
+
+def test_deep_chain_of_2000_trains(trained):
+    graph, module = trained
+    if graph.name != "treelstm_train" and graph.name != "dagrnn_train":
+        pytest.skip("the deep chain runs on one tree family and the DAG family")
+    rng = np.random.default_rng(7)
+    _compare(graph, module, _inputs(graph, _chain(2000, _spec(graph).arity, _vocab(graph)), rng))
+
+
+def test_wide_levels_train(trained):
+    graph, module = trained
+    spec = _spec(graph)
+    rng = np.random.default_rng(8)
+    batch = random_batch(rng, 120, spec.arity, _vocab(graph), 1, 6, dag=spec.dag)
+    _compare(graph, module, _inputs(graph, batch, rng))
+
+
+def test_train_steps_are_bitwise_equal_at_1_and_2_threads(trained):
+    graph, module = trained
+    spec = _spec(graph)
+    rng = np.random.default_rng(9)
+    batches = [_inputs(graph, random_batch(rng, 30, spec.arity, _vocab(graph), 1, 12, dag=spec.dag), rng)
+               for _ in range(2)]
+    results = []
+    before = module.get_num_threads() if hasattr(module, "get_num_threads") else None
+    try:
+        for threads in (1, 2):
+            module.set_num_threads(threads)
+            model = module.Model(seed=2)
+            losses = [model.train_step(**b) for b in batches]
+            results.append((losses, {k: np.array(v) for k, v in model.parameters().items()}))
+    finally:
+        if before is not None:
+            module.set_num_threads(before)
+    (l1, p1), (l2, p2) = results
+    assert l1 == l2
+    for name in p1:
+        assert np.array_equal(p1[name], p2[name]), name
+
+
+def test_unlabeled_nodes_get_no_gradient(trained):
+    """With every label -1 the loss is 0 and every gradient is zero (nothing moves)."""
+    graph, module = trained
+    spec = _spec(graph)
+    rng = np.random.default_rng(10)
+    inputs = _inputs(graph, random_batch(rng, 3, spec.arity, _vocab(graph), 1, 6, dag=spec.dag), rng)
+    inputs["labels"][:] = -1
+    model = module.Model(seed=1)
+    assert model.train_step(**inputs) == 0.0
+    assert all(not np.asarray(g).any() for g in model.gradients().values())
