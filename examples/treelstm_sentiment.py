@@ -51,7 +51,7 @@ def treelstm_sentiment():
     h, c = dg.recurse(trees, leaf, internal, names=("h", "c"))
     labels = dg.input("labels", (h.shape[0],), dtype="int64")  # per node; -1: unlabeled
     logits = dg.dense(h, CLASSES)
-    dg.train(dg.softmax_cross_entropy(logits, labels, ignore_index=-1), dg.adam(lr=0.01))
+    dg.train(dg.softmax_cross_entropy(logits, labels, ignore_index=-1), dg.adam(lr=0.003))
     return {"probs": dg.softmax(logits)}
 
 
@@ -103,7 +103,7 @@ def accuracy(model, trees) -> tuple:
     return float(np.mean(predicted[roots] == labels[roots])), float(np.mean(predicted[labeled] == labels[labeled]))
 
 
-def train(module, epochs=12, batch=25, seed=0, log=print):
+def train(module, epochs=8, batch=25, seed=0, log=print):
     """Train a fresh Model on 2000 trees; returns the held-out root accuracy (500 trees)."""
     train_set, test_set = make_treebank(2000, seed), make_treebank(500, seed + 1)
     model = module.Model(seed=seed)

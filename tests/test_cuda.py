@@ -487,8 +487,16 @@ def test_train_steps_match_reference(example):
         # gradient move by up to 3e-5 of the largest (the CNN examples)
         atol = max(1e-6, 1e-4 * float(np.abs(grads[name]).max()))
         np.testing.assert_allclose(value, grads[name], rtol=1e-4, atol=atol, err_msg=name)
+    # Adam moves an element whose gradient is rounding noise (|g| near eps: a sum that
+    # cancels, 1e-9 against terms of 1e-4) by up to lr per step, in a direction the
+    # noise picks: a few elements in 10,000 may differ by up to the learning rates summed.
+    lr_total = sum(float(np.float32(dict(graph.train.hyper)["lr"])) * f for f in (1, 1, 0.5)) \
+        if graph.train.optimizer.kind == "adam" else 0.0
     for name, value in model.parameters().items():
-        np.testing.assert_allclose(value, params[name], rtol=1e-4, atol=1e-5, err_msg=name)
+        diff = np.abs(np.asarray(value) - params[name])
+        loose = diff > 1e-5 + 1e-4 * np.abs(params[name])
+        assert loose.mean() <= 1e-4 and (diff[loose] <= lr_total).all(), (
+            f"{name}: {int(loose.sum())} of {loose.size} elements differ, by up to {diff.max():.3g}")
     for key, value in model.optimizer_state().items():
         np.testing.assert_allclose(value, state[key], rtol=1e-4, atol=1e-5, err_msg=key)
     assert model.step == 3

@@ -165,3 +165,15 @@ def test_unlabeled_nodes_get_no_gradient(trained):
     model = module.Model(seed=1)
     assert model.train_step(**inputs) == 0.0
     assert all(not np.asarray(g).any() for g in model.gradients().values())
+
+
+def test_sentiment_example_learns_negation(builds):
+    """examples/treelstm_sentiment.py: labels follow the words and negation's scope;
+    the trained TreeLSTM must get at least 95% of the held-out roots (chance: ~40%)."""
+    import runpy
+
+    from conftest import ROOT
+
+    example = runpy.run_path(str(ROOT / "examples" / "treelstm_sentiment.py"))
+    module, _ = builds.module(example["treelstm_sentiment"].build())
+    assert example["train"](module, log=lambda _: None) >= 0.95

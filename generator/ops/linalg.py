@@ -87,7 +87,7 @@ class MatMul(OpDef):
         sa, sb = _logical(a, ta), _logical(b, tb)
         fn = "matmul" + ("_tn" if ta else "_nt" if tb else "")
         # B packed before a loop (ops/recurse.py) is passed as the PackedB itself.
-        b_arg = ctx.packed.get(id(b)) if not (ta or tb) else None
+        b_arg = ctx.packed.get((id(b), tb)) if not ta else None
         args = [ctx.read(a), b_arg or ctx.read(b), ctx.write(node.outputs[0]),
                 Named("M", ctx.size(numel(sa[:-1]))), Named("K", ctx.size(sa[-1])), Named("N", ctx.size(sb[1]))]
         if "epilogue" in node.attrs:

@@ -287,7 +287,9 @@ def hoistable(nodes, tainted: set, rows) -> list:
 def _pack_loop_weights(ctx, names, cell, looped) -> list:
     """Code motion for the level loop's products: a matmul whose right operand is
     defined before the loop (a weight) reads it packed once (dg::PackedB) instead
-    of packing it again at every level. Only where the target's runtime has it."""
+    of packing it again at every level; a product by its transpose (the gradient
+    loop's d_gates @ u^T) gets a PackedB of the transpose. Only where the target's
+    runtime has it."""
     from ..codegen.stmt import Declare, Named
 
     if not ctx.target.packs_weights:
@@ -296,14 +298,17 @@ def _pack_loop_weights(ctx, names, cell, looped) -> list:
     inside |= {id(v) for slot in cell.children for v in slot} | {id(cell.words)}
     lines = []  # each a PackedB declaration
     for n in looped:
-        if n.op != "matmul" or n.attrs.get("ta") or n.attrs.get("tb"):
+        tb = bool(n.attrs.get("tb"))
+        if n.op != "matmul" or n.attrs.get("ta"):
             continue
         b = n.inputs[1]
-        if id(b) in inside or id(b) in ctx.packed or id(b) not in ctx.place or b.rank != 2:
+        key = (id(b), tb)
+        if id(b) in inside or key in ctx.packed or id(b) not in ctx.place or b.rank != 2:
             continue
-        name = names.unique(f"{b.name}_packed")
-        k, width = (ctx.size(d) for d in b.shape)
-        lines.append(Declare("const dg::PackedB", name, [Named("tb", "false"), Named("K", k), Named("N", width),
-                                                          ctx.read(b), Named("ldb", width)]))
-        ctx.packed[id(b)] = name
+        name = names.unique(f"{b.name}_t_packed" if tb else f"{b.name}_packed")
+        rows, cols = (ctx.size(d) for d in b.shape)
+        k, width = (cols, rows) if tb else (rows, cols)
+        lines.append(Declare("const dg::PackedB", name, [Named("tb", "true" if tb else "false"), Named("K", k),
+                                                          Named("N", width), ctx.read(b), Named("ldb", cols)]))
+        ctx.packed[key] = name
     return lines

@@ -215,7 +215,7 @@ class _Lowering:
         ctx.place[id(cell.words)] = f"{sorted_words}.data() + {start}"
         for j, d in enumerate(cell.d_out):
             ctx.place[id(d)] = f"{self.grad_rows[j]}.data() + {start} * {ctx.size(self.widths[j])}"
-        packed = _pack_loop_weights(ctx, names, cell, looped_forward)
+        packed = _pack_loop_weights(ctx, names, cell, looped_forward + looped_backward)
         level_rows = f"{sched}.level_start[{level} + 1] - {start}"
         decls, body = ctx.lower_nodes(looped_forward + looped_backward, {rows: sympy.Symbol(most)})
         for v in kept:  # a view (reshape) names other data: copy it into the kept rows

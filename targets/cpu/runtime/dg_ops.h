@@ -42,6 +42,13 @@ void matmul(const float* a, const PackedB& b, float* c, int64_t M, int64_t K, in
     gemm(false, M, a, K, b, c, N, epi);
 }
 
+// c[M,N] = a[M,K] @ b^T for a b^T packed once before a loop (PackedB made with tb = true).
+template <class Epilogue = NoEpilogue>
+void matmul_nt(const float* a, const PackedB& b, float* c, int64_t M, int64_t K, int64_t N,
+               const Epilogue& epi = Epilogue()) {
+    matmul(a, b, c, M, K, N, epi);
+}
+
 // y[o, i] = sum over l of x[o, l, i].  The innermost loop runs over `inner`,
 // which is contiguous in both x and y.
 inline void reduce_sum(const float* x, float* y,
