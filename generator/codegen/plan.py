@@ -95,6 +95,7 @@ class LevelLoop:
     body: CellBlock
     finish: list  # the states back in the caller's numbering
     at: int = -1
+    writes: list = field(default_factory=list)  # the values kept for the gradient (Write operands; written in the body)
 
 
 @dataclass(eq=False)
@@ -128,6 +129,7 @@ class ReverseLevelLoop:
     leaf: CellBlock | None
     finish: list
     writes: list  # the outputs (Write operands: the blocks write them under the cells' names)
+    reads: list  # what the forward loop kept (Read operands: the blocks read them under the cells' names)
     at: int = -1
 
 

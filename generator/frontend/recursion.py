@@ -79,6 +79,9 @@ class RecurseSpec:
     internal: Cell
     free: list  # outer values either cell reads, in the order they are node inputs
     batch: str = ""  # the name given to dg.trees (its inputs are <batch>_children, ...)
+    # Internal-cell values a training graph's forward loop keeps for the gradient's
+    # (its level GEMMs' results): extra outputs of the op, [nodes, ...] in schedule order.
+    kept: list = field(default_factory=list)
 
 
 def _placeholder(builder, base, dtype, shape):

@@ -46,7 +46,9 @@ class Recurse(OpDef):
 
     def regions(self, node):
         spec = node.attrs["spec"]
-        return [(cell.nodes, {id(v) for v in cell.outputs}) for cell in (spec.leaf, spec.internal)]
+        kept = {id(v) for v in spec.kept}
+        return [(spec.leaf.nodes, {id(v) for v in spec.leaf.outputs}),
+                (spec.internal.nodes, {id(v) for v in spec.internal.outputs} | kept)]
 
     def replace(self, node, old, new):
         spec = node.attrs["spec"]
@@ -56,6 +58,7 @@ class Recurse(OpDef):
                 inner.inputs = [new if v is old else v for v in inner.inputs]
             cell.outputs = [new if v is old else v for v in cell.outputs]
             cell.free = [new if v is old else v for v in cell.free]
+        spec.kept = [new if v is old else v for v in spec.kept]
 
     def id_limit(self, node, value):
         """Word ids must index every table the cells gather from by their words."""
@@ -88,7 +91,9 @@ class Recurse(OpDef):
             if v.dtype != "int64" or v.rank != rank:
                 raise ValueError(f"'{v.name}' must be int64 of rank {rank}, got {v.type_str()}")
         nodes = children.shape[0]
-        return [("float32", (nodes,) + tuple(shape)) for _, shape in attrs["spec"].state]
+        spec = attrs["spec"]
+        return ([("float32", (nodes,) + tuple(shape)) for _, shape in spec.state]
+                + [("float32", (nodes,) + tuple(v.shape[1:])) for v in spec.kept])
 
     def reference(self, args, attrs, dims):
         from ..treebatch import check_batch
@@ -96,11 +101,14 @@ class Recurse(OpDef):
         spec = attrs["spec"]
         children, words, roots = args[:3]
         free = {id(v): a for v, a in zip(spec.free, args[3:])}
-        _, order = check_batch(children, roots, spec.dag, "recurse")
+        height, order = check_batch(children, roots, spec.dag, "recurse")
         nodes = children.shape[0]
         dtype = np.result_type(*[a for a in args[3:] if a.dtype.kind == "f"] or [np.float32])
         states = [np.zeros((nodes,) + tuple(int(sympy.sympify(d).subs(dims)) for d in shape), dtype=dtype)
                   for _, shape in spec.state]
+        row = schedule_rows(height)
+        kept = [np.zeros((nodes,) + tuple(int(sympy.sympify(d).subs(dims)) for d in v.shape[1:]), dtype=dtype)
+                for v in spec.kept]
         one = {**dims, spec.rows: 1}
         for n in order:  # children before parents
             kids = [int(c) for c in children[n]]
@@ -115,25 +123,38 @@ class Recurse(OpDef):
                     for j, v in enumerate(slot):
                         env[id(v)] = states[j][c : c + 1] if c != -1 else np.zeros_like(states[j][:1])
                 out = _run_cell(spec.internal, env, one)
+                for j, v in enumerate(spec.kept):
+                    kept[j][row[n]] = env[id(v)][0]
             for j, value in enumerate(out):
                 states[j][n] = value[0]
-        return states
+        return states + kept
 
     def grad(self, node, gouts, gb):
         """One recurse_grad node (ops/recurse_grad.py) computes each free float
         value's gradient, a piece per cell that reads it; pieces are added here."""
+        from ..ir.graph import Value
         from ..transforms.cell_grad import differentiate_recursion
         from .scalar import ARGS
 
         spec = node.attrs["spec"]
-        back = differentiate_recursion(gb, spec)
+        ns = len(spec.state)
+        back = differentiate_recursion(gb, spec, keep=not spec.kept)
         pieces = [(which, i) for which, cell in enumerate(back.cells) for i in sorted(cell.d_free)]
         grads = [None] * len(node.inputs)
         if not pieces:
             return grads
-        gouts = [g if g is not None else gb.fill(v.shape, 0.0) for g, v in zip(gouts, node.outputs)]
+        # The forward loop keeps what the gradient's loop reads instead of making it
+        # again (its level GEMMs' results): outputs of this node from now on.
+        if not spec.kept:
+            spec.kept = [v for _, v in back.internal.loaded]
+            nodes = node.inputs[0].shape[0]
+            for v in spec.kept:
+                node.outputs.append(Value(gb.graph.names.unique(f"{v.name}_kept"), "float32",
+                                          (nodes,) + tuple(v.shape[1:]), producer=node, loc=node.loc))
+        states, kept = node.outputs[:ns], node.outputs[ns:]
+        gouts = [g if g is not None else gb.fill(v.shape, 0.0) for g, v in zip(gouts[:ns], states)]
         hints = [f"d_{spec.free[i].name}_{'leaf' if which == 0 else 'node'}" for which, i in pieces]
-        outs = gb.op("recurse_grad", list(node.inputs[:3]) + list(spec.free) + list(node.outputs) + gouts,
+        outs = gb.op("recurse_grad", list(node.inputs[:3]) + list(spec.free) + list(states) + gouts + list(kept),
                      {"spec": spec, "back": back, "pieces": pieces}, hints)
         for (which, i), g in zip(pieces, outs):
             slot = next((3 + k for k, v in enumerate(node.inputs[3:]) if v is spec.free[i]), None)
@@ -226,7 +247,18 @@ class Recurse(OpDef):
                     ctx.place[id(v)] = f"{v.name}.data() + ({start} - {leaves}) * {ctx.size(numel(v.shape[1:]))}"
         level_rows = f"{sched}.level_start[{level} + 1] - {start}"
         packed = _pack_loop_weights(ctx, names, cell, looped)
+        # Values kept for the gradient (spec.kept): written at the level's rows of outputs of their own.
+        ns = len(spec.state)
+        kept_writes = [ctx.write(out) for out in node.outputs[ns:]]
+        kept_at = {id(v): f"{w.expr} + {start} * {ctx.size(numel(v.shape[1:]))}" for v, w in zip(spec.kept, kept_writes)}
+        for v in spec.kept:
+            if ctx.claim_output(v):
+                ctx.place[id(v)] = kept_at[id(v)]
         body = run_block(cell, looped, level_rows, most, f"{sorted_words}.data() + {start}", start)
+        for v in spec.kept:
+            if ctx.place[id(v)] != kept_at[id(v)]:
+                body.body.append(Copy(ctx.target.copy_fn, ctx.read(v), f"{rows} * {ctx.size(numel(v.shape[1:]))}",
+                                      kept_at[id(v)]))
         gathers = [
             ctx.call("dg::gather_children", f"{states[j]}.data()", Named("width", ctx.size(widths[j])),
                      f"{sched}.child_row.data() + {start} * {spec.arity}", Named("arity", spec.arity),
@@ -237,12 +269,12 @@ class Recurse(OpDef):
         # States back in the caller's numbering.
         finish = [ctx.call("dg::unsort_rows", f"{state}.data()", f"{sched}.order.data()",
                            Named("rows", ctx.size(nodes)), Named("width", ctx.size(width)), ctx.write(out))
-                  for out, state, width in zip(node.outputs, states, widths)]
+                  for out, state, width in zip(node.outputs[:ns], states, widths)]
         return [LevelLoop(
             batch=children.name, schedule=sched, inspector=inspector, leaves=leaves, leaf=leaf,
             internal_rows=f"{ctx.size(nodes)} - {leaves}", hoisted=hoisted, max_rows=most,
             child_buffers=child_buffers, packed=packed, level=level, start=start, gathers=gathers, body=body,
-            finish=finish,
+            finish=finish, writes=kept_writes,
         )]
 
 
@@ -268,6 +300,14 @@ def inspector_lines(ctx, node):
         ctx.call("dg::permute_rows", ctx.read(words), f"{sched}.order.data()", Named("count", ctx.size(nodes)),
                  f"{sorted_words}.data()"),
     ]
+
+
+def schedule_rows(height):
+    """Each node's row in the generated code's schedule: nodes sorted by height,
+    ties in node order (dg_schedule.h's counting sort)."""
+    row = np.empty(len(height), np.int64)
+    row[np.argsort(height, kind="stable")] = np.arange(len(height))
+    return row
 
 
 def has_rows(v, rows) -> bool:

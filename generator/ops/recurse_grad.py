@@ -26,7 +26,7 @@ import numpy as np
 import sympy
 
 from ..ir.shapes import numel
-from .recurse import _pack_loop_weights, has_rows, hoistable, inspector_lines
+from .recurse import _pack_loop_weights, has_rows, hoistable, inspector_lines, schedule_rows
 from .registry import OpDef, get_op, register
 
 
@@ -38,11 +38,12 @@ def _run(nodes, env, dims):
 
 
 def _split(node):
-    """(free values, forward states, their gradients) among the node's inputs."""
+    """(free values, forward states, their gradients, values the forward loop kept)
+    among the node's inputs."""
     spec = node.attrs["spec"]
     nf, ns = len(spec.free), len(spec.state)
     rest = node.inputs[3:]
-    return rest[:nf], rest[nf : nf + ns], rest[nf + ns :]
+    return rest[:nf], rest[nf : nf + ns], rest[nf + ns : nf + 2 * ns], rest[nf + 2 * ns :]
 
 
 @register
@@ -76,8 +77,10 @@ class RecurseGrad(OpDef):
         children, words, roots = args[:3]
         free = args[3 : 3 + nf]
         states = args[3 + nf : 3 + nf + ns]
-        dstates = [np.array(d, copy=True) for d in args[3 + nf + ns :]]
-        _, order = check_batch(children, roots, spec.dag, "recurse")
+        dstates = [np.array(d, copy=True) for d in args[3 + nf + ns : 3 + nf + 2 * ns]]
+        kept = args[3 + nf + 2 * ns :]
+        height, order = check_batch(children, roots, spec.dag, "recurse")
+        row = schedule_rows(height)
         totals = {piece: np.zeros(np.shape(free[piece[1]]), dstates[0].dtype) for piece in attrs["pieces"]}
         one = {**dims, spec.rows: 1}
         for n in reversed(order):  # parents before children
@@ -91,6 +94,8 @@ class RecurseGrad(OpDef):
                     env[id(v)] = states[j][c : c + 1] if c != -1 else np.zeros_like(states[j][:1])
             for j, v in enumerate(cell.d_out):
                 env[id(v)] = dstates[j][n : n + 1]
+            for (v, _), values in zip(cell.loaded, kept):  # what the forward pass kept
+                env[id(v)] = values[row[n] : row[n] + 1]
             _run(cell.nodes, env, one)
             for slot, c in zip(cell.d_children, kids):
                 for j, d in enumerate(slot):
@@ -135,7 +140,7 @@ class _Lowering:
         ctx, spec, names = self.ctx, self.spec, self.names
         children = self.node.inputs[0]
         nodes = ctx.size(children.shape[0])
-        _, states, dstates = _split(self.node)
+        _, states, dstates, kept_inputs = _split(self.node)
         scratch = ctx.target.scratch_type
         sched, sorted_words, inspector = inspector_lines(ctx, self.node)
         # The forward states and the gradients arriving at them, in schedule order;
@@ -185,6 +190,11 @@ class _Lowering:
             raise RuntimeError("recurse_grad: a value the loop makes without rows is needed after it")  # our bug
         kept_children = {key for key in read_after if any(key == id(v) for slot in cell.children for v in slot)}
 
+        # What the forward loop kept (its level GEMMs' results), in schedule order:
+        # complete before this loop starts, so work made again from them alone is hoisted.
+        loaded = [(v, ctx.read(k)) for (v, _), k in zip(cell.loaded, kept_inputs)]
+        for v, base in loaded:
+            ctx.place[id(v)] = f"{base.expr} + {leaves} * {self.width(v)}"
         hoisted = None
         if hoisted_nodes:
             ctx.place[id(cell.words)] = f"{sorted_words}.data() + {leaves}"
@@ -212,6 +222,8 @@ class _Lowering:
             buffers.append(Declare(f"{scratch}<float>", v.name, [f"{internal} * {self.width(v)}"],
                                    note="kept for the gradient after the loop"))
             ctx.place[id(v)] = at_level(v, v.name)
+        for v, base in loaded:
+            ctx.place[id(v)] = f"{base.expr} + {start} * {self.width(v)}"
         ctx.place[id(cell.words)] = f"{sorted_words}.data() + {start}"
         for j, d in enumerate(cell.d_out):
             ctx.place[id(d)] = f"{self.grad_rows[j]}.data() + {start} * {ctx.size(self.widths[j])}"
@@ -238,6 +250,8 @@ class _Lowering:
             for k, slot in enumerate(cell.d_children) for j, d in enumerate(slot) if d is not None
         ]
         # After the loop: every internal row at once.
+        for v, base in loaded:
+            ctx.place[id(v)] = f"{base.expr} + {leaves} * {self.width(v)}"
         for v in kept:
             ctx.place[id(v)] = f"{v.name}.data()"
         for slot in cell.children:
@@ -256,7 +270,7 @@ class _Lowering:
             batch=children.name, schedule=sched, inspector=inspector, leaves=leaves, internal=internal,
             internal_rows=f"{nodes} - {leaves}", hoisted=hoisted, max_rows=most, buffers=buffers, packed=packed,
             level=level, start=start, gathers=gathers, body=loop_body, scatters=scatters, after=after,
-            leaf=leaf, finish=[], writes=list(writes.values()),
+            leaf=leaf, finish=[], writes=list(writes.values()), reads=[base for _, base in loaded],
         )
 
     def _block(self, decls, rows, count, body):

@@ -30,6 +30,7 @@ class BackCell:
     nodes: list
     d_children: list  # [[Value or None]] like children
     d_free: dict = field(default_factory=dict)  # index into spec.free -> gradient summed over the rows
+    loaded: list = field(default_factory=list)  # [(placeholder, forward cell value)]: kept by the forward loop
 
     def results(self) -> list:
         """The values the block must keep: the children's and the free values' gradients."""
@@ -51,8 +52,33 @@ def _placeholder(names, base, like):
     return Value(names.unique(base), like.dtype, tuple(like.shape), kind="cell", explicit=True)
 
 
-def differentiate_cell(gb: GradBuilder, spec, cell) -> BackCell:
-    """`cell`'s backward pass as a BackCell (see the module docstring)."""
+def kept_candidates(cell) -> list:
+    """The values of the internal cell the forward level loop keeps for the backward
+    one instead of having them made again: each child-dependent product's result
+    (the level's GEMM), or the elementwise node that is its only reader (the bias add
+    an epilogue fuses into it). The rest of the cell is cheap to make again."""
+    tainted = {id(v) for slot in cell.children for v in slot}
+    for node in cell.nodes:
+        if any(id(v) in tainted for v in node.inputs):
+            tainted.update(id(v) for v in node.outputs)
+    out = []
+    for node in cell.nodes:
+        if node.op != "matmul" or len(node.outputs) != 1 or id(node.outputs[0]) not in tainted:
+            continue
+        v = node.outputs[0]
+        readers = [n for n in cell.nodes if any(x is v for x in n.inputs)]
+        if (len(readers) == 1 and readers[0].op == "ewise" and len(readers[0].outputs) == 1
+                and tuple(readers[0].outputs[0].shape) == tuple(v.shape)):
+            v = readers[0].outputs[0]
+        if v.dtype == "float32" and all(v is not k for k in out):
+            out.append(v)
+    return out
+
+
+def differentiate_cell(gb: GradBuilder, spec, cell, keep=()) -> BackCell:
+    """`cell`'s backward pass as a BackCell (see the module docstring). Values in
+    `keep` (forward cell values) are read where the forward loop kept them instead
+    of being made again: they become placeholders (BackCell.loaded)."""
     names = gb.graph.names
     copy = {id(cell.words): _placeholder(names, cell.words.name, cell.words)}
     children = [[_placeholder(names, v.name, v) for v in slot] for slot in cell.children]
@@ -90,11 +116,18 @@ def differentiate_cell(gb: GradBuilder, spec, cell) -> BackCell:
     del gb.nodes[start:]  # the backward nodes live in the cell, not in the graph
     back = BackCell(copy[id(cell.words)], children, d_out, [], d_children, d_free)
     backward = needed_nodes(made, {id(v) for v in back.results()})
+    load = {id(copy[id(v)]): (_placeholder(names, f"{v.name}_kept", v), v) for v in keep if id(v) in copy}
+    for node in nodes + backward:  # read what the forward loop kept
+        node.inputs = [load[id(x)][0] if id(x) in load else x for x in node.inputs]
     forward = needed_nodes(nodes, {id(v) for n in backward for v in n.inputs} | {id(v) for v in back.results()})
     back.nodes = forward + backward
+    read = {id(x) for n in back.nodes for x in n.inputs}
+    back.loaded = [pair for pair in load.values() if id(pair[0]) in read]
     return back
 
 
-def differentiate_recursion(gb: GradBuilder, spec) -> BackSpec:
-    """Both cells of a recursive op, differentiated."""
-    return BackSpec(differentiate_cell(gb, spec, spec.leaf), differentiate_cell(gb, spec, spec.internal))
+def differentiate_recursion(gb: GradBuilder, spec, keep: bool = True) -> BackSpec:
+    """Both cells of a recursive op, differentiated; with `keep`, the internal
+    cell reads its products' results where the forward loop kept them."""
+    internal = differentiate_cell(gb, spec, spec.internal, kept_candidates(spec.internal) if keep else ())
+    return BackSpec(differentiate_cell(gb, spec, spec.leaf), internal)
