@@ -98,9 +98,9 @@ def test_fused_kernel_lists_its_dsl_statements():
         files["src/kernels.h"].decode())
     files = project_files(load_example("treelstm").build(), opt="O2")
     kernels = files["src/kernels.cpp"].decode()
-    assert "// fuses tanh, sigmoid, mul:\n// treelstm.py:37  h = dg.sigmoid(o) * dg.tanh(c)\n" in kernels
+    assert "// fuses tanh, sigmoid, mul:\n// treelstm.py:38  h = dg.sigmoid(o) * dg.tanh(c)\n" in kernels
     # a long DSL line stays whole on its comment line (clang-format does not reflow comments)
-    assert ("\n// treelstm.py:36  c = dg.sigmoid(i) * dg.tanh(g) + dg.sigmoid(f_l) * c_l + dg.sigmoid(f_r) * c_r\n"
+    assert ("\n// treelstm.py:37  c = dg.sigmoid(i) * dg.tanh(g) + dg.sigmoid(f_l) * c_l + dg.sigmoid(f_r) * c_r\n"
             in kernels)
 
 
