@@ -177,3 +177,58 @@ def test_sentiment_example_learns_negation(builds):
     example = runpy.run_path(str(ROOT / "examples" / "treelstm_sentiment.py"))
     module, _ = builds.module(example["treelstm_sentiment"].build())
     assert example["train"](module, log=lambda _: None) >= 0.95
+
+
+def _root_labeled_model():
+    """A TreeRNN over a DAG batch with labels at the roots only (dg.roots): the
+    gradient flows into the states through a gather, and a shared child sums
+    what its parents send."""
+    import generator as dg
+
+    @dg.model
+    def root_labeled():
+        dag = dg.trees("dag", arity=3, dag=True)
+        emb = dg.param("emb", (30, 6), init=dg.normal(0, 0.5))
+        w = dg.param("w", (6, 8), init=dg.normal(0, 0.5))
+        u = dg.param("u", (8, 8), init=dg.normal(0, 0.5))
+
+        def leaf(words):
+            return (dg.tanh(dg.gather(emb, words) @ w),)
+
+        def internal(words, children):
+            total = children[0][0] + children[1][0] + children[2][0]
+            return (dg.tanh(dg.gather(emb, words) @ w + total @ u),)
+
+        h = dg.recurse(dag, leaf, internal, names=("h",))
+        labels = dg.input("root_labels", (dag.roots.shape[0],), dtype="int64")
+        logits = dg.dense(dg.roots(dag, h), 4)
+        dg.train(dg.softmax_cross_entropy(logits, labels), dg.sgd(lr=0.1))
+        return {"h": h}
+
+    return root_labeled.build()
+
+
+def test_root_labels_through_a_dag(builds):
+    graph = _root_labeled_model()
+    module, _ = builds.module(graph)
+    rng = np.random.default_rng(12)
+    for trial in range(3):
+        batch = random_batch(rng, 5, 3, 30, 1, 9, dag=True)
+        inputs = {"dag_children": batch["children"], "dag_words": batch["words"], "dag_roots": batch["roots"],
+                  "root_labels": rng.integers(0, 4, len(batch["roots"])).astype(np.int64)}
+        _compare(graph, module, inputs, seed=trial)
+    # float64 finite differences of the per-node reference, a few entries
+    params = {k: v.astype(np.float64) for k, v in reference.init_params(graph, seed=0).items()}
+    _, grads = reference.gradients(graph, inputs, params, float_dtype=np.float64)
+    for name in ("u", "emb"):
+        for index in np.argsort(-np.abs(grads[name]).ravel())[:3]:
+            idx = np.unravel_index(index, params[name].shape)
+            old = params[name][idx]
+            losses = []
+            for delta in (1e-6, -1e-6):
+                params[name][idx] = old + delta
+                out = reference.run(graph, inputs, params, float_dtype=np.float64, values=[graph.train.loss])
+                losses.append(float(next(iter(out.values()))))
+            params[name][idx] = old
+            numeric = (losses[0] - losses[1]) / 2e-6
+            assert abs(numeric - grads[name][idx]) <= 1e-6 + 1e-5 * abs(numeric), (name, idx)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+import sympy
 
 from ..ir.shapes import fmt_shape, numel
 from ..codegen.stmt import Named
@@ -70,7 +71,9 @@ class ScatterAdd(OpDef):
 
     def reference(self, args, attrs, dims):
         ids, src = args
-        out = np.zeros((attrs["rows"],) + src.shape[ids.ndim :], dtype=src.dtype)
+        rows = attrs["rows"]  # a symbolic size when the table was an activation (a gather of tree states)
+        rows = rows if isinstance(rows, int) else int(sympy.sympify(rows).subs(dims))
+        out = np.zeros((rows,) + src.shape[ids.ndim :], dtype=src.dtype)
         np.add.at(out, ids, src)
         return [out]
 
