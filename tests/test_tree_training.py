@@ -232,3 +232,59 @@ def test_root_labels_through_a_dag(builds):
             params[name][idx] = old
             numeric = (losses[0] - losses[1]) / 2e-6
             assert abs(numeric - grads[name][idx]) <= 1e-6 + 1e-5 * abs(numeric), (name, idx)
+
+
+def _reshaping_cell(variant: str):
+    """Cells that reshape (found by review): a value of [2 * rows, 4] made in the loop
+    and read after it, a view of a product kept for after the loop, a hoisted value
+    reshaped (and a hoisted chain through a view)."""
+    import generator as dg
+
+    @dg.model(name=f"reshaping_{variant}")
+    def model():
+        trees = dg.trees("trees", arity=2)
+        emb = dg.param("emb", (30, 8), init=dg.normal(0, 0.5))
+        emb2 = dg.param("emb2", (30, 2, 4), init=dg.normal(0, 0.5))
+        w = dg.param("w", (8, 4), init=dg.normal(0, 0.5))
+        w2 = dg.param("w2", (16, 8), init=dg.normal(0, 0.5))
+
+        def leaf(words):
+            return (dg.gather(emb, words),)
+
+        def internal(words, children):
+            ((hl,), (hr,)) = children
+            if variant == "double_rows":
+                return (dg.reshape(dg.tanh(dg.reshape(dg.concat([hl, hr], axis=1), (-1, 8)) @ w), (-1, 8)),)
+            if variant == "kept_view":
+                return (dg.reshape(dg.sin(dg.reshape(dg.concat([hl, hr], axis=1) @ w2, (-1, 2, 4))), (-1, 8)),)
+            y = dg.reshape(dg.gather(emb2, words), (-1, 8))  # hoisted, a view
+            z = dg.reshape(dg.tanh(dg.reshape(dg.gather(emb, words), (-1, 4))), (-1, 8))
+            return (dg.tanh(y @ w2[:8] + z + dg.concat([hl, hr], axis=1) @ w2),)
+
+        h = dg.recurse(trees, leaf, internal, names=("h",))
+        labels = dg.input("labels", (h.shape[0],), dtype="int64")
+        dg.train(dg.softmax_cross_entropy(dg.dense(h, 5, name="cls"), labels, ignore_index=-1), dg.sgd(lr=0.1))
+        return {"h": h}
+
+    return model.build()
+
+
+@pytest.mark.parametrize("variant", ["double_rows", "kept_view", "hoisted_views"])
+def test_cells_that_reshape_train(builds, variant):
+    graph = _reshaping_cell(variant)
+    module, _ = builds.module(graph)
+    rng = np.random.default_rng(13)
+    inputs = _inputs(graph, random_batch(rng, 5, 2, 30, 1, 9), rng)
+    _compare(graph, module, inputs)
+    params = {k: v.astype(np.float64) for k, v in reference.init_params(graph, seed=0).items()}
+    _, grads = reference.gradients(graph, inputs, params, float_dtype=np.float64)
+    for name, grad in grads.items():
+        idx = np.unravel_index(int(np.argmax(np.abs(grad))), grad.shape)
+        old, losses = params[name][idx], []
+        for delta in (1e-6, -1e-6):
+            params[name][idx] = old + delta
+            out = reference.run(graph, inputs, params, float_dtype=np.float64, values=[graph.train.loss])
+            losses.append(float(next(iter(out.values()))))
+        params[name][idx] = old
+        numeric = (losses[0] - losses[1]) / 2e-6
+        assert abs(numeric - grad[idx]) <= 1e-6 + 1e-5 * abs(numeric), (name, idx, numeric, grad[idx])

@@ -78,7 +78,7 @@ class SoftmaxXent(OpDef):
 
 def _ignore_arg(node) -> list:
     ignore = node.attrs.get("ignore_index")
-    return [] if ignore is None else [Named("ignore_index", f"int64_t{{{int(ignore)}}}")]
+    return [] if ignore is None else [f"dg::IgnoreIndex{{{int(ignore)}}}"]
 
 
 @register

@@ -317,11 +317,20 @@ def has_rows(v, rows) -> bool:
 
 def hoistable(nodes, tainted: set, rows) -> list:
     """The nodes of an internal cell that can run once for all internal rows
-    before the level loop: they read no child (`tainted`: ids of values that do)
-    and are row-wise (their outputs have the rows first, or no rows at all)."""
-    return [n for n in nodes if not any(id(v) in tainted for v in n.outputs)
-            and all(not isinstance(d, int) and d == rows or rows not in getattr(d, "free_symbols", ())
-                    for v in n.outputs for d in v.shape[:1])]
+    before the level loop: they read no child (`tainted`: ids of values that do),
+    read no cell value made in the loop, are row-wise (their outputs have the rows
+    first, or no rows at all) and write data of their own (a view, a reshape, stays
+    in the loop: the loop reads hoisted values at the level's rows of their buffers)."""
+    made = {id(v) for n in nodes for v in n.outputs}
+    hoisted, done = [], set()
+    for n in nodes:
+        if (not any(id(v) in tainted for v in n.outputs) and not get_op(n.op).view
+                and all(id(v) not in made or id(v) in done for v in n.inputs)
+                and all(not isinstance(d, int) and d == rows or rows not in getattr(d, "free_symbols", ())
+                        for v in n.outputs for d in v.shape[:1])):
+            hoisted.append(n)
+            done.update(id(v) for v in n.outputs)
+    return hoisted
 
 
 def _pack_loop_weights(ctx, names, cell, looped) -> list:

@@ -37,6 +37,13 @@ def _run(nodes, env, dims):
             env[id(v)] = r
 
 
+def per_row(v, rows):
+    """The floats of v per row of its block (v is [rows, ...] or [k * rows, ...]), or
+    None when v does not grow with the rows as a whole multiple."""
+    w = sympy.expand(sympy.sympify(numel(v.shape)) / rows)
+    return w if rows not in w.free_symbols and sympy.fraction(sympy.together(w))[1].free_symbols == set() else None
+
+
 def _split(node):
     """(free values, forward states, their gradients, values the forward loop kept)
     among the node's inputs."""
@@ -131,7 +138,8 @@ class _Lowering:
         self.widths = [numel(shape) for _, shape in self.spec.state]
 
     def width(self, v) -> str:
-        return self.ctx.size(numel(v.shape[1:]))
+        """Floats per row of the block: a value of [k * rows, ...] (a reshape) has k rows of its own per node."""
+        return self.ctx.size(per_row(v, self.spec.rows))
 
     def loop(self):
         from ..codegen.plan import ReverseLevelLoop
@@ -186,8 +194,12 @@ class _Lowering:
         for piece, v in cell.d_free.items():
             read_after.setdefault(id(v), v)
         kept = [v for key, v in read_after.items() if key in made_in_loop]
-        if any(not has_rows(v, rows) for v in kept):
-            raise RuntimeError("recurse_grad: a value the loop makes without rows is needed after it")  # our bug
+        for v in kept:
+            if per_row(v, rows) is None:
+                from ..errors import ModelError
+
+                raise ModelError(f"cannot differentiate the cell: '{v.name}' {v.type_str()} is not row by row "
+                                 "(a cell must compute each node's row on its own)", v.loc, "recurse")
         kept_children = {key for key in read_after if any(key == id(v) for slot in cell.children for v in slot)}
 
         # What the forward loop kept (its level GEMMs' results), in schedule order:
@@ -218,10 +230,14 @@ class _Lowering:
                 buffers.append(Declare(f"{scratch}<float>", v.name,
                                        [f"{internal if full else most} * {self.width(v)}"]))
                 ctx.place[id(v)] = at_level(v, v.name) if full else f"{v.name}.data()"
+        # A view (reshape) is a pointer the loop's scope declares: its rows are copied
+        # into a buffer of another name.
+        buf = {id(v): names.unique(f"{v.name}_rows") if get_op(v.producer.op).view else v.name for v in kept}
         for v in kept:
-            buffers.append(Declare(f"{scratch}<float>", v.name, [f"{internal} * {self.width(v)}"],
+            buffers.append(Declare(f"{scratch}<float>", buf[id(v)], [f"{internal} * {self.width(v)}"],
                                    note="kept for the gradient after the loop"))
-            ctx.place[id(v)] = at_level(v, v.name)
+            if buf[id(v)] == v.name:
+                ctx.place[id(v)] = at_level(v, v.name)
         for v, base in loaded:
             ctx.place[id(v)] = f"{base.expr} + {start} * {self.width(v)}"
         ctx.place[id(cell.words)] = f"{sorted_words}.data() + {start}"
@@ -231,7 +247,7 @@ class _Lowering:
         level_rows = f"{sched}.level_start[{level} + 1] - {start}"
         decls, body = ctx.lower_nodes(looped_forward + looped_backward, {rows: sympy.Symbol(most)})
         for v in kept:  # a view (reshape) names other data: copy it into the kept rows
-            target = at_level(v, v.name)
+            target = at_level(v, buf[id(v)])
             if ctx.place[id(v)] != target:
                 body.append(self._copy(v, target, str(rows)))
                 ctx.place[id(v)] = target
@@ -253,7 +269,7 @@ class _Lowering:
         for v, base in loaded:
             ctx.place[id(v)] = f"{base.expr} + {leaves} * {self.width(v)}"
         for v in kept:
-            ctx.place[id(v)] = f"{v.name}.data()"
+            ctx.place[id(v)] = f"{buf[id(v)]}.data()"
         for slot in cell.children:
             for v in slot:
                 if id(v) in kept_children:

@@ -52,7 +52,7 @@ def _placeholder(names, base, like):
     return Value(names.unique(base), like.dtype, tuple(like.shape), kind="cell", explicit=True)
 
 
-def kept_candidates(cell) -> list:
+def kept_candidates(cell, rows) -> list:
     """The values of the internal cell the forward level loop keeps for the backward
     one instead of having them made again: each child-dependent product's result
     (the level's GEMM), or the elementwise node that is its only reader (the bias add
@@ -70,7 +70,9 @@ def kept_candidates(cell) -> list:
         if (len(readers) == 1 and readers[0].op == "ewise" and len(readers[0].outputs) == 1
                 and tuple(readers[0].outputs[0].shape) == tuple(v.shape)):
             v = readers[0].outputs[0]
-        if v.dtype == "float32" and all(v is not k for k in out):
+        # one row per node (a product over [2 * rows, ...] rows is made again instead)
+        row_wise = v.rank and not isinstance(v.shape[0], int) and v.shape[0] == rows
+        if v.dtype == "float32" and row_wise and all(v is not k for k in out):
             out.append(v)
     return out
 
@@ -129,5 +131,5 @@ def differentiate_cell(gb: GradBuilder, spec, cell, keep=()) -> BackCell:
 def differentiate_recursion(gb: GradBuilder, spec, keep: bool = True) -> BackSpec:
     """Both cells of a recursive op, differentiated; with `keep`, the internal
     cell reads its products' results where the forward loop kept them."""
-    internal = differentiate_cell(gb, spec, spec.internal, kept_candidates(spec.internal) if keep else ())
+    internal = differentiate_cell(gb, spec, spec.internal, kept_candidates(spec.internal, spec.rows) if keep else ())
     return BackSpec(differentiate_cell(gb, spec, spec.leaf), internal)

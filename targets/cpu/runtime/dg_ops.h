@@ -250,20 +250,27 @@ void scatter_add_rows(const Id* ids, int64_t n, const float* src, int64_t width,
     }
 }
 
-// A label that softmax_xent skips: none unless ignore_index is given.
-constexpr int64_t kNoIgnoreIndex = INT64_MIN;
+// A label that softmax_xent skips (PyTorch's ignore_index): dg::IgnoreIndex{-1};
+// IgnoreIndex{} skips none (every int64 label is then checked against the classes).
+struct IgnoreIndex {
+    int64_t label = 0;
+    bool active = false;
+    IgnoreIndex() = default;
+    explicit IgnoreIndex(int64_t l) : label(l), active(true) {}
+    bool skips(int64_t l) const { return active && l == label; }
+};
 
 // Mean softmax cross-entropy of logits[rows, classes] against integer labels:
 // loss = mean_i (logsumexp(logits_i) - logits_i[label_i]) over the rows whose
 // label is not ignore_index (PyTorch's ignore_index); 0 when no row is labeled.
 template <typename Id>
 void softmax_xent(const float* logits, const Id* labels, float* loss,
-                  int64_t rows, int64_t classes, const char* what, int64_t ignore_index = kNoIgnoreIndex) {
+                  int64_t rows, int64_t classes, const char* what, IgnoreIndex ignore = IgnoreIndex()) {
     double total = 0.0;
     int64_t counted = 0;
     for (int64_t i = 0; i < rows; ++i) {
         const int64_t label = static_cast<int64_t>(labels[i]);
-        if (label == ignore_index) continue;
+        if (ignore.skips(label)) continue;
         if (label < 0 || label >= classes) {
             throw std::invalid_argument(std::string(what) + ": label " + std::to_string(label) +
                                         " at position " + std::to_string(i) +
@@ -282,15 +289,15 @@ void softmax_xent(const float* logits, const Id* labels, float* loss,
 // zero on the rows it skips.
 template <typename Id>
 void softmax_xent_grad(const float* logits, const Id* labels, const float* g,
-                       float* d_logits, int64_t rows, int64_t classes, int64_t ignore_index = kNoIgnoreIndex) {
+                       float* d_logits, int64_t rows, int64_t classes, IgnoreIndex ignore = IgnoreIndex()) {
     int64_t counted = 0;
-    for (int64_t i = 0; i < rows; ++i) counted += static_cast<int64_t>(labels[i]) != ignore_index;
+    for (int64_t i = 0; i < rows; ++i) counted += !ignore.skips(static_cast<int64_t>(labels[i]));
     const float scale = counted > 0 ? g[0] / static_cast<float>(counted) : 0.0f;
     for (int64_t i = 0; i < rows; ++i) {
         const float* z = logits + i * classes;
         float* d = d_logits + i * classes;
         const int64_t label = static_cast<int64_t>(labels[i]);
-        if (label == ignore_index) {
+        if (ignore.skips(label)) {
             std::fill(d, d + classes, 0.0f);
             continue;
         }

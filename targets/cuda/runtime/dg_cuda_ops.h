@@ -269,8 +269,15 @@ void scatter_add_rows(const Id* ids, int64_t n, const float* src, int64_t width,
   });
 }
 
-// A label that softmax_xent skips: none unless ignore_index is given.
-constexpr int64_t kNoIgnoreIndex = INT64_MIN;
+// A label that softmax_xent skips (PyTorch's ignore_index): dg::IgnoreIndex{-1};
+// IgnoreIndex{} skips none (every int64 label is then checked against the classes).
+struct IgnoreIndex {
+    int64_t label = 0;
+    bool active = false;
+    IgnoreIndex() = default;
+    explicit IgnoreIndex(int64_t l) : label(l), active(true) {}
+    DG_HD bool skips(int64_t l) const { return active && l == label; }
+};
 
 // Mean softmax cross-entropy of logits[rows, classes] against integer labels:
 // loss = mean_i (logsumexp(logits_i) - logits_i[label_i]) over the rows whose label
@@ -278,7 +285,7 @@ constexpr int64_t kNoIgnoreIndex = INT64_MIN;
 // gather ids.
 template <typename Id>
 void softmax_xent(const float* logits, const Id* labels, float* loss, int64_t rows, int64_t classes,
-                  const char* what, int64_t ignore_index = kNoIgnoreIndex) {
+                  const char* what, IgnoreIndex ignore = IgnoreIndex()) {
   if (rows == 0) {
     fill(loss, 1, 0.0f);
     return;
@@ -288,7 +295,7 @@ void softmax_xent(const float* logits, const Id* labels, float* loss, int64_t ro
   float* row_loss = per_row.data();
   for_each("softmax_xent", rows, [=] DG_HD(int64_t i) {
     const int64_t label = static_cast<int64_t>(labels[i]);
-    if (label == ignore_index) {
+    if (ignore.skips(label)) {
       row_loss[i] = 0.0f;
       return;
     }
@@ -307,7 +314,7 @@ void softmax_xent(const float* logits, const Id* labels, float* loss, int64_t ro
     int64_t counted = 0;
     for (int64_t i = 0; i < rows; ++i) {
       total += static_cast<double>(row_loss[i]);
-      counted += static_cast<int64_t>(labels[i]) != ignore_index;
+      counted += !ignore.skips(static_cast<int64_t>(labels[i]));
     }
     loss[0] = counted > 0 ? static_cast<float>(total / static_cast<double>(counted)) : 0.0f;
     if (bad[0] != kNoBadPosition) bad[1] = static_cast<int64_t>(labels[bad[0]]);
@@ -318,20 +325,20 @@ void softmax_xent(const float* logits, const Id* labels, float* loss, int64_t ro
 // with g a device scalar; zero on the rows it skips.
 template <typename Id>
 void softmax_xent_grad(const float* logits, const Id* labels, const float* g, float* d_logits, int64_t rows,
-                       int64_t classes, int64_t ignore_index = kNoIgnoreIndex) {
+                       int64_t classes, IgnoreIndex ignore = IgnoreIndex()) {
   if (rows == 0) return;
   DeviceVector<float> scale_slot(1);
   float* scale = scale_slot.data();
   for_each("softmax_xent_grad count", 1, [=] DG_HD(int64_t) {
     int64_t counted = 0;
-    for (int64_t i = 0; i < rows; ++i) counted += static_cast<int64_t>(labels[i]) != ignore_index;
+    for (int64_t i = 0; i < rows; ++i) counted += !ignore.skips(static_cast<int64_t>(labels[i]));
     scale[0] = counted > 0 ? g[0] / static_cast<float>(counted) : 0.0f;
   });
   for_each("softmax_xent_grad", rows, [=] DG_HD(int64_t i) {
     const float* z = logits + i * classes;
     float* d = d_logits + i * classes;
     const int64_t label = static_cast<int64_t>(labels[i]);
-    if (label == ignore_index) {
+    if (ignore.skips(label)) {
       for (int64_t j = 0; j < classes; ++j) d[j] = 0.0f;
       return;
     }
