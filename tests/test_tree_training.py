@@ -51,6 +51,29 @@ def _chain(depth, arity, vocab):
             "roots": np.array([depth - 1], np.int64)}
 
 
+def assert_finite_differences(graph, inputs, seed, names, largest=3, random=0, rng=None):
+    """The reference's float64 gradient of each parameter in `names` (None: every one
+    the loss depends on) against central
+    differences of the per-node forward pass: its `largest` entries and `random` more."""
+    params = {k: v.astype(np.float64) for k, v in reference.init_params(graph, seed=seed).items()}
+    _, grads = reference.gradients(graph, inputs, params, float_dtype=np.float64)
+    for name in names if names is not None else list(grads):
+        p, grad = params[name], grads[name]
+        flat = np.argsort(-np.abs(grad).ravel())[:largest].tolist()
+        flat += rng.integers(0, p.size, random).tolist() if random else []
+        for index in flat:
+            idx = np.unravel_index(index, p.shape)
+            old, losses = p[idx], []
+            for delta in (1e-6, -1e-6):
+                p[idx] = old + delta
+                out = reference.run(graph, inputs, params, float_dtype=np.float64, values=[graph.train.loss])
+                losses.append(float(next(iter(out.values()))))
+            p[idx] = old
+            numeric = (losses[0] - losses[1]) / 2e-6
+            assert abs(numeric - grad[idx]) <= 1e-6 + 1e-5 * abs(numeric), (name, idx, numeric, grad[idx])
+    return grads
+
+
 @pytest.mark.parametrize("name", RECURSIVE)
 def test_reference_gradient_matches_finite_differences(name):
     """The differentiated cells, run per node, against the per-node forward pass
@@ -59,28 +82,8 @@ def test_reference_gradient_matches_finite_differences(name):
     spec = _spec(graph)
     rng = np.random.default_rng(3)
     inputs = _inputs(graph, random_batch(rng, 2, spec.arity, _vocab(graph), 1, 5, dag=spec.dag), rng)
-    params = {k: v.astype(np.float64) for k, v in reference.init_params(graph, seed=1).items()}
-    loss, grads = reference.gradients(graph, inputs, params, float_dtype=np.float64)
-
-    def loss_at():
-        out = reference.run(graph, inputs, params, float_dtype=np.float64, values=[graph.train.loss])
-        return float(next(iter(out.values())))
-
+    grads = assert_finite_differences(graph, inputs, seed=1, names=None, random=3, rng=rng)
     assert set(grads) == {p.name for p in graph.trainable}
-    for pname, grad in grads.items():
-        p = params[pname]
-        # the entries with the largest gradient, and random ones
-        flat = np.argsort(-np.abs(grad).ravel())[:3].tolist() + rng.integers(0, p.size, 3).tolist()
-        for index in flat:
-            idx = np.unravel_index(index, p.shape)
-            old = p[idx]
-            p[idx] = old + 1e-6
-            up = loss_at()
-            p[idx] = old - 1e-6
-            down = loss_at()
-            p[idx] = old
-            numeric = (up - down) / 2e-6
-            assert abs(numeric - grad[idx]) <= 1e-6 + 1e-5 * abs(numeric), (pname, idx, numeric, grad[idx])
 
 
 @pytest.fixture(scope="module", params=RECURSIVE)
@@ -218,20 +221,7 @@ def test_root_labels_through_a_dag(builds):
                   "root_labels": rng.integers(0, 4, len(batch["roots"])).astype(np.int64)}
         _compare(graph, module, inputs, seed=trial)
     # float64 finite differences of the per-node reference, a few entries
-    params = {k: v.astype(np.float64) for k, v in reference.init_params(graph, seed=0).items()}
-    _, grads = reference.gradients(graph, inputs, params, float_dtype=np.float64)
-    for name in ("u", "emb"):
-        for index in np.argsort(-np.abs(grads[name]).ravel())[:3]:
-            idx = np.unravel_index(index, params[name].shape)
-            old = params[name][idx]
-            losses = []
-            for delta in (1e-6, -1e-6):
-                params[name][idx] = old + delta
-                out = reference.run(graph, inputs, params, float_dtype=np.float64, values=[graph.train.loss])
-                losses.append(float(next(iter(out.values()))))
-            params[name][idx] = old
-            numeric = (losses[0] - losses[1]) / 2e-6
-            assert abs(numeric - grads[name][idx]) <= 1e-6 + 1e-5 * abs(numeric), (name, idx)
+    assert_finite_differences(graph, inputs, seed=0, names=["u", "emb"])
 
 
 def _reshaping_cell(variant: str):
@@ -276,15 +266,4 @@ def test_cells_that_reshape_train(builds, variant):
     rng = np.random.default_rng(13)
     inputs = _inputs(graph, random_batch(rng, 5, 2, 30, 1, 9), rng)
     _compare(graph, module, inputs)
-    params = {k: v.astype(np.float64) for k, v in reference.init_params(graph, seed=0).items()}
-    _, grads = reference.gradients(graph, inputs, params, float_dtype=np.float64)
-    for name, grad in grads.items():
-        idx = np.unravel_index(int(np.argmax(np.abs(grad))), grad.shape)
-        old, losses = params[name][idx], []
-        for delta in (1e-6, -1e-6):
-            params[name][idx] = old + delta
-            out = reference.run(graph, inputs, params, float_dtype=np.float64, values=[graph.train.loss])
-            losses.append(float(next(iter(out.values()))))
-        params[name][idx] = old
-        numeric = (losses[0] - losses[1]) / 2e-6
-        assert abs(numeric - grad[idx]) <= 1e-6 + 1e-5 * abs(numeric), (name, idx, numeric, grad[idx])
+    assert_finite_differences(graph, inputs, seed=0, names=None, largest=1)
