@@ -185,7 +185,7 @@ class Recurse(OpDef):
         hoisted block, the buffers made once before the loop, and per level the
         children's gathers and the cell's body."""
         from ..codegen.plan import CellBlock, LevelLoop
-        from ..codegen.stmt import Call, Copy, Declare, Named
+        from ..codegen.stmt import Copy, Declare, Named
 
         spec = node.attrs["spec"]
         children, words = node.inputs[:2]
