@@ -16,6 +16,7 @@ from .frontend.initializers import constant, glorot_uniform, he_normal, normal, 
 from .ir.shapes import dim
 from .frontend.recursion import recurse, roots, trees
 from .frontend.vision import *  # noqa: F401,F403
+from .frontend.attention import *  # noqa: F401,F403
 from .frontend.train import adam, bce_with_logits, mse, sgd, softmax_cross_entropy, train
 
 __version__ = "0.1.0"

@@ -95,7 +95,7 @@ def check_bad_inputs(graph, module):
     model = module.Model()
     good = sample_inputs(graph)
     name, value = next(iter(good.items()))
-    declared = graph.inputs[0].shape
+    declared = next(v.shape for v in graph.inputs if v.name == name)
     cases = {
         "wrong dtype": (dict(good, **{name: value.astype(np.float16)}), "expected dtype"),
         "wrong rank": (dict(good, **{name: value[..., None]}), "expected %d dimensions" % len(declared)),

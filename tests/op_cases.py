@@ -104,6 +104,27 @@ def _cases():
              {"a": _f((N, 7)), "b": _f((7, 5))}, ("matmul",), tol=1e-4),
         Case("matmul_3d", lambda t: dg.matmul(t["a"], t["b"]), lambda a: a["a"] @ a["b"],
              {"a": _f((N, T, 7)), "b": _f((7, 3))}, ("matmul",), tol=1e-4),
+        Case("matmul_nt", lambda t: dg.matmul(t["x"], t["w"], tb=True), lambda a: a["x"] @ a["w"].T,
+             {"x": _f((N, T, 4)), "w": _f((3, 4))}, ("matmul",), tol=1e-4),
+        Case("bmm_operator", lambda t: t["a"] @ t["b"], lambda a: np.einsum("nhmk,nhkp->nhmp", a["a"], a["b"]),
+             {"a": _f((N, 2, 3, 4)), "b": _f((N, 2, 4, 5))}, ("bmm",), tol=1e-4),
+        Case("bmm_ta", lambda t: dg.bmm(t["a"], t["b"], ta=True), lambda a: np.einsum("nkm,nkp->nmp", a["a"], a["b"]),
+             {"a": _f((N, 4, 3)), "b": _f((N, 4, 5))}, ("bmm",), tol=1e-4),
+        Case("bmm_tb", lambda t: dg.bmm(t["a"], t["b"], tb=True), lambda a: np.einsum("nmk,npk->nmp", a["a"], a["b"]),
+             {"a": _f((N, T, 3)), "b": _f((N, 5, 3))}, ("bmm",), tol=1e-4),
+        Case("bmm_ta_tb", lambda t: dg.bmm(t["a"], t["b"], ta=True, tb=True),
+             lambda a: np.einsum("nkm,npk->nmp", a["a"], a["b"]), {"a": _f((N, 4, 3)), "b": _f((N, 5, 4))},
+             ("bmm",), tol=1e-4),
+        Case("layer_norm", lambda t: dg.layer_norm(t["x"], t["w"], t["b"], eps=1e-3),
+             lambda a: (a["x"] - a["x"].mean(-1, keepdims=True)) / np.sqrt(a["x"].var(-1, keepdims=True) + 1e-3)
+             * a["w"] + a["b"], {"x": _f((N, T, 6)), "w": _f((6,), 0.5, 2), "b": _f((6,))},
+             ("layer_norm",), tol=1e-4, grad_ops=("layer_norm_grad",)),
+        Case("length_mask", lambda t: dg.length_mask(t["lengths"], 5),
+             lambda a: np.where(np.arange(5)[None, :] < a["lengths"][:, None], 0.0, -np.inf),
+             {"lengths": ((N,), "int32", 1, 6)}, ("length_mask",)),
+        Case("softmax_length_mask", lambda t: dg.softmax(t["x"], mask=dg.reshape(dg.length_mask(t["l"], 5), (-1, 1, 5))),
+             lambda a: _masked_softmax(a["x"], a["l"]), {"x": _f((N, 2, 5), -5, 5), "l": ((N,), "int64", 1, 6)},
+             ("length_mask", "softmax", "ewise", "reshape")),
         Case("sum_all", lambda t: dg.sum(t["x"]), lambda a: np.sum(a["x"]), {"x": _f((N, 4, 5))}, ("sum",), tol=1e-4),
         Case("sum_axis1_keep", lambda t: dg.sum(t["x"], axis=1, keepdims=True), lambda a: np.sum(a["x"], 1, keepdims=True),
              {"x": _f((N, 4, 5))}, ("sum",)),
@@ -251,6 +272,13 @@ def _dropout_oracle(x, p, index, seed=0, draw=0):
 
     keep = dropout_keep(x.size, seed, name_stream(f"dropout{index}"), draw, p).reshape(x.shape)
     return np.where(keep, x / (1 - p), 0.0)
+
+
+def _masked_softmax(x, lengths):
+    """softmax over the last axis of x [N, ..., T] over the first lengths[n] entries, 0 past them."""
+    valid = (np.arange(x.shape[-1]) < lengths[:, None]).reshape((len(x),) + (1,) * (x.ndim - 2) + (-1,))
+    e = np.where(valid, np.exp(x - np.where(valid, x, -np.inf).max(axis=-1, keepdims=True)), 0.0)
+    return e / e.sum(axis=-1, keepdims=True)
 
 
 def _softmax(x, axis):

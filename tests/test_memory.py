@@ -51,7 +51,8 @@ def test_measured_peak_equals_prediction(name, builds):
 
 
 SLACK = {("lenet", "forward_floats"): 1.17, ("lenet", "train_floats"): 1.17,
-         ("vgg11", "forward_floats"): 1.30, ("vgg11", "train_floats"): 1.13}
+         ("vgg11", "forward_floats"): 1.30, ("vgg11", "train_floats"): 1.13,
+         ("bert_encoder", "forward_floats"): 1.14}
 
 
 @pytest.mark.parametrize("name", EXAMPLES)
@@ -70,6 +71,9 @@ def test_plan_is_within_ten_percent_of_the_lower_bound(name):
             # VGG-11's backward recomputes its relu outputs (transforms/remat.py): its
             # forward part is 1.24-1.28x of its own bound inside the train plan (whose
             # arena is 1.12x at batch 1, 1.01x at 64), yet 31% smaller than before remat.
+            # BERT's attention splits q, k and v off one [N, T, 3E] projection and copies each
+            # into heads: while T is small (scores negligible) those pieces (3E, E, E, E) leave a
+            # gap, 8E per token planned against 7E + 1 live (1.14x); 1.08x at N = T = 64.
             slack = SLACK.get((name, arena), 1.15 if graph.train and arena == "forward_floats" else 1.10)
             assert planned <= slack * lowest + 1e-9, (name, arena, size, planned, lowest)
 

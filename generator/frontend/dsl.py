@@ -25,11 +25,11 @@ from .builder import Tensor, current
 from ..errors import ModelError, ShapeError
 from ..ir.names import problem_with
 from ..ops import ARGS, SCALAR_FUNCS, scalar_expr
-from ..ir.shapes import contiguous_groups, fmt_dim, fmt_shape, norm_dim, normalize_axis, numel
+from ..ir.shapes import contiguous_groups, fmt_dim, fmt_shape, norm_dim, normalize_axis, numel, same
 from .source import user_loc
 
 __all__ = [
-    "input", "param", "elementwise", "leaky_relu", "elu", "matmul", "sum", "mean", "max",
+    "input", "param", "elementwise", "leaky_relu", "elu", "matmul", "bmm", "sum", "mean", "max",
     "softmax", "log_softmax", "reshape", "transpose", "concat", "split", "slice_axis",
     "gather", "dense", "linear", "embedding", "add", "sub", "mul", "div", "pow",
     "maximum", "minimum",
@@ -174,9 +174,23 @@ def _axis(x, axis, op, loc):
         ) from None
 
 
-def matmul(a, b, name=None) -> Tensor:
-    """a[..., K] @ b[K, P] -> [..., P]."""
-    return current().add("matmul", [_tensor(a, "matmul"), _tensor(b, "matmul")], {}, name=name)[0]
+def matmul(a, b, tb: bool = False, name=None) -> Tensor:
+    """a[..., K] @ b[K, P] -> [..., P]; with tb, b is stored [P, K] (a PyTorch Linear
+    weight: x @ W^T without a transposed copy). A b of rank above 2 is a batched
+    product (`bmm`)."""
+    a, b = _tensor(a, "matmul"), _tensor(b, "matmul")
+    if b.ndim > 2:
+        return bmm(a, b, tb=tb, name=name)
+    return current().add("matmul", [a, b], {"tb": True} if tb else {}, name=name)[0]
+
+
+def bmm(a, b, ta: bool = False, tb: bool = False, name=None) -> Tensor:
+    """Batched product of two activations: a[..., M, K] @ b[..., K, P] -> [..., M, P],
+    one product per index of the leading axes (which must agree). ta / tb: that
+    operand is stored with its last two axes swapped (q @ k^T is bmm(q, k, tb=True))."""
+    a, b = _tensor(a, "bmm"), _tensor(b, "bmm")
+    flags = {k: True for k, v in (("ta", ta), ("tb", tb)) if v}
+    return current().add("bmm", [a, b], flags, name=name)[0]
 
 
 def _reduce(op, x, axis, keepdims, name):
@@ -214,7 +228,15 @@ def _axis_op(op, x, axis, name):
     return current().add(op, [x], {"axis": axis}, name=name)[0]
 
 
-def softmax(x, axis=-1, name=None):
+def softmax(x, axis=-1, mask=None, name=None):
+    """softmax along `axis`; `mask`, an additive float mask that broadcasts to x
+    (0 to keep, -inf to drop, such as dg.length_mask makes), is added first."""
+    if mask is not None:
+        x, mask = _tensor(x, "softmax"), _tensor(mask, "softmax")
+        if mask.ndim > x.ndim or any(not (same(m, 1) or same(m, d)) for m, d in zip(mask.shape[::-1], x.shape[::-1])):
+            raise ShapeError(f"mask '{mask.name}' {fmt_shape(mask.shape)} does not broadcast to '{x.name}' "
+                             f"{fmt_shape(x.shape)}", user_loc(), "softmax")
+        x = x + mask
     return _axis_op("softmax", x, axis, name)
 
 
@@ -419,6 +441,6 @@ Tensor.__rtruediv__ = lambda a, b: _ewise("div", [b, a])
 Tensor.__pow__ = lambda a, b: _ewise("pow", [a, b])
 Tensor.__rpow__ = lambda a, b: _ewise("pow", [b, a])
 Tensor.__neg__ = lambda a: _ewise("neg", [a])
-Tensor.__matmul__ = lambda a, b: matmul(a, b)
+Tensor.__matmul__ = lambda a, b: matmul(a, b)  # bmm when b has more than 2 axes
 Tensor.__getitem__ = _getitem
 Tensor.T = property(lambda a: transpose(a))

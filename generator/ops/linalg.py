@@ -1,7 +1,10 @@
-"""Matrix multiply: a[..., M, K] @ b[K, P] -> [..., M, P].
+"""Matrix products: `matmul`, a[..., M, K] @ b[K, P] -> [..., M, P] (activations by
+a weight), and `bmm`, a[..., M, K] @ b[..., K, P] over the same leading batch axes
+(two activations: attention's scores and its weighted sum).
 
-Attrs `ta`/`tb` say an operand is stored transposed (then it must be 2-D): the
-gradients a^T @ g and g @ b^T are computed without materializing a transpose.
+Attrs `ta`/`tb` say an operand is stored transposed (matmul: a must then be 2-D;
+bmm: the last two axes are swapped): gradients such as a^T @ g and g @ b^T, and
+products by PyTorch-layout weights (x @ W^T), need no transposed copy.
 
 Attr `epilogue` (set by passes.epilogue, never by the DSL): a sympy expression
 applied to each output element inside the GEMM, once its sum is complete. Its x0
@@ -106,15 +109,105 @@ class MatMul(OpDef):
         return text
 
     def grad(self, node, gouts, gb):
+        """c = op(a) @ op(b): d op(a) = g @ op(b)^T and d op(b) = op(a)^T @ g, each
+        written for the layout its operand is stored in (no transpose is made)."""
         (g,) = gouts
         a, b = node.inputs[:2]
         if "epilogue" in node.attrs:
             raise NotImplementedError("gradient of a matmul with a fused epilogue (fuse after autodiff)")
-        if node.attrs.get("ta") or node.attrs.get("tb"):
-            raise NotImplementedError("second derivatives of transposed matmuls")
+        ta, tb = node.attrs.get("ta", False), node.attrs.get("tb", False)
+        if ta:  # a is 2-D, stored [K, M]: da = (g @ op(b)^T)^T, db = op((a @ g)^T if tb)
+            both = {"ta": True, "tb": True}
+            da = gb.op("matmul", [b, g], both if tb else {"tb": True}, f"d_{a.name}")
+            db = gb.op("matmul", [g, a] if tb else [a, g], both if tb else {}, f"d_{b.name}")
+            return [da, db]
         rows = numel(a.shape[:-1])
-        da = gb.op("matmul", [g, b], {"tb": True}, f"d_{a.name}")
         a2 = a if a.rank == 2 else gb.reshape(a, (rows, a.shape[-1]))
         g2 = g if g.rank == 2 else gb.reshape(g, (rows, g.shape[-1]))
+        if tb:  # b stored [P, K]: da = g @ b, db = g^T @ a
+            da = gb.op("matmul", [g, b], {}, f"d_{a.name}")
+            db = gb.op("matmul", [g2, a2], {"ta": True}, f"d_{b.name}")
+            return [da, db]
+        da = gb.op("matmul", [g, b], {"tb": True}, f"d_{a.name}")
         db = gb.op("matmul", [a2, g2], {"ta": True}, f"d_{b.name}")
+        return [da, db]
+
+
+def _swap_last(shape, transposed):
+    shape = tuple(shape)
+    return shape[:-2] + (shape[-1], shape[-2]) if transposed else shape
+
+
+def _transposed(ta, tb) -> dict:
+    """bmm's attrs: only the flags that are set."""
+    return {k: True for k, v in (("ta", ta), ("tb", tb)) if v}
+
+
+def _flag(value) -> str:
+    return "true" if value else "false"
+
+
+@register
+class BatchedMatMul(OpDef):
+    """c[..., M, P] = op(a)[..., M, K] @ op(b)[..., K, P], one product per index of
+    the leading (batch) axes, which both operands have alike."""
+
+    name = "bmm"
+
+    def fold(self, node, consts):
+        return 0.0 if 0.0 in consts[:2] else None
+
+    def infer(self, inputs, attrs):
+        require_float(inputs)
+        if len(inputs) != 2:
+            raise ValueError(f"bmm takes 2 operands, got {len(inputs)}")
+        a, b = inputs
+        sa, sb = _swap_last(a.shape, attrs.get("ta")), _swap_last(b.shape, attrs.get("tb"))
+        if a.rank < 2 or a.rank != b.rank or not all(same(x, y) for x, y in zip(sa[:-2], sb[:-2])):
+            raise ValueError(
+                f"expected a[..., M, K] @ b[..., K, P] with the same leading axes, got '{a.name}' "
+                f"{fmt_shape(sa)} and '{b.name}' {fmt_shape(sb)}"
+            )
+        if not same(sa[-1], sb[-2]):
+            raise ValueError(
+                f"inner dimensions differ: '{a.name}' {fmt_shape(sa)} has K={sa[-1]}, "
+                f"'{b.name}' {fmt_shape(sb)} has K={sb[-2]}"
+            )
+        return [("float32", tuple(sa[:-1]) + (sb[-1],))]
+
+    def reference(self, args, attrs, dims):
+        a, b = args
+        a = np.swapaxes(a, -1, -2) if attrs.get("ta") else a
+        b = np.swapaxes(b, -1, -2) if attrs.get("tb") else b
+        return [np.matmul(a, b)]
+
+    def lower(self, node, ctx):
+        a, b = node.inputs
+        ta, tb = node.attrs.get("ta", False), node.attrs.get("tb", False)
+        sa, sb = _swap_last(a.shape, ta), _swap_last(b.shape, tb)
+        return [ctx.call("dg::batched_matmul", ctx.read(a), ctx.read(b), ctx.write(node.outputs[0]),
+                         Named("batch", ctx.size(numel(sa[:-2]))), Named("M", ctx.size(sa[-2])),
+                         Named("K", ctx.size(sa[-1])), Named("N", ctx.size(sb[-1])),
+                         Named("ta", _flag(ta)), Named("tb", _flag(tb)))]
+
+    def describe(self, node):
+        a, b = node.inputs
+        ta = "^T" if node.attrs.get("ta") else ""
+        tb = "^T" if node.attrs.get("tb") else ""
+        return f"bmm({a.name}{ta}, {b.name}{tb})"
+
+    def grad(self, node, gouts, gb):
+        """C = A @ B with A = op(a), B = op(b): dA = g @ B^T and dB = A^T @ g, each
+        made in the layout its operand is stored in (dA^T = B @ g^T when ta)."""
+        (g,) = gouts
+        a, b = node.inputs
+        ta, tb = node.attrs.get("ta", False), node.attrs.get("tb", False)
+        if ta:  # da = dA^T = op(b) @ g^T
+            da = gb.op("bmm", [b, g], _transposed(tb, True), f"d_{a.name}")
+        else:  # da = g @ op(b)^T
+            da = gb.op("bmm", [g, b], _transposed(False, not tb), f"d_{a.name}")
+        if tb:  # db = dB^T = g^T @ op(a)
+            db = gb.op("bmm", [g, a], _transposed(True, ta), f"d_{b.name}")
+        else:  # db = op(a)^T @ g
+            db = gb.op("bmm", [a, g], _transposed(not ta, False), f"d_{b.name}")
         return [da, db]

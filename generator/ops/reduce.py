@@ -97,6 +97,11 @@ class Max(_Reduce):
 
 
 class _Softmax(OpDef):
+    # Every runtime reads a whole row (its maximum and sum) before it writes any of it,
+    # and then each element right after reading it: the output may take x's buffer
+    # (attention's [N, h, T, T] weights overwrite the scores).
+    in_place = True
+
     def infer(self, inputs, attrs):
         require_float(inputs)
         if not 0 <= attrs["axis"] < inputs[0].rank:

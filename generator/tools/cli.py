@@ -27,7 +27,24 @@ def _graph(args):
             check_project_name(model.name)
         except ValueError as e:
             raise DeepgenError(f"{e} (the model's function name); pass --name") from None
-    return model.build(name)
+    return model.build(name, **_options(getattr(args, "option", None) or []))
+
+
+def _options(items) -> dict:
+    """--option NAME=VALUE pairs as the model function's keyword arguments: a Python
+    literal (8, True, 'base') or else the text itself (size=base)."""
+    import ast
+
+    options = {}
+    for item in items:
+        name, sep, text = item.partition("=")
+        if not sep or not name.isidentifier():
+            raise DeepgenError(f"--option {item!r}: expected NAME=VALUE, e.g. --option size=base")
+        try:
+            options[name] = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            options[name] = text
+    return options
 
 
 def cmd_generate(args):
@@ -159,6 +176,9 @@ def parser() -> argparse.ArgumentParser:
                                    "simplify, epilogue, remat) and print what it made (a pass over the forward graph; "
                                    "remat changes only the training graph: see --after differentiate)")
     i.set_defaults(func=cmd_ir)
+    for command in (g, c, mem, i):
+        command.add_argument("--option", action="append", metavar="NAME=VALUE",
+                             help="a keyword argument of the model function (repeatable), e.g. --option size=base")
     for command in sub.choices.values():
         command.add_argument("--debug", action="store_true", help="show the Python traceback of an error")
     return p

@@ -11,12 +11,14 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
 #include <vector>
 
 #include "dg_gemm.h"
+#include "dg_layer_norm.h"
 
 namespace dg {
 
@@ -230,6 +232,47 @@ template <class Epilogue = NoEpilogue>
 void matmul_nt(const float* a, const float* b, float* c, int64_t M, int64_t K, int64_t N,
                const Epilogue& epi = Epilogue()) {
     gemm(false, true, M, N, K, a, K, b, K, c, N, epi);
+}
+
+// c[i] = op(a[i]) @ op(b[i]) for i in [0, batch): a is [batch, M, K] (stored
+// [batch, K, M] when ta), b [batch, K, N] (stored [batch, N, K] when tb), c
+// [batch, M, N] (attention's scores q @ k^T and its weighted sum of v).  Many
+// small products run one per thread (each gemm then stays serial, as gemm does
+// inside a parallel region); a few large ones run in turn, each gemm threaded.
+// Either way every product is the same serial-or-threaded gemm, whose results
+// do not depend on the thread count.
+inline void batched_matmul(const float* a, const float* b, float* c, int64_t batch, int64_t M, int64_t K,
+                           int64_t N, bool ta, bool tb) {
+    const int64_t a_step = M * K, b_step = K * N, c_step = M * N;
+    const double flops = 2.0 * double(batch) * double(M) * double(N) * double(K);
+    const int threads = threads_for(flops < 1e18 ? int64_t(flops) : int64_t(1e18));
+    const bool per_thread = threads > 1 && batch >= threads;
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(threads) schedule(static) if (per_thread)
+#else
+    (void)per_thread;
+#endif
+    for (int64_t i = 0; i < batch; ++i) {
+        gemm(ta, tb, M, N, K, a + i * a_step, ta ? M : K, b + i * b_step, tb ? K : N, c + i * c_step, N);
+    }
+}
+
+// An additive mask for sequences padded to T: mask[n, t] = 0 where t < lengths[n],
+// -inf past it (added to attention scores, a padded key gets weight 0).  Lengths
+// come from model inputs, so they are checked: each must lie in [1, T] (a row of
+// only -inf would make a softmax of NaN); `what` names them in the error.
+template <typename Id>
+void length_mask(const Id* lengths, float* mask, int64_t N, int64_t T, const char* what) {
+    static_assert(std::is_integral<Id>::value, "length_mask lengths must be integers");
+    for (int64_t n = 0; n < N; ++n) {
+        const int64_t length = static_cast<int64_t>(lengths[n]);
+        if (length < 1 || length > T) {
+            throw std::invalid_argument(std::string(what) + ": length " + std::to_string(length) + " at position " +
+                                        std::to_string(n) + " is out of range [1, " + std::to_string(T) + "]");
+        }
+        float* row = mask + n * T;
+        for (int64_t t = 0; t < T; ++t) row[t] = t < length ? 0.0f : -std::numeric_limits<float>::infinity();
+    }
 }
 
 // x[0..n) = value.

@@ -3,6 +3,7 @@
 //   matmul(a, b, c, M, K, N[, epilogue])     c[M,N] = a[M,K] @ b[K,N]
 //   matmul_tn(a, b, c, M, K, N[, epilogue])  c = a^T @ b, a stored [K,M]
 //   matmul_nt(a, b, c, M, K, N[, epilogue])  c = a @ b^T, b stored [N,K]
+//   batched_matmul(a, b, c, batch, M, K, N, ta, tb)  one product per batch index
 //
 // (the CPU runtime's names and arguments; the pointers are device pointers).
 // An epilogue is a functor generated from the graph (a bias, an activation):
@@ -110,8 +111,14 @@ struct Gemm {
 
 #ifdef __CUDACC__
 
+// Block (x, y, z) computes tile (x, y) of product z of a batch (z = 0 alone for
+// one product): operands `step` floats apart.
 template <typename G>
-__global__ void __launch_bounds__(kGemmThreads) gemm_kernel(G g) {
+__global__ void __launch_bounds__(kGemmThreads) gemm_kernel(G g, int64_t a_step = 0, int64_t b_step = 0,
+                                                            int64_t c_step = 0) {
+  g.a += static_cast<int64_t>(blockIdx.z) * a_step;
+  g.b += static_cast<int64_t>(blockIdx.z) * b_step;
+  g.c += static_cast<int64_t>(blockIdx.z) * c_step;
   __shared__ float As[BK][BM + PAD];
   __shared__ float Bs[BK][BN + PAD];
   const int t = static_cast<int>(threadIdx.x);
@@ -211,6 +218,43 @@ void gemm(const char* what, const float* a, const float* b, float* c, int64_t M,
 #endif
 }
 
+// Products c[i] = op(a[i]) @ op(b[i]), i in [0, batch), of dense [batch, ...] arrays:
+// one launch whose grid's z axis is the batch (cuBLAS: one strided batched call).
+template <bool TA, bool TB>
+void batched(const float* a, const float* b, float* c, int64_t batch, int64_t M, int64_t K, int64_t N) {
+  if (batch <= 0 || M <= 0 || N <= 0) return;
+  const int64_t a_step = M * K, b_step = K * N, c_step = M * N;
+#if defined(DG_USE_CUBLAS) && !defined(DG_CUDA_EMULATE)
+  if (K == 0) {
+    zero_bytes(c, static_cast<size_t>(batch * c_step) * sizeof(float));
+    return;
+  }
+  const float one = 1.0f, zero = 0.0f;  // row-major c = op(a) op(b) as column-major c^T = op(b)^T op(a)^T
+  DG_CUBLAS_CHECK(cublasSgemmStridedBatched(
+      cublas_handle(), TB ? CUBLAS_OP_T : CUBLAS_OP_N, TA ? CUBLAS_OP_T : CUBLAS_OP_N, static_cast<int>(N),
+      static_cast<int>(M), static_cast<int>(K), &one, b, static_cast<int>(TB ? K : N), b_step, a,
+      static_cast<int>(TA ? M : K), a_step, &zero, c, static_cast<int>(N), c_step, static_cast<int>(batch)));
+#elif defined(__CUDACC__)
+  const Gemm<TA, TB, NoEpilogue> g{a, b, c, M, K, N, NoEpilogue{}};
+  constexpr int64_t kMaxGridZ = 65535;
+  for (int64_t first = 0; first < batch; first += kMaxGridZ) {
+    const int64_t count = batch - first < kMaxGridZ ? batch - first : kMaxGridZ;
+    Gemm<TA, TB, NoEpilogue> part = g;
+    part.a += first * a_step;
+    part.b += first * b_step;
+    part.c += first * c_step;
+    const dim3 grid(static_cast<unsigned>((M + BM - 1) / BM), static_cast<unsigned>((N + BN - 1) / BN),
+                    static_cast<unsigned>(count));
+    gemm_kernel<<<grid, kGemmThreads, 0, stream()>>>(part, a_step, b_step, c_step);
+    check_launch("batched_matmul");
+  }
+#else
+  for (int64_t i = 0; i < batch; ++i) {
+    run_on_host(Gemm<TA, TB, NoEpilogue>{a + i * a_step, b + i * b_step, c + i * c_step, M, K, N, NoEpilogue{}});
+  }
+#endif
+}
+
 }  // namespace gemm_detail
 
 // c[M,N] = a[M,K] @ b[K,N], then the epilogue on each element.
@@ -229,6 +273,21 @@ void matmul_tn(const float* a, const float* b, float* c, int64_t M, int64_t K, i
 template <typename Epilogue = gemm_detail::NoEpilogue>
 void matmul_nt(const float* a, const float* b, float* c, int64_t M, int64_t K, int64_t N, Epilogue ep = {}) {
   gemm_detail::gemm<false, true>("matmul_nt", a, b, c, M, K, N, ep);
+}
+
+// c[i] = op(a[i]) @ op(b[i]) for i in [0, batch): a [batch, M, K] (stored [batch, K, M]
+// when ta), b [batch, K, N] (stored [batch, N, K] when tb), c [batch, M, N].
+inline void batched_matmul(const float* a, const float* b, float* c, int64_t batch, int64_t M, int64_t K, int64_t N,
+                           bool ta, bool tb) {
+  if (ta && tb) {
+    gemm_detail::batched<true, true>(a, b, c, batch, M, K, N);
+  } else if (ta) {
+    gemm_detail::batched<true, false>(a, b, c, batch, M, K, N);
+  } else if (tb) {
+    gemm_detail::batched<false, true>(a, b, c, batch, M, K, N);
+  } else {
+    gemm_detail::batched<false, false>(a, b, c, batch, M, K, N);
+  }
 }
 
 }  // namespace dg

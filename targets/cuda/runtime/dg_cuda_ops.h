@@ -24,11 +24,13 @@
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 #include "dg_cuda.h"
 #include "dg_cuda_compat.h"
 #include "dg_cuda_gemm.h"
 #include "dg_cuda_launch.h"
+#include "dg_cuda_layer_norm.h"
 
 namespace dg {
 
@@ -248,6 +250,27 @@ void gather_rows(const float* table, int64_t rows, int64_t width, const Id* ids,
   // The value at the first bad position, for the message.
   for_each("gather_rows check", 1, [=] DG_HD(int64_t) {
     if (bad[0] != kNoBadPosition) bad[1] = static_cast<int64_t>(ids[bad[0]]);
+  });
+}
+
+// An additive mask for sequences padded to T: mask[n, t] = 0 where t < lengths[n],
+// -inf past it. The lengths are checked on the host (an input's are read from
+// the caller's array, without a copy back): each must lie in [1, T], else
+// std::invalid_argument with the CPU target's message.
+template <typename Id>
+void length_mask(const Id* lengths, float* mask, int64_t N, int64_t T, const char* what) {
+  static_assert(std::is_integral<Id>::value, "length_mask lengths must be integers");
+  const std::vector<Id> host = host_values(lengths, N);
+  for (int64_t n = 0; n < N; ++n) {
+    const int64_t length = static_cast<int64_t>(host[static_cast<size_t>(n)]);
+    if (length < 1 || length > T) {
+      throw std::invalid_argument(std::string(what) + ": length " + std::to_string(length) + " at position " +
+                                  std::to_string(n) + " is out of range [1, " + std::to_string(T) + "]");
+    }
+  }
+  const float minus_inf = -std::numeric_limits<float>::infinity();
+  for_each("length_mask", N * T, [=] DG_HD(int64_t j) {
+    mask[j] = j % T < static_cast<int64_t>(lengths[j / T]) ? 0.0f : minus_inf;
   });
 }
 

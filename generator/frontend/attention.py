@@ -1,0 +1,163 @@
+"""The DSL's attention layers, over batch-first sequences x [N, T, E] as PyTorch's
+`batch_first=True` modules take them:
+
+    x = dg.input("x", (N, T, 64))
+    lengths = dg.input("lengths", (N,), dtype="int64")
+    y = dg.transformer_encoder_layer(x, lengths, 64, nhead=4, dim_feedforward=128, name="enc0")
+
+A layer named `foo` names its parameters `foo_` + PyTorch's state_dict key with
+dots as underscores (`foo_self_attn_in_proj_weight`, `foo_linear1_bias`, ...), in
+PyTorch's layouts (Linear weights [out, in], multiplied as x @ W^T), so the
+weights of a torch.nn.TransformerEncoderLayer load one to one.
+
+Padding follows PyTorch's slow path (training, or gradients enabled): keys at
+t >= lengths[n] get attention weight 0; every query row, padded or not, is
+computed (padded rows attend to the valid keys).
+"""
+
+from __future__ import annotations
+
+import math
+
+from . import initializers as inits
+from .builder import Tensor, current
+from .dsl import _helper_param, _tensor, bmm, gelu, matmul, relu, reshape, softmax, split, transpose
+from .source import user_loc
+from ..errors import ModelError, ShapeError
+from ..ir.shapes import fmt_shape, norm_dim
+
+__all__ = ["layer_norm", "length_mask", "linear_t", "multi_head_attention", "transformer_encoder_layer"]
+
+_ACTIVATIONS = {"relu": relu, "gelu": gelu}
+
+
+def _positive(value, what, op):
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise ModelError(f"{what} must be a positive int, got {value!r}", user_loc(), op)
+    return value
+
+
+def _eps(eps, op):
+    if not isinstance(eps, (int, float)) or isinstance(eps, bool) or not 0 < eps < float("inf"):
+        raise ModelError(f"eps must be a positive finite number, got {eps!r}", user_loc(), op)
+    return float(eps)
+
+
+def layer_norm(x, weight, bias, eps=1e-5, name=None) -> Tensor:
+    """torch.nn.functional.layer_norm over the last axis: x [..., D], weight and bias [D];
+    each row is normalized by its mean and biased variance."""
+    x, weight, bias = (_tensor(t, "layer_norm") for t in (x, weight, bias))
+    return current().add("layer_norm", [x, weight, bias], {"eps": _eps(eps, "layer_norm")}, name=name)[0]
+
+
+def length_mask(lengths, length, name=None) -> Tensor:
+    """The float32 [N, length] additive mask of sequences padded to `length` (an int or a
+    symbolic dim): 0 where t < lengths[n], -inf past it, for dg.softmax(..., mask=).
+    `lengths` is int32/int64 [N]; a length outside [1, length] is a ValueError at run
+    time naming `lengths` and the position."""
+    lengths = _tensor(lengths, "length_mask")
+    try:
+        length = norm_dim(length)
+    except TypeError as e:
+        raise ModelError(f"length: {e}", user_loc(), "length_mask") from None
+    what = f"lengths '{lengths.name}'" if lengths.value.kind == "input" else "lengths"
+    return current().add("length_mask", [lengths], {"length": length, "what": what}, name=name)[0]
+
+
+def linear_t(x, weight, bias=None, name=None) -> Tensor:
+    """torch.nn.functional.linear: x @ weight^T (+ bias), weight stored [out, in] as PyTorch
+    keeps it (no transposed copy is made)."""
+    y = matmul(_tensor(x, "linear_t"), _tensor(weight, "linear_t"), tb=True)
+    return y + bias if bias is not None else y
+
+
+def multi_head_attention(x, mask, in_proj_weight, in_proj_bias, out_proj_weight, out_proj_bias, nhead) -> Tensor:
+    """Self-attention as torch.nn.MultiheadAttention(batch_first=True) computes it: x [N, T, E]
+    projected to q, k, v by in_proj ([3E, E]), split into `nhead` heads of E / nhead,
+    softmax(q k^T / sqrt(E / nhead) + mask) v per head, the heads joined and projected by
+    out_proj. `mask` is an additive [N, T] key mask (dg.length_mask) or None."""
+    x = _tensor(x, "multi_head_attention")
+    if x.ndim != 3 or not isinstance(x.shape[2], int) or x.shape[2] % nhead:
+        raise ShapeError(f"input '{x.name}' {fmt_shape(x.shape)} must be [N, T, E] with E divisible by "
+                         f"nhead={nhead}", user_loc(), "multi_head_attention")
+    N, T, E = x.shape
+    head = E // nhead
+    qkv = linear_t(x, in_proj_weight, in_proj_bias)  # [N, T, 3E]
+
+    def heads(t):  # [N, T, E] -> [N, h, T, E/h]
+        return transpose(reshape(t, (N, T, nhead, head)), (0, 2, 1, 3))
+
+    q, k, v = (heads(t) for t in split(qkv, 3, axis=2))
+    scores = bmm(q * (1.0 / math.sqrt(head)), k, tb=True)  # [N, h, T, T]: query by key
+    keys = reshape(mask, (N, 1, 1, T)) if mask is not None else None
+    weights = softmax(scores, axis=-1, mask=keys)
+    context = transpose(bmm(weights, v), (0, 2, 1, 3))  # [N, T, h, E/h]
+    return linear_t(reshape(context, (N, T, E)), out_proj_weight, out_proj_bias)
+
+
+def transformer_encoder_layer(x, lengths, d_model, nhead, dim_feedforward, activation="relu", norm_first=False,
+                              eps=1e-5, name=None) -> Tensor:
+    """torch.nn.TransformerEncoderLayer(d_model, nhead, dim_feedforward, dropout=0,
+    activation, batch_first=True, norm_first, layer_norm_eps=eps) called on x [N, T, d_model]
+    with src_key_padding_mask True at t >= lengths[n] (lengths int32/int64 [N], each in
+    [1, T]; None: no padding). Parameters `<name>_self_attn_in_proj_weight` [3E, E],
+    `..._in_proj_bias`, `..._out_proj_weight` [E, E], `..._out_proj_bias`,
+    `<name>_linear1_weight` [F, E], `_linear1_bias`, `_linear2_weight` [E, F],
+    `_linear2_bias`, `<name>_norm1_weight`, `_norm1_bias`, `_norm2_weight`, `_norm2_bias`,
+    initialized as PyTorch does. `activation`: "relu", "gelu" or a DSL function."""
+    op = "transformer_encoder_layer"
+    x, loc, b = _tensor(x, op), user_loc(), current()
+    E, nhead, F = (_positive(v, what, op) for v, what in ((d_model, "d_model"), (nhead, "nhead"),
+                                                           (dim_feedforward, "dim_feedforward")))
+    if x.ndim != 3 or x.shape[2] != E:
+        raise ShapeError(f"input '{x.name}' {fmt_shape(x.shape)} must be [N, T, {E}] (batch first, d_model last)",
+                         loc, op)
+    if E % nhead:
+        raise ModelError(f"d_model {E} must be divisible by nhead {nhead}", loc, op)
+    act = _ACTIVATIONS.get(activation, activation) if isinstance(activation, str) else activation
+    if not callable(act):
+        raise ModelError(f"activation must be 'relu', 'gelu' or a DSL function, got {activation!r}", loc, op)
+    eps = _eps(eps, op)
+    base = name if name is not None else b.default_name(loc, "transformer encoder layer")
+    keys = ["self_attn_in_proj_weight", "self_attn_in_proj_bias", "self_attn_out_proj_weight",
+            "self_attn_out_proj_bias", "linear1_weight", "linear1_bias", "linear2_weight", "linear2_bias",
+            "norm1_weight", "norm1_bias", "norm2_weight", "norm2_bias"]
+    names = dict(zip(keys, b.derived_names(base, keys, name is not None, loc, op)))
+
+    def param(key, shape, init):
+        return _helper_param(b, loc, names[key], shape, init)
+
+    def fan_in(n):  # nn.Linear's default: uniform in +-1/sqrt(fan_in)
+        return inits.uniform(-1 / math.sqrt(n), 1 / math.sqrt(n))
+
+    xavier = math.sqrt(6.0 / (3 * E + E))
+    p = {
+        "in_w": param("self_attn_in_proj_weight", (3 * E, E), inits.uniform(-xavier, xavier)),
+        "in_b": param("self_attn_in_proj_bias", (3 * E,), inits.zeros()),
+        "out_w": param("self_attn_out_proj_weight", (E, E), fan_in(E)),
+        "out_b": param("self_attn_out_proj_bias", (E,), inits.zeros()),
+        "w1": param("linear1_weight", (F, E), fan_in(E)), "b1": param("linear1_bias", (F,), fan_in(E)),
+        "w2": param("linear2_weight", (E, F), fan_in(F)), "b2": param("linear2_bias", (E,), fan_in(F)),
+        "n1_w": param("norm1_weight", (E,), inits.ones()), "n1_b": param("norm1_bias", (E,), inits.zeros()),
+        "n2_w": param("norm2_weight", (E,), inits.ones()), "n2_b": param("norm2_bias", (E,), inits.zeros()),
+    }
+    mask = length_mask(lengths, x.shape[1]) if lengths is not None else None
+
+    def attend(t):
+        return multi_head_attention(t, mask, p["in_w"], p["in_b"], p["out_w"], p["out_b"], nhead)
+
+    def feed_forward(t):
+        return linear_t(act(linear_t(t, p["w1"], p["b1"])), p["w2"], p["b2"])
+
+    def norm(t, which):
+        return layer_norm(t, p[f"{which}_w"], p[f"{which}_b"], eps)
+
+    if norm_first:
+        x = x + attend(norm(x, "n1"))
+        y = x + feed_forward(norm(x, "n2"))
+    else:
+        x = norm(x + attend(x), "n1")
+        y = norm(x + feed_forward(x), "n2")
+    if name is not None:
+        b.layer_names[id(y.value)] = name
+    return y
