@@ -62,7 +62,7 @@ def train(module, epochs=30, batch=32, seed=0, log=print):
 
 def main():
     from generator.tools.build import build_project
-    from generator.codegen.emit import generate
+    from generator.pipeline import generate
 
     here = Path(__file__).resolve().parent
     project = here.parent / "build" / "digits"

@@ -121,7 +121,7 @@ def train(module, epochs=8, batch=25, seed=0, log=print):
 
 
 def main():
-    from generator.codegen.emit import generate
+    from generator.pipeline import generate
     from generator.tools.build import build_project
 
     here = Path(__file__).resolve().parent

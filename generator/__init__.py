@@ -15,6 +15,7 @@ from .errors import BuildError, DeepgenError, ModelError, ShapeError
 from .frontend.initializers import constant, glorot_uniform, he_normal, normal, ones, uniform, zeros
 from .ir.shapes import dim
 from .frontend.recursion import recurse, roots, trees
+from .frontend.sequences import gru, lstm, scan
 from .frontend.vision import *  # noqa: F401,F403
 from .frontend.attention import *  # noqa: F401,F403
 from .frontend.train import adam, bce_with_logits, mse, sgd, softmax_cross_entropy, train

@@ -1,10 +1,11 @@
 """Batches of trees and DAGs as flat arrays, as recursive models take them.
 
-A batch is three int64 arrays: `children` [nodes, arity] (child node ids, -1 for
+A batch of trees is three int64 arrays: `children` [nodes, arity] (child node ids, -1 for
 an empty slot), `words` [nodes] (a word id per node, -1 where there is none) and
 `roots` [trees]. `from_nested` builds them from nested tuples; `check_batch` is
 the validation that the generated inspector (runtime/dg_tree.h) also performs,
-with the same messages.
+with the same messages. A batch of padded sequences is one int64 array of
+lengths; `sequence_schedule` is its inspector (dg_schedule.h's inspect_sequences).
 """
 
 from __future__ import annotations
@@ -138,3 +139,41 @@ def random_batch(rng, trees: int, arity: int, vocab: int, min_leaves: int = 1, m
         "words": words.astype(np.int64),
         "roots": np.array(roots, dtype=np.int64),
     }
+
+
+def check_lengths(lengths, steps: int, what: str):
+    """Lengths of padded sequences, each in [1, steps]; a ValueError names the first that is not."""
+    lengths = np.asarray(lengths)
+    if len(lengths) == 0:
+        raise ValueError(f"{what}: empty batch: there are no sequences")
+    for n, length in enumerate(lengths.tolist()):
+        if not 1 <= length <= steps:
+            raise ValueError(f"{what}: lengths[{n}] is {length}, outside [1, {steps}] (the padded length)")
+    return lengths
+
+
+def sequence_schedule(lengths, steps: int, reverse: bool, what: str = "sequences"):
+    """The schedule of `len(lengths)` padded sequences of up to `steps` steps, as
+    the generated inspector computes it: node n * steps + t is step t of sequence
+    n, a chain whose child is the step before (after, with `reverse`); level l
+    holds the l-th step taken of every sequence longer than l, longest sequences
+    first. Returns (children [nodes, 1], order: present nodes level by level,
+    row: each node's row or -1 past its sequence's length). Raises ValueError
+    naming the offending index for a length outside [1, steps]."""
+    lengths = check_lengths(lengths, steps, what)
+    count = len(lengths)
+    by_length = sorted(range(count), key=lambda n: -int(lengths[n]))
+    children = np.full((count * steps, 1), -1, dtype=np.int64)
+    row = np.full(count * steps, -1, dtype=np.int64)
+    order = []
+    for level in range(int(lengths.max())):
+        for n in by_length:
+            if lengths[n] <= level:
+                break
+            t = int(lengths[n]) - 1 - level if reverse else level
+            node = n * steps + t
+            if level > 0:
+                children[node, 0] = node + 1 if reverse else node - 1
+            row[node] = len(order)
+            order.append(node)
+    return children, order, row

@@ -177,7 +177,28 @@ def _cases():
              {"table": _f((5, 2, 2)), "ids": ((N,), "int32", 0, 5)}, ("gather",)),
     ]
     cases += _conv_cases()
+    cases.append(Case("scan_lengths", _scan_build, _scan_oracle,
+                      {"x": _f((N, T, 3)), "lengths": ((N,), "int64", 1, T + 1)}, ("last_steps",)))
     return cases
+
+
+def _scan_build(t):
+    """An Elman recurrence over padded sequences: every step's state (zero past each
+    length) plus each sequence's final state, broadcast over the steps."""
+    states, last = dg.scan(lambda x_t, h: dg.tanh(x_t + 0.5 * h), t["x"], t["lengths"], state=3)
+    return states + dg.reshape(last, (last.shape[0], 1, 3))
+
+
+def _scan_oracle(a):
+    x, lengths = a["x"], a["lengths"]
+    states = np.zeros_like(x)
+    for n, length in enumerate(lengths):
+        h = np.zeros(x.shape[2], x.dtype)
+        for t in range(length):
+            h = np.tanh(x[n, t] + 0.5 * h)
+            states[n, t] = h
+        states[n] += states[n, length - 1]
+    return states
 
 
 def _conv_oracle(x, w, b=None, stride=(1, 1), padding=(0, 0), dilation=(1, 1), groups=1):
@@ -297,6 +318,7 @@ def case_inputs(case: Case, dims=DIMS, seed: int = 0) -> dict:
         if dtype == "float32":
             out[name] = rng.uniform(low, high, concrete).astype(np.float32)
         else:
+            high = high if isinstance(high, int) else int(sympy.sympify(high).subs(dims))  # lengths: T + 1
             out[name] = rng.integers(low, high, concrete).astype(dtype)
     return out
 

@@ -52,7 +52,7 @@ def test_measured_peak_equals_prediction(name, builds):
 
 SLACK = {("lenet", "forward_floats"): 1.17, ("lenet", "train_floats"): 1.17,
          ("vgg11", "forward_floats"): 1.30, ("vgg11", "train_floats"): 1.13,
-         ("bert_encoder", "forward_floats"): 1.14}
+         ("bert_encoder", "forward_floats"): 1.14, ("gru_tagger", "forward_floats"): 1.18}
 
 
 @pytest.mark.parametrize("name", EXAMPLES)
@@ -74,6 +74,9 @@ def test_plan_is_within_ten_percent_of_the_lower_bound(name):
             # BERT's attention splits q, k and v off one [N, T, 3E] projection and copies each
             # into heads: while T is small (scores negligible) those pieces (3E, E, E, E) leave a
             # gap, 8E per token planned against 7E + 1 live (1.14x); 1.08x at N = T = 64.
+            # The GRU tagger's forward() runs in its train plan, placed for the gradient first
+            # (the level GEMMs' results the recursion keeps for it): 176 floats per token
+            # planned against 150 live at every size (1.17x); its train plan meets its bound.
             slack = SLACK.get((name, arena), 1.15 if graph.train and arena == "forward_floats" else 1.10)
             assert planned <= slack * lowest + 1e-9, (name, arena, size, planned, lowest)
 

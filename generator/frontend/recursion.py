@@ -82,6 +82,20 @@ class RecurseSpec:
     # Internal-cell values a training graph's forward loop keeps for the gradient's
     # (its level GEMMs' results): extra outputs of the op, [nodes, ...] in schedule order.
     kept: list = field(default_factory=list)
+    # A batch of padded sequences (frontend/sequences.py) instead of trees: its
+    # padded length (nodes are count * steps), and whether the chains run backwards.
+    steps: object = None
+    reverse: bool = False
+
+    @property
+    def sequences(self) -> bool:
+        return self.steps is not None
+
+    @property
+    def nb(self) -> int:
+        """How many of the op's inputs describe the batch: (children, words, roots)
+        of trees, (lengths,) of sequences; the free values follow them."""
+        return 1 if self.sequences else 3
 
 
 def _placeholder(builder, base, dtype, shape):
@@ -154,9 +168,20 @@ def _free_values(cell: Cell) -> list:
 def recurse(trees: Trees, leaf, internal, names=None):
     """States of every node, in the caller's node numbering: one [nodes, ...] tensor
     per state component (see the module docstring)."""
-    b, loc = current(), user_loc()
+    loc = user_loc()
     if not isinstance(trees, Trees):
         raise ModelError(f"recurse needs a batch declared with dg.trees(...), got {trees!r}", loc, "recurse")
+    return build_recursion([trees.children, trees.words, trees.roots], leaf, internal, names, loc,
+                           arity=trees.arity, dag=trees.dag, batch=trees.name,
+                           child_names=lambda count: _children_names(internal, trees.arity, count))
+
+
+def build_recursion(batch_inputs, leaf, internal, names, loc, *, arity, dag=False, batch="", child_names=None,
+                    steps=None, reverse=False, what="recurse"):
+    """Trace the two cells into one `recurse` node over `batch_inputs` (a batch of
+    trees, or the lengths of padded sequences when `steps` is given); returns its
+    state tensors. `child_names(count)` may name the children's placeholders."""
+    b = current()
     rows = sympy.Symbol(b.names.unique("rows"), integer=True, nonnegative=True)
     leaf_words = _placeholder(b, "leaf_words", "int64", (rows,))
     leaf_nodes, leaf_out = _trace(b, leaf, (Tensor(leaf_words),), "leaf", loc)
@@ -164,17 +189,17 @@ def recurse(trees: Trees, leaf, internal, names=None):
         if v.dtype != "float32" or v.rank < 1 or not same(v.shape[0], rows):
             raise ModelError(
                 f"the leaf cell must return float32 states with one row per leaf, got '{v.name}' {v.type_str()}",
-                loc, "recurse")
+                loc, what)
     names = list(names) if names is not None else [f"s{j}" for j in range(len(leaf_out))]
     if len(names) != len(leaf_out):
-        raise ModelError(f"names {names} do not match the {len(leaf_out)} state tensors of the leaf cell", loc, "recurse")
+        raise ModelError(f"names {names} do not match the {len(leaf_out)} state tensors of the leaf cell", loc, what)
     shapes = [tuple(v.shape[1:]) for v in leaf_out]
     node_words = _placeholder(b, "node_words", "int64", (rows,))
-    user = _children_names(internal, trees.arity, len(shapes))  # ((h_l, c_l), (h_r, c_r)) = children
+    user = child_names(len(shapes)) if child_names else None  # ((h_l, c_l), (h_r, c_r)) = children
     children = [
         [_placeholder(b, user[k][j] if user else f"child{k}_{names[j]}", "float32", (rows,) + shapes[j])
          for j in range(len(shapes))]
-        for k in range(trees.arity)
+        for k in range(arity)
     ]
     args = (Tensor(node_words), [tuple(Tensor(v) for v in slot) for slot in children])
     internal_nodes, internal_out = _trace(b, internal, args, "internal", loc)
@@ -185,15 +210,15 @@ def recurse(trees: Trees, leaf, internal, names=None):
         got = ", ".join(f"'{v.name}' {v.type_str()}" for v in internal_out)
         want = ", ".join(f"[rows, {', '.join(map(str, s))}]" for s in shapes)
         raise ModelError(f"the internal cell must return states shaped like the leaf cell's ({want}), got {got}",
-                         loc, "recurse")
+                         loc, what)
     leaf_cell = Cell(leaf_words, [], leaf_nodes, leaf_out)
     internal_cell = Cell(node_words, children, internal_nodes, internal_out)
     leaf_cell.free, internal_cell.free = _free_values(leaf_cell), _free_values(internal_cell)
     free = list(leaf_cell.free)
     free += [v for v in internal_cell.free if all(v is not f for f in free)]
-    spec = RecurseSpec(trees.arity, trees.dag, rows, list(zip(names, shapes)), leaf_cell, internal_cell, free,
-                       trees.name)
-    outs = b.add("recurse", [trees.children, trees.words, trees.roots] + [Tensor(v) for v in free], {"spec": spec})
+    spec = RecurseSpec(arity, dag, rows, list(zip(names, shapes)), leaf_cell, internal_cell, free, batch,
+                       steps=steps, reverse=reverse)
+    outs = b.add("recurse", list(batch_inputs) + [Tensor(v) for v in free], {"spec": spec})
     return outs[0] if len(outs) == 1 else tuple(outs)
 
 

@@ -62,7 +62,7 @@ class Recurse(OpDef):
 
     def id_limit(self, node, value):
         """Word ids must index every table the cells gather from by their words."""
-        if node.inputs[1] is not value:
+        if node.attrs["spec"].sequences or node.inputs[1] is not value:
             return None
         spec = node.attrs["spec"]
         limits = [get_op(m.op).id_limit(m, cell.words) for cell in (spec.leaf, spec.internal) for m in cell.nodes]
@@ -70,11 +70,17 @@ class Recurse(OpDef):
         return min(limits) if limits else None
 
     def sample_inputs(self, node, rng, dims, graph):
-        """A random batch of trees (its sizes then fix the node and tree counts)."""
+        """A random batch of trees (its sizes then fix the node and tree counts), or
+        random lengths of the padded sequences."""
         from ..reference.samples import id_limit
         from ..treebatch import random_batch
 
         spec = node.attrs["spec"]
+        if spec.sequences:
+            lengths = node.inputs[0]
+            count = lengths.shape[0] if isinstance(lengths.shape[0], int) else dims.get(lengths.shape[0], 2)
+            steps = int(sympy.sympify(spec.steps).subs(dims))
+            return {lengths.name: rng.integers(1, steps + 1, count).astype(np.int64)}
         roots = node.inputs[2].shape[0]
         count = roots if isinstance(roots, int) else dims.get(roots, 2)
         batch = random_batch(rng, count, spec.arity, id_limit(graph, node.inputs[1]), dag=spec.dag)
@@ -82,31 +88,29 @@ class Recurse(OpDef):
 
     def helpers(self, node):
         spec = node.attrs["spec"]
+        if spec.sequences:
+            return []
         return [{"arity": spec.arity, "children": node.inputs[0].name, "words": node.inputs[1].name,
                  "roots": node.inputs[2].name, "function": f"{spec.batch}_from_nested"}]
 
     def infer(self, inputs, attrs):
-        children, words, roots = inputs[:3]
-        for v, rank in ((children, 2), (words, 1), (roots, 1)):
+        spec = attrs["spec"]
+        ranks = (1,) if spec.sequences else (2, 1, 1)
+        for v, rank in zip(inputs, ranks):
             if v.dtype != "int64" or v.rank != rank:
                 raise ValueError(f"'{v.name}' must be int64 of rank {rank}, got {v.type_str()}")
-        nodes = children.shape[0]
-        spec = attrs["spec"]
+        nodes = batch_nodes(spec, inputs)
         return ([("float32", (nodes,) + tuple(shape)) for _, shape in spec.state]
                 + [("float32", (nodes,) + tuple(v.shape[1:])) for v in spec.kept])
 
     def reference(self, args, attrs, dims):
-        from ..treebatch import check_batch
-
         spec = attrs["spec"]
-        children, words, roots = args[:3]
-        free = {id(v): a for v, a in zip(spec.free, args[3:])}
-        height, order = check_batch(children, roots, spec.dag, "recurse")
+        children, words, order, row = reference_schedule(spec, args, dims)
+        free = {id(v): a for v, a in zip(spec.free, args[spec.nb:])}
         nodes = children.shape[0]
-        dtype = np.result_type(*[a for a in args[3:] if a.dtype.kind == "f"] or [np.float32])
+        dtype = np.result_type(*[a for a in args[spec.nb:] if a.dtype.kind == "f"] or [np.float32])
         states = [np.zeros((nodes,) + tuple(int(sympy.sympify(d).subs(dims)) for d in shape), dtype=dtype)
                   for _, shape in spec.state]
-        row = schedule_rows(height)
         kept = [np.zeros((nodes,) + tuple(int(sympy.sympify(d).subs(dims)) for d in v.shape[1:]), dtype=dtype)
                 for v in spec.kept]
         one = {**dims, spec.rows: 1}
@@ -147,17 +151,17 @@ class Recurse(OpDef):
         # again (its level GEMMs' results): outputs of this node from now on.
         if not spec.kept:
             spec.kept = [v for _, v in back.internal.loaded]
-            nodes = node.inputs[0].shape[0]
+            nodes = batch_nodes(spec, node.inputs)
             for v in spec.kept:
                 node.outputs.append(Value(gb.graph.names.unique(f"{v.name}_kept"), "float32",
                                           (nodes,) + tuple(v.shape[1:]), producer=node, loc=node.loc))
         states, kept = node.outputs[:ns], node.outputs[ns:]
         gouts = [g if g is not None else gb.fill(v.shape, 0.0) for g, v in zip(gouts[:ns], states)]
         hints = [f"d_{spec.free[i].name}_{'leaf' if which == 0 else 'node'}" for which, i in pieces]
-        outs = gb.op("recurse_grad", list(node.inputs[:3]) + list(spec.free) + list(states) + gouts + list(kept),
+        outs = gb.op("recurse_grad", list(node.inputs[:spec.nb]) + list(spec.free) + list(states) + gouts + list(kept),
                      {"spec": spec, "back": back, "pieces": pieces}, hints)
         for (which, i), g in zip(pieces, outs):
-            slot = next((3 + k for k, v in enumerate(node.inputs[3:]) if v is spec.free[i]), None)
+            slot = next((spec.nb + k for k, v in enumerate(node.inputs[spec.nb:]) if v is spec.free[i]), None)
             if slot is None:
                 continue
             if grads[slot] is None:
@@ -170,8 +174,11 @@ class Recurse(OpDef):
         spec = node.attrs["spec"]
         from ..ir.printing import format_node
 
-        kind = "dag" if spec.dag else "trees"
-        lines = [f"recurse[{kind}, arity {spec.arity}]({', '.join(v.name for v in node.inputs[:3])})"]
+        if spec.sequences:
+            kind = f"sequences of {spec.steps} steps{', reversed' if spec.reverse else ''}"
+        else:
+            kind = f"{'dag' if spec.dag else 'trees'}, arity {spec.arity}"
+        lines = [f"recurse[{kind}]({', '.join(v.name for v in node.inputs[:spec.nb])})"]
         for title, cell in (("leaf", spec.leaf), ("internal", spec.internal)):
             args = [cell.words.name] + [v.name for slot in cell.children for v in slot]
             lines.append(f"    {title}({', '.join(args)}):")
@@ -188,8 +195,7 @@ class Recurse(OpDef):
         from ..codegen.stmt import Copy, Declare, Named
 
         spec = node.attrs["spec"]
-        children, words = node.inputs[:2]
-        nodes = children.shape[0]
+        nodes = batch_nodes(spec, node.inputs)
         names = ctx.graph.names
         rows = str(spec.rows)
         widths = [numel(shape) for _, shape in spec.state]
@@ -222,7 +228,7 @@ class Recurse(OpDef):
 
         # Leaves: one batched step over rows [0, leaves).
         leaves = names.unique("leaves")
-        leaf = run_block(spec.leaf, spec.leaf.nodes, leaves, leaves, f"{sorted_words}.data()", "0")
+        leaf = run_block(spec.leaf, spec.leaf.nodes, leaves, leaves, sorted_words, "0")
 
         # Hoisted: internal-cell work that does not read children, for all internal rows.
         cell = spec.internal
@@ -231,7 +237,7 @@ class Recurse(OpDef):
         inner = names.unique("internal_rows")
         hoisted = None
         if hoisted_nodes:
-            hoisted = run_block(cell, hoisted_nodes, inner, inner, f"{sorted_words}.data() + {leaves}", None)
+            hoisted = run_block(cell, hoisted_nodes, inner, inner, f"{sorted_words} + {leaves}", None)
 
         # Buffers for the children's states, sized for the largest level.
         most = names.unique("max_rows")
@@ -254,7 +260,7 @@ class Recurse(OpDef):
         for v in spec.kept:
             if ctx.claim_output(v):
                 ctx.place[id(v)] = kept_at[id(v)]
-        body = run_block(cell, looped, level_rows, most, f"{sorted_words}.data() + {start}", start)
+        body = run_block(cell, looped, level_rows, most, f"{sorted_words} + {start}", start)
         for v in spec.kept:
             if ctx.place[id(v)] != kept_at[id(v)]:
                 body.body.append(Copy(ctx.target.copy_fn, ctx.read(v), f"{rows} * {ctx.size(numel(v.shape[1:]))}",
@@ -266,13 +272,17 @@ class Recurse(OpDef):
             for k, slot in enumerate(cell.children) for j, v in enumerate(slot)
         ]
         ctx.packed = {}
-        # States back in the caller's numbering.
-        finish = [ctx.call("dg::unsort_rows", f"{state}.data()", f"{sched}.order.data()",
-                           Named("rows", ctx.size(nodes)), Named("width", ctx.size(width)), ctx.write(out))
-                  for out, state, width in zip(node.outputs[:ns], states, widths)]
+        # States back in the caller's numbering (zeros past each sequence's length).
+        finish = []
+        for out, state, width in zip(node.outputs[:ns], states, widths):
+            if spec.sequences:
+                finish.append(ctx.call("dg::fill", ctx.write(out), Named("n", ctx.size(numel(out.shape))),
+                                       Named("value", "0.0f")))
+            finish.append(ctx.call("dg::unsort_rows", f"{state}.data()", f"{sched}.order.data()",
+                                   Named("rows", f"{sched}.rows()"), Named("width", ctx.size(width)), ctx.write(out)))
         return [LevelLoop(
-            batch=children.name, schedule=sched, inspector=inspector, leaves=leaves, leaf=leaf,
-            internal_rows=f"{ctx.size(nodes)} - {leaves}", hoisted=hoisted, max_rows=most,
+            batch=node.inputs[0].name, schedule=sched, inspector=inspector, leaves=leaves, leaf=leaf,
+            internal_rows=f"{sched}.rows() - {leaves}", hoisted=hoisted, max_rows=most,
             child_buffers=child_buffers, packed=packed, level=level, start=start, gathers=gathers, body=body,
             finish=finish, writes=kept_writes,
         )]
@@ -281,25 +291,56 @@ class Recurse(OpDef):
 def inspector_lines(ctx, node):
     """The inspector of a recursive op (or of its gradient): the schedule (the
     batch checked, nodes numbered by height) and the word ids in row order.
-    Returns (schedule variable, sorted words variable, lines)."""
+    Returns (schedule variable, a pointer to the words in row order, lines).
+    A sequence's step reads its node id as its word: the schedule's order."""
     from ..codegen.stmt import Call, Declare, Named
 
     spec = node.attrs["spec"]
+    names = ctx.graph.names
+    sched = names.unique("schedule")
+    what = ctx.string(f"recurse over '{node.inputs[0].name}' ({node.loc.short if node.loc else ''})")
+    if spec.sequences:
+        lengths = node.inputs[0]
+        schedule = Call("dg::schedule_sequences", [ctx.read(lengths), Named("count", ctx.size(lengths.shape[0])),
+                                                   Named("steps", ctx.size(spec.steps)),
+                                                   Named("reverse", "true" if spec.reverse else "false"), what])
+        return sched, f"{sched}.order.data()", [Declare("const dg::LevelSchedule", sched, init=schedule)]
     children, words, roots = node.inputs[:3]
     nodes, count = children.shape[0], roots.shape[0]
-    names = ctx.graph.names
-    sched, sorted_words = names.unique("schedule"), names.unique("sorted_words")
-    what = ctx.string(f"recurse over '{children.name}' ({node.loc.short if node.loc else ''})")
+    sorted_words = names.unique("sorted_words")
     schedule = Call("dg::schedule_levels", [ctx.read(children), Named("nodes", ctx.size(nodes)),
                                             Named("arity", spec.arity), ctx.read(roots),
                                             Named("num_roots", ctx.size(count)),
                                             Named("dag", "true" if spec.dag else "false"), what])
-    return sched, sorted_words, [
+    return sched, f"{sorted_words}.data()", [
         Declare("const dg::LevelSchedule", sched, init=schedule),
         Declare(f"{ctx.target.scratch_type}<int64_t>", sorted_words, [ctx.size(nodes)]),
-        ctx.call("dg::permute_rows", ctx.read(words), f"{sched}.order.data()", Named("count", ctx.size(nodes)),
+        ctx.call("dg::permute_rows", ctx.read(words), f"{sched}.order.data()", Named("count", f"{sched}.rows()"),
                  f"{sorted_words}.data()"),
     ]
+
+
+def batch_nodes(spec, inputs):
+    """The node count of the op's batch: the trees' nodes, or count * steps."""
+    if spec.sequences:
+        return sympy.sympify(inputs[0].shape[0]) * sympy.sympify(spec.steps)
+    return inputs[0].shape[0]
+
+
+def reference_schedule(spec, args, dims):
+    """What the references walk: (children [nodes, arity], words [nodes], the
+    nodes in schedule order (children first), each node's schedule row (-1 for a
+    padded step: no node))."""
+    from ..treebatch import check_batch, sequence_schedule
+
+    if spec.sequences:
+        lengths = args[0]
+        steps = int(sympy.sympify(spec.steps).subs(dims))
+        children, order, row = sequence_schedule(lengths, steps, spec.reverse, "recurse")
+        return children, np.arange(len(children), dtype=np.int64), order, row
+    children, words, roots = args[:3]
+    height, order = check_batch(children, roots, spec.dag, "recurse")
+    return children, words, order, schedule_rows(height)
 
 
 def schedule_rows(height):

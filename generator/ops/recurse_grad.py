@@ -1,7 +1,7 @@
 """The gradient of the recursive op: backpropagation through structure, as
 batched loops (the cells' backward passes: transforms/cell_grad.py).
 
-Inputs: the batch (children, words, roots), the values the cells read from
+Inputs: the batch (children, words, roots of trees; lengths of sequences), the values the cells read from
 outside (`spec.free`), the forward states of every node and their gradients.
 Outputs: one gradient piece per (cell, float free value) the cell reads; the
 grad rule of `recurse` adds a value's pieces.
@@ -26,7 +26,7 @@ import numpy as np
 import sympy
 
 from ..ir.shapes import numel
-from .recurse import _pack_loop_weights, has_rows, hoistable, inspector_lines, schedule_rows
+from .recurse import _pack_loop_weights, batch_nodes, has_rows, hoistable, inspector_lines, reference_schedule
 from .registry import OpDef, get_op, register
 
 
@@ -49,7 +49,7 @@ def _split(node):
     among the node's inputs."""
     spec = node.attrs["spec"]
     nf, ns = len(spec.free), len(spec.state)
-    rest = node.inputs[3:]
+    rest = node.inputs[spec.nb:]
     return rest[:nf], rest[nf : nf + ns], rest[nf + ns : nf + 2 * ns], rest[nf + 2 * ns :]
 
 
@@ -77,17 +77,13 @@ class RecurseGrad(OpDef):
         return [("float32", tuple(spec.free[i].shape)) for _, i in attrs["pieces"]]
 
     def reference(self, args, attrs, dims):
-        from ..treebatch import check_batch
-
         spec, back = attrs["spec"], attrs["back"]
-        nf, ns = len(spec.free), len(spec.state)
-        children, words, roots = args[:3]
-        free = args[3 : 3 + nf]
-        states = args[3 + nf : 3 + nf + ns]
-        dstates = [np.array(d, copy=True) for d in args[3 + nf + ns : 3 + nf + 2 * ns]]
-        kept = args[3 + nf + 2 * ns :]
-        height, order = check_batch(children, roots, spec.dag, "recurse")
-        row = schedule_rows(height)
+        nf, ns, nb = len(spec.free), len(spec.state), spec.nb
+        free = args[nb : nb + nf]
+        states = args[nb + nf : nb + nf + ns]
+        dstates = [np.array(d, copy=True) for d in args[nb + nf + ns : nb + nf + 2 * ns]]
+        kept = args[nb + nf + 2 * ns :]
+        children, words, order, row = reference_schedule(spec, args, dims)
         totals = {piece: np.zeros(np.shape(free[piece[1]]), dstates[0].dtype) for piece in attrs["pieces"]}
         one = {**dims, spec.rows: 1}
         for n in reversed(order):  # parents before children
@@ -146,8 +142,7 @@ class _Lowering:
         from ..codegen.stmt import Declare, Named
 
         ctx, spec, names = self.ctx, self.spec, self.names
-        children = self.node.inputs[0]
-        nodes = ctx.size(children.shape[0])
+        nodes = ctx.size(batch_nodes(spec, self.node.inputs))
         _, states, dstates, kept_inputs = _split(self.node)
         scratch = ctx.target.scratch_type
         sched, sorted_words, inspector = inspector_lines(ctx, self.node)
@@ -160,7 +155,7 @@ class _Lowering:
                 inspector.append(Declare(f"{scratch}<float>", var, [f"{nodes} * {ctx.size(width)}"],
                                          note="in schedule order"))
                 inspector.append(ctx.call("dg::sort_rows", ctx.read(value), f"{sched}.order.data()",
-                                          Named("rows", nodes), Named("width", ctx.size(width)), f"{var}.data()"))
+                                          Named("rows", f"{sched}.rows()"), Named("width", ctx.size(width)), f"{var}.data()"))
             self.state_rows.append(s)
             self.grad_rows.append(d)
         # Outputs: arena buffers the blocks write the parameters' gradients into.
@@ -209,7 +204,7 @@ class _Lowering:
             ctx.place[id(v)] = f"{base.expr} + {leaves} * {self.width(v)}"
         hoisted = None
         if hoisted_nodes:
-            ctx.place[id(cell.words)] = f"{sorted_words}.data() + {leaves}"
+            ctx.place[id(cell.words)] = f"{sorted_words} + {leaves}"
             decls, body = ctx.lower_nodes(hoisted_nodes, {rows: sympy.Symbol(internal)})
             hoisted = self._block(decls, str(rows), internal, body)
         offset = f"({start} - {leaves})"
@@ -240,7 +235,7 @@ class _Lowering:
                 ctx.place[id(v)] = at_level(v, v.name)
         for v, base in loaded:
             ctx.place[id(v)] = f"{base.expr} + {start} * {self.width(v)}"
-        ctx.place[id(cell.words)] = f"{sorted_words}.data() + {start}"
+        ctx.place[id(cell.words)] = f"{sorted_words} + {start}"
         for j, d in enumerate(cell.d_out):
             ctx.place[id(d)] = f"{self.grad_rows[j]}.data() + {start} * {ctx.size(self.widths[j])}"
         packed = _pack_loop_weights(ctx, names, cell, looped_forward + looped_backward)
@@ -278,13 +273,11 @@ class _Lowering:
             for v in n.outputs:
                 if has_rows(v, rows):
                     ctx.place[id(v)] = f"{v.name}.data()"
-        after = self._cell_block(cell, after_nodes, 1, internal, f"{sorted_words}.data() + {leaves}", leaves,
-                                 writes)
-        leaf = self._cell_block(self.back.leaf, self.back.leaf.nodes, 0, leaves, f"{sorted_words}.data()", "0",
-                                writes)
+        after = self._cell_block(cell, after_nodes, 1, internal, f"{sorted_words} + {leaves}", leaves, writes)
+        leaf = self._cell_block(self.back.leaf, self.back.leaf.nodes, 0, leaves, sorted_words, "0", writes)
         return ReverseLevelLoop(
-            batch=children.name, schedule=sched, inspector=inspector, leaves=leaves, internal=internal,
-            internal_rows=f"{nodes} - {leaves}", hoisted=hoisted, max_rows=most, buffers=buffers, packed=packed,
+            batch=self.node.inputs[0].name, schedule=sched, inspector=inspector, leaves=leaves, internal=internal,
+            internal_rows=f"{sched}.rows() - {leaves}", hoisted=hoisted, max_rows=most, buffers=buffers, packed=packed,
             level=level, start=start, gathers=gathers, body=loop_body, scatters=scatters, after=after,
             leaf=leaf, finish=[], writes=list(writes.values()), reads=[base for _, base in loaded],
         )

@@ -31,6 +31,8 @@ def id_limit(graph, value) -> int:
     from ..ops import get_op
 
     limits = [get_op(n.op).id_limit(n, value) for n in graph.nodes]
+    # Ids reshaped first (a tagger's [N, T] tags flattened for the loss) have the reshape's limit.
+    limits += [id_limit(graph, n.outputs[0]) for n in graph.nodes if n.op == "reshape" and n.inputs[0] is value]
     limits = [x for x in limits if x is not None]
     return min(limits) if limits else 10
 

@@ -199,7 +199,11 @@ def epilogue(graph):
         return graph
     for nodes, keep in list(_regions(graph)):
         uses = _uses(nodes)
-        for mm in list(nodes):
+        # The last product made first: where two products meet in one consumer
+        # (an RNN's x @ W + h @ U + b), the later one takes the epilogue and the
+        # earlier stays a plain product (in a recurrence: of the inputs only, made
+        # for every step at once before the loop).
+        for mm in reversed(list(nodes)):
             if mm.op != "matmul" or "epilogue" in mm.attrs or len(mm.outputs) != 1:
                 continue
             u = mm.outputs[0]

@@ -1,6 +1,6 @@
 // dg_schedule.h: the inspector of recursive models, shared by every target. It
-// takes a batch of trees (or DAGs) as flat host arrays, checks them, and numbers
-// the nodes by height so that every level is a contiguous block of rows: leaves
+// takes a batch of trees (or DAGs, or padded sequences) as flat host arrays,
+// checks them, and numbers the nodes by height so that every level is a contiguous block of rows: leaves
 // first, then the nodes whose children are all leaves, and so on. The executor
 // (dg_tree.h on the CPU, dg_cuda_tree.h on a GPU) then runs one batched step per
 // level.
@@ -26,6 +26,9 @@ struct HostSchedule {
 
   int64_t levels() const { return static_cast<int64_t>(level_start.size()) - 1; }
   int64_t leaves() const { return level_start.size() > 1 ? level_start[1] : 0; }
+  // The rows scheduled: every node of a batch of trees; of a batch of sequences,
+  // the steps before each length (the padding past it is no node of the schedule).
+  int64_t rows() const { return level_start.empty() ? 0 : level_start.back(); }
 };
 
 // Checks the batch and computes its schedule. `children` is [nodes, arity] with
@@ -109,6 +112,58 @@ inline HostSchedule inspect_levels(const int64_t* children, int64_t nodes, int64
   for (int64_t l = 1; l <= top; ++l)
     s.max_level_rows = std::max(s.max_level_rows, s.level_start[l + 1] - s.level_start[l]);
   return s;
+}
+
+// A batch of `count` sequences of up to `steps` steps, padded: node n * steps + t
+// is step t of sequence n, present while t < lengths[n]. Each sequence is a
+// chain (a step's child is the step before it, or after it with `reverse`), so
+// level l holds the l-th step taken of every sequence longer than l: PyTorch's
+// PackedSequence batches. Within a level the sequences are sorted by length,
+// longest first (ties in index order), so a level is a prefix of the one before
+// and a row's child is the row at the same place one level down.
+inline HostSchedule inspect_sequences(const int64_t* lengths, int64_t count, int64_t steps, bool reverse,
+                                      const char* what) {
+  auto fail = [&](const std::string& message) { throw std::invalid_argument(std::string(what) + ": " + message); };
+  if (count == 0) fail("empty batch: there are no sequences");
+  int64_t longest = 0;
+  for (int64_t n = 0; n < count; ++n) {
+    if (lengths[n] < 1 || lengths[n] > steps)
+      fail("lengths[" + std::to_string(n) + "] is " + std::to_string(lengths[n]) + ", outside [1, " +
+           std::to_string(steps) + "] (the padded length)");
+    longest = std::max(longest, lengths[n]);
+  }
+  std::vector<int64_t> by_length(count);
+  for (int64_t n = 0; n < count; ++n) by_length[n] = n;
+  std::stable_sort(by_length.begin(), by_length.end(),
+                   [&](int64_t a, int64_t b) { return lengths[a] > lengths[b]; });
+  HostSchedule s;
+  s.level_start.assign(longest + 1, 0);
+  s.row_of.assign(count * steps, -1);
+  for (int64_t l = 0; l < longest; ++l) {
+    s.level_start[l + 1] = s.level_start[l];
+    for (int64_t i = 0; i < count && lengths[by_length[i]] > l; ++i) {
+      const int64_t n = by_length[i], t = reverse ? lengths[n] - 1 - l : l;
+      s.order.push_back(n * steps + t);
+      s.row_of[n * steps + t] = s.level_start[l + 1]++;
+      s.child_row.push_back(l == 0 ? -1 : s.level_start[l - 1] + i);
+    }
+    if (l > 0) s.max_level_rows = std::max(s.max_level_rows, s.level_start[l + 1] - s.level_start[l]);
+  }
+  return s;
+}
+
+// The node of each sequence's last step (n * steps + lengths[n] - 1), or of its
+// first with `reverse`: where a recurrence's final state is. Lengths are checked
+// as inspect_sequences checks them.
+inline void host_last_steps(const int64_t* lengths, int64_t count, int64_t steps, bool reverse, int64_t* out,
+                       const char* what) {
+  for (int64_t n = 0; n < count; ++n) {
+    if (lengths[n] < 1 || lengths[n] > steps)
+      throw std::invalid_argument(std::string(what) + ": lengths[" + std::to_string(n) + "] is " +
+                                  std::to_string(lengths[n]) + ", outside [1, " + std::to_string(steps) +
+                                  "] (the padded length)");
+    out[n] = n * steps + (reverse ? 0 : lengths[n] - 1);
+  }
 }
 
 }  // namespace dg

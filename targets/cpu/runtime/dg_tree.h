@@ -27,6 +27,18 @@ inline LevelSchedule schedule_levels(const int64_t* children, int64_t nodes, int
   return inspect_levels(children, nodes, arity, roots, num_roots, dag, what);
 }
 
+// Checks a batch of padded sequences and computes its schedule (see inspect_sequences).
+inline LevelSchedule schedule_sequences(const int64_t* lengths, int64_t count, int64_t steps, bool reverse,
+                                        const char* what) {
+  return inspect_sequences(lengths, count, steps, reverse, what);
+}
+
+// out[n] = the node of sequence n's last step (its first with `reverse`); see host_last_steps.
+inline void last_steps(const int64_t* lengths, int64_t count, int64_t steps, bool reverse, int64_t* out,
+                       const char* what) {
+  host_last_steps(lengths, count, steps, reverse, out, what);
+}
+
 // out[r, :] = state[child_row[r * arity + slot], :], or zeros for an empty slot.
 inline void gather_children(const float* state, int64_t width, const int64_t* child_row, int64_t arity,
                             int64_t slot, int64_t rows, float* out) {

@@ -32,17 +32,11 @@ struct LevelSchedule {
 
   int64_t levels() const { return static_cast<int64_t>(level_start.size()) - 1; }
   int64_t leaves() const { return level_start.size() > 1 ? level_start[1] : 0; }
+  int64_t rows() const { return level_start.empty() ? 0 : level_start.back(); }
 };
 
-// Checks the batch and computes its schedule on the host (errors name the
-// node, as on the CPU), then copies what kernels read to the device.
-// `children` and `roots` are device copies of the caller's arrays.
-inline LevelSchedule schedule_levels(const int64_t* children, int64_t nodes, int64_t arity, const int64_t* roots,
-                                     int64_t num_roots, bool dag, const char* what) {
-  const std::vector<int64_t> host_children = host_values(children, nodes * arity);
-  const std::vector<int64_t> host_roots = host_values(roots, num_roots);
-  const HostSchedule s =
-      inspect_levels(host_children.data(), nodes, arity, host_roots.data(), num_roots, dag, what);
+// What kernels read of a host schedule, copied to the device.
+inline LevelSchedule to_device(const HostSchedule& s) {
   LevelSchedule d;
   d.order = DeviceVector<int64_t>(static_cast<int64_t>(s.order.size()));
   d.child_row = DeviceVector<int64_t>(static_cast<int64_t>(s.child_row.size()));
@@ -51,6 +45,34 @@ inline LevelSchedule schedule_levels(const int64_t* children, int64_t nodes, int
   d.level_start = s.level_start;
   d.max_level_rows = s.max_level_rows;
   return d;  // (a copy from pageable host memory has read it when cudaMemcpyAsync returns)
+}
+
+// Checks the batch and computes its schedule on the host (errors name the
+// node, as on the CPU), then copies what kernels read to the device.
+// `children` and `roots` are device copies of the caller's arrays.
+inline LevelSchedule schedule_levels(const int64_t* children, int64_t nodes, int64_t arity, const int64_t* roots,
+                                     int64_t num_roots, bool dag, const char* what) {
+  const std::vector<int64_t> host_children = host_values(children, nodes * arity);
+  const std::vector<int64_t> host_roots = host_values(roots, num_roots);
+  return to_device(inspect_levels(host_children.data(), nodes, arity, host_roots.data(), num_roots, dag, what));
+}
+
+// Checks a batch of padded sequences on the host and computes its schedule
+// (inspect_sequences), then copies what kernels read to the device.
+inline LevelSchedule schedule_sequences(const int64_t* lengths, int64_t count, int64_t steps, bool reverse,
+                                        const char* what) {
+  const std::vector<int64_t> host_lengths = host_values(lengths, count);
+  return to_device(inspect_sequences(host_lengths.data(), count, steps, reverse, what));
+}
+
+// out[n] = the node of sequence n's last step (its first with `reverse`), computed
+// on the host from a copy of the lengths (checked there) and copied back.
+inline void last_steps(const int64_t* lengths, int64_t count, int64_t steps, bool reverse, int64_t* out,
+                       const char* what) {
+  const std::vector<int64_t> host_lengths = host_values(lengths, count);
+  std::vector<int64_t> ends(count);
+  host_last_steps(host_lengths.data(), count, steps, reverse, ends.data(), what);
+  copy_bytes(out, ends.data(), ends.size() * sizeof(int64_t));
 }
 
 // out[r, :] = state[child_row[r * arity + slot], :], or zeros for an empty slot.

@@ -62,7 +62,7 @@ Outputs Model::forward(const Inputs& inputs) const {
       trees_children, /*nodes=*/trees_nodes, /*arity=*/2, trees_roots, /*num_roots=*/trees_count,
       /*dag=*/false, "recurse over 'trees_children' (tiny.py:50)");
   dg::Scratch<int64_t> sorted_words(trees_nodes);
-  dg::permute_rows(trees_words, schedule.order.data(), /*count=*/trees_nodes, sorted_words.data());
+  dg::permute_rows(trees_words, schedule.order.data(), /*count=*/schedule.rows(), sorted_words.data());
   dg::Scratch<float> h_rows(trees_nodes * 4);  // in schedule order
   // Leaves: all trees_children leaves at once.
   const int64_t leaves = schedule.leaves();
@@ -96,7 +96,7 @@ Outputs Model::forward(const Inputs& inputs) const {
                  kernels::node_tanh_epilogue{});
     }
   }
-  dg::unsort_rows(h_rows.data(), schedule.order.data(), /*rows=*/trees_nodes, /*width=*/4, h);
+  dg::unsort_rows(h_rows.data(), schedule.order.data(), /*rows=*/schedule.rows(), /*width=*/4, h);
 
   // tiny.py:51  return {"root_h": dg.roots(trees, h)}
   std::vector<float> root_h(4 * trees_count);
