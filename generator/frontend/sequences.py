@@ -28,6 +28,7 @@ from __future__ import annotations
 import math
 
 from . import initializers as inits
+from .attention import linear_t
 from .builder import Tensor, current
 from .dsl import _helper_param, _tensor, concat, gather, reshape, sigmoid, split, tanh
 from .recursion import build_recursion
@@ -124,12 +125,6 @@ def _hint(t: Tensor, name: str) -> Tensor:
     return t
 
 
-def _linear_t(x, w, bias=None):
-    """x @ w^T (+ bias): a product by a weight in PyTorch's [out, in] layout."""
-    y = current().add("matmul", [x, w], {"tb": True})[0]
-    return y if bias is None else y + bias
-
-
 def _rnn(kind, x, lengths, hidden_size, num_layers, bidirectional, name, loc):
     """The layers of an LSTM or a GRU: per layer and direction a scan; outputs
     of both directions concatenated feed the next layer."""
@@ -174,7 +169,7 @@ def _rnn(kind, x, lengths, hidden_size, num_layers, bidirectional, name, loc):
 def _lstm_cell(p):
     def step(x_t, prev):
         h, c = prev
-        gates = _hint(_linear_t(x_t, p["weight_ih"], p["bias_ih"]) + _linear_t(h, p["weight_hh"], p["bias_hh"]),
+        gates = _hint(linear_t(x_t, p["weight_ih"], p["bias_ih"]) + linear_t(h, p["weight_hh"], p["bias_hh"]),
                       "gates")
         i, f, g, o = split(gates, 4, axis=1)
         c = _hint(sigmoid(f) * c + sigmoid(i) * tanh(g), "c")
@@ -185,8 +180,8 @@ def _lstm_cell(p):
 
 def _gru_cell(p):
     def step(x_t, h):
-        r_x, z_x, n_x = split(_linear_t(x_t, p["weight_ih"], p["bias_ih"]), 3, axis=1)
-        r_h, z_h, n_h = split(_linear_t(h, p["weight_hh"], p["bias_hh"]), 3, axis=1)
+        r_x, z_x, n_x = split(linear_t(x_t, p["weight_ih"], p["bias_ih"]), 3, axis=1)
+        r_h, z_h, n_h = split(linear_t(h, p["weight_hh"], p["bias_hh"]), 3, axis=1)
         r, z = _hint(sigmoid(r_x + r_h), "r"), _hint(sigmoid(z_x + z_h), "z")
         n = _hint(tanh(n_x + r * n_h), "n")
         return (_hint((1 - z) * n + z * h, "h"),)
