@@ -62,7 +62,7 @@ class Fuzzer(FuzzInputs, FuzzOracle):
         self.limit = {v.name: id_limit(g, v) for v in g.inputs if v.dtype != "float32"}
         self.trees = []
         for n in g.nodes:
-            if n.op == "recurse":
+            if n.op == "recurse" and not n.attrs["spec"].sequences:  # a scan's lengths are fuzzed as ids
                 spec = n.attrs["spec"]
                 self.trees.append(
                     dict(

@@ -179,7 +179,7 @@ def matmul(a, b, tb: bool = False, name=None) -> Tensor:
     weight: x @ W^T without a transposed copy). A b of rank above 2 is a batched
     product (`bmm`)."""
     a, b = _tensor(a, "matmul"), _tensor(b, "matmul")
-    if b.ndim > 2:
+    if b.ndim > 2 and a.ndim == b.ndim:  # else matmul's shape rule names the 2-D b it wants
         return bmm(a, b, tb=tb, name=name)
     return current().add("matmul", [a, b], {"tb": True} if tb else {}, name=name)[0]
 
