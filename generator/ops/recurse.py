@@ -142,7 +142,7 @@ class Recurse(OpDef):
 
         spec = node.attrs["spec"]
         ns = len(spec.state)
-        back = differentiate_recursion(gb, spec, keep=not spec.kept)
+        back = differentiate_recursion(gb, spec, keep=not spec.kept, wanted=gb.reaches)
         pieces = [(which, i) for which, cell in enumerate(back.cells) for i in sorted(cell.d_free)]
         grads = [None] * len(node.inputs)
         if not pieces:

@@ -32,6 +32,7 @@ class GradBuilder:
         self.graph = graph
         self.loc = None
         self.nodes = []
+        self.reaches = None  # ids of the values backprop differentiates for (None: all)
 
     def op(self, op, inputs, attrs, hint):
         opdef = get_op(op)
@@ -114,6 +115,7 @@ def backprop(gb, nodes, grads: dict, reaches: set, needed=None) -> dict:
         if opdef.grad is None:
             raise ModelError(f"'{node.op}' has no gradient rule", node.loc, node.op)
         gb.loc = node.loc
+        gb.reaches = reaches  # a rule may skip inputs whose gradient nobody wants (ops/recurse.py)
         gouts = [grads.get(id(v)) for v in node.outputs]
         if any(g is None for g in gouts) and not opdef.multi_output:
             gouts = [g if g is not None else gb.fill(v.shape, 0.0) for g, v in zip(gouts, node.outputs)]

@@ -77,10 +77,12 @@ def kept_candidates(cell, rows) -> list:
     return out
 
 
-def differentiate_cell(gb: GradBuilder, spec, cell, keep=()) -> BackCell:
+def differentiate_cell(gb: GradBuilder, spec, cell, keep=(), wanted=None) -> BackCell:
     """`cell`'s backward pass as a BackCell (see the module docstring). Values in
     `keep` (forward cell values) are read where the forward loop kept them instead
-    of being made again: they become placeholders (BackCell.loaded)."""
+    of being made again: they become placeholders (BackCell.loaded). Only free
+    values in `wanted` (ids; None: all) get a gradient: not a graph input such as
+    a scan's x, whose gradient nothing reads."""
     names = gb.graph.names
     copy = {id(cell.words): _placeholder(names, cell.words.name, cell.words)}
     children = [[_placeholder(names, v.name, v) for v in slot] for slot in cell.children]
@@ -98,7 +100,7 @@ def differentiate_cell(gb: GradBuilder, spec, cell, keep=()) -> BackCell:
     outputs = [copy.get(id(v), v) for v in cell.outputs]
     d_out = [Value(names.unique(f"d_{name}_rows"), "float32", v.shape, kind="cell", explicit=True)
              for (name, _), v in zip(spec.state, outputs)]
-    floats = [v for v in spec.free if v.dtype == "float32"]
+    floats = [v for v in spec.free if v.dtype == "float32" and (wanted is None or id(v) in wanted)]
     wrt = [v for slot in children for v in slot] + floats
     grads = {}
     start = len(gb.nodes)
@@ -128,8 +130,9 @@ def differentiate_cell(gb: GradBuilder, spec, cell, keep=()) -> BackCell:
     return back
 
 
-def differentiate_recursion(gb: GradBuilder, spec, keep: bool = True) -> BackSpec:
+def differentiate_recursion(gb: GradBuilder, spec, keep: bool = True, wanted=None) -> BackSpec:
     """Both cells of a recursive op, differentiated; with `keep`, the internal
     cell reads its products' results where the forward loop kept them."""
-    internal = differentiate_cell(gb, spec, spec.internal, kept_candidates(spec.internal, spec.rows) if keep else ())
-    return BackSpec(differentiate_cell(gb, spec, spec.leaf), internal)
+    internal = differentiate_cell(gb, spec, spec.internal, kept_candidates(spec.internal, spec.rows) if keep else (),
+                                  wanted)
+    return BackSpec(differentiate_cell(gb, spec, spec.leaf, wanted=wanted), internal)
