@@ -62,6 +62,9 @@ def scalar_expr(fn: str, *operands):
     return f(*operands)
 
 
+SIMPLIFY_LIMIT = 24  # operations in a derivative above which sympy.simplify is not tried
+
+
 def derivative(expr, symbol):
     """d expr / d symbol, ready to print: step functions become explicit choices
     (relu'(0) = 0, as in PyTorch), and sympy's simplified form is used only when
@@ -70,6 +73,8 @@ def derivative(expr, symbol):
     d = sympy.diff(expr, symbol)
     d = d.replace(sympy.Heaviside, lambda a, *rest: sympy.Piecewise((1, a > 0), (0, True)))
     d = d.replace(sympy.DiracDelta, lambda *args: sympy.Integer(0))
+    if sympy.count_ops(d) > SIMPLIFY_LIMIT:
+        return d  # a long fused expression (a GRU's gates): simplify takes seconds and rarely wins
     try:
         simple = sympy.simplify(d)
     except Exception:  # noqa: BLE001  (simplification is optional)
