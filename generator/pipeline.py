@@ -76,11 +76,13 @@ def project_files(graph, target: str = "cpu", opt: str = "O2", report=None) -> d
     return render(plan, load_target(target))
 
 
-def generate(graph, out_dir, target: str = "cpu", force: bool = False, opt: str = "O2", report=None) -> list:
-    """Every stage from optimize to write: the project for `graph` in `out_dir`."""
+def generate(graph, out_dir, target: str = "cpu", force: bool = False, opt: str = "O2", report=None,
+             restore: bool = False):
+    """Every stage from optimize to write: the project for `graph` in `out_dir`
+    (an emit.WriteResult; hand edits are merged, see emit.write_project)."""
     from .codegen.emit import write_project
 
-    return write_project(out_dir, project_files(graph, target, opt, report), force)
+    return write_project(out_dir, project_files(graph, target, opt, report), force, restore)
 
 
 def plan_text(plan) -> str:

@@ -306,10 +306,15 @@ def _lower_training(ctx, graph, dim_index, bound_dims, first: int) -> TrainPlan:
     updates = []
     copied = {p for p, _, _ in copies}
     params = {p.name: p for p in graph.params}
-    for p, member, _ in grads:
+    for index, (p, member, _) in enumerate(grads):
         args = [f"{p}.ptr()", f"{member}.ptr()"] + [f"{m}.ptr()" for _, m in slots[p]] + [f"{p}.size()"]
         args += [corrections[s] if s in corrections else f"hyper.{s}" for s in scalars]
-        updates.append(Update(p, params[p], spec.grads[p], Call(f"kernels::{kernel.name}", args), p in copied))
+        updates.append(Update(p, params[p], spec.grads[p], Call(f"kernels::{kernel.name}", args), p in copied, index))
+    # The gradients lie end to end in one buffer (gradient_buffer(): one allreduce for all).
+    offsets, total = [], 0
+    for p, _, _ in grads:
+        offsets.append(total)
+        total += int(np.prod(params[p].shape, dtype=np.int64))
     hyper = [(name, f"{np.float32(value)!r}".replace("np.float32(", "").rstrip(")") + "f") for name, value in spec.hyper]
     from ..frontend.train import HYPER_RANGES
 
@@ -327,11 +332,14 @@ def _lower_training(ctx, graph, dim_index, bound_dims, first: int) -> TrainPlan:
         backward_statements=backward_statements,
         copies=copy_lines,
         updates=updates,
+        all_updates=list(updates),
         hyper=hyper,
         hyper_checks=hyper_checks,
         bias_correction=[corrections[c] for c in ("c1", "c2")] if corrections else [],
         grads=grads,
         slots=[(p, slot, member, shape) for p, _, shape in grads for slot, member in slots[p]],
+        grad_offsets=offsets,
+        grad_total=total,
     )
 
 

@@ -193,11 +193,14 @@ class TrainPlan:
     backward_statements: list
     copies: list  # stmt.Copy lines copying gradients into the Model's gradient members
     updates: list  # [Update]; plan_memory moves each it can into the backward statements
+    all_updates: list  # [Update] of every parameter, in gradients() order: apply_update() runs them all
     hyper: list  # [(name, C++ float literal default)]
     hyper_checks: list  # [(name, dg_guard.h range check)], applied when set and by every train_step
     bias_correction: list  # Adam: the names of the locals c1, c2 computed from the step count
     grads: list  # [(param, gradient member, C++ shape list)]
     slots: list  # [(param, slot, member, C++ shape list)]
+    grad_offsets: list = field(default_factory=list)  # [offset] of each gradient in the one gradient buffer
+    grad_total: int = 0  # elements of that buffer (every gradient, in gradients() order)
 
 
 @dataclass(eq=False)
@@ -211,6 +214,7 @@ class Update:
     grad_value: object
     call: object  # stmt.Call
     after_copies: bool
+    index: int = 0  # the gradient's position in gradients() (compute_gradients() reports it ready)
 
     def __str__(self) -> str:
         return str(self.call)

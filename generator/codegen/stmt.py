@@ -134,6 +134,24 @@ class Comment:
 
 
 @dataclass(eq=False)
+class EarlyUpdate:
+    """A parameter's update inside the backward pass, once its gradient is complete:
+    train_step() runs it there; compute_gradients() (`gradients_only` set) leaves the
+    update to apply_update() and, where `report` is set, hands the gradient's index
+    to its callback at once, so that an allreduce of it can start."""
+
+    index: int
+    call: Call
+    report: bool = True
+    at: int = -1
+
+    def __str__(self) -> str:
+        if not self.report:
+            return f"if (gradients_only == nullptr) {self.call}"
+        return f"if (gradients_only == nullptr) {self.call} else dg::gradient_ready(*gradients_only, {self.index});"
+
+
+@dataclass(eq=False)
 class Scope:
     """A braced block: its local arrays (`const int64_t shape[] = {...};`), then its lines."""
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from ..ops import get_op
 from ..codegen.plan import ArenaDecl
-from ..codegen.stmt import Alias, Comment, Read, nested_lines, operands
+from ..codegen.stmt import Alias, Comment, EarlyUpdate, Read, nested_lines, operands
 
 
 @dataclass
@@ -92,5 +92,6 @@ def place_updates(plan, live: Liveness):
             remaining.append(u)
             continue
         u.call.at = ready
-        statement.lines += [Comment(f"{u.param}: gradient complete and no longer read: update it now", ready), u.call]
+        early = EarlyUpdate(u.index, u.call, report=plan.target != "cuda", at=ready)  # CUDA: ready when the device is
+        statement.lines += [Comment(f"{u.param}: gradient complete and no longer read: update it now, or report it ready", ready), early]
     plan.train.updates = remaining

@@ -1,5 +1,6 @@
 // dg_pybind.h: numpy <-> dg::View/Tensor conversion for the generated bindings,
-// with the input checks a Python user sees as ValueError.
+// with the input checks a Python user sees as ValueError, and the Python
+// exceptions of save() and load().
 //
 // Part of the deepgen runtime: hand-written, copied unchanged into every
 // generated project.
@@ -8,13 +9,11 @@
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 
-#include <algorithm>
-#include <cmath>
-#include <filesystem>
-#include <limits>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "dg_npz.h"
 #include "dg_tensor.h"
 
 namespace dg {
@@ -37,24 +36,55 @@ inline void check_input_names(const py::kwargs& given, const std::vector<std::st
       throw py::value_error("missing input '" + n + "'; the model's inputs are: " + names);
 }
 
-// A view of the numpy array passed as input `name`: exact dtype, C-contiguous.
-// The array stays alive in the caller's kwargs while the model runs.
+// Arrays made for the call from inputs that were not numpy arrays; they must
+// outlive the call (declare one before releasing the GIL).
+using KeptInputs = std::vector<py::object>;
+
+// Input `name` as a numpy array, without a copy: a numpy array as it is; an
+// object with the buffer protocol (memoryview, array.array, bytes), with
+// __dlpack__ (a CPU torch tensor) or __array__, viewed through numpy. A null
+// handle when the object is none of these.
+inline py::object as_numpy(py::handle obj, const char* name) {
+  if (py::isinstance<py::array>(obj)) return py::reinterpret_borrow<py::object>(obj);
+  const char* how = PyObject_CheckBuffer(obj.ptr())  ? "asarray"
+                    : py::hasattr(obj, "__dlpack__") ? "from_dlpack"
+                    : py::hasattr(obj, "__array__")  ? "asarray"
+                                                     : nullptr;
+  if (how == nullptr) return py::object();
+  try {
+    return py::module_::import("numpy").attr(how)(obj);
+  } catch (py::error_already_set& e) {
+    std::string why = py::str(e.value());
+    why = why.substr(0, why.find('\n'));
+    throw py::value_error(std::string("input '") + name + "': cannot read this " +
+                          std::string(py::str(py::type::of(obj).attr("__name__"))) + " as an array (" + why + ")");
+  }
+}
+
+// A view of the array passed as input `name`: exact dtype, C-contiguous,
+// aligned. The memory is the caller's (no copy): a numpy array stays alive in
+// the caller's kwargs while the model runs, any other array in `kept`.
 template <typename T>
-View<T> input_view(const py::kwargs& given, const char* name, const char* declared) {
+View<T> input_view(const py::kwargs& given, const char* name, const char* declared, KeptInputs& kept) {
   py::handle obj = given[name];
   const std::string want = py::str(py::dtype::of<T>());
-  if (!py::isinstance<py::array>(obj))
+  py::object converted = as_numpy(obj, name);
+  if (!converted)
     throw py::value_error(std::string("input '") + name + "': expected a numpy array of " + want + " with shape " +
-                          declared + ", got " + std::string(py::str(py::type::of(obj).attr("__name__"))));
-  auto arr = py::reinterpret_borrow<py::array>(obj);
+                          declared + " (or a C-contiguous tensor or buffer: DLPack, __array__ or the buffer protocol), got " +
+                          std::string(py::str(py::type::of(obj).attr("__name__"))));
+  const bool is_numpy = converted.is(obj);
+  if (!is_numpy) kept.push_back(converted);
+  auto arr = py::reinterpret_borrow<py::array>(converted);
   // Equal dtypes, not the same descriptor object: a pickled array or np.longlong
   // for int64 carries an equivalent descriptor of its own.
   if (!py::isinstance<py::array_t<T>>(arr))
     throw py::value_error(std::string("input '") + name + "': expected dtype " + want + ", got " +
-                          std::string(py::str(arr.dtype())) + " (convert with .astype(np." + want + "))");
+                          std::string(py::str(arr.dtype())) +
+                          (is_numpy ? " (convert with .astype(np." + want + "))" : " (convert it to " + want + " first)"));
   if (!(arr.flags() & py::array::c_style))
-    throw py::value_error(std::string("input '") + name +
-                          "': the array must be C-contiguous (use np.ascontiguousarray)");
+    throw py::value_error(std::string("input '") + name + "': the array must be C-contiguous (" +
+                          (is_numpy ? "use np.ascontiguousarray" : "a torch tensor: .contiguous()") + ")");
   if (!(arr.flags() & py::detail::npy_api::NPY_ARRAY_ALIGNED_))  // kernels load whole elements
     throw py::value_error(std::string("input '") + name +
                           "': the array's data is not aligned to its dtype (np.require(x, requirements='CA') "
@@ -73,9 +103,10 @@ py::array to_numpy(Tensor<T>&& t) {
   return py::array_t<T>(t.shape, owned->data(), release);
 }
 
-// A writable numpy view of a parameter; `owner` (the Python Model) is kept alive by it.
-template <typename T>
-py::array param_view(Tensor<T>& t, py::handle owner) {
+// A writable numpy view of a parameter (a Tensor, or a Slice of the gradient
+// buffer); `owner` (the Python Model) is kept alive by it.
+template <template <typename> class Storage, typename T>
+py::array param_view(Storage<T>& t, py::handle owner) {
   return py::array_t<T>(t.shape, t.ptr(), owner);
 }
 
@@ -149,141 +180,16 @@ inline py::dict trees_from_nested(const py::sequence& trees, int64_t arity) {
   return batch;
 }
 
-// ---- load(): read everything, check everything, and only then change the model.
-
-// A tensor load() fills: its name in the file and its shape.
-struct Expected {
-  std::string name;
-  std::vector<int64_t> shape;
-};
-
-// What load() read and checked, converted to float32, before any of the model changed.
-struct StagedLoad {
-  std::vector<py::array_t<float, py::array::c_style>> arrays;  // in the order of the Expected lists
-  bool with_state = false;                                     // optimizer state (and step) came along
-  int64_t step = 0;
-};
-
-namespace load_detail {
-
-[[noreturn]] inline void raise(PyObject* type, const std::string& message) {
-  PyErr_SetString(type, message.c_str());
-  throw py::error_already_set();
-}
-
-// save("x") writes x.npz (numpy adds the suffix), so load("x") looks there too.
-inline std::string existing_path(const std::string& given) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  if (fs::exists(given, ec)) return given;
-  if (fs::exists(given + ".npz", ec)) return given + ".npz";
-  raise(PyExc_FileNotFoundError, "no such file: " + given + " (nor " + given + ".npz)");
-}
-
-// The array `name` of the archive as float32, after checking shape, dtype and values.
-inline py::array_t<float, py::array::c_style> checked(const std::string& path, const py::object& file,
-                                                      const Expected& e, const char* what) {
-  const std::string where = path + ": " + what + " '" + e.name + "'";
-  py::array array = file.attr("__getitem__")(e.name);
-  std::vector<int64_t> shape(array.shape(), array.shape() + array.ndim());
-  if (shape != e.shape)
-    throw py::value_error(where + " has shape " + shape_str(shape) + ", expected " + shape_str(e.shape));
-  if (array.dtype().kind() != 'f')
-    throw py::value_error(where + " has dtype " + std::string(py::str(array.dtype())) + ", expected a float array");
-  py::module_ np = py::module_::import("numpy");
-  if (array.size() > 0) {
-    if (!np.attr("isfinite")(array).attr("all")().cast<bool>())
-      throw py::value_error(where + " has non-finite values (nan or inf)");
-    if (array.dtype().itemsize() > 4 &&
-        np.attr("abs")(array).attr("max")().cast<double>() > static_cast<double>(std::numeric_limits<float>::max()))
-      throw py::value_error(where + " has values beyond float32's range (they would become inf)");
-  }
-  py::array_t<float, py::array::c_style> converted = np.attr("ascontiguousarray")(array, py::arg("dtype") = "float32");
-  return converted;
-}
-
-// optimizer/step: a whole number >= 0, stored as a scalar.
-inline int64_t checked_step(const std::string& path, const py::object& file) {
-  py::array array = file.attr("__getitem__")("optimizer/step");
-  const std::string where = path + ": 'optimizer/step'";
-  if (array.ndim() != 0) throw py::value_error(where + " must be a scalar, got shape " + shape_str({array.shape(), array.shape() + array.ndim()}));
-  const char kind = array.dtype().kind();
-  py::object value = array.attr("item")();
-  if (kind == 'f') {
-    const double v = value.cast<double>();
-    if (!std::isfinite(v) || v != std::floor(v)) throw py::value_error(where + " must be a whole number, got " + std::string(py::repr(value)));
-    value = py::int_(py::reinterpret_steal<py::object>(PyNumber_Long(value.ptr())));
-  } else if (kind != 'i' && kind != 'u') {
-    throw py::value_error(where + " must be an integer, got dtype " + std::string(py::str(array.dtype())));
-  }
-  int overflow = 0;
-  const long long step = PyLong_AsLongLongAndOverflow(value.ptr(), &overflow);
-  if (overflow != 0 || step < 0 || step == std::numeric_limits<long long>::max())
-    throw py::value_error(where + " must be >= 0 and below 2**63 - 1, got " + std::string(py::repr(value)));
-  return static_cast<int64_t>(step);
-}
-
-}  // namespace load_detail
-
-// Reads the .npz archive at `given` (or given + ".npz") that save() wrote:
-// `params` must all be there; `state` (optimizer state) with 'optimizer/step'
-// comes along when the file has it. Any problem raises (ValueError, or
-// FileNotFoundError) before the caller changes anything.
-inline StagedLoad stage_npz(const std::string& given, const std::vector<Expected>& params,
-                            const std::vector<Expected>& state, bool trainable) {
-  using namespace load_detail;
-  const std::string path = existing_path(given);
-  py::object file;
+// Runs `body` (a model's save() or load()), turning dg::FileError into Python's
+// FileNotFoundError or OSError; bad file contents stay ValueError.
+template <typename F>
+void with_file_errors(F&& body) {
   try {
-    file = py::module_::import("numpy").attr("load")(path, py::arg("allow_pickle") = false);
-  } catch (py::error_already_set& e) {
-    if (e.matches(PyExc_OSError) && !e.matches(PyExc_EOFError)) throw;  // not found, a folder, no permission
-    std::string why = py::str(e.value());
-    why = why.substr(0, why.find('\n'));
-    if (why.find("pickle") != std::string::npos) why = "it is not a numpy file";
-    throw py::value_error(path + ": not an .npz archive that save() wrote (" + why + ")");
+    body();
+  } catch (const FileError& e) {  // the GIL is back: body's gil_scoped_release has ended
+    PyErr_SetString(e.missing ? PyExc_FileNotFoundError : PyExc_OSError, e.what());
+    throw py::error_already_set();
   }
-  if (!py::hasattr(file, "files"))
-    throw py::value_error(path + ": holds a single array (.npy); load() reads the .npz archive that save() writes");
-  struct Closer {
-    py::object f;
-    ~Closer() {
-      try {
-        f.attr("close")();
-      } catch (...) {
-      }
-    }
-  } closer{file};
-  std::vector<std::string> keys;
-  for (py::handle key : file.attr("files")) keys.push_back(py::str(key));
-  auto has = [&](const std::string& key) { return std::find(keys.begin(), keys.end(), key) != keys.end(); };
-  StagedLoad staged;
-  staged.with_state = trainable && has("optimizer/step");
-  std::vector<std::string> known;
-  for (const auto& e : params) known.push_back(e.name);
-  if (staged.with_state) {
-    for (const auto& e : state) known.push_back(e.name);
-    known.push_back("optimizer/step");
-  }
-  for (const auto& key : keys) {
-    if (std::find(known.begin(), known.end(), key) != known.end()) continue;
-    if (trainable && !staged.with_state && key.rfind("optimizer/", 0) == 0)
-      throw py::value_error(path + ": has optimizer state ('" + key + "') but no 'optimizer/step'");
-    throw py::value_error(path + ": unexpected array '" + key + "': the model has no such " +
-                          (key.rfind("optimizer/", 0) == 0 ? "optimizer state" : "parameter"));
-  }
-  for (const auto& e : params) {
-    if (!has(e.name)) throw py::value_error(path + ": missing parameter '" + e.name + "'");
-    staged.arrays.push_back(checked(path, file, e, "parameter"));
-  }
-  if (staged.with_state) {
-    for (const auto& e : state) {
-      if (!has(e.name)) throw py::value_error(path + ": missing optimizer state '" + e.name + "'");
-      staged.arrays.push_back(checked(path, file, e, "optimizer state"));
-    }
-    staged.step = checked_step(path, file);
-  }
-  return staged;
 }
 
 }  // namespace dg

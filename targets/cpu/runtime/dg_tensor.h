@@ -62,6 +62,31 @@ struct Tensor {
 
 // Binds the symbolic dims of a model (N, T, ...) from its inputs' shapes and
 // reports the first mismatch in terms of the model's declared shapes.
+// A tensor inside memory another object owns: a parameter's gradient is a slice
+// of the Model's one gradient buffer. Same interface as Tensor, but no storage.
+template <typename T>
+struct Slice {
+  std::vector<int64_t> shape;
+  T* data = nullptr;
+
+  Slice(std::vector<int64_t> s, T* at) : shape(std::move(s)), data(at) {}
+  Slice(const Slice&) = delete;  // would alias another model's buffer
+  Slice& operator=(const Slice&) = delete;
+
+  T* ptr() { return data; }
+  const T* ptr() const { return data; }
+  int64_t size() const { return numel(shape); }
+
+  T* host() { return data; }
+  void host_written() {}
+};
+
+// compute_gradients(): tells the caller's callback (if any) that gradient `index` is complete.
+template <typename Callback>
+void gradient_ready(const Callback& ready, int index) {
+  if (ready) ready(index);
+}
+
 class ShapeChecker {
  public:
   explicit ShapeChecker(size_t num_dims) : value_(num_dims, 0), bound_by_(num_dims) {}

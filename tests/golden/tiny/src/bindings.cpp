@@ -19,16 +19,19 @@ using tiny::Model;
 
 namespace {
 
-// Views of the given arrays, after checking names, dtypes and contiguity.
-tiny::Inputs read_inputs(const py::kwargs& given, const std::vector<std::string>& required) {
+// Views of the given arrays (no copies), after checking names, dtypes and contiguity;
+// `kept` holds the numpy views of inputs that were not numpy arrays (torch tensors, buffers).
+tiny::Inputs read_inputs(const py::kwargs& given, const std::vector<std::string>& required,
+                         dg::KeptInputs& kept) {
   dg::check_input_names(given, required, {"x"});
   tiny::Inputs inputs;
-  if (given.contains("x")) inputs.x = dg::input_view<float>(given, "x", "[N, 3]");
+  if (given.contains("x")) inputs.x = dg::input_view<float>(given, "x", "[N, 3]", kept);
   return inputs;
 }
 
 py::dict forward(const Model& model, const py::kwargs& given) {
-  const tiny::Inputs inputs = read_inputs(given, {"x"});
+  dg::KeptInputs kept;  // declared before `release`: freed with the GIL held
+  const tiny::Inputs inputs = read_inputs(given, {"x"}, kept);
   tiny::Outputs outputs;
   {
     py::gil_scoped_release release;  // other Python threads run while we compute
@@ -40,52 +43,29 @@ py::dict forward(const Model& model, const py::kwargs& given) {
 }
 
 // name -> writable numpy view into the model (the view keeps the model alive)
-py::dict views(py::object self, std::vector<std::pair<std::string, dg::Tensor<float>*>> tensors) {
+template <typename Storage>
+py::dict views(py::object self, std::vector<std::pair<std::string, Storage*>> tensors) {
   py::dict result;
   for (auto& [name, tensor] : tensors)
     result[name.c_str()] = dg::param_view(*tensor, self);
   return result;
 }
 
-// Everything save() writes: parameters by name.
-std::vector<std::pair<std::string, dg::Tensor<float>*>> saved_tensors(Model& model) {
-  auto tensors = model.parameters();
-  return tensors;
-}
-
+// save() and load() are the C++ Model's (runtime/dg_weights.h): one implementation,
+// no numpy in between. A file that cannot be read or written raises OSError.
 void save(Model& model, const std::string& path) {
-  py::dict arrays;
-  std::vector<std::pair<dg::Tensor<float>*, py::array_t<float>>> copies;
-  for (auto& [name, tensor] : saved_tensors(model)) {
-    copies.emplace_back(tensor, py::array_t<float>(tensor->shape));
-    arrays[name.c_str()] = copies.back().second;
-  }
-  {
+  dg::with_file_errors([&] {
     py::gil_scoped_release release;
-    const auto reading = model.state_lock.reading();  // a consistent state, not one half-way through a step
-    for (auto& [tensor, array] : copies) {
-      const float* from = tensor->ptr();
-      std::copy(from, from + tensor->size(), array.mutable_data());
-    }
-  }
-  py::module_::import("numpy").attr("savez")(path, **arrays);
+    model.save(path);
+  });
 }
 
 // Reads and checks every array before changing anything, so a bad file leaves the model as it was.
 void load(Model& model, const std::string& path) {
-  std::vector<dg::Expected> params;
-  std::vector<dg::Tensor<float>*> targets;
-  auto required = model.parameters();
-  for (auto& [name, tensor] : required) {
-    params.push_back({name, tensor->shape});
-    targets.push_back(tensor);
-  }
-  const dg::StagedLoad staged = dg::stage_npz(path, params, /*optimizer_state=*/{}, /*trainable=*/false);
-  py::gil_scoped_release release;
-  const auto writing = model.state_lock.writing();
-  for (size_t i = 0; i < targets.size(); ++i) {
-    std::copy(staged.arrays[i].data(), staged.arrays[i].data() + targets[i]->size(), targets[i]->ptr());
-  }
+  dg::with_file_errors([&] {
+    py::gil_scoped_release release;
+    model.load(path);
+  });
 }
 
 }  // namespace

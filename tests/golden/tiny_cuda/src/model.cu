@@ -17,6 +17,7 @@
 #include "dg_cuda_tree.h"
 #include "dg_guard.h"
 #include "dg_rng.h"
+#include "dg_weights.h"
 #include "kernels.h"
 
 namespace tiny_cuda {
@@ -46,6 +47,36 @@ std::vector<std::pair<std::string, dg::DeviceTensor<float>*>> Model::parameters(
   };
 }
 
+namespace {
+
+// What a weights file holds besides the optimizer state: parameters.
+dg::NamedTensors<dg::DeviceTensor<float>> weights_of(Model& model) {
+  auto tensors = model.parameters();
+  return tensors;
+}
+
+}  // namespace
+
+void Model::load(const std::string& path) {
+  const auto tensors = weights_of(*this);
+  const decltype(tensors) state = optimizer_state();
+  // Read and check the whole file first: a bad one throws before anything changed.
+  const dg::StagedWeights staged = dg::stage_weights(path, tensors, state, /*trainable=*/true);
+  const auto writing = state_lock.writing();
+  dg::apply_weights(staged, tensors, state, &step);
+}
+
+void Model::save(const std::string& path) {
+  const auto tensors = weights_of(*this);
+  const decltype(tensors) state = optimizer_state();
+  std::vector<dg::NpyOut> arrays;
+  {
+    const auto reading = state_lock.reading();  // a whole state, not one half-way through a step
+    arrays = dg::weights_to_save(tensors, state, &step);
+  }
+  dg::save_weights(path, arrays);
+}
+
 void Model::upload_host_changes() const {
   h_w.before_device_use();
   h_b.before_device_use();
@@ -73,6 +104,30 @@ float Model::train_step(const Inputs& inputs) {
   hyper.validate();
   dg::require_step(step);
   return run(inputs, nullptr);
+}
+
+float Model::compute_gradients(const Inputs& inputs, const GradientReady& ready) {
+  const auto writing = state_lock.writing();
+  return run(inputs, nullptr, &ready);
+}
+
+void Model::apply_update() {
+  const auto writing = state_lock.writing();
+  hyper.validate();
+  dg::require_step(step);
+  dg::CallScope _call;  // finish() waits for the device and reports errors found there
+  upload_host_changes();
+  ++step;
+  kernels::momentum_update(h_w.ptr(), d_h_w.ptr(), h_w_buf.ptr(), h_w.size(), hyper.lr, hyper.momentum,
+                           hyper.weight_decay);
+  kernels::momentum_update(h_b.ptr(), d_h_b.ptr(), h_b_buf.ptr(), h_b.size(), hyper.lr, hyper.momentum,
+                           hyper.weight_decay);
+  kernels::momentum_update(logits_w.ptr(), d_logits_w.ptr(), logits_w_buf.ptr(), logits_w.size(), hyper.lr,
+                           hyper.momentum, hyper.weight_decay);
+  kernels::momentum_update(logits_b.ptr(), d_logits_b.ptr(), logits_b_buf.ptr(), logits_b.size(), hyper.lr,
+                           hyper.momentum, hyper.weight_decay);
+  _call.finish();
+  device_changed();
 }
 
 void Model::Hyperparameters::validate() const {
@@ -114,7 +169,7 @@ void Model::device_changed() {
   logits_b_buf.after_device_write();
 }
 
-float Model::run(const Inputs& inputs, Outputs* outputs) {
+float Model::run(const Inputs& inputs, Outputs* outputs, const GradientReady* gradients_only) {
   dg::CallScope _call;  // finish() waits for the device and reports errors found there
   upload_host_changes();
   // Check every input's shape, read the symbolic sizes off them, copy them to the device.
@@ -162,8 +217,9 @@ float Model::run(const Inputs& inputs, Outputs* outputs) {
                           step + 1);  // else nothing is updated
 
   // ---- train_step(): gradients, last statement first, and the momentum(lr=0.1, momentum=0.9) update
-  // of each parameter as soon as its gradient is complete and it is not read again ----
-  ++step;
+  // of each parameter as soon as its gradient is complete and it is not read again
+  // (compute_gradients() makes the gradients only: the step is apply_update()'s) ----
+  if (gradients_only == nullptr) ++step;
 
   // gradient of tiny.py:32  dg.train(dg.softmax_cross_entropy(logits, labels), dg.sgd(lr=0.1, momentum=0.9), weight_decay=1e-4)
   float* d_softmax_cross_entropy = arena.at(4 * N + 1, 1);
@@ -178,26 +234,34 @@ float Model::run(const Inputs& inputs, Outputs* outputs) {
   float* d_h_matmul = arena.at(4 * N + 1, 4 * N);
   dg::matmul_nt(d_logits, logits_w.ptr(), d_h_matmul, /*M=*/N, /*K=*/2, /*N=*/4,
                 kernels::d_h_matmul_epilogue{h});
-  // logits_w: gradient complete and no longer read: update it now
-  kernels::momentum_update(logits_w.ptr(), d_logits_w.ptr(), logits_w_buf.ptr(), logits_w.size(), hyper.lr,
-                           hyper.momentum, hyper.weight_decay);
-  // logits_b: gradient complete and no longer read: update it now
-  kernels::momentum_update(logits_b.ptr(), d_logits_b.ptr(), logits_b_buf.ptr(), logits_b.size(), hyper.lr,
-                           hyper.momentum, hyper.weight_decay);
+  // logits_w: gradient complete and no longer read: update it now, or report it ready
+  if (gradients_only == nullptr)
+    kernels::momentum_update(logits_w.ptr(), d_logits_w.ptr(), logits_w_buf.ptr(), logits_w.size(), hyper.lr,
+                             hyper.momentum, hyper.weight_decay);
+  // logits_b: gradient complete and no longer read: update it now, or report it ready
+  if (gradients_only == nullptr)
+    kernels::momentum_update(logits_b.ptr(), d_logits_b.ptr(), logits_b_buf.ptr(), logits_b.size(), hyper.lr,
+                             hyper.momentum, hyper.weight_decay);
 
   // gradient of tiny.py:30  h = dg.dense(x, 4, act=dg.relu)
   dg::reduce_sum(d_h_matmul, d_h_b.ptr(), /*outer=*/1, /*len=*/N, /*inner=*/4);
   dg::matmul_tn(x, d_h_matmul, d_h_w.ptr(), /*M=*/3, /*K=*/N, /*N=*/4);
-  // h_w: gradient complete and no longer read: update it now
-  kernels::momentum_update(h_w.ptr(), d_h_w.ptr(), h_w_buf.ptr(), h_w.size(), hyper.lr, hyper.momentum,
-                           hyper.weight_decay);
-  // h_b: gradient complete and no longer read: update it now
-  kernels::momentum_update(h_b.ptr(), d_h_b.ptr(), h_b_buf.ptr(), h_b.size(), hyper.lr, hyper.momentum,
-                           hyper.weight_decay);
+  // h_w: gradient complete and no longer read: update it now, or report it ready
+  if (gradients_only == nullptr)
+    kernels::momentum_update(h_w.ptr(), d_h_w.ptr(), h_w_buf.ptr(), h_w.size(), hyper.lr, hyper.momentum,
+                             hyper.weight_decay);
+  // h_b: gradient complete and no longer read: update it now, or report it ready
+  if (gradients_only == nullptr)
+    kernels::momentum_update(h_b.ptr(), d_h_b.ptr(), h_b_buf.ptr(), h_b.size(), hyper.lr, hyper.momentum,
+                             hyper.weight_decay);
   const float _loss = dg::to_host_scalar(&(softmax_cross_entropy[0]));  // waits for the device
   _call.finish();
   device_changed();
   memory.record(arena);
+  if (gradients_only != nullptr) {  // compute_gradients(): every gradient is complete now
+    for (int index = 0; index < 4; ++index)
+      dg::gradient_ready(*gradients_only, index);
+  }
   return _loss;
 }
 

@@ -19,17 +19,20 @@ using tiny_train::Model;
 
 namespace {
 
-// Views of the given arrays, after checking names, dtypes and contiguity.
-tiny_train::Inputs read_inputs(const py::kwargs& given, const std::vector<std::string>& required) {
+// Views of the given arrays (no copies), after checking names, dtypes and contiguity;
+// `kept` holds the numpy views of inputs that were not numpy arrays (torch tensors, buffers).
+tiny_train::Inputs read_inputs(const py::kwargs& given, const std::vector<std::string>& required,
+                               dg::KeptInputs& kept) {
   dg::check_input_names(given, required, {"x", "labels"});
   tiny_train::Inputs inputs;
-  if (given.contains("x")) inputs.x = dg::input_view<float>(given, "x", "[N, 3]");
-  if (given.contains("labels")) inputs.labels = dg::input_view<int64_t>(given, "labels", "[N]");
+  if (given.contains("x")) inputs.x = dg::input_view<float>(given, "x", "[N, 3]", kept);
+  if (given.contains("labels")) inputs.labels = dg::input_view<int64_t>(given, "labels", "[N]", kept);
   return inputs;
 }
 
 py::dict forward(const Model& model, const py::kwargs& given) {
-  const tiny_train::Inputs inputs = read_inputs(given, {"x"});
+  dg::KeptInputs kept;  // declared before `release`: freed with the GIL held
+  const tiny_train::Inputs inputs = read_inputs(given, {"x"}, kept);
   tiny_train::Outputs outputs;
   {
     py::gil_scoped_release release;  // other Python threads run while we compute
@@ -41,80 +44,56 @@ py::dict forward(const Model& model, const py::kwargs& given) {
 }
 
 // name -> writable numpy view into the model (the view keeps the model alive)
-py::dict views(py::object self, std::vector<std::pair<std::string, dg::Tensor<float>*>> tensors) {
+template <typename Storage>
+py::dict views(py::object self, std::vector<std::pair<std::string, Storage*>> tensors) {
   py::dict result;
   for (auto& [name, tensor] : tensors)
     result[name.c_str()] = dg::param_view(*tensor, self);
   return result;
 }
 
-// Everything save() writes: parameters by name, optimizer state as optimizer/<param>/<slot>.
-std::vector<std::pair<std::string, dg::Tensor<float>*>> saved_tensors(Model& model) {
-  auto tensors = model.parameters();
-  for (auto& [name, tensor] : model.optimizer_state())
-    tensors.emplace_back("optimizer/" + name, tensor);
-  return tensors;
-}
-
+// save() and load() are the C++ Model's (runtime/dg_weights.h): one implementation,
+// no numpy in between. A file that cannot be read or written raises OSError.
 void save(Model& model, const std::string& path) {
-  py::dict arrays;
-  std::vector<std::pair<dg::Tensor<float>*, py::array_t<float>>> copies;
-  for (auto& [name, tensor] : saved_tensors(model)) {
-    copies.emplace_back(tensor, py::array_t<float>(tensor->shape));
-    arrays[name.c_str()] = copies.back().second;
-  }
-  int64_t step = 0;
-  {
+  dg::with_file_errors([&] {
     py::gil_scoped_release release;
-    const auto reading = model.state_lock.reading();  // a consistent state, not one half-way through a step
-    for (auto& [tensor, array] : copies) {
-      const float* from = tensor->ptr();
-      std::copy(from, from + tensor->size(), array.mutable_data());
-    }
-    step = model.step;
-  }
-  arrays["optimizer/step"] = py::int_(step);
-  py::module_::import("numpy").attr("savez")(path, **arrays);
+    model.save(path);
+  });
 }
 
 // Reads and checks every array before changing anything, so a bad file leaves the model as it was.
 void load(Model& model, const std::string& path) {
-  std::vector<dg::Expected> params;
-  std::vector<dg::Tensor<float>*> targets;
-  auto required = model.parameters();
-  for (auto& [name, tensor] : required) {
-    params.push_back({name, tensor->shape});
-    targets.push_back(tensor);
-  }
-  std::vector<dg::Expected> state;
-  std::vector<dg::Tensor<float>*> state_targets;
-  for (auto& [name, tensor] : model.optimizer_state()) {
-    state.push_back({"optimizer/" + name, tensor->shape});
-    state_targets.push_back(tensor);
-  }
-  const dg::StagedLoad staged = dg::stage_npz(path, params, state, /*trainable=*/true);
-  py::gil_scoped_release release;
-  const auto writing = model.state_lock.writing();
-  for (size_t i = 0; i < targets.size(); ++i) {
-    std::copy(staged.arrays[i].data(), staged.arrays[i].data() + targets[i]->size(), targets[i]->ptr());
-  }
-  // Optimizer state is loaded when the file has it (a file from save()), and reset otherwise.
-  for (size_t i = 0; i < state_targets.size(); ++i) {
-    float* to = state_targets[i]->ptr();
-    if (staged.with_state) {
-      const auto& from = staged.arrays[targets.size() + i];
-      std::copy(from.data(), from.data() + state_targets[i]->size(), to);
-    } else {
-      std::fill(to, to + state_targets[i]->size(), 0.0f);
-    }
-  }
-  model.step = staged.with_state ? staged.step : 0;
+  dg::with_file_errors([&] {
+    py::gil_scoped_release release;
+    model.load(path);
+  });
 }
 
 float train_step(Model& model, const py::kwargs& given) {
-  const tiny_train::Inputs inputs = read_inputs(given, {"x", "labels"});
+  dg::KeptInputs kept;  // declared before `release`: freed with the GIL held
+  const tiny_train::Inputs inputs = read_inputs(given, {"x", "labels"}, kept);
   py::gil_scoped_release release;
   return model.train_step(inputs);  // holds the model's writer lock
+}
+
+// compute_gradients(on_ready, **inputs): `on_ready(name)` is called (with the GIL) as
+// soon as that parameter's gradient is complete, while the backward pass goes on.
+float compute_gradients(Model& model, const py::object& on_ready, const py::kwargs& given) {
+  dg::KeptInputs kept;  // declared before `release`: freed with the GIL held
+  const tiny_train::Inputs inputs = read_inputs(given, {"x", "labels"}, kept);
+  static const char* const names[] = {"h_w", "h_b", "logits_w", "logits_b"};
+  Model::GradientReady ready;
+  if (!on_ready.is_none()) {
+    if (!PyCallable_Check(on_ready.ptr()))
+      throw py::type_error("compute_gradients: on_ready must be callable or None, got " +
+                           std::string(py::repr(on_ready)));
+    ready = [&on_ready](int index) {
+      py::gil_scoped_acquire hold;
+      on_ready(names[index]);
+    };
+  }
+  py::gil_scoped_release release;
+  return model.compute_gradients(inputs, ready);  // holds the model's writer lock
 }
 
 py::dict hyperparameters(const Model& model) {
@@ -189,7 +168,26 @@ PYBIND11_MODULE(tiny_train, m) {
            "train_step(**inputs) -> loss before the update (momentum(lr=0.1, momentum=0.9))")
       .def(
           "gradients", [](py::object self) { return views(self, self.cast<Model&>().gradients()); },
-          "dict of parameter name -> gradient from the last train_step")
+          "dict of parameter name -> writable view of its gradient from the last train_step or "
+          "compute_gradients")
+      .def("compute_gradients", &compute_gradients, py::arg("on_ready") = py::none(), py::pos_only(),
+           "compute_gradients(on_ready=None, /, **inputs) -> loss: forward, loss and gradients, no update "
+           "(then replace or reduce the gradients and call apply_update()). on_ready(name), if given, is "
+           "called "
+           "as soon as that gradient is complete, while the backward pass goes on; it must not call the "
+           "model.")
+      .def(
+          "apply_update",
+          [](Model& m) {
+            py::gil_scoped_release release;
+            m.apply_update();
+          },
+          "One momentum step from the gradients as they are now (see compute_gradients)")
+      .def(
+          "gradient_buffer",
+          [](py::object self) { return dg::param_view(self.cast<Model&>().gradient_buffer, self); },
+          "Every gradient end to end in one writable float32 array (no copy), in gradients() order: "
+          "what an allreduce sends")
       .def(
           "optimizer_state",
           [](py::object self) { return views(self, self.cast<Model&>().optimizer_state()); },

@@ -19,21 +19,24 @@ using tiny_tree::Model;
 
 namespace {
 
-// Views of the given arrays, after checking names, dtypes and contiguity.
-tiny_tree::Inputs read_inputs(const py::kwargs& given, const std::vector<std::string>& required) {
+// Views of the given arrays (no copies), after checking names, dtypes and contiguity;
+// `kept` holds the numpy views of inputs that were not numpy arrays (torch tensors, buffers).
+tiny_tree::Inputs read_inputs(const py::kwargs& given, const std::vector<std::string>& required,
+                              dg::KeptInputs& kept) {
   dg::check_input_names(given, required, {"trees_children", "trees_words", "trees_roots"});
   tiny_tree::Inputs inputs;
   if (given.contains("trees_children"))
-    inputs.trees_children = dg::input_view<int64_t>(given, "trees_children", "[trees_nodes, 2]");
+    inputs.trees_children = dg::input_view<int64_t>(given, "trees_children", "[trees_nodes, 2]", kept);
   if (given.contains("trees_words"))
-    inputs.trees_words = dg::input_view<int64_t>(given, "trees_words", "[trees_nodes]");
+    inputs.trees_words = dg::input_view<int64_t>(given, "trees_words", "[trees_nodes]", kept);
   if (given.contains("trees_roots"))
-    inputs.trees_roots = dg::input_view<int64_t>(given, "trees_roots", "[trees_count]");
+    inputs.trees_roots = dg::input_view<int64_t>(given, "trees_roots", "[trees_count]", kept);
   return inputs;
 }
 
 py::dict forward(const Model& model, const py::kwargs& given) {
-  const tiny_tree::Inputs inputs = read_inputs(given, {"trees_children", "trees_words", "trees_roots"});
+  dg::KeptInputs kept;  // declared before `release`: freed with the GIL held
+  const tiny_tree::Inputs inputs = read_inputs(given, {"trees_children", "trees_words", "trees_roots"}, kept);
   tiny_tree::Outputs outputs;
   {
     py::gil_scoped_release release;  // other Python threads run while we compute
@@ -45,52 +48,29 @@ py::dict forward(const Model& model, const py::kwargs& given) {
 }
 
 // name -> writable numpy view into the model (the view keeps the model alive)
-py::dict views(py::object self, std::vector<std::pair<std::string, dg::Tensor<float>*>> tensors) {
+template <typename Storage>
+py::dict views(py::object self, std::vector<std::pair<std::string, Storage*>> tensors) {
   py::dict result;
   for (auto& [name, tensor] : tensors)
     result[name.c_str()] = dg::param_view(*tensor, self);
   return result;
 }
 
-// Everything save() writes: parameters by name.
-std::vector<std::pair<std::string, dg::Tensor<float>*>> saved_tensors(Model& model) {
-  auto tensors = model.parameters();
-  return tensors;
-}
-
+// save() and load() are the C++ Model's (runtime/dg_weights.h): one implementation,
+// no numpy in between. A file that cannot be read or written raises OSError.
 void save(Model& model, const std::string& path) {
-  py::dict arrays;
-  std::vector<std::pair<dg::Tensor<float>*, py::array_t<float>>> copies;
-  for (auto& [name, tensor] : saved_tensors(model)) {
-    copies.emplace_back(tensor, py::array_t<float>(tensor->shape));
-    arrays[name.c_str()] = copies.back().second;
-  }
-  {
+  dg::with_file_errors([&] {
     py::gil_scoped_release release;
-    const auto reading = model.state_lock.reading();  // a consistent state, not one half-way through a step
-    for (auto& [tensor, array] : copies) {
-      const float* from = tensor->ptr();
-      std::copy(from, from + tensor->size(), array.mutable_data());
-    }
-  }
-  py::module_::import("numpy").attr("savez")(path, **arrays);
+    model.save(path);
+  });
 }
 
 // Reads and checks every array before changing anything, so a bad file leaves the model as it was.
 void load(Model& model, const std::string& path) {
-  std::vector<dg::Expected> params;
-  std::vector<dg::Tensor<float>*> targets;
-  auto required = model.parameters();
-  for (auto& [name, tensor] : required) {
-    params.push_back({name, tensor->shape});
-    targets.push_back(tensor);
-  }
-  const dg::StagedLoad staged = dg::stage_npz(path, params, /*optimizer_state=*/{}, /*trainable=*/false);
-  py::gil_scoped_release release;
-  const auto writing = model.state_lock.writing();
-  for (size_t i = 0; i < targets.size(); ++i) {
-    std::copy(staged.arrays[i].data(), staged.arrays[i].data() + targets[i]->size(), targets[i]->ptr());
-  }
+  dg::with_file_errors([&] {
+    py::gil_scoped_release release;
+    model.load(path);
+  });
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include "dg_ops.h"
 #include "dg_rng.h"
 #include "dg_tree.h"
+#include "dg_weights.h"
 #include "kernels.h"
 
 namespace tiny_tree {
@@ -30,6 +31,36 @@ std::vector<std::pair<std::string, dg::Tensor<float>*>> Model::parameters() {
       {"emb", &emb},
       {"w", &w},
   };
+}
+
+namespace {
+
+// What a weights file holds besides the optimizer state: parameters.
+dg::NamedTensors<dg::Tensor<float>> weights_of(Model& model) {
+  auto tensors = model.parameters();
+  return tensors;
+}
+
+}  // namespace
+
+void Model::load(const std::string& path) {
+  const auto tensors = weights_of(*this);
+  const decltype(tensors) state = {};
+  // Read and check the whole file first: a bad one throws before anything changed.
+  const dg::StagedWeights staged = dg::stage_weights(path, tensors, state, /*trainable=*/false);
+  const auto writing = state_lock.writing();
+  dg::apply_weights(staged, tensors, state, /*step=*/nullptr);
+}
+
+void Model::save(const std::string& path) {
+  const auto tensors = weights_of(*this);
+  const decltype(tensors) state = {};
+  std::vector<dg::NpyOut> arrays;
+  {
+    const auto reading = state_lock.reading();  // a whole state, not one half-way through a step
+    arrays = dg::weights_to_save(tensors, state, /*step=*/nullptr);
+  }
+  dg::save_weights(path, arrays);
 }
 
 Outputs Model::forward(const Inputs& inputs) const {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -44,7 +45,18 @@ class Model {
   // so do hyperparameters out of range (std::invalid_argument).
   float train_step(const Inputs& inputs);
 
-  // Gradients of the last train_step, by parameter name.
+  // The same step in two halves, for data-parallel training (an allreduce of the
+  // gradients in between; deepgen's generator.distributed does it over MPI):
+  // compute_gradients() runs forward, loss and backward and changes no parameter
+  // and no optimizer state; it calls `ready(index)` as soon as gradients()[index]
+  // is complete (on this target: once the device has finished them all), so its reduction can start while the
+  // backward pass goes on. apply_update() then takes one momentum step from
+  // the gradients as they are now (replaced or not). Errors as for train_step().
+  using GradientReady = std::function<void(int index)>;
+  float compute_gradients(const Inputs& inputs, const GradientReady& ready = {});
+  void apply_update();
+
+  // Gradients of the last train_step or compute_gradients, by parameter name.
   std::vector<std::pair<std::string, dg::DeviceTensor<float>*>> gradients();
 
   // Optimizer state by "parameter/slot" name; saved and loaded with the parameters.
@@ -62,6 +74,17 @@ class Model {
   } hyper;
 
   int64_t step = 0;  // train_steps taken (Adam's bias correction uses it)
+
+  // Weights files: numpy .npz archives, the same as the Python module's save()
+  // and load() (np.savez and np.savez_compressed files load too). A file holds
+  // every parameter by name, the optimizer state as "optimizer/<param>/<slot>" and "optimizer/step".
+  // load() checks the whole file (names, shapes, float dtypes, finite values)
+  // before it changes anything: a bad file throws std::invalid_argument, one
+  // that cannot be read dg::FileError, and the model stays as it was. A file
+  // without optimizer state resets it.
+  // save() adds ".npz" to a path that does not end so, as numpy's savez does.
+  void load(const std::string& path);
+  void save(const std::string& path);
 
   // The last call's arena: planned size and measured high-water mark.
   mutable dg::MemoryStats memory;
@@ -95,8 +118,10 @@ class Model {
   // After train_step: the device holds the new parameters, gradients and state.
   void device_changed();
   // The network once through. forward() passes `outputs`; train_step() passes
-  // nullptr and goes on to the loss, the gradients and the update.
-  float run(const Inputs& inputs, Outputs* outputs);
+  // nullptr and goes on to the loss, the gradients and the update;
+  // compute_gradients() passes its callback as `gradients_only` and stops before
+  // any update.
+  float run(const Inputs& inputs, Outputs* outputs, const GradientReady* gradients_only = nullptr);
 };
 
 }  // namespace tiny_cuda

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -43,8 +44,19 @@ class Model {
   // so do hyperparameters out of range (std::invalid_argument).
   float train_step(const Inputs& inputs);
 
-  // Gradients of the last train_step, by parameter name.
-  std::vector<std::pair<std::string, dg::Tensor<float>*>> gradients();
+  // The same step in two halves, for data-parallel training (an allreduce of the
+  // gradients in between; deepgen's generator.distributed does it over MPI):
+  // compute_gradients() runs forward, loss and backward and changes no parameter
+  // and no optimizer state; it calls `ready(index)` as soon as gradients()[index]
+  // is complete, so its reduction can start while the
+  // backward pass goes on. apply_update() then takes one momentum step from
+  // the gradients as they are now (replaced or not). Errors as for train_step().
+  using GradientReady = std::function<void(int index)>;
+  float compute_gradients(const Inputs& inputs, const GradientReady& ready = {});
+  void apply_update();
+
+  // Gradients of the last train_step or compute_gradients, by parameter name.
+  std::vector<std::pair<std::string, dg::Slice<float>*>> gradients();
 
   // Optimizer state by "parameter/slot" name; saved and loaded with the parameters.
   std::vector<std::pair<std::string, dg::Tensor<float>*>> optimizer_state();
@@ -62,6 +74,17 @@ class Model {
 
   int64_t step = 0;  // train_steps taken (Adam's bias correction uses it)
 
+  // Weights files: numpy .npz archives, the same as the Python module's save()
+  // and load() (np.savez and np.savez_compressed files load too). A file holds
+  // every parameter by name, the optimizer state as "optimizer/<param>/<slot>" and "optimizer/step".
+  // load() checks the whole file (names, shapes, float dtypes, finite values)
+  // before it changes anything: a bad file throws std::invalid_argument, one
+  // that cannot be read dg::FileError, and the model stays as it was. A file
+  // without optimizer state resets it.
+  // save() adds ".npz" to a path that does not end so, as numpy's savez does.
+  void load(const std::string& path);
+  void save(const std::string& path);
+
   // The last call's arena: planned size and measured high-water mark.
   mutable dg::MemoryStats memory;
 
@@ -78,11 +101,15 @@ class Model {
   dg::Tensor<float> logits_w{std::vector<int64_t>{4, 2}};  // [4, 2]
   dg::Tensor<float> logits_b{std::vector<int64_t>{2}};     // [2]
 
-  // Gradients and optimizer state.
-  dg::Tensor<float> d_h_w{std::vector<int64_t>{3, 4}};
-  dg::Tensor<float> d_h_b{std::vector<int64_t>{4}};
-  dg::Tensor<float> d_logits_w{std::vector<int64_t>{4, 2}};
-  dg::Tensor<float> d_logits_b{std::vector<int64_t>{2}};
+  // Gradients: one contiguous buffer (26 floats, what an allreduce sends), and
+  // each parameter's gradient a slice of it, in gradients() order.
+  dg::Tensor<float> gradient_buffer{std::vector<int64_t>{26}};
+  dg::Slice<float> d_h_w{std::vector<int64_t>{3, 4}, gradient_buffer.ptr() + 0};
+  dg::Slice<float> d_h_b{std::vector<int64_t>{4}, gradient_buffer.ptr() + 12};
+  dg::Slice<float> d_logits_w{std::vector<int64_t>{4, 2}, gradient_buffer.ptr() + 16};
+  dg::Slice<float> d_logits_b{std::vector<int64_t>{2}, gradient_buffer.ptr() + 24};
+
+  // Optimizer state.
   dg::Tensor<float> h_w_buf{std::vector<int64_t>{3, 4}};
   dg::Tensor<float> h_b_buf{std::vector<int64_t>{4}};
   dg::Tensor<float> logits_w_buf{std::vector<int64_t>{4, 2}};
@@ -90,8 +117,10 @@ class Model {
 
  private:
   // The network once through. forward() passes `outputs`; train_step() passes
-  // nullptr and goes on to the loss, the gradients and the update.
-  float run(const Inputs& inputs, Outputs* outputs);
+  // nullptr and goes on to the loss, the gradients and the update;
+  // compute_gradients() passes its callback as `gradients_only` and stops before
+  // any update.
+  float run(const Inputs& inputs, Outputs* outputs, const GradientReady* gradients_only = nullptr);
 };
 
 }  // namespace tiny_train

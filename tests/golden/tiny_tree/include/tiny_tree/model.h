@@ -38,6 +38,16 @@ class Model {
   // Every parameter by name, in declaration order.
   std::vector<std::pair<std::string, dg::Tensor<float>*>> parameters();
 
+  // Weights files: numpy .npz archives, the same as the Python module's save()
+  // and load() (np.savez and np.savez_compressed files load too). A file holds
+  // every parameter by name.
+  // load() checks the whole file (names, shapes, float dtypes, finite values)
+  // before it changes anything: a bad file throws std::invalid_argument, one
+  // that cannot be read dg::FileError, and the model stays as it was.
+  // save() adds ".npz" to a path that does not end so, as numpy's savez does.
+  void load(const std::string& path);
+  void save(const std::string& path);
+
   // The last call's arena: planned size and measured high-water mark.
   mutable dg::MemoryStats memory;
 

@@ -1,0 +1,229 @@
+// dg_weights.h: Model::save() and Model::load(), the .npz weights files of the
+// generated C++ API and the Python module alike.
+//
+// A file holds every parameter (and module buffer) by name; a trainable model
+// adds its optimizer state as "optimizer/<param>/<slot>" and the step count as
+// "optimizer/step". load() reads and checks the whole file first (names,
+// shapes, float dtypes, finite values within float32's range, the step), and
+// only then changes the model, so a bad file leaves it as it was.
+//
+// Part of the deepgen runtime: hand-written, copied unchanged into every
+// generated project. Header-only, C++17, no dependencies.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <limits>
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "dg_npz.h"
+#include "dg_tensor.h"
+
+namespace dg {
+
+// Tensors by name, as Model::parameters() lists them. Tensor is dg::Tensor or
+// dg::DeviceTensor: both have host() and host_written().
+template <typename Tensor>
+using NamedTensors = std::vector<std::pair<std::string, Tensor*>>;
+
+// What load() read and checked, as float32, before any of the model changed.
+struct StagedWeights {
+  std::vector<std::vector<float>> arrays;  // the parameters', then the optimizer state's
+  bool with_state = false;                 // optimizer state (and step) came along
+  int64_t step = 0;
+};
+
+namespace weights_detail {
+
+struct Expected {
+  std::string name;
+  std::vector<int64_t> shape;
+};
+
+template <typename Tensor>
+std::vector<Expected> expected(const NamedTensors<Tensor>& tensors, const std::string& prefix) {
+  std::vector<Expected> list;
+  for (const auto& [name, tensor] : tensors) list.push_back({prefix + name, tensor->shape});
+  return list;
+}
+
+// save("x") writes x.npz (as numpy's savez), so load("x") looks there too.
+inline std::string existing_path(const std::string& given) {
+  std::error_code ec;
+  if (std::filesystem::exists(given, ec)) return given;
+  if (std::filesystem::exists(given + ".npz", ec)) return given + ".npz";
+  throw FileError("no such file: " + given + " (nor " + given + ".npz)", true);
+}
+
+// The array as float32, after checking its shape, dtype and values.
+inline std::vector<float> checked(const std::string& path, const NpyArray& array, const Expected& e,
+                                  const char* what) {
+  const std::string where = path + ": " + what + " '" + e.name + "'";
+  if (array.shape != e.shape)
+    throw std::invalid_argument(where + " has shape " + shape_str(array.shape) + ", expected " + shape_str(e.shape));
+  if (array.kind != 'f')
+    throw std::invalid_argument(where + " has dtype " + array.dtype() + ", expected a float array");
+  std::vector<float> values(static_cast<size_t>(array.size()));
+  for (int64_t i = 0; i < array.size(); ++i) {
+    const double v = array.number(i);
+    if (!std::isfinite(v)) throw std::invalid_argument(where + " has non-finite values (nan or inf)");
+    if (std::abs(v) > static_cast<double>(std::numeric_limits<float>::max()))
+      throw std::invalid_argument(where + " has values beyond float32's range (they would become inf)");
+    values[i] = static_cast<float>(v);
+  }
+  return values;
+}
+
+inline std::string number_str(double v) {
+  std::ostringstream s;
+  s.precision(17);
+  s << v;
+  return s.str();
+}
+
+// optimizer/step: a whole number >= 0 stored as a scalar.
+inline int64_t checked_step(const std::string& path, const NpyArray& array) {
+  const std::string where = path + ": 'optimizer/step'";
+  if (!array.shape.empty()) throw std::invalid_argument(where + " must be a scalar, got shape " + shape_str(array.shape));
+  if (array.kind != 'f' && array.kind != 'i' && array.kind != 'u')
+    throw std::invalid_argument(where + " must be an integer, got dtype " + array.dtype());
+  const uint64_t raw = npz_detail::le(array.bytes.data(), array.itemsize);
+  const double v = array.number(0);
+  const std::string shown = array.kind == 'u' ? std::to_string(raw)
+                            : array.kind == 'i' && array.itemsize == 8 ? std::to_string(static_cast<int64_t>(raw))
+                                                                       : number_str(v);
+  if (array.kind == 'f' && (!std::isfinite(v) || v != std::floor(v)))
+    throw std::invalid_argument(where + " must be a whole number, got " + shown);
+  const bool too_big = array.kind == 'u'   ? raw >= static_cast<uint64_t>(std::numeric_limits<int64_t>::max())
+                       : array.kind == 'i' ? array.itemsize == 8 && static_cast<int64_t>(raw) == std::numeric_limits<int64_t>::max()
+                                           : v >= 9223372036854775807.0;  // 2**63 as a double
+  if (v < 0 || too_big) throw std::invalid_argument(where + " must be >= 0 and below 2**63 - 1, got " + shown);
+  return array.kind == 'f' ? static_cast<int64_t>(v) : static_cast<int64_t>(raw);
+}
+
+// Reads the file at `given` (or given + ".npz") that save() wrote: `params`
+// must all be there; optimizer state with 'optimizer/step' comes along when the
+// model is trainable and the file has it. Throws before anything changed.
+inline StagedWeights stage(const std::string& given, const std::vector<Expected>& params,
+                           const std::vector<Expected>& state, bool trainable) {
+  const std::string path = existing_path(given);
+  const std::vector<std::pair<std::string, NpyArray>> file = read_npz(path);
+  auto find = [&](const std::string& key) -> const NpyArray* {
+    for (const auto& [name, array] : file)
+      if (name == key) return &array;
+    return nullptr;
+  };
+  StagedWeights staged;
+  staged.with_state = trainable && find("optimizer/step") != nullptr;
+  auto known = [&](const std::string& key) {
+    for (const auto& e : params)
+      if (e.name == key) return true;
+    if (staged.with_state) {
+      for (const auto& e : state)
+        if (e.name == key) return true;
+      if (key == "optimizer/step") return true;
+    }
+    return false;
+  };
+  for (const auto& [key, array] : file) {
+    if (known(key)) continue;
+    const bool optimizer = key.rfind("optimizer/", 0) == 0;
+    if (trainable && !staged.with_state && optimizer)
+      throw std::invalid_argument(path + ": has optimizer state ('" + key + "') but no 'optimizer/step'");
+    throw std::invalid_argument(path + ": unexpected array '" + key + "': the model has no such " +
+                                (optimizer ? "optimizer state" : "parameter"));
+  }
+  for (const auto& e : params) {
+    const NpyArray* array = find(e.name);
+    if (array == nullptr) throw std::invalid_argument(path + ": missing parameter '" + e.name + "'");
+    staged.arrays.push_back(checked(path, *array, e, "parameter"));
+  }
+  if (staged.with_state) {
+    for (const auto& e : state) {
+      const NpyArray* array = find(e.name);
+      if (array == nullptr) throw std::invalid_argument(path + ": missing optimizer state '" + e.name + "'");
+      staged.arrays.push_back(checked(path, *array, e, "optimizer state"));
+    }
+    staged.step = checked_step(path, *find("optimizer/step"));
+  }
+  return staged;
+}
+
+template <typename Tensor>
+void copy_in(const std::vector<float>& from, Tensor* to) {
+  std::copy(from.begin(), from.end(), to->host());
+  to->host_written();
+}
+
+template <typename Tensor>
+NpyOut copy_out(const std::string& name, Tensor* from) {
+  NpyOut out;
+  out.name = name;
+  out.shape = from->shape;
+  const float* values = from->host();
+  out.floats.assign(values, values + from->size());
+  return out;
+}
+
+}  // namespace weights_detail
+
+// Reads and checks the file for a model whose tensors are `params` (with
+// module buffers) and, when `trainable`, `state` (optimizer state, named
+// without the "optimizer/" prefix). Call it before taking the model's lock.
+template <typename Tensor>
+StagedWeights stage_weights(const std::string& path, const NamedTensors<Tensor>& params,
+                            const NamedTensors<Tensor>& state, bool trainable) {
+  return weights_detail::stage(path, weights_detail::expected(params, ""),
+                               weights_detail::expected(state, "optimizer/"), trainable);
+}
+
+// Writes what stage_weights() read into the model (under its writer lock).
+// Optimizer state is loaded when the file had it, and reset otherwise.
+template <typename Tensor>
+void apply_weights(const StagedWeights& staged, const NamedTensors<Tensor>& params, const NamedTensors<Tensor>& state,
+                   int64_t* step) {
+  for (size_t i = 0; i < params.size(); ++i) weights_detail::copy_in(staged.arrays[i], params[i].second);
+  for (size_t i = 0; i < state.size(); ++i) {
+    Tensor* to = state[i].second;
+    if (staged.with_state) {
+      weights_detail::copy_in(staged.arrays[params.size() + i], to);
+    } else {
+      std::fill(to->host(), to->host() + to->size(), 0.0f);
+      to->host_written();
+    }
+  }
+  if (step != nullptr) *step = staged.with_state ? staged.step : 0;
+}
+
+// Copies of everything save() writes (under the model's reader lock):
+// `params`, then `state` as "optimizer/<name>" and `step` as "optimizer/step"
+// when `step` is given.
+template <typename Tensor>
+std::vector<NpyOut> weights_to_save(const NamedTensors<Tensor>& params, const NamedTensors<Tensor>& state,
+                                    const int64_t* step) {
+  std::vector<NpyOut> arrays;
+  for (const auto& [name, tensor] : params) arrays.push_back(weights_detail::copy_out(name, tensor));
+  for (const auto& [name, tensor] : state) arrays.push_back(weights_detail::copy_out("optimizer/" + name, tensor));
+  if (step != nullptr) {
+    NpyOut s;
+    s.name = "optimizer/step";
+    s.is_int = true;
+    s.ints = {*step};
+    arrays.push_back(s);
+  }
+  return arrays;
+}
+
+// Writes the arrays to `path`, adding ".npz" unless it ends so (as numpy's savez).
+inline void save_weights(const std::string& path, const std::vector<NpyOut>& arrays) {
+  const bool has_suffix = path.size() >= 4 && path.compare(path.size() - 4, 4, ".npz") == 0;
+  write_npz(has_suffix ? path : path + ".npz", arrays);
+}
+
+}  // namespace dg

@@ -1,0 +1,52 @@
+"""tiny: type stubs of the module deepgen 0.1.0 generated from tiny.py.
+
+Editors read this file to complete and check calls; the module itself is the
+compiled extension next to it.
+"""
+
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+
+import numpy as np
+
+ArrayLike = Any  # np.ndarray, or a C-contiguous buffer / DLPack tensor / __array__ object
+
+INPUTS: Dict[str, Tuple[str, str]]  # name -> (dtype, declared shape)
+OUTPUTS: Dict[str, Tuple[str, str]]  # name -> (dtype, declared shape)
+
+def set_num_threads(n: int) -> None:
+    """Threads the kernels may use from now on (OpenMP)."""
+
+def get_num_threads() -> int:
+    """Threads the kernels use."""
+
+def build_info() -> Dict[str, Any]:
+    """How this module was built: GEMM micro-kernel, OpenMP, compiler."""
+
+class Model:
+    """The model tiny: parameters, forward(), save() and load()."""
+
+    def __init__(self, seed: int = 0) -> None:
+        """Parameters drawn from `seed`, as deepgen's numpy reference draws them."""
+
+    def forward(self, *, x: ArrayLike) -> Dict[str, np.ndarray]:
+        """Runs the network; returns the outputs by name.
+
+        Inputs (numpy arrays, or C-contiguous buffers, DLPack tensors or objects
+        with __array__ of the same dtype, read without a copy):
+            x: float32 [N, 3]
+
+        Outputs (numpy arrays):
+            y: float32 [N, 2]
+        """
+
+    def parameters(self) -> Dict[str, np.ndarray]:
+        """Parameter name -> writable float32 view of the model's memory."""
+
+    def memory_stats(self) -> Dict[str, int]:
+        """Arena bytes of the last call: peak_bytes, predicted_peak_bytes, calls."""
+
+    def save(self, path: str) -> None:
+        """Writes the parameters to an .npz file (".npz" added when missing)."""
+
+    def load(self, path: str) -> None:
+        """Reads what save() wrote (or np.savez/np.savez_compressed); checks everything first."""
