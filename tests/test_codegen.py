@@ -102,18 +102,19 @@ def test_generated_cpp_is_formatted():
             assert proc.stdout == data, f"{rel} is not clang-formatted"
 
 
-def test_regenerating_refuses_to_lose_hand_edits(tmp_path):
+def test_regenerating_keeps_hand_edits(tmp_path):
+    """(The merge itself: tests/test_regenerate.py.)"""
     out = tmp_path / "tiny"
     files = project_files(_tiny())
     write_project(out, files)
     write_project(out, files)  # unchanged: fine
     model_cpp = out / "src" / "model.cpp"
     model_cpp.write_text(model_cpp.read_text() + "// my edit\n")
-    with pytest.raises(DeepgenError, match="src/model.cpp"):
-        write_project(out, files)
+    write_project(out, files)  # the generation did not change: the edit stands
     assert model_cpp.read_text().endswith("// my edit\n")
     write_project(out, files, force=True)
     assert not model_cpp.read_text().endswith("// my edit\n")
+    assert (out / ".deepgen" / "premerge" / "src" / "model.cpp").read_text().endswith("// my edit\n")
     manifest = json.loads((out / ".deepgen" / "manifest.json").read_text())
     assert set(manifest["files"]) == set(files)
 

@@ -1,4 +1,4 @@
-"""The `deepgen` command line: generate, build, check, ir."""
+"""The `deepgen` command line: generate, build, check, ir, memory, from-torch."""
 
 from __future__ import annotations
 
@@ -56,12 +56,15 @@ def cmd_generate(args):
     graph = _graph(args)
     check_name_free(graph.name, args.replace_installed, "--name" if args.name else "--name (the model's name is the default)")
     report = [] if args.report else None
-    files = generate(graph, args.output, target=args.target, force=args.force, opt=args.opt, report=report)
+    result = generate(graph, args.output, target=args.target, force=args.force, opt=args.opt, report=report,
+                      restore=args.restore)
     if report is not None:
         print(f"passes ({args.opt}): nodes before -> after")
         for name, before, after in report:
             print(f"  {name:<10} {before:>5} -> {after:<5}{'  (no change)' if before == after else ''}")
-    print(f"generated {graph.name} ({args.target}) in {args.output}: {len(files)} files, "
+    for note in result.notes:  # merged edits, files kept deleted or kept
+        print(f"  {note}")
+    print(f"generated {graph.name} ({args.target}) in {args.output}: {len(result.written)} files, "
           f"{time.perf_counter() - start:.2f} s")
     # A bare folder name given to pip is a requirement looked up in the package index: say ./name.
     shown = args.output if os.sep in args.output or os.path.isabs(args.output) else os.path.join(".", args.output)
@@ -85,6 +88,8 @@ def cmd_ir(args):
     from .. import pipeline
 
     graph = _graph(args)
+    if (args.dot or args.svg) and args.after in ("lower", "plan_memory"):
+        raise DeepgenError(f"--dot and --svg draw a graph; --after {args.after} makes a lowered plan (print it without them)")
     if args.after in ("optimize", "differentiate", "lower", "plan_memory"):
         pipeline.optimize(graph, "O2")
         if args.after != "optimize":
@@ -95,7 +100,7 @@ def cmd_ir(args):
         if args.after == "plan_memory":
             print(pipeline.plan_text(pipeline.lowered(graph, "cpu")), end="")
             return
-        print(graph, end="")
+        _show(args, graph)
         return
     if args.after:
         from ..transforms.passes import optimize
@@ -109,7 +114,25 @@ def cmd_ir(args):
         prepare_training(graph)
         print(f"# training: {graph.train.optimizer.describe()}, weight_decay={graph.train.weight_decay:g}; "
               f"loss '{graph.train.loss.name}'; gradients of: {', '.join(graph.train.grads)}")
-    print(graph, end="")
+    _show(args, graph)
+
+
+def _show(args, graph):
+    """Print the graph, or write it as DOT (--dot FILE) or SVG (--svg FILE, with Graphviz)."""
+    from pathlib import Path
+
+    from ..ir.dot import to_dot, to_svg
+
+    if not (args.dot or args.svg):
+        print(graph, end="")
+        return
+    text = to_dot(graph)
+    outputs = [(args.dot, text.encode())] if args.dot else []
+    if args.svg:
+        outputs.append((args.svg, to_svg(text, args.model)))
+    for path, data in outputs:
+        Path(path).write_bytes(data)
+        print(f"graph {graph.name} ({len(graph.nodes)} ops) written to {path}")
 
 
 def cmd_memory(args):
@@ -132,6 +155,18 @@ def cmd_memory(args):
         print(f"plot written to {args.plot}")
 
 
+def cmd_from_torch(args):
+    from ..importers import from_torch, write_model
+    from ..importers.torch_cli import example_inputs, load_factory
+
+    module = load_factory(args.factory)
+    examples, dims = example_inputs(args.example_input)
+    source, weights = from_torch(module, examples, name=args.name, dims=dims)
+    model_path, weights_path = write_model(source, weights, args.output, args.weights)
+    print(f"wrote {model_path} and {weights_path} ({len(weights)} arrays)")
+    print(f"next: deepgen generate {model_path} -o {os.path.splitext(os.path.basename(model_path))[0]}_project")
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="deepgen", description="Compile a Python DSL model into a readable C++ project.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -142,7 +177,10 @@ def parser() -> argparse.ArgumentParser:
 
     g.add_argument("--target", default="cpu", choices=available())
     g.add_argument("--name", help="project and module name (default: the model's name)")
-    g.add_argument("--force", action="store_true", help="overwrite files edited since the last generation")
+    g.add_argument("--force", action="store_true",
+                   help="write the generation as it is instead of merging your edits into it (your versions are "
+                        "kept under .deepgen/premerge/); also writes generated files you deleted")
+    g.add_argument("--restore", action="store_true", help="write again the generated files you deleted")
     g.add_argument("-O", dest="opt", default="O2", choices=["O0", "O1", "O2"], type=lambda s: s if s.startswith("O") else "O" + s,
                    help="optimization level: -O0 none, -O1 SSA passes and constant folding, "
                         "-O2 also elementwise and GEMM-epilogue fusion (default)")
@@ -175,7 +213,18 @@ def parser() -> argparse.ArgumentParser:
                                    "and kernels, plan_memory: with the arena offsets) or after one pass of -O2 (dce, cse, fold, copyprop, fuse, "
                                    "simplify, epilogue, remat) and print what it made (a pass over the forward graph; "
                                    "remat changes only the training graph: see --after differentiate)")
+    i.add_argument("--dot", metavar="FILE", help="write the graph as Graphviz DOT text to FILE instead of printing it")
+    i.add_argument("--svg", metavar="FILE", help="draw the graph as SVG into FILE (needs Graphviz's `dot` program)")
     i.set_defaults(func=cmd_ir)
+    ft = sub.add_parser("from-torch", help="write a model file and its weights from a PyTorch nn.Module (torch.fx)")
+    ft.add_argument("factory", help="MODULE.py:FACTORY, a function returning the nn.Module (put in eval mode)")
+    ft.add_argument("-o", "--output", required=True, help="the model file to write (.py)")
+    ft.add_argument("--weights", help="the weights file to write (default: the model file's name with .npz)")
+    ft.add_argument("--example-input", action="append", metavar="NAME=SHAPE[:dtype]",
+                    help="an argument of forward and its example shape, e.g. x=4,784 or tokens=4,12:int64 "
+                         "(repeatable); axis 0 becomes the batch N; name dims explicitly with x=N=4,T=12,16")
+    ft.add_argument("--name", help="the model's name (default: the module's class name in snake_case)")
+    ft.set_defaults(func=cmd_from_torch)
     for command in (g, c, mem, i):
         command.add_argument("--option", action="append", metavar="NAME=VALUE",
                              help="a keyword argument of the model function (repeatable), e.g. --option size=base")

@@ -1,0 +1,134 @@
+"""The text of an imported model, written and run one statement at a time.
+
+Each statement the importer writes is executed at once under a live deepgen
+Builder, so the next statement can use what the DSL knows (symbolic shapes such
+as `(N, 32)`) and a mistake is caught at the node that made it, not in a file
+the user later fails to load.
+"""
+
+from __future__ import annotations
+
+import builtins
+import keyword
+import linecache
+import os
+from dataclasses import dataclass
+
+import sympy
+
+from ..errors import DeepgenError
+from ..frontend.builder import _ACTIVE, Builder, Tensor
+from ..ir.names import RESERVED, is_identifier
+
+
+@dataclass(frozen=True)
+class Var:
+    """A tensor of the generated model: its variable in the text and its live DSL Tensor."""
+
+    name: str
+    tensor: Tensor
+
+
+class Emitter:
+    """Input declarations and body statements of one model function."""
+
+    def __init__(self, graph_name: str):
+        import generator as dg
+
+        self.builder = Builder(graph_name)
+        self.ns = {"dg": dg}
+        self.dims: dict[str, sympy.Symbol] = {}  # symbolic dims the inputs declared, in order
+        self.inputs: list[str] = []  # dg.input statements
+        self.body: list[tuple[str, str | None]] = []  # (statement, comment above it or None)
+        self.taken = set(RESERVED) | set(dir(builtins)) | {"dg", "N", "T"}
+        self._count = 0
+        self._comment: str | None = None
+
+    def __enter__(self):
+        _ACTIVE.append(self.builder)
+        return self
+
+    def __exit__(self, *exc):
+        _ACTIVE.remove(self.builder)
+        return False
+
+    # -- names --------------------------------------------------------------------
+    def fresh(self, hint: str) -> str:
+        """An unused variable name made from `hint` (a module path or an fx node name)."""
+        base = "".join(c if c.isalnum() or c == "_" else "_" for c in hint).strip("_") or "t"
+        if base[0].isdigit():
+            base = "t" + base
+        name, k = base, 1
+        while name in self.taken or keyword.iskeyword(name) or not is_identifier(name):
+            name, k = f"{base}_{k}", k + 1
+        self.taken.add(name)
+        return name
+
+    def dim(self, name: str) -> sympy.Symbol:
+        """The symbolic dim `name` (declared once at the file's top)."""
+        if name not in self.dims:
+            self._run(f'{name} = dg.dim("{name}")')
+            self.dims[name] = self.ns[name]
+        return self.dims[name]
+
+    # -- statements -----------------------------------------------------------------
+    def comment(self, text: str | None):
+        """A comment written above the next statement (the PyTorch line it comes from)."""
+        self._comment = text
+
+    def declare_input(self, name: str, shape, dtype: str) -> Var:
+        var = self.fresh(name)
+        dtype_arg = "" if dtype == "float32" else f', dtype="{dtype}"'
+        statement = f'{var} = dg.input("{name}", {code(tuple(shape))}{dtype_arg})'
+        self._run(statement)
+        self.inputs.append(statement)
+        return Var(var, self.ns[var])
+
+    def assign(self, hint: str, expr: str) -> Var:
+        """`hint = expr` (hint made unique); the Var of the new tensor."""
+        name = self.fresh(hint)
+        self.statement(f"{name} = {expr}")
+        value = self.ns[name]
+        if not isinstance(value, Tensor):
+            raise DeepgenError(f"internal: `{expr}` made {type(value).__name__}, not a Tensor")
+        return Var(name, value)
+
+    def statement(self, text: str):
+        self._run(text)
+        self.body.append((text, self._comment))
+        self._comment = None
+
+    def var(self, name: str) -> Var:
+        return Var(name, self.ns[name])
+
+    def _run(self, text: str):
+        # A file name per statement: the DSL reads its source lines (to name values), and
+        # caches what it parsed by file name.
+        self._count += 1
+        filename = os.path.abspath(f"<deepgen from-torch {self._count}>")
+        linecache.cache[filename] = (len(text), None, [text + "\n"], filename)
+        try:
+            exec(compile(text, filename, "exec"), self.ns)
+        finally:
+            linecache.cache.pop(filename, None)
+
+
+def code(value) -> str:
+    """Python source for a value of the generated model: a Var's name, a number,
+    a symbolic size (`N*T`), or a tuple / list of them."""
+    if isinstance(value, Var):
+        return value.name
+    if value is None or isinstance(value, (bool, str)):
+        return repr(value)
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        return repr(value)
+    if isinstance(value, sympy.Basic):
+        return str(value).replace(" ", "") if value.is_Atom else str(value)
+    if isinstance(value, tuple):
+        inner = ", ".join(code(v) for v in value)
+        return f"({inner},)" if len(value) == 1 else f"({inner})"
+    if isinstance(value, list):
+        return "[" + ", ".join(code(v) for v in value) + "]"
+    raise TypeError(f"no source form for {type(value).__name__} {value!r}")

@@ -1,0 +1,322 @@
+"""A torch.nn.Module as a deepgen model file and its weights.
+
+`from_torch(module, example_inputs)` traces the module with torch.fx, walks the
+graph node by node and writes one DSL statement (or a few) per node, each run at
+once under a live Builder; the finished file is built once more as `generate`
+will load it, and its parameters are checked against the weights. torch is
+imported here only, so importing deepgen never imports it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import black
+import numpy as np
+
+from ..errors import DeepgenError
+from ..ir.names import problem_with
+from ..ir.shapes import evaluate
+from .emitter import Emitter, Var, code
+from .functions import convert_call
+from .modules import Unusable, convert_module
+from .trace import describe, node_error, source_site, trace
+
+_SEQUENCE_MODULES = ("LSTM", "GRU", "MultiheadAttention", "TransformerEncoderLayer", "TransformerEncoder", "Embedding")
+_DTYPES = {"torch.float32": "float32", "torch.int64": "int64", "torch.int32": "int32"}
+
+
+def from_torch(module, example_inputs, name: str | None = None, dims: dict | None = None):
+    """(model file text, {parameter name: float32 array}) for an nn.Module.
+
+    `example_inputs`: a tensor, a tuple of tensors (forward's arguments in order)
+    or a dict by argument name; their shapes and dtypes become the inputs'.
+    Axis 0 of every input is the symbolic batch `N`; axis 1 of a sequence ([N, T,
+    features] floats or [N, T] ids, in a model with LSTM / GRU / attention /
+    Embedding layers) is the symbolic `T`. `dims` overrides this per input: a
+    tuple with a dim name or None (concrete) per axis, e.g. {"x": ("N", None)}."""
+    try:
+        import torch
+    except ImportError:
+        raise DeepgenError("from_torch needs PyTorch (pip install torch)") from None
+    if not isinstance(module, torch.nn.Module):
+        raise DeepgenError(f"from_torch needs a torch.nn.Module, got {type(module).__name__}")
+    name = name or _snake(type(module).__name__)
+    problem = problem_with(name)
+    if problem:
+        raise DeepgenError(f"invalid model name: {problem}")
+    return Importer(module, name).run(example_inputs, dims or {})
+
+
+def write_model(source: str, weights: dict, model_path: str, weights_path: str | None = None) -> tuple[str, str]:
+    """Write the model file and its weights (`.npz` next to it by default); returns both paths."""
+    weights_path = weights_path or os.path.splitext(model_path)[0] + ".npz"
+    with open(model_path, "w", encoding="utf-8") as f:
+        f.write(source)
+    with open(weights_path, "wb") as f:
+        np.savez(f, **weights)
+    return model_path, weights_path
+
+
+def _snake(text: str) -> str:
+    """LSTMClassifier -> lstm_classifier."""
+    return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", text).lower()
+
+
+class Importer:
+    """One import: the traced module, the statements written so far and the weights."""
+
+    def __init__(self, module, name: str):
+        self.module = module
+        self.name = name
+        self.em = Emitter(name)
+        self.weights: dict[str, np.ndarray] = {}
+        self.params: dict[str, Var] = {}  # parameter name -> its variable
+        self._lengths: Var | None = None
+        self.sizes: dict = {}  # symbolic dim -> its size in the example
+
+    # -- helpers the converters use ---------------------------------------------------
+    def fail(self, node, message: str) -> DeepgenError:
+        return node_error(node, message)
+
+    def kind(self, node) -> str:
+        """`self.fc (nn.Linear)` or `torch.fft.fft`: the node as the user wrote it."""
+        if node.op == "call_module":
+            return f"{describe(node)} (nn.{type(self.module.get_submodule(node.target)).__name__})"
+        return describe(node)
+
+    def base(self, node_or_path) -> str:
+        """The name prefix of a module's parameters: its path, dots as underscores."""
+        path = node_or_path if isinstance(node_or_path, str) else node_or_path.target
+        base = path.replace(".", "_")
+        base = "layer_" + base if base[:1].isdigit() else base
+        return base + "_layer" if problem_with(base) else base
+
+    def param(self, path: str, key: str, tensor) -> Var:
+        """The parameter `<path>_<key>` with the value of `tensor` (declared once)."""
+        full = self.base(f"{path}.{key}" if path else key)
+        if full not in self.params:
+            self._store(full, tensor, path)
+            var = self.em.fresh(full)
+            self.em.statement(f'{var} = dg.param("{full}", {code(tuple(tensor.shape))})')
+            self.params[full] = self.em.var(var)
+        return self.params[full]
+
+    def take_state(self, base: str, module):
+        """The weights of a layer helper named `base`: its state_dict, keys prefixed."""
+        for key, tensor in module.state_dict().items():
+            if not key.endswith("num_batches_tracked"):
+                self._store(f"{base}_{key.replace('.', '_')}", tensor, base)
+
+    def _store(self, full: str, tensor, path: str):
+        if full in self.weights:
+            raise DeepgenError(f"parameter name {full!r} (of self.{path}) is used twice: a layer module called "
+                               "more than once, or two module paths that differ only in '.' and '_'")
+        self.weights[full] = tensor.detach().cpu().numpy().astype(np.float32)
+
+    def lengths(self) -> Var:
+        """The int64 [N] input of sequence lengths that dg.lstm / dg.gru take."""
+        if self._lengths is None:
+            self._lengths = self.em.declare_input("lengths", (self.em.dim("N"),), "int64")
+        return self._lengths
+
+    # -- the walk -------------------------------------------------------------------
+    def run(self, example_inputs, dims: dict):
+        gm = trace(self.module)
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        examples = self._examples(placeholders, example_inputs)
+        self._propagate(gm, placeholders, examples)
+        env, outputs, site = {}, None, None
+        with self.em:
+            for node in gm.graph.nodes:
+                here = source_site(node)
+                if here and here != site:
+                    site = here
+                    self.em.comment(f"{os.path.basename(here[0])}:{here[1]}: {here[2]}")
+                args, kwargs = self._resolve(node, node.args, env), self._resolve(node, node.kwargs, env)
+                if node.op == "placeholder":
+                    env[node] = self._input(node, examples, dims)
+                elif node.op == "get_attr":
+                    env[node] = self._attribute(node)
+                elif node.op == "call_module":
+                    env[node] = convert_module(self, node, gm.get_submodule(node.target), args, kwargs)
+                elif node.op in ("call_function", "call_method"):
+                    env[node] = convert_call(self, node, args, kwargs)
+                elif node.op == "output":
+                    outputs = self._outputs(node, args[0])
+                self._check_shape(node, env.get(node))
+        source = self._render(outputs)
+        self._validate(source)
+        return source, self.weights
+
+    def _examples(self, placeholders, example_inputs) -> dict:
+        import torch
+
+        names = [p.target for p in placeholders]
+        if isinstance(example_inputs, dict):
+            unknown = sorted(set(example_inputs) - set(names))
+            if unknown:
+                raise DeepgenError(f"example input(s) {', '.join(unknown)} are not arguments of "
+                                   f"{type(self.module).__name__}.forward ({', '.join(names)})")
+            given = dict(example_inputs)
+        else:
+            items = example_inputs if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+            if len(items) > len(names):
+                raise DeepgenError(f"{len(items)} example inputs for forward({', '.join(names)})")
+            given = dict(zip(names, items))
+        for p in placeholders:
+            if p.target not in given and not p.args:
+                raise DeepgenError(f"no example input for argument {p.target!r} of {type(self.module).__name__}.forward")
+        return {k: torch.as_tensor(v) for k, v in given.items()}
+
+    def _propagate(self, gm, placeholders, examples):
+        """PyTorch's own shapes per node (fx ShapeProp), to check each translated node against."""
+        import torch
+        from torch.fx.passes.shape_prop import ShapeProp
+
+        args = [examples.get(p.target, p.args[0] if p.args else None) for p in placeholders]
+        try:
+            with torch.no_grad():
+                ShapeProp(gm).propagate(*args)
+        except Exception as e:
+            raise DeepgenError(f"running {type(self.module).__name__} on the example inputs failed: "
+                               f"{type(e).__name__}: {e}") from None
+
+    def _input(self, node, examples, dims):
+        if node.target not in examples:
+            return node.args[0]  # an argument left at its default (None, a flag)
+        example = examples[node.target]
+        dtype = _DTYPES.get(str(example.dtype))
+        if dtype is None:
+            raise DeepgenError(f"example input {node.target!r} has dtype {example.dtype}; deepgen inputs are "
+                               f"float32, int32 or int64")
+        names = dims.get(node.target, self._default_dims(example, dtype))
+        if len(names) != example.dim():
+            raise DeepgenError(f"dims for input {node.target!r}: {names} has {len(names)} entries, the example "
+                               f"has {example.dim()} axes")
+        shape = []
+        for d, n in zip(example.shape, names):
+            if n is None:
+                shape.append(int(d))
+                continue
+            symbol = self.em.dim(n)
+            if self.sizes.setdefault(symbol, int(d)) != int(d):
+                raise DeepgenError(f"example input {node.target!r} has {n} = {int(d)}, another input has "
+                                   f"{n} = {self.sizes[symbol]}")
+            shape.append(symbol)
+        return self.em.declare_input(node.target, shape, dtype)
+
+    def _default_dims(self, example, dtype):
+        sequences = any(type(m).__name__ in _SEQUENCE_MODULES for m in self.module.modules())
+        rank = example.dim()
+        names = [None] * rank
+        if rank >= 1:
+            names[0] = "N"
+        if sequences and rank == (3 if dtype == "float32" else 2):
+            names[1] = "T"
+        return tuple(names)
+
+    def _attribute(self, node):
+        import torch
+
+        value = self.module.get_parameter(node.target) if _has(self.module.get_parameter, node.target) else None
+        if isinstance(value, torch.nn.Parameter):
+            path, _, key = node.target.rpartition(".")
+            return self.param(path, key, value)
+        raise self.fail(node, f"self.{node.target} is a buffer or constant tensor; deepgen imports parameters "
+                              "and the buffers of BatchNorm only")
+
+    def _resolve(self, node, value, env):
+        """fx arguments with earlier nodes replaced by what they became."""
+        import torch.fx
+
+        if isinstance(value, torch.fx.Node):
+            value = env[value]
+            if isinstance(value, Unusable):
+                raise self.fail(node, f"{value.what} are not computed by deepgen")
+            return value
+        if isinstance(value, (tuple, list)):
+            return type(value)(self._resolve(node, v, env) for v in value)
+        if isinstance(value, dict):
+            return {k: self._resolve(node, v, env) for k, v in value.items()}
+        if isinstance(value, slice):
+            return slice(*(self._resolve(node, v, env) for v in (value.start, value.stop, value.step)))
+        return value
+
+    def _outputs(self, node, result) -> dict:
+        if isinstance(result, dict):
+            outputs = {str(k): v for k, v in result.items()}
+        elif isinstance(result, (tuple, list)):
+            outputs = {f"output{i}": v for i, v in enumerate(result)}
+        else:
+            outputs = {"output": result}
+        for key, value in outputs.items():
+            if not isinstance(value, Var):
+                raise self.fail(node, f"forward returns {value!r} as {key!r}; deepgen models return tensors")
+            if problem_with(key):
+                raise self.fail(node, f"output name: {problem_with(key)}")
+        return outputs
+
+    def _check_shape(self, node, value):
+        """The translation of `node` has PyTorch's shape at the example sizes."""
+        meta = node.meta.get("tensor_meta")
+        if not isinstance(value, Var) or meta is None or not hasattr(meta, "shape"):
+            return
+        ours = evaluate(value.tensor.shape, self.sizes)
+        if tuple(ours) != tuple(meta.shape):
+            raise self.fail(node, f"deepgen's translation of {self.kind(node)} has shape {tuple(ours)} at the "
+                                  f"example sizes, PyTorch's has {tuple(meta.shape)} (a deepgen importer bug, or "
+                                  "a size the module reads from its input: pass dims=)")
+
+    # -- the file ---------------------------------------------------------------------
+    def _render(self, outputs: dict) -> str:
+        em = self.em
+        cls = type(self.module).__name__
+        lines = [f'"""{cls} imported from PyTorch by `deepgen from-torch` (torch.fx).', "",
+                 "Parameters are named after the module's state_dict keys, dots as underscores",
+                 "(`fc.weight` -> `fc_weight`). Load the weights the importer wrote (the .npz) and",
+                 "switch to eval mode, as the module was traced (batch norm, dropout):",
+                 f"`model = {self.name}.Model(); model.load(path); model.eval()`."]
+        if self._lengths is not None:
+            lines += ["", f"`{self._lengths.name}` (int64 [N], each in [1, T]): the length of each sequence; give T",
+                      "for all of them to run the layers on the whole padded batch, as PyTorch does."]
+        lines += ['"""', "", "import generator as dg", ""]
+        lines += [f'{d} = dg.dim("{d}")' for d in em.dims]
+        lines += ["", "", "@dg.model", f"def {self.name}():"]
+        lines += [f"    {s}" for s in em.inputs]
+        for statement, comment in em.body:
+            if comment:
+                lines.append(f"    # {comment}")
+            lines.append(f"    {statement}")
+        returned = ", ".join(f'"{k}": {code(v)}' for k, v in outputs.items())
+        lines.append(f"    return {{{returned}}}")
+        return black.format_str("\n".join(lines) + "\n", mode=black.Mode(line_length=110))
+
+    def _validate(self, source: str):
+        """Build the file as `deepgen generate` will, and check its parameters against the weights."""
+        import linecache
+
+        from ..frontend.builder import ModelDef
+
+        filename = os.path.abspath(f"<deepgen from-torch {self.name}.py>")
+        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+        try:
+            namespace: dict = {"__name__": f"deepgen_from_torch_{self.name}"}
+            exec(compile(source, filename, "exec"), namespace)
+            graph = next(v for v in namespace.values() if isinstance(v, ModelDef)).build()
+        finally:
+            linecache.cache.pop(filename, None)
+        declared = {p.name: tuple(p.shape) for p in graph.params}
+        stored = {k: tuple(v.shape) for k, v in self.weights.items()}
+        if declared != stored:
+            diff = sorted(set(declared.items()) ^ set(stored.items()))
+            raise DeepgenError(f"internal: the imported model's parameters differ from the weights: {diff[:6]}")
+
+
+def _has(get, target) -> bool:
+    try:
+        get(target)
+        return True
+    except AttributeError:
+        return False
