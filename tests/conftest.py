@@ -16,6 +16,9 @@ import pytest
 from generator.tools.build import cmake_build  # noqa: F401  (tests import it from here)
 
 ROOT = Path(__file__).resolve().parents[1]
+# The example model files (a script that only drives another example's model, such
+# as digits_mpi.py, is not one: its model is checked under its own name).
+EXAMPLES = sorted(p.stem for p in (ROOT / "examples").glob("*.py") if "@dg.model" in p.read_text())
 
 # Golden copies of generated projects hold a test file of their own; it is not ours to run.
 collect_ignore_glob = ["golden/*"]

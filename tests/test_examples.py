@@ -26,7 +26,7 @@ from module_checks import (
 )
 from generator.reference import interpreter as reference
 
-EXAMPLES = sorted(p.stem for p in (ROOT / "examples").glob("*.py"))
+from conftest import EXAMPLES  # noqa: E402  (the example model files)
 
 
 @pytest.fixture(scope="module", params=EXAMPLES)

@@ -14,7 +14,7 @@ from generator.pipeline import lowered
 from generator.memory.planner import Buffer, dominates, plan
 from generator.reference.samples import sample_inputs
 
-EXAMPLES = sorted(p.stem for p in (ROOT / "examples").glob("*.py"))
+from conftest import EXAMPLES  # noqa: E402  (the example model files)
 
 
 def _memory_plan(graph):

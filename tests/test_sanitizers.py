@@ -47,7 +47,7 @@ import pytest
 from conftest import ROOT, _cache_root, build_example
 from generator.tools.build import cmake_build
 
-EXAMPLES = sorted(p.stem for p in (ROOT / "examples").glob("*.py"))
+from conftest import EXAMPLES  # noqa: E402  (the example model files)
 
 # float-cast-overflow is not part of -fsanitize=undefined in GCC (NaN -> int is UB);
 # vptr is: it only slows the pybind11 code's compile down, and the generated code
