@@ -27,9 +27,11 @@
 //     GEMMs [M, 512] @ [512, 1280] with small M, B is read in place and only
 //     the micro-panel in use is copied into L1 when several row panels share
 //     it: copying all of B would cost as much as the product.
-//   * Tiny M (2, 5): up to kStreamMaxRows rows and B row-major, no tiles at
-//     all: stream_rows reads B row after row, which the memory system serves
-//     fastest, and keeps the few rows of C in L1.
+//   * Tiny M (2, 5): up to kStreamMaxRows rows, no tiles at all: stream_rows
+//     reads a row-major B row after row, which the memory system serves
+//     fastest, and keeps the few rows of C in L1; a transposed B (PyTorch's
+//     Linear weight) times a row-major A is dot products of rows
+//     (stream_dots), B again read in place from start to end.
 //   * Threads (6): with OpenMP, C is cut into one rectangle per thread; each
 //     thread packs its own copies and runs the serial code on its rectangle.
 //     K is never split and no choice that changes rounding depends on the
@@ -122,6 +124,15 @@ inline void vstore(float* p, Vec v) { _mm512_storeu_ps(p, v); }
 inline Vec vbroadcast(const float* p) { return _mm512_set1_ps(*p); }
 inline Vec vfma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }  // a * b + c
 inline Vec vadd(Vec a, Vec b) { return _mm512_add_ps(a, b); }
+inline float vsum(Vec v) {  // the lanes' sum
+    // Through memory: gcc 12's headers warn inside _mm512_reduce_add_ps and every 256-bit extract.
+    alignas(64) float lanes[16];
+    _mm512_store_ps(lanes, v);
+    const __m256 h = _mm256_add_ps(_mm256_load_ps(lanes), _mm256_load_ps(lanes + 8));
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
 #define DG_GEMM_SIMD 1
 
 #elif defined(__AVX2__) && defined(__FMA__)
@@ -139,6 +150,11 @@ inline void vstore(float* p, Vec v) { _mm256_storeu_ps(p, v); }
 inline Vec vbroadcast(const float* p) { return _mm256_broadcast_ss(p); }
 inline Vec vfma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }  // a * b + c
 inline Vec vadd(Vec a, Vec b) { return _mm256_add_ps(a, b); }
+inline float vsum(Vec v) {  // the lanes' sum
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+}
 #define DG_GEMM_SIMD 1
 
 #else
@@ -317,6 +333,63 @@ inline void stream_rows(int64_t rows, int64_t K, const float* a, int64_t a_rs, i
             for (int64_t j = 0; j < w; j += kWidth) vstore(cr + j, vfma(x, vload(bk + j), vload(cr + j)));
         }
     }
+}
+#endif
+
+#if DG_GEMM_SIMD
+// The tiny-M path for a transposed B (stored [N, K]: PyTorch's nn.Linear weight),
+// read in place: every c[r*ldc + j] is the dot product of row r of A (row-major,
+// unit stride along k) and row j of B.  Two rows of B at a time are read left to
+// right (sequential, streamed at memory speed) against all ROWS rows of A, with
+// 2 x ROWS vector sums, each added across its lanes at the end; the last K %
+// kWidth products are added after.  c is overwritten.
+template <int ROWS>
+inline void stream_dots(int64_t K, const float* a, int64_t lda, const float* b, int64_t ldb, int64_t n,
+                        float* c, int64_t ldc) {
+    const int64_t k_vec = K / kWidth * kWidth;
+    auto tail = [&](int r, const float* bj) {
+        float t = 0.0f;
+        for (int64_t k = k_vec; k < K; ++k) t += a[r * lda + k] * bj[k];
+        return t;
+    };
+    int64_t j = 0;
+    for (; j + 2 <= n; j += 2) {
+        const float* b0 = b + j * ldb;
+        const float* b1 = b0 + ldb;
+        Vec s0[ROWS], s1[ROWS];
+        for (int r = 0; r < ROWS; ++r) s0[r] = s1[r] = vzero();
+        for (int64_t k = 0; k < k_vec; k += kWidth) {
+            const Vec v0 = vload(b0 + k), v1 = vload(b1 + k);
+            for (int r = 0; r < ROWS; ++r) {
+                const Vec x = vload(a + r * lda + k);
+                s0[r] = vfma(x, v0, s0[r]);
+                s1[r] = vfma(x, v1, s1[r]);
+            }
+        }
+        for (int r = 0; r < ROWS; ++r) {
+            c[r * ldc + j] = vsum(s0[r]) + tail(r, b0);
+            c[r * ldc + j + 1] = vsum(s1[r]) + tail(r, b1);
+        }
+    }
+    if (j < n) {  // an odd last row of B
+        const float* b0 = b + j * ldb;
+        Vec s0[ROWS];
+        for (int r = 0; r < ROWS; ++r) s0[r] = vzero();
+        for (int64_t k = 0; k < k_vec; k += kWidth) {
+            const Vec v0 = vload(b0 + k);
+            for (int r = 0; r < ROWS; ++r) s0[r] = vfma(vload(a + r * lda + k), v0, s0[r]);
+        }
+        for (int r = 0; r < ROWS; ++r) c[r * ldc + j] = vsum(s0[r]) + tail(r, b0);
+    }
+}
+
+// stream_dots for 1..kStreamMaxRows rows.
+inline void stream_dots_rows(int64_t rows, int64_t K, const float* a, int64_t lda, const float* b, int64_t ldb,
+                             int64_t n, float* c, int64_t ldc) {
+    static_assert(kStreamMaxRows == 3, "stream_dots_rows covers 1 to 3 rows");
+    if (rows == 1) stream_dots<1>(K, a, lda, b, ldb, n, c, ldc);
+    if (rows == 2) stream_dots<2>(K, a, lda, b, ldb, n, c, ldc);
+    if (rows == 3) stream_dots<3>(K, a, lda, b, ldb, n, c, ldc);
 }
 #endif
 
@@ -507,6 +580,18 @@ void gemm_part(const Operand& A, const Operand& B, int64_t K, float* C, int64_t 
                int64_t m0, int64_t m1, int64_t n0, int64_t n1, bool stream, const Epilogue& epi,
                bool add_to_c = false) {
 #if DG_GEMM_SIMD
+    if (stream && B.trans) {
+        // B transposed: dot products of rows, in column strips of kStreamFloats / K.
+        const int64_t rows = m1 - m0;
+        const int64_t w_max = std::max<int64_t>(8, kStreamFloats / std::max<int64_t>(K, 1));
+        for (int64_t j0 = n0; j0 < n1; j0 += w_max) {
+            const int64_t w = std::min(w_max, n1 - j0);
+            float* c = C + m0 * ldc + j0;
+            stream_dots_rows(rows, K, A.p + m0 * A.ld, A.ld, B.p + j0 * B.ld, B.ld, w, c, ldc);
+            for (int64_t r = 0; r < rows; ++r) epi(m0 + r, j0, c + r * ldc, w);
+        }
+        return;
+    }
     if (stream) {
         // Every whole NR-wide strip is streamed; a partial last strip goes
         // through the micro-kernel below.
@@ -724,7 +809,8 @@ void gemm_into(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A
     // The tiny-M path sums K in one block, unlike the micro-kernel, so the
     // choice depends on M alone, never on how C is split over threads.  (With
     // M <= MR, C is only ever split along N.)  It writes C, never adds to it.
-    const bool stream = DG_GEMM_SIMD && !tb && M <= kStreamMaxRows && !add_to_c;
+    // A transposed B streams as dot products when A is row-major (unit stride along k).
+    const bool stream = DG_GEMM_SIMD && (!tb || !ta) && M <= kStreamMaxRows && !add_to_c;
     const double flops = 2.0 * double(M) * double(N) * double(K);
     const int threads = threads_for(flops < 1e18 ? int64_t(flops) : int64_t(1e18));
     const Grid grid = choose_grid(M, N, threads);
@@ -829,7 +915,9 @@ void gemm(bool ta, int64_t M, const float* A, int64_t lda, const PackedB& B,
           float* C, int64_t ldc, const Epilogue& epi = Epilogue()) {
     using namespace gemm_detail;
     const int64_t N = B.N(), K = B.K();
-    const bool stream = DG_GEMM_SIMD && !B.tb() && M <= kStreamMaxRows;
+    // Streaming reads B in place: a transposed B only while it is not packed (once
+    // packed, the micro-kernel reads the panels, no copy either).
+    const bool stream = DG_GEMM_SIMD && M <= kStreamMaxRows && (!B.tb() || (!ta && !B.is_packed()));
     // Up to MR rows (one row panel), gemm reads row-major B in place without any
     // copy: cheaper than packing unless B is packed already.
     const bool one_panel = !B.tb() && M <= MR && !B.is_packed();
