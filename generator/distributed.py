@@ -85,12 +85,16 @@ class DataParallel:
 
     reduce: "mean" (the loss is a mean over the batch, as the DSL's losses are:
     each rank's gradient is weighted by its share of the global batch) or "sum"
-    (a loss summed over the batch: gradients are added). overlap: start each
-    gradient's allreduce when the backward pass reports it complete; otherwise one
-    allreduce of the whole gradient buffer after the backward pass.
+    (a loss summed over the batch: gradients are added). overlap: while the
+    backward pass goes on, start a non-blocking allreduce of the gradients it has
+    completed as soon as they lie side by side in the gradient buffer and hold at
+    least bucket_bytes (one gradient at a time on a target without the buffer);
+    what is left, all of it without overlap, is reduced with one blocking
+    allreduce after the backward pass.
     """
 
-    def __init__(self, model, comm=None, reduce: str = "mean", overlap: bool = True, abort_uncaught: bool = True):
+    def __init__(self, model, comm=None, reduce: str = "mean", overlap: bool = True, abort_uncaught: bool = True,
+                 bucket_bytes: int = 1 << 20):
         self.MPI = _mpi()
         self.comm = comm if comm is not None else self.MPI.COMM_WORLD
         if reduce not in ("mean", "sum"):
@@ -103,6 +107,11 @@ class DataParallel:
         if abort_uncaught:
             abort_on_uncaught(self.comm)
         self.names = list(model.gradients())
+        # With one gradient buffer, ready gradients side by side in it are reduced together,
+        # once at least bucket_bytes of them are ready (fewer, larger messages).
+        self.bucket_bytes = bucket_bytes if hasattr(model, "gradient_buffer") else 0
+        sizes = [g.size for g in model.gradients().values()]
+        self.offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int64)
         self._check_same_model()
         self.broadcast()
 
@@ -168,18 +177,44 @@ class DataParallel:
             if failed:
                 raise DistributedError("; ".join(f"rank {r} failed: {msg}" for r, msg in failed))
 
-        def start(name):
-            view = grads[name]
+        buffer = self.model.gradient_buffer() if self.bucket_bytes else None
+        ready = [False] * len(self.names)
+        index = {name: i for i, name in enumerate(self.names)}
+
+        def start(first, last, blocking=False):
+            """Reduce gradients first..last-1 (side by side in the buffer, or one gradient)."""
+            view = buffer[self.offsets[first] : self.offsets[last]] if buffer is not None else grads[self.names[first]]
             if weight != 1.0:
                 view *= np.float32(weight)
-            started.append(name)
+            started.extend(self.names[first:last])
+            if blocking:  # after the backward pass: the library's tuned blocking algorithm
+                self.comm.Allreduce(MPI.IN_PLACE, view, op=MPI.SUM)
+                return
             requests.append(self.comm.Iallreduce(MPI.IN_PLACE, view, op=MPI.SUM))
             MPI.Request.Testall(requests)  # lets the library progress the earlier ones
+
+        def flush(least_bytes, blocking=False):
+            """Start every run of ready, unstarted gradients holding at least least_bytes
+            (runs in buffer order: the same on every rank, as the ready order is)."""
+            i = 0
+            while i < len(ready):
+                if not ready[i]:
+                    i += 1
+                    continue
+                j = i
+                while j < len(ready) and ready[j] and (buffer is not None or j == i):
+                    j += 1
+                if 4 * (self.offsets[j] - self.offsets[i]) >= least_bytes:
+                    start(i, j, blocking)
+                    for k in range(i, j):
+                        ready[k] = False
+                i = j
 
         def on_ready(name):
             if not agreed:
                 agree(None)
-            start(name)
+            ready[index[name]] = True
+            flush(self.bucket_bytes)
 
         loss = 0.0
         if error is None:
@@ -193,15 +228,9 @@ class DataParallel:
                 error = e
         if not agreed:
             agree(None if error is None else _describe(error))
-        if not self.overlap and hasattr(self.model, "gradient_buffer"):
-            buffer = self.model.gradient_buffer()  # every gradient at once
-            if weight != 1.0:
-                buffer *= np.float32(weight)
-            self.comm.Allreduce(MPI.IN_PLACE, buffer, op=MPI.SUM)
-        else:
-            for name in self.names:  # every rank starts these in the same order
-                if name not in started:
-                    start(name)
+        for i, name in enumerate(self.names):  # the rest (all of them without overlap)
+            ready[i] = name not in started
+        flush(0, blocking=True)
         MPI.Request.Waitall(requests)
         self.model.apply_update()
         return float(self.comm.allreduce(weight * loss if self.reduce == "mean" else loss, op=MPI.SUM))

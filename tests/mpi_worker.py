@@ -35,7 +35,8 @@ def main(module_dir, name, steps, batch, overlap, out, scenario=""):
     module = __import__(name)
     comm = MPI.COMM_WORLD
     model = module.Model(seed=11 + comm.Get_rank())  # rank 0's parameters must win
-    trainer = DataParallel(model, overlap=overlap == "1")
+    # OVERLAP: "1" the defaults, "each" a reduction started for every completed gradient, "0" none.
+    trainer = DataParallel(model, overlap=overlap != "0", bucket_bytes=0 if overlap == "each" else 1 << 20)
     losses = []
     for step, inputs in enumerate(batches(int(steps), int(batch))):
         if scenario == "bad-input" and step == 2 and comm.Get_rank() == 1:

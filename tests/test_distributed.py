@@ -125,7 +125,7 @@ def _run_ranks(where, module, *args, timeout=180):
     return run.returncode, run.stdout + run.stderr
 
 
-@pytest.mark.parametrize("overlap", ["1", "0"])
+@pytest.mark.parametrize("overlap", ["1", "each", "0"])
 def test_two_ranks_equal_one_process(built, overlap, tmp_path):
     kind, module, where = built
     steps, batch = 5, 51  # ranks get 26 and 25 examples: the weighting matters
