@@ -48,9 +48,9 @@ class Model {
   // gradients in between; deepgen's generator.distributed does it over MPI):
   // compute_gradients() runs forward, loss and backward and changes no parameter
   // and no optimizer state; it calls `ready(index)` as soon as gradients()[index]
-  // is complete, so its reduction can start while the
-  // backward pass goes on. apply_update() then takes one momentum step from
-  // the gradients as they are now (replaced or not). Errors as for train_step().
+  // is complete, so that its reduction can start while the backward pass goes on.
+  // apply_update() then takes one momentum step from the gradients as they
+  // are now (replaced or not). Errors as for train_step().
   using GradientReady = std::function<void(int index)>;
   float compute_gradients(const Inputs& inputs, const GradientReady& ready = {});
   void apply_update();
