@@ -49,7 +49,8 @@ class Model {
   // gradients in between; deepgen's generator.distributed does it over MPI):
   // compute_gradients() runs forward, loss and backward and changes no parameter
   // and no optimizer state; it calls `ready(index)` as soon as gradients()[index]
-  // is complete (on this target: once the device has finished them all), so that its reduction can start while the backward pass goes on.
+  // is complete, so that its reduction can start while the backward pass goes on.
+  // On this target every gradient is reported once the device has finished the step.
   // apply_update() then takes one momentum step from the gradients as they
   // are now (replaced or not). Errors as for train_step().
   using GradientReady = std::function<void(int index)>;
