@@ -5,87 +5,19 @@
 //   --input    an input from a .npy file (dtype and shape are checked); default: the example's own
 //   --output   the outputs into an .npz file; each output's shape and sum are printed either way
 #include <cstdio>
-#include <cstring>
 #include <stdexcept>
 #include <string>
-#include <type_traits>
-#include <utility>
 #include <vector>
 
 #include "tiny_train/model.h"
-#include "dg_npz.h"
+#include "dg_example.h"
 
 namespace {
 
 const char kUsage[] =
     "usage: tiny_train_example [--weights W.npz] [--input NAME=FILE.npy ...] [--output OUT.npz]";
 
-struct Options {
-  std::string weights, output;
-  std::vector<std::pair<std::string, std::string>> inputs;  // name, .npy path
-};
-
-Options parse(int argc, char** argv) {
-  Options options;
-  for (int i = 1; i < argc; ++i) {
-    const std::string flag = argv[i];
-    if (flag == "--help" || flag == "-h") throw std::invalid_argument("");
-    if (flag != "--weights" && flag != "--input" && flag != "--output")
-      throw std::invalid_argument("unknown argument '" + flag + "'");
-    if (i + 1 == argc) throw std::invalid_argument(flag + " needs a value");
-    const std::string value = argv[++i];
-    if (flag == "--weights") {
-      options.weights = value;
-    } else if (flag == "--output") {
-      options.output = value;
-    } else {
-      const size_t eq = value.find('=');
-      if (eq == std::string::npos || eq == 0)
-        throw std::invalid_argument("--input " + value + ": expected NAME=FILE.npy");
-      options.inputs.emplace_back(value.substr(0, eq), value.substr(eq + 1));
-    }
-  }
-  return options;
-}
-
-// Input `name` from the .npy file at `path` into `storage`: float32 for a float
-// input, int64 (or int32, widened) for an integer one. forward() checks the shape.
-template <typename T>
-dg::View<T> read_input(const std::string& path, const std::string& name, std::vector<T>& storage) {
-  const dg::NpyArray array = dg::read_npy(path);
-  constexpr bool is_float = std::is_floating_point<T>::value;
-  const bool fits = is_float ? array.kind == 'f' && array.itemsize == 4
-                             : array.kind == 'i' && (array.itemsize == 8 || array.itemsize == 4);
-  if (!fits)
-    throw std::invalid_argument("input '" + name + "' (" + path + "): has dtype " + array.dtype() +
-                                ", expected " + (is_float ? "float32" : "int64 (or int32)"));
-  storage.resize(static_cast<size_t>(array.size()));
-  for (int64_t i = 0; i < array.size(); ++i) {
-    if constexpr (is_float) {
-      std::memcpy(&storage[i], array.bytes.data() + 4 * i, 4);
-    } else {
-      storage[i] = array.integer(i);
-    }
-  }
-  return {storage.data(), array.shape};
-}
-
-// An output as np.savez would store it: float32, or int64.
-template <typename T>
-dg::NpyOut to_npy(const std::string& name, const dg::Tensor<T>& t) {
-  dg::NpyOut out;
-  out.name = name;
-  out.shape = t.shape;
-  out.is_int = std::is_integral<T>::value;
-  if constexpr (std::is_integral<T>::value) {
-    out.ints.assign(t.data.begin(), t.data.end());
-  } else {
-    out.floats.assign(t.data.begin(), t.data.end());
-  }
-  return out;
-}
-
-int run(const Options& options) {
+int run(const dg::ExampleOptions& options) {
   tiny_train::Model model(/*seed=*/0);
   if (!options.weights.empty()) model.load(options.weights);
   tiny_train::Inputs inputs;
@@ -93,7 +25,7 @@ int run(const Options& options) {
   inputs.x = {x_data.data(), {2, 3}};
   for (const auto& [name, path] : options.inputs) {  // files replace the example's inputs
     if (name == "x") {
-      inputs.x = read_input(path, name, x_data);
+      inputs.x = dg::read_input(path, name, x_data);
     } else {
       throw std::invalid_argument("--input " + name + ": the model has no input '" + name +
                                   "' (its inputs: x)");
@@ -105,7 +37,7 @@ int run(const Options& options) {
     logits_sum += static_cast<double>(v);
   std::printf("logits: shape %s, sum %.6g\n", dg::shape_str(outputs.logits.shape).c_str(), logits_sum);
   if (!options.output.empty()) {
-    dg::write_npz(options.output, {to_npy("logits", outputs.logits)});
+    dg::write_npz(options.output, {dg::to_npy("logits", outputs.logits)});
     std::printf("wrote %s\n", options.output.c_str());
   }
   return 0;
@@ -114,9 +46,9 @@ int run(const Options& options) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  Options options;
+  dg::ExampleOptions options;
   try {
-    options = parse(argc, argv);
+    options = dg::parse_example_args(argc, argv);
   } catch (const std::invalid_argument& e) {
     if (*e.what()) std::fprintf(stderr, "tiny_train_example: %s\n", e.what());
     std::fprintf(stderr, "%s\n", kUsage);
