@@ -559,6 +559,19 @@ inline int64_t even_block(int64_t n, int64_t most, int64_t unit) {
 
 inline int64_t round_up16(int64_t n) { return (n + 15) / 16 * 16; }
 
+// Operations (dg::threads_for) one float of A, B or C moved through memory counts for.
+// A product with few rows is bound by reading B, not by arithmetic (batch 1: one
+// multiply-add per float of B), and two cores read it about twice as fast, so its
+// work is its flops plus its floats moved, each weighing this much.
+constexpr double kMoveWork = 8;
+
+// The work of C[M,N] = A[M,K] @ B[K,N] for threads_for: flops and floats moved.
+inline int64_t gemm_work(int64_t M, int64_t N, int64_t K) {
+    const double m = double(M), n = double(N), k = double(K);
+    const double work = 2.0 * m * n * k + kMoveWork * (m * k + k * n + m * n);
+    return work < 1e18 ? int64_t(work) : int64_t(1e18);
+}
+
 // This thread's packing buffer of at least `floats` floats, 64-byte aligned.
 // It grows on demand and is kept for later calls, so a steady stream of
 // products allocates nothing.
@@ -811,8 +824,7 @@ void gemm_into(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A
     // M <= MR, C is only ever split along N.)  It writes C, never adds to it.
     // A transposed B streams as dot products when A is row-major (unit stride along k).
     const bool stream = DG_GEMM_SIMD && (!tb || !ta) && M <= kStreamMaxRows && !add_to_c;
-    const double flops = 2.0 * double(M) * double(N) * double(K);
-    const int threads = threads_for(flops < 1e18 ? int64_t(flops) : int64_t(1e18));
+    const int threads = threads_for(gemm_work(M, N, K));
     const Grid grid = choose_grid(M, N, threads);
     const int parts = grid.tm * grid.tn;
     if (parts == 1) {
@@ -927,8 +939,7 @@ void gemm(bool ta, int64_t M, const float* A, int64_t lda, const PackedB& B,
     }
     check_args(M, N, K, lda, ta ? M : K, N, N, ldc);
     const Operand a{A, lda, ta};
-    const double flops = 2.0 * double(M) * double(N) * double(K);
-    const int threads = threads_for(flops < 1e18 ? int64_t(flops) : int64_t(1e18));
+    const int threads = threads_for(gemm_work(M, N, K));
     const Grid grid = choose_grid(M, N, threads);
     Operand b{B.source(), B.ldb(), B.tb()};
     b.n_pad = B.n_pad();
