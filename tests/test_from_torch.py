@@ -1,8 +1,8 @@
 """Models from PyTorch (generator/importers): an MLP, a CNN with batch norm, an LSTM
 classifier and a TransformerEncoderLayer are imported with from_torch, the written
 model file is loaded as `deepgen generate` loads it, and the numpy reference
-interpreter with the written weights gives PyTorch's eval-mode outputs (1e-4); the
-CNN is also generated, built and run with the .npz loaded. Then what is not
+interpreter with the written weights gives PyTorch's eval-mode outputs (1e-4); each is
+also generated, built and run with the .npz loaded (1e-4). Then what is not
 supported: errors naming the module or function and the user's line. And the CLI."""
 
 from __future__ import annotations
@@ -181,6 +181,33 @@ def test_generated_cnn_loads_the_weights(tmp_path, builds):
     with torch.no_grad():
         want = module(torch.as_tensor(x)).numpy()
     np.testing.assert_allclose(model.forward(x=x)["output"], want, rtol=1e-4, atol=1e-4)
+
+
+GENERATED = {  # the other three models of the issue, compiled too: module, inputs, extra inputs
+    "mlp": (MLP, {"x": ((3, 12), np.float32)}, {}),
+    "lstm": (LSTMClassifier, {"tokens": ((3, 5), np.int64)}, {"lengths": np.full(3, 5, np.int64)}),
+    "encoder": (Encoder, {"x": ((2, 5, 8), np.float32)}, {}),
+}
+
+
+@pytest.mark.parametrize("kind", list(GENERATED))
+def test_generated_models_match_torch(kind, tmp_path, builds):
+    make, shapes, extra = GENERATED[kind]
+    module = _randomize(make(), 7)
+    rng = np.random.default_rng(8)
+    inputs = {k: rng.integers(0, 20, shape).astype(dtype) if dtype == np.int64 else rng.normal(size=shape).astype(dtype)
+              for k, (shape, dtype) in shapes.items()}
+    example = {k: torch.as_tensor(v) for k, v in inputs.items()}
+    source, weights = dg.from_torch(module, example, name=f"from_torch_{kind}")
+    model_path, weights_path = write_model(source, weights, str(tmp_path / f"{kind}.py"))
+    compiled, _ = builds.module(load_model(model_path).build())
+    model = compiled.Model()
+    model.load(weights_path)
+    if hasattr(model, "eval"):  # a model with dropout or batch norm starts in training mode
+        model.eval()
+    with torch.no_grad():
+        want = module(**example).numpy()
+    np.testing.assert_allclose(model.forward(**inputs, **extra)["output"], want, rtol=1e-4, atol=1e-4)
 
 
 # -- what is not supported -------------------------------------------------------------

@@ -143,7 +143,9 @@ def test_parameter_updates_are_scheduled_as_soon_as_possible():
     """DeepDSL's rescheduling: each update sits right after its last use in backward."""
     from generator.pipeline import project_files
 
-    model = project_files(load_example("mlp").build())["src/model.cpp"].decode()
+    text = project_files(load_example("mlp").build())["src/model.cpp"].decode()
+    model = text[text.index("float Model::run("):]  # train_step's pass (apply_update() updates them all)
     update = model.index("kernels::momentum_update(logits_w.ptr()")
+    assert "dg::gradient_ready(*gradients_only, 4);" in model[update:]  # or compute_gradients reports it
     assert model.index("dg::matmul_nt(d_logits, logits_w.ptr()") < update  # still read before it changes
     assert update < model.index("gradient of mlp.py:14")  # and before the earlier layers' gradients
