@@ -339,57 +339,47 @@ inline void stream_rows(int64_t rows, int64_t K, const float* a, int64_t a_rs, i
 #if DG_GEMM_SIMD
 // The tiny-M path for a transposed B (stored [N, K]: PyTorch's nn.Linear weight),
 // read in place: every c[r*ldc + j] is the dot product of row r of A (row-major,
-// unit stride along k) and row j of B.  Two rows of B at a time are read left to
+// unit stride along k) and row j of B.  COLS rows of B at a time are read left to
 // right (sequential, streamed at memory speed) against all ROWS rows of A, with
-// 2 x ROWS vector sums, each added across its lanes at the end; the last K %
-// kWidth products are added after.  c is overwritten.
-template <int ROWS>
+// ROWS x COLS independent vector sums (enough to hide the FMA latency), each added
+// across its lanes at the end; the last K % kWidth products are added after.
+// c is overwritten.
+template <int ROWS, int COLS>
 inline void stream_dots(int64_t K, const float* a, int64_t lda, const float* b, int64_t ldb, int64_t n,
                         float* c, int64_t ldc) {
     const int64_t k_vec = K / kWidth * kWidth;
-    auto tail = [&](int r, const float* bj) {
-        float t = 0.0f;
-        for (int64_t k = k_vec; k < K; ++k) t += a[r * lda + k] * bj[k];
-        return t;
-    };
     int64_t j = 0;
-    for (; j + 2 <= n; j += 2) {
-        const float* b0 = b + j * ldb;
-        const float* b1 = b0 + ldb;
-        Vec s0[ROWS], s1[ROWS];
-        for (int r = 0; r < ROWS; ++r) s0[r] = s1[r] = vzero();
+    for (; j + COLS <= n; j += COLS) {
+        Vec s[ROWS][COLS];
+        for (int r = 0; r < ROWS; ++r)
+            for (int q = 0; q < COLS; ++q) s[r][q] = vzero();
         for (int64_t k = 0; k < k_vec; k += kWidth) {
-            const Vec v0 = vload(b0 + k), v1 = vload(b1 + k);
+            Vec v[COLS];
+            for (int q = 0; q < COLS; ++q) v[q] = vload(b + (j + q) * ldb + k);
             for (int r = 0; r < ROWS; ++r) {
                 const Vec x = vload(a + r * lda + k);
-                s0[r] = vfma(x, v0, s0[r]);
-                s1[r] = vfma(x, v1, s1[r]);
+                for (int q = 0; q < COLS; ++q) s[r][q] = vfma(x, v[q], s[r][q]);
             }
         }
         for (int r = 0; r < ROWS; ++r) {
-            c[r * ldc + j] = vsum(s0[r]) + tail(r, b0);
-            c[r * ldc + j + 1] = vsum(s1[r]) + tail(r, b1);
+            for (int q = 0; q < COLS; ++q) {
+                const float* bq = b + (j + q) * ldb;
+                float t = 0.0f;
+                for (int64_t k = k_vec; k < K; ++k) t += a[r * lda + k] * bq[k];
+                c[r * ldc + j + q] = vsum(s[r][q]) + t;
+            }
         }
     }
-    if (j < n) {  // an odd last row of B
-        const float* b0 = b + j * ldb;
-        Vec s0[ROWS];
-        for (int r = 0; r < ROWS; ++r) s0[r] = vzero();
-        for (int64_t k = 0; k < k_vec; k += kWidth) {
-            const Vec v0 = vload(b0 + k);
-            for (int r = 0; r < ROWS; ++r) s0[r] = vfma(vload(a + r * lda + k), v0, s0[r]);
-        }
-        for (int r = 0; r < ROWS; ++r) c[r * ldc + j] = vsum(s0[r]) + tail(r, b0);
-    }
+    if (j < n) stream_dots<ROWS, 1>(K, a, lda, b + j * ldb, ldb, n - j, c + j, ldc);  // the last n % COLS
 }
 
 // stream_dots for 1..kStreamMaxRows rows.
 inline void stream_dots_rows(int64_t rows, int64_t K, const float* a, int64_t lda, const float* b, int64_t ldb,
                              int64_t n, float* c, int64_t ldc) {
     static_assert(kStreamMaxRows == 3, "stream_dots_rows covers 1 to 3 rows");
-    if (rows == 1) stream_dots<1>(K, a, lda, b, ldb, n, c, ldc);
-    if (rows == 2) stream_dots<2>(K, a, lda, b, ldb, n, c, ldc);
-    if (rows == 3) stream_dots<3>(K, a, lda, b, ldb, n, c, ldc);
+    if (rows == 1) stream_dots<1, 4>(K, a, lda, b, ldb, n, c, ldc);
+    if (rows == 2) stream_dots<2, 2>(K, a, lda, b, ldb, n, c, ldc);
+    if (rows == 3) stream_dots<3, 2>(K, a, lda, b, ldb, n, c, ldc);
 }
 #endif
 
@@ -927,9 +917,9 @@ void gemm(bool ta, int64_t M, const float* A, int64_t lda, const PackedB& B,
           float* C, int64_t ldc, const Epilogue& epi = Epilogue()) {
     using namespace gemm_detail;
     const int64_t N = B.N(), K = B.K();
-    // Streaming reads B in place: a transposed B only while it is not packed (once
-    // packed, the micro-kernel reads the panels, no copy either).
-    const bool stream = DG_GEMM_SIMD && M <= kStreamMaxRows && (!B.tb() || (!ta && !B.is_packed()));
+    // A transposed B is packed (once for the loop) rather than streamed: the
+    // micro-kernel reads packed panels faster than dot products read its rows.
+    const bool stream = DG_GEMM_SIMD && !B.tb() && M <= kStreamMaxRows;
     // Up to MR rows (one row panel), gemm reads row-major B in place without any
     // copy: cheaper than packing unless B is packed already.
     const bool one_panel = !B.tb() && M <= MR && !B.is_packed();
