@@ -15,18 +15,26 @@ from ..errors import DeepgenError
 from .source import describe_exception, error_site
 
 
-def load_model(spec: str) -> ModelDef:
-    path, _, wanted = spec.partition(":") if not os.path.exists(spec) else (spec, "", "")
+def module_from_file(path: str, prefix: str, what: str = "file"):
+    """(module, loader, its sys.modules name) for the Python file at `path`, not run yet:
+    registered under `prefix` + the path made an identifier, which the caller removes
+    when it is done."""
     if not os.path.isfile(path):
-        raise DeepgenError(f"model file not found: {path}")
-    module_name = "deepgen_model_" + "".join(c if c.isalnum() else "_" for c in os.path.abspath(path))
-    loader_spec = importlib.util.spec_from_file_location(module_name, path)
+        raise DeepgenError(f"{what} not found: {path}")
+    name = prefix + "".join(c if c.isalnum() else "_" for c in os.path.abspath(path))
+    loader_spec = importlib.util.spec_from_file_location(name, path)
     if loader_spec is None or loader_spec.loader is None:
         raise DeepgenError(f"cannot load {path} as a Python file")
     module = importlib.util.module_from_spec(loader_spec)
-    sys.modules[module_name] = module
+    sys.modules[name] = module
+    return module, loader_spec.loader, name
+
+
+def load_model(spec: str) -> ModelDef:
+    path, _, wanted = spec.partition(":") if not os.path.exists(spec) else (spec, "", "")
+    module, loader, module_name = module_from_file(path, "deepgen_model_", "model file")
     try:
-        loader_spec.loader.exec_module(module)
+        loader.exec_module(module)
     except SyntaxError as e:  # the model file is not valid Python (IndentationError too)
         where = f"{e.filename or path}:{e.lineno}" if e.lineno else (e.filename or path)
         text = f"\n    {e.text.strip()}" if e.text and e.text.strip() else ""

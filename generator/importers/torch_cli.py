@@ -3,11 +3,11 @@ the module (`MODULE.py:FACTORY`) and the example inputs (`NAME=SHAPE[:dtype]`)."
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import sys
 
 from ..errors import DeepgenError
+from ..frontend.loader import module_from_file
 from ..frontend.source import describe_exception, error_site
 
 _DTYPES = ("float32", "int64", "int32")
@@ -19,17 +19,10 @@ def load_factory(spec: str):
     if not sep or not path or not factory.isidentifier():
         raise DeepgenError(f"{spec!r}: expected MODULE.py:FACTORY, a Python file and a function in it "
                            "that returns the torch.nn.Module")
-    if not os.path.isfile(path):
-        raise DeepgenError(f"module file not found: {path}")
-    name = "deepgen_torch_" + "".join(c if c.isalnum() else "_" for c in os.path.abspath(path))
-    loader_spec = importlib.util.spec_from_file_location(name, path)
-    if loader_spec is None or loader_spec.loader is None:
-        raise DeepgenError(f"cannot load {path} as a Python file")
-    module = importlib.util.module_from_spec(loader_spec)
-    sys.modules[name] = module
+    module, loader, name = module_from_file(path, "deepgen_torch_", "module file")
     sys.path.insert(0, os.path.dirname(os.path.abspath(path)))  # its own imports of neighbouring files
     try:
-        loader_spec.loader.exec_module(module)
+        loader.exec_module(module)
         make = getattr(module, factory, None)
         if not callable(make):
             raise DeepgenError(f"{path} has no function {factory!r}")
