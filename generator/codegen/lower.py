@@ -21,7 +21,7 @@ from ..ir.graph import Value
 from ..ir.shapes import fmt_shape, numel
 from ..transforms.autodiff import prepare_training, train_only_inputs
 from .kernels import epilogue_kernel, ewise_kernel, update_kernel
-from .plan import ArenaDecl, InputSpec, OutputSpec, ParamSpec, ProjectPlan, Statement, TrainPlan, Update
+from .plan import ArenaDecl, InputSpec, KeptPacking, OutputSpec, ParamSpec, ProjectPlan, Statement, TrainPlan, Update
 from .stmt import Alias, Call, Comment, Copy, Declare, Functor, Read, Write, place
 
 CTYPE = {"float32": "float", "int32": "int32_t", "int64": "int64_t"}
@@ -46,7 +46,9 @@ class LowerCtx:
         self.place = {}  # id(value) -> C++ expression of its data where it is read now
         self.owned = set()  # id(value) of values held in a local std::vector
         self.outputs = set()  # id(value) of graph outputs: own storage, handed to the caller
-        self.packed = {}  # id(value) -> the dg::PackedB holding it, while a loop is lowered
+        self.packed = {}  # (id(value), tb) -> the dg::PackedB holding it, while a loop is lowered
+        self.kept = {}  # (id(param), tb) -> KeptPacking: a weight the Model keeps packed
+        self._live = None
         self.kernels = []
         self.pending = []  # declarations for the line being lowered
         self.comment = ""  # the DSL statement being lowered, for buffer labels
@@ -89,6 +91,34 @@ class LowerCtx:
     def claim_output(self, v) -> bool:
         """Whether the node producing v can write it straight into a given buffer."""
         return v.producer is not None and not get_op(v.producer.op).view and id(v) not in self.place
+
+    def live_names(self) -> set:
+        """Names taken in run() and the Model (for new Model members)."""
+        if self._live is None:
+            self._live = _live_names(self.graph)
+        return self._live
+
+    def keeps_packed(self, b) -> bool:
+        """Whether a forward-pass product reads parameter b through a packing the
+        Model keeps between calls (runtime/dg_packed_weights.h)."""
+        return (self.target.packs_weights and self.phase == "forward" and b.rank == 2
+                and getattr(b, "kind", None) == "param" and any(b is p for p in self.graph.params))
+
+    def packed_operand(self, b, tb: bool) -> list | None:
+        """How a product reads its right operand op(b) packed: [the loop's
+        dg::PackedB], or [the Model's dg::KeptPackedB, b's data] for a parameter
+        (packed once, kept until it changes); None to read b as it is."""
+        key = (id(b), tb)
+        if key in self.packed:
+            return [self.packed[key]]
+        if not self.keeps_packed(b):
+            return None
+        if key not in self.kept:
+            rows, cols = b.shape
+            k, n = (cols, rows) if tb else (rows, cols)
+            member = _member_name(self.graph, f"{b.name}_t_packed" if tb else f"{b.name}_packed", self.live_names())
+            self.kept[key] = KeptPacking(member, b.name, "true" if tb else "false", self.size(k), self.size(n))
+        return [self.kept[key].member, self.read(b)]
 
     def call(self, fn: str, *args, template: str = "") -> Call:
         return Call(fn, list(args), template)
@@ -273,7 +303,7 @@ def _lower_training(ctx, graph, dim_index, bound_dims, first: int) -> TrainPlan:
     later_dims = [(str(d), i) for d, i in dim_index.items() if d not in bound_dims]
     # Gradients of parameters are Model members (gradients() shows them). The
     # backward pass writes them in place where it can, else they are copied.
-    live = _live_names(graph)
+    live = ctx.live_names()
     grads, copies = [], []
     for p in graph.params:
         g = spec.grads.get(p.name)
@@ -389,4 +419,5 @@ def lower(graph, target) -> ProjectPlan:
         bound=bound,
         end=sum(n.phase in ("forward", "loss", "backward") for n in graph.nodes),
         trees=[helper for n in graph.nodes for helper in get_op(n.op).helpers(n)],
+        kept=list(ctx.kept.values()),
     )

@@ -234,6 +234,18 @@ class Recording:
 
 
 @dataclass
+class KeptPacking:
+    """A weight the Model keeps packed for its forward-pass products
+    (dg::KeptPackedB): op(param) is [K, N]."""
+
+    member: str
+    param: str
+    tb: str  # "true" / "false": the param is stored [N, K] (a PyTorch Linear weight)
+    K: str
+    N: str
+
+
+@dataclass
 class ProjectPlan:
     name: str
     target: str
@@ -259,3 +271,4 @@ class ProjectPlan:
     trees: list = field(default_factory=list)  # [{arity, children, words, roots, function}] from OpDef.helpers
     mode: str = ""  # the local dg::Mode the mode-dependent ops read (batch norm, dropout), if any
     recording: Recording | None = None  # filled by the record stage
+    kept: list = field(default_factory=list)  # [KeptPacking]: weights packed once, kept by the Model

@@ -393,8 +393,8 @@ def _pack_loop_weights(ctx, names, cell, looped) -> list:
             continue
         b = n.inputs[1]
         key = (id(b), tb)
-        if id(b) in inside or key in ctx.packed or id(b) not in ctx.place or b.rank != 2:
-            continue
+        if id(b) in inside or key in ctx.packed or id(b) not in ctx.place or b.rank != 2 or ctx.keeps_packed(b):
+            continue  # (a parameter the Model keeps packed is read through that)
         name = names.unique(f"{b.name}_t_packed" if tb else f"{b.name}_packed")
         rows, cols = (ctx.size(d) for d in b.shape)
         k, width = (cols, rows) if tb else (rows, cols)

@@ -865,10 +865,15 @@ inline void gemm_add(bool ta, bool tb, int64_t M, int64_t N, int64_t K,
 class PackedB {
  public:
     // tb: B is stored [N, K] (row stride ldb), else [K, N].
-    PackedB(bool tb, int64_t K, int64_t N, const float* B, int64_t ldb)
+    // storage: where the panels go (storage_floats(K, N) floats, owned by the
+    // caller: dg::KeptPackedB keeps them between calls), or null for scratch.
+    PackedB(bool tb, int64_t K, int64_t N, const float* B, int64_t ldb, float* storage = nullptr)
         : tb_(tb), K_(K), N_(N), B_(B), ldb_(ldb),
-          n_pad_((N + gemm_detail::NR - 1) / gemm_detail::NR * gemm_detail::NR) {
+          n_pad_((N + gemm_detail::NR - 1) / gemm_detail::NR * gemm_detail::NR), storage_(storage) {
         gemm_detail::check_args(1, N, K, K, K, ldb, tb ? K : N, N);
+    }
+    static int64_t storage_floats(int64_t K, int64_t N) {
+        return K * ((N + gemm_detail::NR - 1) / gemm_detail::NR * gemm_detail::NR) + 16;
     }
     PackedB(const PackedB&) = delete;
     PackedB& operator=(const PackedB&) = delete;
@@ -897,7 +902,8 @@ class PackedB {
 
     // Where a product that reads B in place writes the panels (then mark_packed).
     float* storage() const {
-        if (!data_) data_.emplace(K_ * n_pad_ + 16);
+        if (storage_ != nullptr) return storage_;
+        if (!data_) data_.emplace(storage_floats(K_, N_));
         return data_->data();
     }
     void mark_packed() const { packed_ = true; }
@@ -907,6 +913,7 @@ class PackedB {
     int64_t K_, N_;
     const float* B_;
     int64_t ldb_, n_pad_;
+    float* storage_;
     mutable std::optional<Scratch<float>> data_;
     mutable bool packed_ = false;
 };

@@ -110,6 +110,24 @@ py::array param_view(Storage<T>& t, py::handle owner) {
   return py::array_t<T>(t.shape, t.ptr(), owner);
 }
 
+// param_view, counted by `watch` while numpy holds it (a dg::ParameterVersion:
+// watch.view_opened() now, watch.view_closed() when numpy frees the view).
+template <template <typename> class Storage, typename T, class Watch>
+py::array watched_view(Storage<T>& t, py::handle owner, Watch& watch) {
+  struct Keep {
+    Watch* watch;
+    py::object owner;  // keeps the Model, and so `watch`, alive
+  };
+  auto* keep = new Keep{&watch, py::reinterpret_borrow<py::object>(owner)};
+  watch.view_opened();
+  py::capsule base(keep, [](void* p) {
+    auto* k = static_cast<Keep*>(p);
+    k->watch->view_closed();
+    delete k;
+  });
+  return py::array_t<T>(t.shape, t.ptr(), base);
+}
+
 // A tree node's word id: a Python int that fits int64 (a bool is not an id).
 inline int64_t word_id(py::handle value) {
   if (!py::isinstance<py::int_>(value) || py::isinstance<py::bool_>(value))

@@ -47,10 +47,14 @@ class Model:
         """
 
     def parameters(self) -> Dict[str, np.ndarray]:
-        """Parameter name -> writable float32 view of the model's memory."""
+        """Parameter name -> writable float32 view of the model's memory. While a view is alive
+        the products read the weights unpacked (slower); drop views when done."""
 
     def memory_stats(self) -> Dict[str, int]:
-        """Arena bytes of the last call: peak_bytes, predicted_peak_bytes, calls."""
+        """Arena bytes of the last call: peak_bytes, predicted_peak_bytes, calls; packed_weight_bytes: what the kept weight packings hold."""
+
+    def release_packed_weights(self) -> None:
+        """Frees the weights kept packed for the matrix products (the next call packs them again)."""
 
     def save(self, path: str) -> None:
         """Writes the parameters to an .npz file (".npz" added when missing)."""

@@ -31,6 +31,7 @@ Model::Model(uint64_t seed) {
 }
 
 std::vector<std::pair<std::string, dg::Tensor<float>*>> Model::parameters() {
+  parameter_version.changed();  // the caller may write through these
   return {
       {"h_w", &h_w},
       {"h_b", &h_b},
@@ -56,6 +57,7 @@ void Model::load(const std::string& path) {
   const dg::StagedWeights staged = dg::stage_weights(path, tensors, state, /*trainable=*/false);
   const auto writing = state_lock.writing();
   dg::apply_weights(staged, tensors, state, /*step=*/nullptr);
+  parameter_version.changed();
 }
 
 void Model::save(const std::string& path) {
@@ -67,6 +69,15 @@ void Model::save(const std::string& path) {
     arrays = dg::weights_to_save(tensors, state, /*step=*/nullptr);
   }
   dg::save_weights(path, arrays);
+}
+
+int64_t Model::packed_weight_bytes() const {
+  return h_w_packed.bytes() + y_w_packed.bytes();
+}
+
+void Model::release_packed_weights() {
+  h_w_packed.release();
+  y_w_packed.release();
 }
 
 Outputs Model::forward(const Inputs& inputs) const {
@@ -84,11 +95,11 @@ Outputs Model::forward(const Inputs& inputs) const {
 
   // tiny.py:11  h = dg.dense(x, 4, act=dg.relu)
   float* h = arena.at(0, 4 * N);
-  dg::matmul(x, h_w.ptr(), h, /*M=*/N, /*K=*/3, /*N=*/4, kernels::h_epilogue{h_b.ptr()});
+  dg::matmul(x, h_w_packed, h_w.ptr(), h, /*M=*/N, /*K=*/3, /*N=*/4, kernels::h_epilogue{h_b.ptr()});
 
   // tiny.py:12  y = dg.dense(h, 2)
   std::vector<float> y(2 * N);
-  dg::matmul(h, y_w.ptr(), y.data(), /*M=*/N, /*K=*/4, /*N=*/2, kernels::y_epilogue{y_b.ptr()});
+  dg::matmul(h, y_w_packed, y_w.ptr(), y.data(), /*M=*/N, /*K=*/4, /*N=*/2, kernels::y_epilogue{y_b.ptr()});
 
   Outputs outputs;
   outputs.y = dg::Tensor<float>({N, 2}, std::move(y));

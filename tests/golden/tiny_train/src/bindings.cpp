@@ -52,6 +52,17 @@ py::dict views(py::object self, std::vector<std::pair<std::string, Storage*>> te
   return result;
 }
 
+// The parameters' views. While one is alive the products read the weights in
+// place rather than their kept packings, and its release counts as a change
+// (runtime/dg_packed_weights.h): writes through it always reach the next call.
+py::dict parameter_views(py::object self) {
+  Model& model = self.cast<Model&>();
+  py::dict result;
+  for (auto& [name, tensor] : model.parameters())
+    result[name.c_str()] = dg::watched_view(*tensor, self, model.parameter_version);
+  return result;
+}
+
 // save() and load() are the C++ Model's (runtime/dg_weights.h): one implementation,
 // no numpy in between. A file that cannot be read or written raises OSError.
 void save(Model& model, const std::string& path) {
@@ -160,10 +171,9 @@ PYBIND11_MODULE(tiny_train, m) {
       .def(py::init<uint64_t>(), py::arg("seed") = 0,
            "Parameters drawn from `seed`, as deepgen's numpy reference draws them.")
       .def("forward", &forward, "forward(**inputs) -> dict of output name -> numpy array")
-      .def(
-          "parameters", [](py::object self) { return views(self, self.cast<Model&>().parameters()); },
-          "dict of parameter name -> writable numpy view of the model's memory (writes through it are not "
-          "synchronized: make them while no other thread calls the model)")
+      .def("parameters", &parameter_views,
+           "dict of parameter name -> writable numpy view of the model's memory (writes through it are not "
+           "synchronized: make them while no other thread calls the model)")
       .def("train_step", &train_step,
            "train_step(**inputs) -> loss before the update (momentum(lr=0.1, momentum=0.9))")
       .def(
@@ -211,9 +221,13 @@ PYBIND11_MODULE(tiny_train, m) {
             stats["peak_bytes"] = last.peak_bytes;
             stats["predicted_peak_bytes"] = last.predicted_peak_bytes;
             stats["calls"] = last.calls;
+            stats["packed_weight_bytes"] = m.packed_weight_bytes();
             return stats;
           },
           "arena bytes of the last call: measured high-water mark and the plan's prediction")
+      .def(
+          "release_packed_weights", [](Model& m) { m.release_packed_weights(); },
+          "Free the weights kept packed for the matrix products (the next call packs them again)")
       .def("save", &save, py::arg("path"), "Save the parameters and optimizer state to a .npz file")
       .def("load", &load, py::arg("path"), "Load what save() wrote (shapes are checked first)");
 }

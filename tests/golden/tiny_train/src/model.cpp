@@ -31,6 +31,7 @@ Model::Model(uint64_t seed) {
 }
 
 std::vector<std::pair<std::string, dg::Tensor<float>*>> Model::parameters() {
+  parameter_version.changed();  // the caller may write through these
   return {
       {"h_w", &h_w},
       {"h_b", &h_b},
@@ -56,6 +57,7 @@ void Model::load(const std::string& path) {
   const dg::StagedWeights staged = dg::stage_weights(path, tensors, state, /*trainable=*/true);
   const auto writing = state_lock.writing();
   dg::apply_weights(staged, tensors, state, &step);
+  parameter_version.changed();
 }
 
 void Model::save(const std::string& path) {
@@ -69,6 +71,15 @@ void Model::save(const std::string& path) {
   dg::save_weights(path, arrays);
 }
 
+int64_t Model::packed_weight_bytes() const {
+  return h_w_packed.bytes() + logits_w_packed.bytes();
+}
+
+void Model::release_packed_weights() {
+  h_w_packed.release();
+  logits_w_packed.release();
+}
+
 Outputs Model::forward(const Inputs& inputs) const {
   const auto reading = state_lock.reading();
   Outputs outputs;
@@ -78,6 +89,7 @@ Outputs Model::forward(const Inputs& inputs) const {
 
 float Model::train_step(const Inputs& inputs) {
   const auto writing = state_lock.writing();
+  const auto counted = parameter_version.change_on_exit();  // the step updates the parameters
   hyper.validate();
   dg::require_step(step);
   return run(inputs, nullptr);
@@ -90,6 +102,7 @@ float Model::compute_gradients(const Inputs& inputs, const GradientReady& ready)
 
 void Model::apply_update() {
   const auto writing = state_lock.writing();
+  const auto counted = parameter_version.change_on_exit();
   hyper.validate();
   dg::require_step(step);
   ++step;
@@ -142,11 +155,11 @@ float Model::run(const Inputs& inputs, Outputs* outputs, const GradientReady* gr
 
   // tiny.py:30  h = dg.dense(x, 4, act=dg.relu)
   float* h = arena.at(0, 4 * N);
-  dg::matmul(x, h_w.ptr(), h, /*M=*/N, /*K=*/3, /*N=*/4, kernels::h_epilogue{h_b.ptr()});
+  dg::matmul(x, h_w_packed, h_w.ptr(), h, /*M=*/N, /*K=*/3, /*N=*/4, kernels::h_epilogue{h_b.ptr()});
 
   // tiny.py:31  logits = dg.dense(h, 2)
   std::vector<float> logits(2 * N);
-  dg::matmul(h, logits_w.ptr(), logits.data(), /*M=*/N, /*K=*/4, /*N=*/2,
+  dg::matmul(h, logits_w_packed, logits_w.ptr(), logits.data(), /*M=*/N, /*K=*/4, /*N=*/2,
              kernels::logits_epilogue{logits_b.ptr()});
 
   if (outputs != nullptr) {  // forward(): hand over the outputs

@@ -27,6 +27,7 @@ Model::Model(uint64_t seed) {
 }
 
 std::vector<std::pair<std::string, dg::Tensor<float>*>> Model::parameters() {
+  parameter_version.changed();  // the caller may write through these
   return {
       {"emb", &emb},
       {"w", &w},
@@ -50,6 +51,7 @@ void Model::load(const std::string& path) {
   const dg::StagedWeights staged = dg::stage_weights(path, tensors, state, /*trainable=*/false);
   const auto writing = state_lock.writing();
   dg::apply_weights(staged, tensors, state, /*step=*/nullptr);
+  parameter_version.changed();
 }
 
 void Model::save(const std::string& path) {
@@ -61,6 +63,14 @@ void Model::save(const std::string& path) {
     arrays = dg::weights_to_save(tensors, state, /*step=*/nullptr);
   }
   dg::save_weights(path, arrays);
+}
+
+int64_t Model::packed_weight_bytes() const {
+  return w_packed.bytes();
+}
+
+void Model::release_packed_weights() {
+  w_packed.release();
 }
 
 Outputs Model::forward(const Inputs& inputs) const {
@@ -106,8 +116,6 @@ Outputs Model::forward(const Inputs& inputs) const {
   const int64_t max_rows = schedule.max_level_rows;
   dg::Scratch<float> h_l(max_rows * 4);
   dg::Scratch<float> h_r(max_rows * 4);
-  // Weights the level loop multiplies by, packed for the GEMM once (not per level).
-  const dg::PackedB w_packed(/*tb=*/false, /*K=*/8, /*N=*/4, w.ptr(), /*ldb=*/4);
   dg::Scratch<float> node_concat(8 * max_rows);
   // Executor: one batched step per level, children before parents.
   for (int64_t level = 1; level < schedule.levels(); ++level) {
@@ -123,8 +131,8 @@ Outputs Model::forward(const Inputs& inputs) const {
                     /*dst_len=*/8, /*dst_start=*/0, /*count=*/4, /*inner=*/1);
       dg::copy_axis(h_r.data(), node_concat.data(), /*outer=*/rows, /*src_len=*/4, /*src_start=*/0,
                     /*dst_len=*/8, /*dst_start=*/4, /*count=*/4, /*inner=*/1);
-      dg::matmul(node_concat.data(), w_packed, h_rows.data() + start * 4, /*M=*/rows, /*K=*/8, /*N=*/4,
-                 kernels::node_tanh_epilogue{});
+      dg::matmul(node_concat.data(), w_packed, w.ptr(), h_rows.data() + start * 4, /*M=*/rows, /*K=*/8,
+                 /*N=*/4, kernels::node_tanh_epilogue{});
     }
   }
   dg::unsort_rows(h_rows.data(), schedule.order.data(), /*rows=*/schedule.rows(), /*width=*/4, h);

@@ -10,6 +10,7 @@
 
 #include "dg_arena.h"
 #include "dg_guard.h"
+#include "dg_packed_weights.h"
 #include "dg_tensor.h"
 
 namespace tiny_train {
@@ -36,7 +37,17 @@ class Model {
   Outputs forward(const Inputs& inputs) const;
 
   // Every parameter by name, in declaration order.
+  // (Counts as a change of the parameters: see parameter_version.)
   std::vector<std::pair<std::string, dg::Tensor<float>*>> parameters();
+
+  // Hand-written code that wrote a parameter (other than through parameters()
+  // just before) calls this before the next forward(): the kept packings
+  // (parameter_version) are made again from the new values.
+  void parameters_changed() { parameter_version.changed(); }
+
+  // Bytes the kept packings hold now, and freeing them (the next call packs again).
+  int64_t packed_weight_bytes() const;
+  void release_packed_weights();
 
   // One step of training with momentum(lr=0.1, momentum=0.9): forward, loss, backward,
   // update. Returns the loss before the update. Needs every input (also labels).
@@ -100,6 +111,14 @@ class Model {
   dg::Tensor<float> h_b{std::vector<int64_t>{4}};          // [4]
   dg::Tensor<float> logits_w{std::vector<int64_t>{4, 2}};  // [4, 2]
   dg::Tensor<float> logits_b{std::vector<int64_t>{2}};     // [2]
+
+  // The weights as the forward pass's matrix products read them: packed by the
+  // first product that needs them and kept until a parameter changes
+  // (runtime/dg_packed_weights.h). train_step(), apply_update(), load() and
+  // parameters() count as changes, as does parameters_changed().
+  dg::ParameterVersion parameter_version;
+  dg::KeptPackedB h_w_packed{parameter_version, /*tb=*/false, /*K=*/3, /*N=*/4};       // h_w
+  dg::KeptPackedB logits_w_packed{parameter_version, /*tb=*/false, /*K=*/4, /*N=*/2};  // logits_w
 
   // Gradients: one contiguous buffer (26 floats, what an allreduce sends), and
   // each parameter's gradient a slice of it, in gradients() order.

@@ -9,6 +9,7 @@
 
 #include "dg_arena.h"
 #include "dg_guard.h"
+#include "dg_packed_weights.h"
 #include "dg_tensor.h"
 
 namespace tiny_tree {
@@ -36,7 +37,17 @@ class Model {
   Outputs forward(const Inputs& inputs) const;
 
   // Every parameter by name, in declaration order.
+  // (Counts as a change of the parameters: see parameter_version.)
   std::vector<std::pair<std::string, dg::Tensor<float>*>> parameters();
+
+  // Hand-written code that wrote a parameter (other than through parameters()
+  // just before) calls this before the next forward(): the kept packings
+  // (parameter_version) are made again from the new values.
+  void parameters_changed() { parameter_version.changed(); }
+
+  // Bytes the kept packings hold now, and freeing them (the next call packs again).
+  int64_t packed_weight_bytes() const;
+  void release_packed_weights();
 
   // Weights files: numpy .npz archives, the same as the Python module's save()
   // and load() (np.savez and np.savez_compressed files load too). A file holds
@@ -61,6 +72,13 @@ class Model {
   // Parameters: public, so hand-written code can read or set them.
   dg::Tensor<float> emb{std::vector<int64_t>{10, 4}};  // [10, 4]
   dg::Tensor<float> w{std::vector<int64_t>{8, 4}};     // [8, 4]
+
+  // The weights as the forward pass's matrix products read them: packed by the
+  // first product that needs them and kept until a parameter changes
+  // (runtime/dg_packed_weights.h). train_step(), apply_update(), load() and
+  // parameters() count as changes, as does parameters_changed().
+  dg::ParameterVersion parameter_version;
+  dg::KeptPackedB w_packed{parameter_version, /*tb=*/false, /*K=*/8, /*N=*/4};  // w
 };
 
 }  // namespace tiny_tree

@@ -1,0 +1,152 @@
+"""Weights kept packed between calls (runtime/dg_packed_weights.h, #20 item 0).
+
+A forward-pass product by a parameter reads the Model's kept packing of it; these
+tests check that every way of changing a parameter reaches the next call: a numpy
+view (alive or released), train_step, compute_gradients + apply_update, load, and
+that concurrent forward() calls share one packing. The oracle is numpy on a copy
+of the parameters.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+import generator as dg
+
+N = dg.dim("N")
+
+
+@dg.model
+def packed_mlp():
+    # Both layouts: a row-major [in, out] weight (dg.dense) and a PyTorch [out, in]
+    # one (linear_t reads it transposed), with a training step.
+    x = dg.input("x", (N, 40))
+    labels = dg.input("labels", (N,), dtype="int64")
+    h = dg.dense(x, 48, act=dg.relu)
+    fc_weight = dg.param("fc_weight", (24, 48), init=dg.normal(0, 0.2))
+    fc_bias = dg.param("fc_bias", (24,), init=dg.constant(0.1))
+    g = dg.tanh(dg.linear_t(h, fc_weight, fc_bias))
+    logits = dg.dense(g, 5)
+    dg.train(dg.softmax_cross_entropy(logits, labels), dg.sgd(lr=0.05, momentum=0.9))
+    return {"logits": logits}
+
+
+def oracle(p, x):
+    h = np.maximum(x @ p["h_w"] + p["h_b"], 0)
+    g = np.tanh(h @ p["fc_weight"].T + p["fc_bias"])
+    return g @ p["logits_w"] + p["logits_b"]
+
+
+@pytest.fixture(scope="module")
+def module(builds):
+    mod, _ = builds.module(packed_mlp.build("packed_mlp"))
+    return mod
+
+
+def params(model):
+    return {k: v.copy() for k, v in model.parameters().items()}
+
+
+def check(model, x):
+    """forward() against numpy on the current parameters, at several batch sizes
+    (1-3 rows stream row-major weights, more read the packing)."""
+    p = params(model)
+    for rows in (1, 2, 5, len(x)):
+        got = model.forward(x=x[:rows])["logits"]
+        np.testing.assert_allclose(got, oracle(p, x[:rows]), rtol=1e-4, atol=1e-5)
+
+
+def inputs(rows=33, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal((rows, 40)).astype(np.float32), rng.integers(0, 5, rows)
+
+
+def test_forward_packs_once_and_release_frees(module):
+    model = module.Model(3)
+    x, _ = inputs()
+    assert model.memory_stats()["packed_weight_bytes"] == 0
+    check(model, x)
+    held = model.memory_stats()["packed_weight_bytes"]
+    # op(h_w) [40, 48], op(fc_weight) = fc_weight^T [48, 24], op(logits_w) [24, 5]: at least their floats
+    assert held >= 4 * (40 * 48 + 48 * 24 + 24 * 5)
+    check(model, x)
+    assert model.memory_stats()["packed_weight_bytes"] == held  # kept, not packed again elsewhere
+    model.release_packed_weights()
+    assert model.memory_stats()["packed_weight_bytes"] == 0
+    check(model, x)
+
+
+def test_writes_through_views_reach_the_next_call(module):
+    model = module.Model(4)
+    x, _ = inputs()
+    check(model, x)  # packings made
+    views = model.parameters()  # held: products read the weights in place meanwhile
+    views["h_w"][:5] *= -1.5
+    views["fc_weight"][3, :] = 0.25
+    check(model, x)
+    views["logits_w"] += 0.5
+    check(model, x)
+    del views  # released: counts as a change, the packings are made again
+    check(model, x)
+    model.parameters()["fc_weight"][:] *= 0.5  # a temporary view, written and dropped at once
+    check(model, x)
+
+
+def test_training_and_load_reach_the_next_call(module, tmp_path):
+    model = module.Model(5)
+    x, labels = inputs()
+    check(model, x)
+    before = params(model)
+    model.train_step(x=x, labels=labels)
+    assert not np.allclose(before["fc_weight"], params(model)["fc_weight"])
+    check(model, x)
+    model.compute_gradients(x=x, labels=labels)
+    check(model, x)  # compute_gradients changes nothing
+    model.apply_update()
+    check(model, x)
+    model.save(str(tmp_path / "w.npz"))
+    other = module.Model(6)
+    check(other, x)
+    other.load(str(tmp_path / "w.npz"))
+    check(other, x)
+    np.testing.assert_array_equal(other.forward(x=x)["logits"], model.forward(x=x)["logits"])
+
+
+def test_same_results_packed_or_not(module):
+    """A product reads the same numbers whether the weights are packed or read in
+    place (a view alive): same sums in the same order at 5+ rows."""
+    model = module.Model(7)
+    x, _ = inputs(64)
+    packed = model.forward(x=x)["logits"]
+    views = model.parameters()
+    unpacked = model.forward(x=x)["logits"]
+    del views
+    np.testing.assert_array_equal(packed, unpacked)
+
+
+def test_concurrent_forwards_share_the_packing(module):
+    model = module.Model(8)
+    x, _ = inputs(40)
+    model.parameters()["h_w"][:] *= 1.0  # a change: the first calls below pack
+    expected = oracle(params(model), x)
+    results, errors = [], []
+
+    def work():
+        try:
+            for _ in range(20):
+                results.append(model.forward(x=x)["logits"])
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    assert len(results) == 80
+    for r in results:
+        np.testing.assert_allclose(r, expected, rtol=1e-4, atol=1e-5)
