@@ -6,8 +6,12 @@ the ratio, the target and whether it is met.
 Runs, each as a subprocess with --json into a temporary folder (their own output
 streams through; --quick is passed on, about 5 minutes in all):
 
-  treelstm.py --hidden 256   generated TreeLSTM vs PyTorch per-node and level-batched,
-                             batch 1 and 10, 1 and 2 threads
+  treelstm.py --hidden 64 128 256
+                             generated TreeLSTM vs PyTorch per-node and level-batched,
+                             batch 1 and 10, 1 and 2 threads (rows for H 64 and 128:
+                             per-node, batch 10, 1 thread)
+  engines.py                 MLP forward and TreeLSTM level cell vs ONNX Runtime and
+                             OpenVINO fp32 (those installed), M 1..256, 1 and 2 threads
   mlp.py                     784-512-256-10 train step vs PyTorch eager, batch 64 and 256
   gemm.py                    GEMM GFLOP/s at the models' shapes vs numpy
   build_time.py              generation and build time of each example (no peer)
@@ -32,12 +36,14 @@ from _common import BUSY_LIMIT, machine_facts
 
 HERE = Path(__file__).resolve().parent
 BENCHMARKS = {
-    "treelstm": ["--hidden", "256"],
+    "treelstm": ["--hidden", "64", "128", "256"],
+    "engines": [],
     "mlp": [],
     "gemm": [],
     "build_time": [],
 }
 TREELSTM_TARGETS = {(10, 1, "torch-node"): 14.0, (10, 1, "torch-level"): 1.6, (1, 1, "torch-level"): 2.5}
+SMALL_PER_NODE_TARGET = 14.0  # H <= 128, batch 10, 1 thread: PyTorch per-node / generated
 SCALING_TARGET = 1.7  # generated TreeLSTM H256 batch 10: 1-thread time / 2-thread time
 
 
@@ -64,6 +70,12 @@ def treelstm_rows(data) -> list:
                 other = recs[(batch, threads, peer)]["median_ms"]
                 rows.append(row("treelstm H256", f"batch {batch}, {threads} thr, vs {name}", gen, other, "ms",
                                 other / gen, TREELSTM_TARGETS.get((batch, threads, peer))))
+    small = {(r["hidden"], r["peer"]): r["median_ms"] for r in data["records"]
+             if r["hidden"] < 256 and r["batch"] == 10 and r["threads"] == 1}
+    for hidden in sorted({h for h, _ in small}):  # Cortex's regime, where per-node overhead dominates
+        gen, node = small[(hidden, "generated")], small[(hidden, "torch-node")]
+        rows.append(row(f"treelstm H{hidden}", "batch 10, 1 thr, vs PyTorch per-node", gen, node, "ms",
+                        node / gen, SMALL_PER_NODE_TARGET))
     one, two = recs[(10, 1, "generated")]["median_ms"], recs[(10, 2, "generated")]["median_ms"]
     rows.append(row("treelstm H256", "batch 10, 2 thr vs deepgen 1 thr (scaling)", two, one, "ms", one / two,
                     SCALING_TARGET))
@@ -95,6 +107,18 @@ def build_time_rows(data) -> list:
     return rows
 
 
+def engines_rows(data) -> list:
+    recs = {(r["model"], r["M"], r["threads"], r["engine"]): r for r in data["records"]}
+    names = {"mlp": "mlp forward", "level": "treelstm level"}
+    return [
+        row(names[r["model"]], f"M {r['M']}, {r['threads']} thr, vs {r['engine']}",
+            recs[(r["model"], r["M"], r["threads"], "deepgen")]["median_us"], r["median_us"], "us",
+            r["ratio_to_deepgen"], 1.0)
+        for r in data["records"]
+        if r["engine"] != "deepgen"
+    ]
+
+
 def contention(data) -> float:
     """The most cores other processes (or the hypervisor) took while a benchmark measured."""
     env = data.get("environment", {})
@@ -103,7 +127,13 @@ def contention(data) -> float:
     return max(busy, default=0.0)
 
 
-ROWS = {"treelstm": treelstm_rows, "mlp": mlp_rows, "gemm": gemm_rows, "build_time": build_time_rows}
+ROWS = {
+    "treelstm": treelstm_rows,
+    "engines": engines_rows,
+    "mlp": mlp_rows,
+    "gemm": gemm_rows,
+    "build_time": build_time_rows,
+}
 
 
 def fmt(value, unit) -> str:

@@ -1,12 +1,12 @@
 """Benchmark: the generated binary TreeLSTM against PyTorch and numpy.
 
-    python benchmarks/treelstm.py [--json FILE] [--quick] [--hidden 256 512]
+    python benchmarks/treelstm.py [--json FILE] [--quick] [--hidden 64 128 256 512]
 
 Peers (all compute the same function with the same weights, copied from the
 generated module's Model(seed=0).parameters()):
 
-  generated    the deepgen module (examples/treelstm.py's model at HIDDEN 256 and
-               512, or those given with --hidden), built with plain CMake in Release mode
+  generated    the deepgen module (examples/treelstm.py's model at HIDDEN 64, 128,
+               256 and 512, or those given with --hidden), built with plain CMake in Release mode
                under build/bench/; its set_num_threads(n) sets the thread count when
                the module has one (else its default is used and reported)
   torch-node   PyTorch eager, one node at a time in topological order
@@ -33,6 +33,10 @@ takes, so it includes their own scheduling (heights, level order), as forward()
 includes its inspector. The run reports how steady the machine was: CPU taken by
 other processes or the hypervisor while each child ran, and a fixed speed probe
 at each child's start and end (a VM's host can slow it down invisibly).
+
+Per-node ratio: after the table, torch-node / generated for every hidden size, batch
+and thread count, against issue #20's target (>= 14x at H <= 128, batch 10, 1 thread;
+at H 64 and 128 PyTorch's per-node cost is almost all per-op overhead).
 
 GEMM: the matmul the generated code runs once per tree level, [M, 2H] @ [2H, 5H],
 as its own tiny generated model (y = x[M, K] @ w[K, N]) timed through forward()
@@ -62,7 +66,8 @@ from _common import (
 from _common import run_child as run_child_process
 
 VOCAB, EMBED = 1000, 128
-HIDDENS = (256, 512)
+HIDDENS = (64, 128, 256, 512)  # 64, 128: Cortex's and Cavs's models, where per-node overhead dominates
+PER_NODE_TARGET = 14.0  # issue #20: torch-node / generated at H <= 128, batch 10, 1 thread
 BATCHES = (1, 10)
 THREADS = (1, 2)
 GEMM_M = (1, 5, 20, 60)
@@ -611,6 +616,19 @@ def main() -> None:
                     + " | "
                     + " ".join(f"{r[p]['ratio_to_generated']:8.2f}" for p in PEERS[1:])
                 )
+    print(
+        f"\nPer-node PyTorch / generated (torch-node median / generated median; issue #20 target: "
+        f">= {PER_NODE_TARGET:g}x at H <= 128, batch 10, 1 thread):"
+    )
+    for hidden in HIDDENS:
+        cells = []
+        for batch in BATCHES[::-1]:
+            for threads in THREADS:
+                ratio = idx[(hidden, batch, threads, "torch-node")]["ratio_to_generated"]
+                judged = hidden <= 128 and batch == 10 and threads == 1
+                verdict = f" ({'met' if ratio >= PER_NODE_TARGET else 'MISSED'})" if judged else ""
+                cells.append(f"batch {batch:2d} {threads} thr {ratio:6.2f}x{verdict}")
+        print(f"  H {hidden:>3}: " + "; ".join(cells))
     if rounds > 1:
         spreads = sorted(
             (max(r["ratio_to_generated_by_round"]) / min(r["ratio_to_generated_by_round"]) - 1, r)
