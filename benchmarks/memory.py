@@ -39,7 +39,9 @@ What is counted
              added to the peak. The inspector's short-lived temporaries (freed
              before the first float buffer is allocated) are not counted.
            persistent: MemoryModel's parameters, gradients and optimizer state
-             (the Model object holds all three, also when only forward() runs).
+             (the last two once a train_step allocated them: memory_stats()'s
+             training_state_bytes must equal the plan's), plus the weights forward()
+             keeps packed (memory_stats()["packed_weight_bytes"]).
   torch    transient peak: the highest running total of bytes allocated minus
              bytes freed during the step, over what was live when it began
              (parameters, .grad, momentum buffers), including the outputs
@@ -236,9 +238,21 @@ def deepgen_case(built: dict, step: str, inputs: dict, dims: dict, sched: dict |
         "recursion_workspace_not_counted": work["not_counted"],
         "activation_peak_bytes": int(stats["peak_bytes"]) + outputs + work["bytes"],
         "parameters_bytes": mm.at(mm.categories["parameters"], at),
-        "gradients_bytes": mm.at(mm.categories["gradients"], at),
-        "optimizer_state_bytes": mm.at(mm.categories["optimizer state"], at),
+        **training_state(stats, mm, at),
+        # weights kept packed for the products (runtime/dg_packed_weights.h): forward() keeps them
+        "packed_weights_bytes": int(stats.get("packed_weight_bytes", 0)),
     }
+
+
+def training_state(stats: dict, mm, at: dict) -> dict:
+    """Gradients and optimizer state the Model holds: allocated at the first training
+    call (memory_stats' training_state_bytes, measured), split as MemoryModel plans them."""
+    grads, state = mm.at(mm.categories["gradients"], at), mm.at(mm.categories["optimizer state"], at)
+    held = int(stats.get("training_state_bytes", grads + state))
+    if held == 0:
+        return {"gradients_bytes": 0, "optimizer_state_bytes": 0}
+    assert held == grads + state, f"the Model holds {held} bytes of training state, the plan says {grads + state}"
+    return {"gradients_bytes": grads, "optimizer_state_bytes": state}
 
 
 # ----------------------------------------------------------------------------
@@ -511,7 +525,8 @@ def main() -> None:
         r["ratio_torch_to_deepgen"] = round(r["torch"]["transient_peak_bytes"] / r["deepgen"]["activation_peak_bytes"], 3)
         for side in ("deepgen", "torch"):
             s = r[side]
-            s["persistent_bytes"] = s["parameters_bytes"] + s["gradients_bytes"] + s["optimizer_state_bytes"]
+            s["persistent_bytes"] = (s["parameters_bytes"] + s["gradients_bytes"] + s["optimizer_state_bytes"]
+                                     + s.get("packed_weights_bytes", 0))
     elapsed = time.perf_counter() - t0
 
     print("""
@@ -527,9 +542,11 @@ Legend (bytes in KiB = 1024 bytes; one step, after a warm-up step):
               during the step, from the CPU memory profiler, over the tensors live at
               its start; includes the outputs
   torch/dg    torch pk / dg act.pk
-  persistent  parameters + gradients + optimizer state, held between steps (deepgen's
-              Model holds all three even for forward(); PyTorch forward rows use an
-              inference model: parameters only)
+  persistent  parameters + gradients + optimizer state (+ deepgen's packed weights), held
+              between steps. deepgen: gradients and optimizer state as the Model holds
+              them (allocated by the first train_step: none in forward rows), weights
+              kept packed by forward() (none after train steps); PyTorch forward rows
+              use an inference model: parameters only
   pk==pred    deepgen: peak_bytes == predicted_peak_bytes == the plan's formula at these sizes""")
     head = (f"{'model':<9} {'step':<8} {'batch':>5} | {'dg arena':>9} {'dg out':>8} {'dg rec.ws':>9} "
             f"{'dg act.pk':>9} | {'torch pk':>9} | {'torch/dg':>8} | {'dg persist':>10} {'torch pers':>10} | pk==pred")
@@ -544,11 +561,12 @@ Legend (bytes in KiB = 1024 bytes; one step, after a warm-up step):
               f"{kib(d['persistent_bytes']):>10} {kib(t['persistent_bytes']):>10} | "
               f"{'yes' if d['peak_equals_prediction'] else 'NO'}")
 
-    print("\nPersistent bytes (KiB), parameters / gradients / optimizer state:")
+    print("\nPersistent bytes (KiB), parameters / gradients / optimizer state (/ deepgen's packed weights):")
     for r in rows:
         d, t = r["deepgen"], r["torch"]
         print(f"  {r['model']:<9} {r['step']:<8} {r['batch']:>4}: deepgen "
-              f"{kib(d['parameters_bytes'])} / {kib(d['gradients_bytes'])} / {kib(d['optimizer_state_bytes'])};"
+              f"{kib(d['parameters_bytes'])} / {kib(d['gradients_bytes'])} / {kib(d['optimizer_state_bytes'])}"
+              f" / {kib(d['packed_weights_bytes'])};"
               f"  torch {kib(t['parameters_bytes'])} / {kib(t['gradients_bytes'])} / "
               f"{kib(t['optimizer_state_bytes'])}")
     print("\nPyTorch train step with its default opt.zero_grad(set_to_none=True) instead: the .grad tensors,\n"

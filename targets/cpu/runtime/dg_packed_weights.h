@@ -15,7 +15,8 @@
 // parameters_changed().  The Python module's parameters() hands out numpy views
 // that can be written at any time: while any is alive the products read the
 // weights in place (packing them per call, as without a kept packing), and the
-// view's release counts as a change.
+// view's release counts as a change.  Training steps do not use the kept
+// packings (see StepScope): they are for inference.
 //
 // Part of the deepgen runtime: hand-written, copied unchanged into every
 // generated project. Header-only, C++17.
@@ -44,19 +45,38 @@ class ParameterVersion {
     changed();  // whatever it wrote is seen by the next product
     views_.fetch_sub(1, std::memory_order_acq_rel);
   }
-  // Counts a change when it goes out of scope: train_step() however it ends.
+  // Counts a change when it goes out of scope (apply_update(), however it ends).
   struct OnExit {
     ParameterVersion& version;
     ~OnExit() { version.changed(); }
   };
   OnExit change_on_exit() { return OnExit{*this}; }
 
-  // True while no view is alive: a packing of the current count is exact.
-  bool watched() const { return views_.load(std::memory_order_acquire) == 0; }
+  // train_step() and compute_gradients(): while the scope lasts the products
+  // read the weights in place, packing them per call into scratch memory as
+  // before (the weights change every step, so a kept packing would serve one
+  // call and hold memory between steps); its end counts a change.
+  struct StepScope {
+    ParameterVersion& version;
+    ~StepScope() {
+      version.stepping_.fetch_sub(1, std::memory_order_acq_rel);
+      version.changed();
+    }
+  };
+  StepScope step_scope() {
+    stepping_.fetch_add(1, std::memory_order_acq_rel);
+    return StepScope{*this};
+  }
+
+  // True while no view is alive and no step runs: kept packings are used.
+  bool watched() const {
+    return views_.load(std::memory_order_acquire) == 0 && stepping_.load(std::memory_order_acquire) == 0;
+  }
 
  private:
   std::atomic<uint64_t> count_{1};
   std::atomic<int64_t> views_{0};
+  std::atomic<int64_t> stepping_{0};
 };
 
 // One weight, as the products op(B) of shape [K, N] read it (tb: B stored

@@ -38,6 +38,11 @@ struct View {
   int64_t size() const { return numel(shape); }
 };
 
+// Tensor(shape, dg::unallocated): the shape, storage later (allocate()): the
+// Model's gradients and optimizer state before training starts.
+struct Unallocated {};
+constexpr Unallocated unallocated{};
+
 // An owning dense row-major tensor (a parameter or an output).
 template <typename T>
 struct Tensor {
@@ -46,6 +51,7 @@ struct Tensor {
 
   Tensor() = default;
   explicit Tensor(std::vector<int64_t> s) : shape(std::move(s)), data(numel(shape)) {}
+  Tensor(std::vector<int64_t> s, Unallocated) : shape(std::move(s)) {}
   Tensor(std::vector<int64_t> s, std::vector<T>&& d) : shape(std::move(s)), data(std::move(d)) {}
   // Copies `numel(s)` elements from `src`.
   Tensor(std::vector<int64_t> s, const T* src) : shape(std::move(s)), data(src, src + numel(shape)) {}
@@ -53,6 +59,8 @@ struct Tensor {
   T* ptr() { return data.data(); }
   const T* ptr() const { return data.data(); }
   int64_t size() const { return static_cast<int64_t>(data.size()); }
+  bool allocated() const { return size() == numel(shape); }
+  void allocate() { data.assign(static_cast<size_t>(numel(shape)), T(0)); }  // zeros
 
   // The values on the host, and the note that they were changed there: the calls
   // of dg::DeviceTensor (CUDA), so that code shared by both targets reads alike.

@@ -157,6 +157,9 @@ inline StagedWeights stage(const std::string& given, const std::vector<Expected>
 
 template <typename Tensor>
 void copy_in(const std::vector<float>& from, Tensor* to) {
+  if (to->size() != static_cast<int64_t>(from.size()))  // unallocated optimizer state: the caller allocates first
+    throw std::logic_error("dg::apply_weights: a tensor holds " + std::to_string(to->size()) + " values, the file " +
+                           std::to_string(from.size()));
   std::copy(from.begin(), from.end(), to->host());
   to->host_written();
 }
@@ -166,6 +169,10 @@ NpyOut copy_out(const std::string& name, Tensor* from) {
   NpyOut out;
   out.name = name;
   out.shape = from->shape;
+  if (from->size() < numel(from->shape)) {  // optimizer state not allocated yet: zeros
+    out.floats.assign(static_cast<size_t>(numel(from->shape)), 0.0f);
+    return out;
+  }
   const float* values = from->host();
   out.floats.assign(values, values + from->size());
   return out;

@@ -71,6 +71,9 @@ class Model:
     def gradient_buffer(self) -> np.ndarray:
         """Every gradient end to end in one writable float32 array, in gradients() order."""
 
+    def allocate_training_state(self) -> None:
+        """Allocates the gradients and optimizer state now (zeros); the first training call does it otherwise."""
+
     def optimizer_state(self) -> Dict[str, np.ndarray]:
         """'parameter/slot' -> optimizer state."""
 
@@ -82,7 +85,7 @@ class Model:
     step: int  # train_steps taken so far
 
     def memory_stats(self) -> Dict[str, int]:
-        """Arena bytes of the last call: peak_bytes, predicted_peak_bytes, calls; packed_weight_bytes: what the kept weight packings hold."""
+        """Arena bytes of the last call: peak_bytes, predicted_peak_bytes, calls; packed_weight_bytes: what the kept weight packings hold; training_state_bytes: gradients and optimizer state (allocated when training starts)."""
 
     def release_packed_weights(self) -> None:
         """Frees the weights kept packed for the matrix products (the next call packs them again)."""

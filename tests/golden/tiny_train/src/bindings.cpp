@@ -195,9 +195,16 @@ PYBIND11_MODULE(tiny_train, m) {
           "One momentum step from the gradients as they are now (see compute_gradients)")
       .def(
           "gradient_buffer",
-          [](py::object self) { return dg::param_view(self.cast<Model&>().gradient_buffer, self); },
+          [](py::object self) {
+            Model& model = self.cast<Model&>();
+            model.allocate_training_state();
+            return dg::param_view(model.gradient_buffer, self);
+          },
           "Every gradient end to end in one writable float32 array (no copy), in gradients() order: "
           "what an allreduce sends")
+      .def(
+          "allocate_training_state", [](Model& m) { m.allocate_training_state(); },
+          "Allocate the gradients and optimizer state now (zeros); the first training call does it otherwise")
       .def(
           "optimizer_state",
           [](py::object self) { return views(self, self.cast<Model&>().optimizer_state()); },
@@ -222,6 +229,7 @@ PYBIND11_MODULE(tiny_train, m) {
             stats["predicted_peak_bytes"] = last.predicted_peak_bytes;
             stats["calls"] = last.calls;
             stats["packed_weight_bytes"] = m.packed_weight_bytes();
+            stats["training_state_bytes"] = m.training_state_bytes();
             return stats;
           },
           "arena bytes of the last call: measured high-water mark and the plan's prediction")

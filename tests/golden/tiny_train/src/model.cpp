@@ -52,9 +52,10 @@ dg::NamedTensors<dg::Tensor<float>> weights_of(Model& model) {
 
 void Model::load(const std::string& path) {
   const auto tensors = weights_of(*this);
-  const decltype(tensors) state = optimizer_state();
+  const decltype(tensors) state = optimizer_slots();
   // Read and check the whole file first: a bad one throws before anything changed.
   const dg::StagedWeights staged = dg::stage_weights(path, tensors, state, /*trainable=*/true);
+  if (staged.with_state) allocate_training_state();  // else it stays unallocated (zeros) or is reset
   const auto writing = state_lock.writing();
   dg::apply_weights(staged, tensors, state, &step);
   parameter_version.changed();
@@ -62,7 +63,7 @@ void Model::load(const std::string& path) {
 
 void Model::save(const std::string& path) {
   const auto tensors = weights_of(*this);
-  const decltype(tensors) state = optimizer_state();
+  const decltype(tensors) state = optimizer_slots();
   std::vector<dg::NpyOut> arrays;
   {
     const auto reading = state_lock.reading();  // a whole state, not one half-way through a step
@@ -89,7 +90,8 @@ Outputs Model::forward(const Inputs& inputs) const {
 
 float Model::train_step(const Inputs& inputs) {
   const auto writing = state_lock.writing();
-  const auto counted = parameter_version.change_on_exit();  // the step updates the parameters
+  allocate_training_state();
+  const auto stepping = parameter_version.step_scope();  // the step updates the parameters
   hyper.validate();
   dg::require_step(step);
   return run(inputs, nullptr);
@@ -97,11 +99,14 @@ float Model::train_step(const Inputs& inputs) {
 
 float Model::compute_gradients(const Inputs& inputs, const GradientReady& ready) {
   const auto writing = state_lock.writing();
+  const auto stepping = parameter_version.step_scope();  // (apply_update() follows)
+  allocate_training_state();
   return run(inputs, nullptr, &ready);
 }
 
 void Model::apply_update() {
   const auto writing = state_lock.writing();
+  allocate_training_state();
   const auto counted = parameter_version.change_on_exit();
   hyper.validate();
   dg::require_step(step);
@@ -123,6 +128,7 @@ void Model::Hyperparameters::validate() const {
 }
 
 std::vector<std::pair<std::string, dg::Slice<float>*>> Model::gradients() {
+  allocate_training_state();
   return {
       {"h_w", &d_h_w},
       {"h_b", &d_h_b},
@@ -131,13 +137,38 @@ std::vector<std::pair<std::string, dg::Slice<float>*>> Model::gradients() {
   };
 }
 
-std::vector<std::pair<std::string, dg::Tensor<float>*>> Model::optimizer_state() {
+std::vector<std::pair<std::string, dg::Tensor<float>*>> Model::optimizer_slots() {
   return {
       {"h_w/buf", &h_w_buf},
       {"h_b/buf", &h_b_buf},
       {"logits_w/buf", &logits_w_buf},
       {"logits_b/buf", &logits_b_buf},
   };
+}
+
+std::vector<std::pair<std::string, dg::Tensor<float>*>> Model::optimizer_state() {
+  allocate_training_state();
+  return optimizer_slots();
+}
+
+void Model::allocate_training_state() {
+  std::call_once(training_state_allocated, [this] {
+    gradient_buffer.allocate();
+    d_h_w.data = gradient_buffer.ptr() + 0;
+    d_h_b.data = gradient_buffer.ptr() + 12;
+    d_logits_w.data = gradient_buffer.ptr() + 16;
+    d_logits_b.data = gradient_buffer.ptr() + 24;
+    h_w_buf.allocate();
+    h_b_buf.allocate();
+    logits_w_buf.allocate();
+    logits_b_buf.allocate();
+  });
+}
+
+int64_t Model::training_state_bytes() const {
+  const int64_t floats =
+      gradient_buffer.size() + h_w_buf.size() + h_b_buf.size() + logits_w_buf.size() + logits_b_buf.size();
+  return floats * static_cast<int64_t>(sizeof(float));
 }
 
 float Model::run(const Inputs& inputs, Outputs* outputs, const GradientReady* gradients_only) {

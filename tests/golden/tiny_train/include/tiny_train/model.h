@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -72,6 +73,15 @@ class Model {
   // Optimizer state by "parameter/slot" name; saved and loaded with the parameters.
   std::vector<std::pair<std::string, dg::Tensor<float>*>> optimizer_state();
 
+  // Gradients and optimizer state take memory once training starts: the first
+  // train_step(), compute_gradients(), apply_update(), gradients(),
+  // optimizer_state() or load() of a file with optimizer state allocates them
+  // (zeros), so a Model that only runs forward() holds its parameters alone.
+  // This allocates them now (later calls do nothing); training_state_bytes()
+  // is what they hold (0 before).
+  void allocate_training_state();
+  int64_t training_state_bytes() const;
+
   // Hyperparameters, read by every train_step: change them at any time (from
   // another thread, under state_lock.writing()).
   struct Hyperparameters {
@@ -121,20 +131,24 @@ class Model {
   dg::KeptPackedB logits_w_packed{parameter_version, /*tb=*/false, /*K=*/4, /*N=*/2};  // logits_w
 
   // Gradients: one contiguous buffer (26 floats, what an allreduce sends), and
-  // each parameter's gradient a slice of it, in gradients() order.
-  dg::Tensor<float> gradient_buffer{std::vector<int64_t>{26}};
-  dg::Slice<float> d_h_w{std::vector<int64_t>{3, 4}, gradient_buffer.ptr() + 0};
-  dg::Slice<float> d_h_b{std::vector<int64_t>{4}, gradient_buffer.ptr() + 12};
-  dg::Slice<float> d_logits_w{std::vector<int64_t>{4, 2}, gradient_buffer.ptr() + 16};
-  dg::Slice<float> d_logits_b{std::vector<int64_t>{2}, gradient_buffer.ptr() + 24};
+  // each parameter's gradient a slice of it, in gradients() order. Allocated by
+  // allocate_training_state(), as is the optimizer state below.
+  dg::Tensor<float> gradient_buffer{std::vector<int64_t>{26}, dg::unallocated};
+  dg::Slice<float> d_h_w{std::vector<int64_t>{3, 4}, nullptr};
+  dg::Slice<float> d_h_b{std::vector<int64_t>{4}, nullptr};
+  dg::Slice<float> d_logits_w{std::vector<int64_t>{4, 2}, nullptr};
+  dg::Slice<float> d_logits_b{std::vector<int64_t>{2}, nullptr};
 
   // Optimizer state.
-  dg::Tensor<float> h_w_buf{std::vector<int64_t>{3, 4}};
-  dg::Tensor<float> h_b_buf{std::vector<int64_t>{4}};
-  dg::Tensor<float> logits_w_buf{std::vector<int64_t>{4, 2}};
-  dg::Tensor<float> logits_b_buf{std::vector<int64_t>{2}};
+  dg::Tensor<float> h_w_buf{std::vector<int64_t>{3, 4}, dg::unallocated};
+  dg::Tensor<float> h_b_buf{std::vector<int64_t>{4}, dg::unallocated};
+  dg::Tensor<float> logits_w_buf{std::vector<int64_t>{4, 2}, dg::unallocated};
+  dg::Tensor<float> logits_b_buf{std::vector<int64_t>{2}, dg::unallocated};
 
  private:
+  std::once_flag training_state_allocated;
+  // optimizer_state() without allocating it (save() and load() read its names and shapes).
+  std::vector<std::pair<std::string, dg::Tensor<float>*>> optimizer_slots();
   // The network once through. forward() passes `outputs`; train_step() passes
   // nullptr and goes on to the loss, the gradients and the update;
   // compute_gradients() passes its callback as `gradients_only` and stops before

@@ -1,10 +1,15 @@
-"""Weights kept packed between calls (runtime/dg_packed_weights.h, #20 item 0).
+"""What a Model holds between calls (#20 items 0 and 5).
 
-A forward-pass product by a parameter reads the Model's kept packing of it; these
-tests check that every way of changing a parameter reaches the next call: a numpy
-view (alive or released), train_step, compute_gradients + apply_update, load, and
-that concurrent forward() calls share one packing. The oracle is numpy on a copy
-of the parameters.
+Weights kept packed (runtime/dg_packed_weights.h): a forward-pass product by a
+parameter reads the Model's kept packing of it; every way of changing a parameter
+must reach the next call: a numpy view (alive or released), train_step,
+compute_gradients + apply_update, load; concurrent forward() calls share one
+packing; training steps do not keep packings. The oracle is numpy on a copy of
+the parameters.
+
+Training state allocated lazily: gradients and optimizer state take memory at the
+first training call (or on request), not in the constructor; save/load round-trip
+it either way.
 """
 
 from __future__ import annotations
@@ -150,3 +155,72 @@ def test_concurrent_forwards_share_the_packing(module):
     assert len(results) == 80
     for r in results:
         np.testing.assert_allclose(r, expected, rtol=1e-4, atol=1e-5)
+
+
+def test_training_steps_keep_no_packing(module):
+    model = module.Model(9)
+    x, labels = inputs()
+    model.train_step(x=x, labels=labels)
+    model.compute_gradients(x=x, labels=labels)
+    model.apply_update()
+    assert model.memory_stats()["packed_weight_bytes"] == 0
+    check(model, x)
+    assert model.memory_stats()["packed_weight_bytes"] > 0
+
+
+def training_state_floats(model):
+    return sum(v.size for v in model.parameters().values()) + sum(
+        v.size for v in model.optimizer_state().values())
+
+
+def test_training_state_is_allocated_when_training_starts(module, tmp_path):
+    model = module.Model(10)
+    x, labels = inputs()
+    assert model.memory_stats()["training_state_bytes"] == 0
+    model.forward(x=x)
+    model.save(str(tmp_path / "fresh.npz"))  # optimizer state saved as zeros, still not allocated
+    assert model.memory_stats()["training_state_bytes"] == 0
+    saved = np.load(tmp_path / "fresh.npz")
+    assert all(not saved[k].any() for k in saved.files if k.startswith("optimizer/") and k != "optimizer/step")
+    weights_only = tmp_path / "weights.npz"
+    np.savez(weights_only, **model.parameters())
+    model.load(str(weights_only))  # no optimizer state in the file: nothing to allocate
+    assert model.memory_stats()["training_state_bytes"] == 0
+
+    trained = module.Model(10)
+    trained.train_step(x=x, labels=labels)
+    expected = 4 * training_state_floats(trained)  # gradients (one per parameter float) + slots
+    assert trained.memory_stats()["training_state_bytes"] == expected
+    assert any(v.any() for v in trained.optimizer_state().values())
+
+    # A lazily allocated model takes the same step as one allocated up front.
+    up_front = module.Model(10)
+    up_front.allocate_training_state()
+    assert up_front.memory_stats()["training_state_bytes"] == expected
+    assert not up_front.gradient_buffer().any()
+    up_front.train_step(x=x, labels=labels)
+    for name, value in trained.parameters().items():
+        np.testing.assert_array_equal(up_front.parameters()[name], value)
+
+    # load() with optimizer state allocates it and takes its values.
+    trained.save(str(tmp_path / "trained.npz"))
+    other = module.Model(11)
+    other.load(str(tmp_path / "trained.npz"))
+    assert other.memory_stats()["training_state_bytes"] == expected
+    for name, value in trained.optimizer_state().items():
+        np.testing.assert_array_equal(other.optimizer_state()[name], value)
+    a, b = module.Model(12), module.Model(12)
+    a.load(str(tmp_path / "trained.npz"))
+    b.load(str(tmp_path / "trained.npz"))
+    assert a.train_step(x=x, labels=labels) == b.train_step(x=x, labels=labels) == other.train_step(x=x, labels=labels)
+
+
+@pytest.mark.parametrize("ask", ["gradients", "optimizer_state", "gradient_buffer", "apply_update"])
+def test_asking_for_training_state_allocates_it(module, ask):
+    model = module.Model(13)
+    result = getattr(model, ask)()
+    assert model.memory_stats()["training_state_bytes"] > 0
+    if ask == "gradients":
+        assert set(result) == set(model.parameters()) and not any(v.any() for v in result.values())
+    if ask == "gradient_buffer":
+        assert result.size == sum(v.size for v in model.parameters().values())
