@@ -80,7 +80,26 @@ class Builds:
             return self.built[graph.name]
         from generator.pipeline import project_files
 
-        where = self.project(graph, project_files(graph, opt=opt))
+        return self._import(graph, self.project(graph, project_files(graph, opt=opt)))
+
+    def prebuild(self, graphs, opt: str = "O2", workers: int = 2) -> None:
+        """Build the modules of `graphs` side by side, `workers` at a time, and import
+        them (module() then returns them without rendering again). A build is mostly
+        one long compile (model.cpp), which leaves the other core idle; so does
+        rendering (Python), which is done here, in turn (it is not thread-safe),
+        while the graphs rendered before it compile."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        from generator.pipeline import project_files
+
+        graphs = [g for g in graphs if g.name not in self.built]
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            started = [pool.submit(self.project, g, project_files(g, opt=opt)) for g in graphs]
+            places = [f.result() for f in started]
+        for graph, where in zip(graphs, places):
+            self._import(graph, where)
+
+    def _import(self, graph, where: Path):
         sys.path.insert(0, str(where / "build"))
         try:
             module = importlib.import_module(graph.name)
@@ -104,8 +123,12 @@ def load_example(name: str):
 # The checks every example goes through (API, memory, passes, sanitizers, the CUDA
 # emulation) build the CNN examples smaller, with the same structure: at their real
 # sizes the emulated CUDA train steps alone would take longer than the whole suite.
-# tests/test_cnn.py compares the real sizes against PyTorch.
-SMALL = {"resnet18": {"image": 16, "width": 8}, "vgg11": {"width": 8}}
+# tests/test_cnn.py compares the real sizes against PyTorch. BERT's encoder layers
+# are generated one after another, so its code (and its compile times: CPU, ASan,
+# emulated and nvcc) grows with the depth: one layer here, the same code as each of
+# two; tests/test_attention.py builds the two-layer default and compares it (forward,
+# gradients, Adam) against PyTorch.
+SMALL = {"resnet18": {"image": 16, "width": 8}, "vgg11": {"width": 8}, "bert_encoder": {"layers": 1}}
 
 
 def build_example(name: str, graph_name: str | None = None):

@@ -2,9 +2,9 @@
 
 - compile: every example, the op table and the gradient table generated for
   CUDA and compiled by nvcc for one architecture (sm_90): src/model.cu and
-  src/kernels.cu of each, and the whole project through its CMakeLists (C++
-  library, example program, Python module) for two examples. Skipped where
-  nvcc is absent.
+  src/kernels.cu of each (many models to a translation unit: two nvcc runs in
+  all), and the whole project through its CMakeLists (C++ library, example
+  program, Python module) for two examples. Skipped where nvcc is absent.
 - emulated: the same generated projects built with the C++ compiler and
   DG_CUDA_EMULATE, where every kernel body (the generated per-element lambdas,
   the runtime's ops, the GEMM's tile phases) runs as a host loop, checked
@@ -267,43 +267,112 @@ def test_cuda_printer_prints_only_c99_float_math():
 # -- compile with nvcc -----------------------------------------------------------
 
 
-def _nvcc_compile(name: str) -> tuple:
-    """(ok, log) of compiling src/model.cu and src/kernels.cu with nvcc; cached.
-    (The emulated build's sources: the same code under the module name *_emu.)"""
+NVCC_FLAGS = ["-std=c++17", "-O0", "--extended-lambda", f"-arch=sm_{COMPILE_ARCH}"]
+
+
+def _nvcc_key(name: str) -> str:
     files = _files(name, "emulated")
-    key = f"cuda-nvcc-{_graph(name, 'emulated').name}-{_digest(files, COMPILE_ARCH, NVCC, 'one-tu')}"
-    cached = _cache_root() / key
-    if (cached / ".ok").is_file():
-        return True, ""
+    return f"cuda-nvcc-{_graph(name, 'emulated').name}-{_digest(files, COMPILE_ARCH, NVCC, 'one-tu')}"
+
+
+def _nvcc_sources(name: str) -> Path:
+    """The emulated build's sources of `name` (the same code under the module name
+    *_emu) written to a folder of their own."""
     from generator.codegen.emit import write_project
 
-    work = Path(os.environ.get("TMPDIR", "/tmp")) / f"deepgen-{os.getpid()}" / key
-    write_project(work, files, force=True)
-    # One nvcc run for both files (each run has seconds of fixed cost); the emulated
-    # build compiles kernels.cu on its own. -O0 for the host side only: the device
-    # code goes through ptxas's optimizer as in a release build.
-    (work / "both.cu").write_text('#include "src/model.cu"\n#include "src/kernels.cu"\n')
-    cmd = [NVCC, "-std=c++17", "-O0", "--extended-lambda", f"-arch=sm_{COMPILE_ARCH}", "-Iinclude", "-Iruntime",
-           "-Isrc", "-c", "both.cu", "-o", "both.o"]
-    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=work)
+    work = Path(os.environ.get("TMPDIR", "/tmp")) / f"deepgen-{os.getpid()}" / _nvcc_key(name)
+    write_project(work, _files(name, "emulated"), force=True)
+    return work
+
+
+def _nvcc(tu: Path, includes: list) -> tuple:
+    """(ok, log) of compiling the translation unit `tu` with nvcc. -O0 for the host
+    side only: the device code goes through ptxas's optimizer as in a release build."""
+    cmd = [NVCC, *NVCC_FLAGS, *(f"-I{i}" for i in includes), "-c", tu.name, "-o", tu.with_suffix(".o").name]
+    proc = subprocess.run(cmd, capture_output=True, text=True, cwd=tu.parent)
     if proc.returncode != 0:
-        return False, f"{' '.join(cmd)}:\n{proc.stdout[-6000:]}{proc.stderr[-6000:]}"
+        return False, f"{' '.join(cmd)} (in {tu.parent}):\n{proc.stdout[-6000:]}{proc.stderr[-6000:]}"
+    return True, ""
+
+
+def _mark_compiled(name: str) -> None:
     try:
+        cached = _cache_root() / _nvcc_key(name)
         cached.mkdir(parents=True, exist_ok=True)
         (cached / ".ok").write_text("ok\n")
     except OSError:
         pass
-    return True, ""
+
+
+def _nvcc_compile(name: str) -> tuple:
+    """(ok, log) of compiling src/model.cu and src/kernels.cu of `name` with nvcc, in
+    one run (each run has seconds of fixed cost; the emulated build compiles
+    kernels.cu on its own); cached."""
+    if (_cache_root() / _nvcc_key(name) / ".ok").is_file():
+        return True, ""
+    work = _nvcc_sources(name)
+    (work / "both.cu").write_text('#include "src/model.cu"\n#include "src/kernels.cu"\n')
+    ok, log = _nvcc(work / "both.cu", ["include", "runtime", "src"])
+    if ok:
+        _mark_compiled(name)
+    return ok, log
+
+
+def _nvcc_compile_group(names: list) -> dict:
+    """{name: (ok, log)} for the models `names`, those not cached compiled in one
+    nvcc run: most of a run's time is fixed (the runtime headers, host and device),
+    and every model lives in a namespace of its own, so one translation unit holds
+    them all. They include one copy of the runtime (the first's: a model whose
+    runtime/ differs is compiled on its own) and each its own include/ folder; its
+    src/kernels.h is found beside the file including it. Where that run fails, each
+    model is compiled on its own, as _nvcc_compile does, so that the failure is
+    reported against the models that have it."""
+    todo = [n for n in names if not (_cache_root() / _nvcc_key(n) / ".ok").is_file()]
+    results = {n: (True, "") for n in names if n not in todo}
+
+    def runtime(n):
+        return {k: v for k, v in _files(n, "emulated").items() if k.startswith("runtime/")}
+
+    for n in [n for n in todo if runtime(n) != runtime(todo[0])]:
+        todo.remove(n)
+        results[n] = _nvcc_compile(n)
+    if len(todo) < 2:
+        return {**results, **{n: _nvcc_compile(n) for n in todo}}
+    folders = [_nvcc_sources(n) for n in todo]
+    group = folders[0].parent / f"nvcc-group-{_digest({}, *(f.name for f in folders))}"
+    group.mkdir(parents=True, exist_ok=True)
+    (group / "group.cu").write_text("".join(f'#include "{f}/src/model.cu"\n#include "{f}/src/kernels.cu"\n'
+                                            for f in folders))
+    ok, _ = _nvcc(group / "group.cu", [folders[0] / "runtime", *(f / "include" for f in folders)])
+    for n in todo:
+        if ok:
+            _mark_compiled(n)
+        results[n] = (True, "") if ok else _nvcc_compile(n)
+    return results
+
+
+def _balanced(names: list, groups: int) -> list:
+    """`names` split into `groups` lists of about the same amount of source."""
+    size = {n: len(_files(n, "emulated")["src/model.cu"]) + len(_files(n, "emulated")["src/kernels.cu"])
+            for n in names}
+    out = [[] for _ in range(groups)]
+    for n in sorted(names, key=size.get, reverse=True):
+        min(out, key=lambda g: sum(size[m] for m in g)).append(n)
+    return [g for g in out if g]
 
 
 @pytest.fixture(scope="module")
 def nvcc_results():
-    """Every model compiled by nvcc, two at a time."""
+    """Every model compiled by nvcc: in two groups at a time, one nvcc run each."""
     names = [n for n in EXAMPLES + TABLES if n not in FULL_BUILDS]
     for n in names:  # render in this thread (sympy and the graph caches are not thread-safe)
         _files(n, "emulated")
-    with concurrent.futures.ThreadPoolExecutor(max_workers=max(2, (os.cpu_count() or 2) // 2)) as pool:
-        return dict(zip(names, pool.map(_nvcc_compile, names)))
+    workers = max(2, (os.cpu_count() or 2) // 2)
+    results = {}
+    with concurrent.futures.ThreadPoolExecutor(max_workers=workers) as pool:
+        for part in pool.map(_nvcc_compile_group, _balanced(names, workers)):
+            results.update(part)
+    return results
 
 
 @needs_nvcc

@@ -492,7 +492,7 @@ def _child_step_limit(name, graph, module, tmp_path: Path) -> int:
 
 def _child(name: str, build: str, mode: str, tmp_path: Path) -> int:
     graph = build_example(name)
-    name = graph.name  # the module's name: `<example>_small` for the CNNs (conftest.SMALL)
+    name = graph.name  # the module's name: `<example>_small` for those in conftest.SMALL
     sys.path.insert(0, build)
     module = importlib.import_module(name)
     print(f"sanitizer child {name}: {module.__file__}, {module.build_info()}", flush=True)

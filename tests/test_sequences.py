@@ -104,6 +104,19 @@ def test_scan_gradient_matches_finite_differences(reverse):
             assert abs(numeric - grad[idx]) <= 1e-6 + 1e-5 * abs(numeric), (name, idx, numeric, grad[idx])
 
 
+def _built_graphs():
+    """The graphs this file compiles: the layers of BUILT, and a backward scan."""
+    return [_rnn(*variant) for variant in BUILT] + [_graph("two_input_scan", "seq_scan1", reverse=True)]
+
+
+@pytest.fixture(scope="module")
+def compiled(builds):
+    """conftest's builds, with every graph of _built_graphs built side by side when
+    the first test here asks for one (Builds.prebuild)."""
+    builds.prebuild(_built_graphs())
+    return builds
+
+
 def _generated_vs_reference(graph, module, inputs, seed=4):
     model = module.Model(seed=seed)
     params = reference.init_params(graph, seed=seed)
@@ -121,26 +134,26 @@ def _generated_vs_reference(graph, module, inputs, seed=4):
 
 
 @pytest.mark.parametrize("kind,layers,bidirectional", BUILT)
-def test_generated_equals_reference(kind, layers, bidirectional, builds):
+def test_generated_equals_reference(kind, layers, bidirectional, compiled):
     graph = _rnn(kind, layers, bidirectional)
-    module, _ = builds.module(graph)
+    module, _ = compiled.module(graph)
     rng = np.random.default_rng(5)
     for lengths, steps in ((LENGTHS, 6), (np.array([1], np.int64), 1), (np.array([9, 2, 9], np.int64), 9)):
         _generated_vs_reference(graph, module, _inputs(graph, rng, lengths, steps))
 
 
-def test_generated_scan_equals_reference(builds):
+def test_generated_scan_equals_reference(compiled):
     """Backwards in time, two inputs, a state of rank 2 (forwards: the RNN layers above)."""
     graph = _graph("two_input_scan", "seq_scan1", reverse=True)
-    module, _ = builds.module(graph)
+    module, _ = compiled.module(graph)
     _generated_vs_reference(graph, module, _inputs(graph, np.random.default_rng(6)))
 
 
-def test_generated_equals_pytorch_with_copied_weights(builds):
+def test_generated_equals_pytorch_with_copied_weights(compiled):
     """Weights written through parameters() from a PyTorch state_dict, float32."""
     torch = pytest.importorskip("torch")
     graph = _rnn("lstm", 2, True)
-    module, _ = builds.module(graph)
+    module, _ = compiled.module(graph)
     model = module.Model(seed=0)
     layer = torch.nn.LSTM(5, 7, num_layers=2, bidirectional=True, batch_first=True)
     views = model.parameters()
@@ -162,9 +175,9 @@ def test_generated_equals_pytorch_with_copied_weights(builds):
     (np.array([3, 6, 0, 4, 6]), r"lengths\[2\] is 0, outside \[1, 6\]"),
     (np.array([3, 6, 1, -2, 6]), r"lengths\[3\] is -2, outside \[1, 6\]"),
 ])
-def test_bad_lengths_are_errors_naming_the_index(lengths, message, builds):
+def test_bad_lengths_are_errors_naming_the_index(lengths, message, compiled):
     graph = _rnn("gru", 2, True)
-    module, _ = builds.module(graph)
+    module, _ = compiled.module(graph)
     inputs = _inputs(graph, np.random.default_rng(8))
     inputs["lengths"] = lengths.astype(np.int64)
     with pytest.raises(ValueError, match=message):
@@ -176,9 +189,9 @@ def test_bad_lengths_are_errors_naming_the_index(lengths, message, builds):
         model.train_step(**inputs)
 
 
-def test_lengths_of_the_wrong_dtype_or_count(builds):
+def test_lengths_of_the_wrong_dtype_or_count(compiled):
     graph = _rnn("gru", 2, True)
-    module, _ = builds.module(graph)
+    module, _ = compiled.module(graph)
     model = module.Model(seed=0)
     x = np.zeros((5, 6, 5), np.float32)
     with pytest.raises(ValueError, match="lengths"):
@@ -187,9 +200,9 @@ def test_lengths_of_the_wrong_dtype_or_count(builds):
         model.forward(x=x, lengths=LENGTHS[:4])
 
 
-def test_two_threads_give_the_same_bits(builds):
+def test_two_threads_give_the_same_bits(compiled):
     graph = _rnn("lstm", 2, True)
-    module, _ = builds.module(graph)
+    module, _ = compiled.module(graph)
     inputs = _inputs(graph, np.random.default_rng(9), np.array([5, 17, 3, 17, 9, 1, 12, 2], np.int64), 17)
     results = []
     before = module.get_num_threads()
