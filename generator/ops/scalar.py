@@ -7,6 +7,8 @@ just another entry made from a sympy lambda (see `generator.frontend.dsl.element
 
 from __future__ import annotations
 
+import functools
+
 import sympy
 from sympy.codegen.cfunctions import log1p
 
@@ -65,6 +67,32 @@ def scalar_expr(fn: str, *operands):
 SIMPLIFY_LIMIT = 24  # operations in a derivative above which sympy.simplify is not tried
 
 
+@functools.lru_cache(maxsize=4096)
+def simplified(expr):
+    """sympy.simplify(expr), remembered: the same expressions come back in every
+    layer and direction of a model (and in every model of a session), and
+    simplify is the slowest step of generation."""
+    return sympy.simplify(expr)
+
+
+def is_identity(expr, arg) -> bool:
+    """Whether expr equals arg for every value. Two numeric probes rule most
+    expressions out before sympy is asked (simplify costs milliseconds each)."""
+    if expr == arg:
+        return True
+    if arg not in expr.free_symbols:
+        return False
+    others = {s: 2 + k for k, s in enumerate(sorted(expr.free_symbols - {arg}, key=str))}
+    for point in (0.37, 1.61):
+        try:
+            value = complex(expr.subs(others).subs(arg, point).evalf())
+        except (TypeError, ValueError):
+            break  # not a number there (a piecewise at its boundary): let sympy decide
+        if abs(value - point) > 1e-9 * (1 + abs(point)):
+            return False
+    return simplified(expr - arg) == 0
+
+
 def derivative(expr, symbol):
     """d expr / d symbol, ready to print: step functions become explicit choices
     (relu'(0) = 0, as in PyTorch), and sympy's simplified form is used only when
@@ -76,7 +104,7 @@ def derivative(expr, symbol):
     if sympy.count_ops(d) > SIMPLIFY_LIMIT:
         return d  # a long fused expression (a GRU's gates): simplify takes seconds and rarely wins
     try:
-        simple = sympy.simplify(d)
+        simple = simplified(d)
     except Exception:  # noqa: BLE001  (simplification is optional)
         return d
     if sympy.count_ops(simple) < sympy.count_ops(d) and _functions(simple) <= _functions(d):

@@ -239,14 +239,14 @@ def epilogue(graph):
 def simplify(graph):
     """sympy simplification of fused expressions, kept only when it is smaller and
     brings in no new functions (see ops.scalar.derivative for why)."""
-    from ..ops.scalar import _functions
+    from ..ops.scalar import _functions, simplified
 
     for nodes, _ in list(_regions(graph)):
         for node in nodes:
             if node.op == "ewise" and node.attrs.get("fn") == "fused":
                 expr = node.attrs["expr"]
                 try:
-                    simple = sympy.simplify(expr)
+                    simple = simplified(expr)
                 except Exception:  # noqa: BLE001  (simplification is optional)
                     continue
                 if sympy.count_ops(simple) < sympy.count_ops(expr) and _functions(simple) <= _functions(expr):
