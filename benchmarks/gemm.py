@@ -49,6 +49,7 @@ from _common import (
     import_module,
     machine_facts,
     measure,
+    quiet_blas,
     run_rounds,
     set_threads,
 )
@@ -117,26 +118,13 @@ def numpy_gemm(kind, a, b):
     return a.T @ b if kind == "tn" else a @ b.T if kind == "nt" else a @ b
 
 
-def _quiet_blas() -> None:
-    """In the generated module's child, numpy (only the oracle of the check there)
-    gets one BLAS thread: a BLAS pool's threads spin for a while after each call,
-    and on two cores they keep the generated GEMM's second OpenMP thread off the
-    CPU (seen: 8 ms per [1, 512] @ [512, 1280] product instead of 0.035).
-    threadpoolctl limits the pool when it is installed."""
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:
-        return
-    threadpool_limits(limits=1, user_api="blas")
-
-
 def child(config: dict) -> None:
     import numpy as np
 
     threads, peer = config["threads"], config["peer"]
     out = {"threads": threads, "peer": peer, "round": config["round"], "gemm": []}
     if peer == "generated":
-        _quiet_blas()
+        quiet_blas()
     models = {}
     for name, info in config["modules"].items():
         module = import_module(info["name"], info["build"])
