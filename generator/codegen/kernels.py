@@ -3,7 +3,13 @@
 An `ewise` node computes out[i...] = expr(x0[...], x1[...], ...) with numpy
 broadcasting. Output axes on which every operand behaves alike (all full, or
 each either full or broadcast the same way) are merged, so a same-shape kernel
-is one flat loop and a bias add over [N, 512] is two loops."""
+is one flat loop and a bias add over [N, 512] is two loops.
+
+An operand may be a row-strided view (`views`: operand k -> (axis, ld)): a
+piece of a larger buffer, e.g. one gate of a split [rows, 1280] read in place,
+whose axes from `axis` on are contiguous and whose outer index steps ld floats
+(1280) instead of the piece's own width (256). Axes on either side of `axis`
+are then not merged, and the kernel indexes that operand as outer * ld + inner."""
 
 from __future__ import annotations
 
@@ -15,26 +21,28 @@ from .plan import Arg, Kernel
 from .printer import FloatPrinter, size_expr
 
 
-def _patterns(node):
-    """For each output axis, a tuple: does operand k vary along it?"""
+def _patterns(node, views):
+    """For each output axis, a tuple: for each operand k, does it vary along the
+    axis, and for a view, is the axis inside its contiguous rows (see `views`)?"""
     out = node.outputs[0].shape
     rank = len(out)
     pats = []
     for axis in range(rank):
         row = []
-        for v in node.inputs:
+        for k, v in enumerate(node.inputs):
             pad = rank - v.rank
             d = v.shape[axis - pad] if axis >= pad else 1
-            row.append(not (isinstance(d, int) and d == 1))
+            varies = not (isinstance(d, int) and d == 1)
+            row.append((varies, k in views and axis - pad >= views[k][0]))
         pats.append(tuple(row))
     return pats
 
 
-def _merged_axes(node):
+def _merged_axes(node, views):
     """Groups of consecutive output axes with the same broadcast pattern."""
     out = node.outputs[0].shape
     groups = []
-    for axis, pat in enumerate(_patterns(node)):
+    for axis, pat in enumerate(_patterns(node, views)):
         if groups and groups[-1][1] == pat:
             groups[-1][0].append(axis)
         else:
@@ -48,31 +56,39 @@ def _merged_axes(node):
     return extents
 
 
-def _index(loop_vars, extents, k):
-    """Row-major flat index into operand k (or the output when k is None)."""
+def _index(loop_vars, extents, k, views=None):
+    """Row-major flat index into operand k (or the output when k is None); a
+    view's outer axes step its row stride ld."""
     index, stride = sympy.Integer(0), sympy.Integer(1)
+    outer = False
     for var, (size, pat) in reversed(list(zip(loop_vars, extents))):
-        if k is None or pat[k]:
+        if k is not None and k in views and not pat[k][1] and not outer:
+            outer, stride = True, sympy.sympify(views[k][1])  # past the contiguous rows
+        if k is None or pat[k][0]:
             index += var * stride
             stride *= size
     return index
 
 
-def ewise_kernel(node, names, comment: str, printer_cls=FloatPrinter) -> Kernel:
-    """The Kernel for `node`; `names` maps each value to its C++ name."""
+def ewise_kernel(node, names, comment: str, printer_cls=FloatPrinter, views=None) -> Kernel:
+    """The Kernel for `node`; `names` maps each value to its C++ name; `views`
+    (operand index -> (axis, ld)) marks the operands read in place as row-strided
+    pieces of a larger buffer."""
+    views = views or {}
     out = node.outputs[0]
-    extents = [(s, p) for s, p in _merged_axes(node) if s != 1]
+    extents = [(s, p) for s, p in _merged_axes(node, views) if s != 1]
     loop_vars = [sympy.Symbol(f"i{j}") for j in range(len(extents))] or []
     loads = {}
     for k, v in enumerate(node.inputs):
-        loads[ARGS[k]] = f"{names[v]}[{size_expr(_index(loop_vars, extents, k))}]"
+        loads[ARGS[k]] = f"{names[v]}[{size_expr(_index(loop_vars, extents, k, views))}]"
     printer = printer_cls(loads)
     replacements, (expr,) = sympy.cse([node.attrs["expr"]], symbols=sympy.numbered_symbols("_t"))
     temps = []
     for sym, sub in replacements:
         printer.loads[sym] = str(sym)
         temps.append(f"const float {sym} = {printer.doprint(sub)};")
-    dims = sorted({s for v in node.outputs + node.inputs for d in v.shape for s in getattr(d, "free_symbols", ())}, key=str)
+    sizes = [d for v in node.outputs + node.inputs for d in v.shape] + [sympy.sympify(ld) for _, ld in views.values()]
+    dims = sorted({s for d in sizes for s in getattr(d, "free_symbols", ())}, key=str)
     args = [Arg("const float*", names[v]) for v in node.inputs]
     args.append(Arg("float*", names[out]))
     args += [Arg("int64_t", str(d)) for d in dims]
@@ -82,7 +98,7 @@ def ewise_kernel(node, names, comment: str, printer_cls=FloatPrinter) -> Kernel:
         args=args,
         loops=[(str(var), size_expr(size)) for var, (size, _) in zip(loop_vars, extents)],
         temps=temps,
-        assign=f"{names[out]}[{size_expr(_index(loop_vars, extents, None))}] = {printer.doprint(expr)};",
+        assign=f"{names[out]}[{size_expr(_index(loop_vars, extents, None, views))}] = {printer.doprint(expr)};",
         work=_work(numel_of(out.shape), [node.attrs["expr"]]),
     )
 

@@ -54,6 +54,10 @@ class LowerCtx:
         self.comment = ""  # the DSL statement being lowered, for buffer labels
         self.phase = "forward"
         self.block = None  # inside a recursive op's cell: (declarations before it, dims to size them with)
+        self.views = {}  # id(value) -> (axis, ld): a row-strided piece of another buffer, read in place
+        self.in_concat = set()  # id(value) written straight into its columns of a concat's output
+        self.region = set()  # id(node) of the nodes lowered together now (the graph's, or a cell block's)
+        self._readers = None
 
     def read(self, v) -> Read:
         """v's data, as the line being lowered reads it."""
@@ -87,6 +91,65 @@ class LowerCtx:
         plan and the memory report count it."""
         v = Value(self.graph.names.unique(hint), "float32", (floats,))
         return self.write(v)
+
+    def _reading(self):
+        """(id(value) -> the nodes that read it, ids of values that must survive
+        their region: outputs, the loss, gradients, a cell's results)."""
+        if self._readers is None:
+            from ..transforms.passes import regions
+
+            readers, keep = {}, set()
+            for nodes, kept in regions(self.graph):
+                keep |= kept
+                for n in nodes:
+                    for v in n.inputs:
+                        readers.setdefault(id(v), []).append(n)
+            self._readers = readers, keep
+        return self._readers
+
+    def slice_view(self, piece, src, axis, start) -> Alias | None:
+        """`piece` = src[..., start:start + len, ...] along `axis`, read in place
+        as a row-strided view when only elementwise kernels of the block being
+        lowered read it (they index it with src's row length: kernels.ewise_kernel):
+        the Alias line that names it; None when it needs a copy of its own."""
+        readers, keep = self._reading()
+        users = readers.get(id(piece), [])
+        if (not users or id(piece) in keep or id(piece) in self.outputs or id(piece) in self.place
+                or id(src) in self.views or piece.dtype != "float32"
+                or not all(get_op(n.op).reads_views and id(n) in self.region for n in users)):
+            return None
+        inner = numel(src.shape[axis + 1 :])
+        ld = numel(src.shape[axis:])
+        offset = start * inner
+        base = self.place[id(src)]
+        at = base if offset == 0 else f"{base} + {self.size(offset)}"
+        self.views[id(piece)] = (axis, ld)
+        self.place[id(piece)] = piece.name
+        note = f"{fmt_shape(piece.shape)}, read in place: rows {self.size(ld)} floats apart"
+        return Alias(piece, Read(src, at), CTYPE[piece.dtype], fmt_shape(piece.shape), note=note)
+
+    def concat_spot(self, v, nodes):
+        """Where v can be written straight into its columns of a concat (a child
+        state gathered into the level GEMM's operand): (the concat's output, v's
+        first column, the output's row length) when v's one reader is a concat
+        along axis 1 among `nodes`; else None. Concat.lower copies nothing for an
+        operand placed there (`self.in_concat`)."""
+        readers, keep = self._reading()
+        users = readers.get(id(v), [])
+        if len(users) != 1 or id(v) in keep or users[0].op != "concat" or users[0].attrs["axis"] != 1:
+            return None
+        concat = users[0]
+        if not any(concat is n for n in nodes) or sum(u is v for u in concat.inputs) != 1:
+            return None
+        out = concat.outputs[0]
+        if id(out) in keep or id(out) in self.outputs:
+            return None
+        column = 0
+        for u in concat.inputs:
+            if u is v:
+                break
+            column = column + numel(u.shape[1:])
+        return out, column, numel(out.shape[1:])
 
     def claim_output(self, v) -> bool:
         """Whether the node producing v can write it straight into a given buffer."""
@@ -127,8 +190,9 @@ class LowerCtx:
         """Lower a block of nodes (a cell of a recursive op): returns the buffer
         declarations, sized with `subs` applied (e.g. rows -> max_rows), to place
         before the block, and the block's lines with their DSL comments."""
-        saved = self.block, self.comment, self.pending
+        saved = self.block, self.comment, self.pending, self.region
         self.block = ([], subs)
+        self.region = {id(n) for n in nodes}
         body, last = [], None
         for node in nodes:
             loc = node.loc
@@ -141,7 +205,7 @@ class LowerCtx:
             lines = get_op(node.op).lower(node, self)
             body += self.pending + lines
         decls = self.block[0]
-        self.block, self.comment, self.pending = saved
+        self.block, self.comment, self.pending, self.region = saved
         return decls, body
 
     def alias(self, v, src):
@@ -186,7 +250,8 @@ class LowerCtx:
         fused = node.attrs.get("fused_from")
         if fused:
             comment = self._fused_comment(fused, node.attrs["fused_fns"])
-        kernel = ewise_kernel(node, names, comment, self.target.printer_cls)
+        views = {k: self.views[id(v)] for k, v in enumerate(node.inputs) if id(v) in self.views}
+        kernel = ewise_kernel(node, names, comment, self.target.printer_cls, views)
         self.kernels.append(kernel)
         args = [self.read(v) for v in node.inputs] + [self.write(node.outputs[0])]
         args += [a.name for a in kernel.args[len(args) :]]
@@ -390,6 +455,7 @@ def lower(graph, target) -> ProjectPlan:
     bound = {s for v in forward_inputs for d in v.shape for s in getattr(d, "free_symbols", ())}
 
     ctx.outputs = {id(v) for _, v in graph.outputs}
+    ctx.region = {id(n) for n in graph.nodes}
     forward = [n for n in graph.nodes if n.phase == "forward"]
     statements = _statements(ctx, forward, 0)
     train = _lower_training(ctx, graph, dim_index, bound, len(forward)) if graph.train else None

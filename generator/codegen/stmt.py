@@ -105,9 +105,10 @@ class Alias:
     ctype: str
     shape: str  # the value's shape, for the comment
     at: int = -1
+    note: str = ""  # the comment, when not "same data, shape ..."
 
     def __str__(self) -> str:
-        return f"const {self.ctype}* {self.value.name} = {self.src};  // same data, shape {self.shape}"
+        return f"const {self.ctype}* {self.value.name} = {self.src};  // {self.note or 'same data, shape ' + self.shape}"
 
 
 @dataclass(eq=False)

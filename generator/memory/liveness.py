@@ -71,8 +71,11 @@ def liveness(plan) -> Liveness:
         if node is None or not get_op(node.op).in_place:
             continue
         out, b = node.outputs[0], decl.buffer
+        # Not over a buffer the node also reads through an alias (a view's elements are
+        # read at other positions than the ones being written).
+        aliased = {root[id(u)] for u in node.inputs if id(u) in root}
         candidates[b.name] = [decls[id(u)].buffer for u in node.inputs
-                              if id(u) in decls and id(u) not in root
+                              if id(u) in decls and id(u) not in root and id(u) not in aliased
                               and tuple(u.shape) == tuple(out.shape) and decls[id(u)].buffer.phase == b.phase]
     return Liveness(buffers, candidates, last_read, last_write, statement_at)
 

@@ -38,6 +38,7 @@ def _expr_text(node):
 class Elementwise(OpDef):
     name = "ewise"
     in_place = True
+    reads_views = True  # its kernel indexes a view with the view's row stride
 
     def infer(self, inputs, attrs):
         require_float(inputs)

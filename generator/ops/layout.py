@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import sympy
 
-from ..codegen.stmt import Named, Scope
+from ..codegen.stmt import Comment, Named, Scope
 from ..ir.shapes import fmt_shape, numel, same
 from .registry import OpDef, register
 
@@ -112,8 +112,12 @@ class Concat(OpDef):
         out = node.outputs[0]
         lines, offset = [], 0
         for v in node.inputs:
-            lines.append(_copy_axis(ctx, v, out, axis, 0, offset, v.shape[axis]))
+            if id(v) not in ctx.in_concat:  # else its producer wrote it in place (LowerCtx.concat_spot)
+                lines.append(_copy_axis(ctx, v, out, axis, 0, offset, v.shape[axis]))
             offset = _simplify(offset + v.shape[axis])
+        if len(lines) < len(node.inputs):
+            placed = ", ".join(v.name for v in node.inputs if id(v) in ctx.in_concat)
+            lines.append(Comment(f"{placed}: gathered straight into {out.name}'s columns"))
         return lines
 
     def grad(self, node, gouts, gb):
@@ -160,11 +164,15 @@ class Slice(OpDef):
         return out
 
     def lower(self, node, ctx):
+        """A piece only elementwise kernels read is a view of x read in place
+        (no copy); any other piece is copied out."""
         axis = node.attrs["axis"]
-        return [
-            _copy_axis(ctx, node.inputs[0], out, axis, start, 0, _simplify(stop - start))
-            for out, (start, stop) in zip(node.outputs, node.attrs["bounds"])
-        ]
+        (x,) = node.inputs
+        lines = []
+        for out, (start, stop) in zip(node.outputs, node.attrs["bounds"]):
+            view = ctx.slice_view(out, x, axis, start)
+            lines.append(view if view is not None else _copy_axis(ctx, x, out, axis, start, 0, _simplify(stop - start)))
+        return lines
 
     def grad(self, node, gouts, gb):
         """Put each piece's gradient back in place, zeros elsewhere (one concat)."""

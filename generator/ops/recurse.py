@@ -241,11 +241,23 @@ class Recurse(OpDef):
 
         # Buffers for the children's states, sized for the largest level.
         most = names.unique("max_rows")
-        child_buffers = []
+        # A child state whose one reader is a concat (the level GEMM's operand) is
+        # gathered straight into its columns of the concat's buffer.
+        child_buffers, out_stride = [], {}
         for slot in cell.children:
             for j, v in enumerate(slot):
-                child_buffers.append(Declare(f"{scratch}<float>", v.name, [f"{most} * {ctx.size(widths[j])}"]))
-                ctx.place[id(v)] = f"{v.name}.data()"
+                spot = ctx.concat_spot(v, looped)
+                if spot is None:
+                    child_buffers.append(Declare(f"{scratch}<float>", v.name, [f"{most} * {ctx.size(widths[j])}"]))
+                    ctx.place[id(v)] = f"{v.name}.data()"
+                    continue
+                out, column, ld = spot
+                if id(out) not in ctx.place:
+                    child_buffers.append(Declare(f"{scratch}<float>", out.name, [f"{most} * {ctx.size(ld)}"]))
+                    ctx.place[id(out)] = f"{out.name}.data()"
+                ctx.place[id(v)] = ctx.place[id(out)] + ("" if column == 0 else f" + {ctx.size(column)}")
+                ctx.in_concat.add(id(v))
+                out_stride[id(v)] = ld
         level, start = names.unique("level"), names.unique("start")
         for n in hoisted_nodes:  # inside the loop, hoisted values are read at the level's rows
             for v in n.outputs:
@@ -268,7 +280,8 @@ class Recurse(OpDef):
         gathers = [
             ctx.call("dg::gather_children", f"{states[j]}.data()", Named("width", ctx.size(widths[j])),
                      f"{sched}.child_row.data() + {start} * {spec.arity}", Named("arity", spec.arity),
-                     Named("slot", k), Named("rows", level_rows), f"{v.name}.data()")
+                     Named("slot", k), Named("rows", level_rows), ctx.place[id(v)],
+                     *([Named("out_stride", ctx.size(out_stride[id(v)]))] if id(v) in out_stride else []))
             for k, slot in enumerate(cell.children) for j, v in enumerate(slot)
         ]
         ctx.packed = {}

@@ -17,6 +17,8 @@ here too, so that a new op needs no edit in the stages:
                   lowering names a pointer instead of writing a buffer.
 - `in_place`      the output may take the buffer of a same-shaped operand that dies
                   at this node (elementwise ops: each element read before written).
+- `reads_views`   the op's lowering reads an operand that is a row-strided piece of
+                  a larger buffer (a split's gate, LowerCtx.slice_view) in place.
 - `multi_output`  the node returns a list of outputs even when it has one (split),
                   and its grad rule takes None for an output nothing reads.
 - `cse`           whether common-subexpression elimination may merge two equal nodes.
@@ -50,6 +52,7 @@ class OpDef:
     grad = None
     view = False
     in_place = False
+    reads_views = False
     multi_output = False
     cse = True
     updates_state = ()

@@ -25,7 +25,7 @@ LEVELS = {
 }
 
 
-def _regions(graph):
+def regions(graph):
     """(node list, values that must survive) for the graph and each recursive cell."""
     keep = {id(v) for _, v in graph.outputs}
     if graph.train is not None:
@@ -58,7 +58,7 @@ def _replace(graph, old, new):
 
 def dce(graph):
     """Drop nodes whose outputs nothing needs."""
-    for nodes, keep in list(_regions(graph)):
+    for nodes, keep in list(regions(graph)):
         need = set(keep)
         alive = []
         for node in reversed(nodes):
@@ -77,7 +77,7 @@ def _key(node):
 
 def cse(graph):
     """A node equal to an earlier one (same op, operands, attrs) is replaced by it."""
-    for nodes, keep in list(_regions(graph)):
+    for nodes, keep in list(regions(graph)):
         seen, kept = {}, []
         for node in nodes:
             if not get_op(node.op).cse:
@@ -96,7 +96,7 @@ def cse(graph):
 
 def copyprop(graph):
     """A node that only copies its operand (x * 1, x + 0: OpDef.copy_of) is removed."""
-    for nodes, keep in list(_regions(graph)):
+    for nodes, keep in list(regions(graph)):
         kept = []
         for node in nodes:
             source = get_op(node.op).copy_of(node)
@@ -122,7 +122,7 @@ def fold(graph):
     whose result is then one value (a reshape of a fill, a matmul by zeros, an
     expression left without operands) becomes a fill itself, and dce drops fills
     nothing reads."""
-    for nodes, _ in list(_regions(graph)):
+    for nodes, _ in list(regions(graph)):
         for node in nodes:
             consts = [_fill_value(v) for v in node.inputs]
             if any(c is not None for c in consts):
@@ -139,7 +139,7 @@ def fuse(graph):
     """Merge an elementwise producer into its only consumer when that consumer is
     elementwise, in the same phase, and reads it at full shape (no broadcast, so
     nothing is recomputed). The fused node remembers every DSL line it holds."""
-    for nodes, keep in list(_regions(graph)):
+    for nodes, keep in list(regions(graph)):
         changed = True
         while changed:
             changed = False
@@ -197,7 +197,7 @@ def epilogue(graph):
 
     if graph.train is not None and not graph.train.prepared:
         return graph
-    for nodes, keep in list(_regions(graph)):
+    for nodes, keep in list(regions(graph)):
         uses = _uses(nodes)
         # The last product made first: where two products meet in one consumer
         # (an RNN's x @ W + h @ U + b), the later one takes the epilogue and the
@@ -241,7 +241,7 @@ def simplify(graph):
     brings in no new functions (see ops.scalar.derivative for why)."""
     from ..ops.scalar import _functions, simplified
 
-    for nodes, _ in list(_regions(graph)):
+    for nodes, _ in list(regions(graph)):
         for node in nodes:
             if node.op == "ewise" and node.attrs.get("fn") == "fused":
                 expr = node.attrs["expr"]
@@ -280,4 +280,4 @@ def _until(name):
 
 
 def _count(graph) -> int:
-    return sum(len(nodes) for nodes, _ in _regions(graph))
+    return sum(len(nodes) for nodes, _ in regions(graph))

@@ -40,11 +40,15 @@ inline void last_steps(const int64_t* lengths, int64_t count, int64_t steps, boo
 }
 
 // out[r, :] = state[child_row[r * arity + slot], :], or zeros for an empty slot.
+// Rows of out lie out_stride floats apart (default: width), so that a child's
+// state can land straight in its columns of a wider operand (a concat of the
+// children's states that feeds the level's GEMM).
 inline void gather_children(const float* state, int64_t width, const int64_t* child_row, int64_t arity,
-                            int64_t slot, int64_t rows, float* out) {
+                            int64_t slot, int64_t rows, float* out, int64_t out_stride = -1) {
+  if (out_stride < 0) out_stride = width;
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t c = child_row[r * arity + slot];
-    float* dst = out + r * width;
+    float* dst = out + r * out_stride;
     if (c < 0) {
       std::fill(dst, dst + width, 0.0f);
     } else {

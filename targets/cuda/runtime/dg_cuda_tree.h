@@ -75,13 +75,15 @@ inline void last_steps(const int64_t* lengths, int64_t count, int64_t steps, boo
   copy_bytes(out, ends.data(), ends.size() * sizeof(int64_t));
 }
 
-// out[r, :] = state[child_row[r * arity + slot], :], or zeros for an empty slot.
+// out[r, :] = state[child_row[r * arity + slot], :], or zeros for an empty slot;
+// rows of out lie out_stride floats apart (default: width; see the CPU runtime).
 inline void gather_children(const float* state, int64_t width, const int64_t* child_row, int64_t arity,
-                            int64_t slot, int64_t rows, float* out) {
+                            int64_t slot, int64_t rows, float* out, int64_t out_stride = -1) {
+  if (out_stride < 0) out_stride = width;
   for_each("gather_children", rows * width, [=] DG_HD(int64_t j) {
     const int64_t r = j / width, c = j % width;
     const int64_t child = child_row[r * arity + slot];
-    out[j] = child < 0 ? 0.0f : state[child * width + c];
+    out[r * out_stride + c] = child < 0 ? 0.0f : state[child * width + c];
   });
 }
 

@@ -114,23 +114,20 @@ Outputs Model::forward(const Inputs& inputs) const {
                              h_rows.data(), "gather 'emb' by 'leaf_words' (tiny.py:44)");
   }
   const int64_t max_rows = schedule.max_level_rows;
-  dg::Scratch<float> h_l(max_rows * 4);
-  dg::Scratch<float> h_r(max_rows * 4);
-  dg::Scratch<float> node_concat(8 * max_rows);
+  dg::Scratch<float> node_concat(max_rows * 8);
   // Executor: one batched step per level, children before parents.
   for (int64_t level = 1; level < schedule.levels(); ++level) {
     const int64_t start = schedule.level_start[level];
     dg::gather_children(h_rows.data(), /*width=*/4, schedule.child_row.data() + start * 2, /*arity=*/2,
-                        /*slot=*/0, /*rows=*/schedule.level_start[level + 1] - start, h_l.data());
+                        /*slot=*/0, /*rows=*/schedule.level_start[level + 1] - start, node_concat.data(),
+                        /*out_stride=*/8);
     dg::gather_children(h_rows.data(), /*width=*/4, schedule.child_row.data() + start * 2, /*arity=*/2,
-                        /*slot=*/1, /*rows=*/schedule.level_start[level + 1] - start, h_r.data());
+                        /*slot=*/1, /*rows=*/schedule.level_start[level + 1] - start, node_concat.data() + 4,
+                        /*out_stride=*/8);
     {
       const int64_t rows = schedule.level_start[level + 1] - start;
       // tiny.py:48  return (dg.tanh(dg.concat([h_l, h_r], axis=1) @ w),)
-      dg::copy_axis(h_l.data(), node_concat.data(), /*outer=*/rows, /*src_len=*/4, /*src_start=*/0,
-                    /*dst_len=*/8, /*dst_start=*/0, /*count=*/4, /*inner=*/1);
-      dg::copy_axis(h_r.data(), node_concat.data(), /*outer=*/rows, /*src_len=*/4, /*src_start=*/0,
-                    /*dst_len=*/8, /*dst_start=*/4, /*count=*/4, /*inner=*/1);
+      // h_l, h_r: gathered straight into node_concat's columns
       dg::matmul(node_concat.data(), w_packed, w.ptr(), h_rows.data() + start * 4, /*M=*/rows, /*K=*/8,
                  /*N=*/4, kernels::node_tanh_epilogue{});
     }
