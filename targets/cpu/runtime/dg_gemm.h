@@ -196,11 +196,16 @@ constexpr int64_t kInPlaceBMaxRows = MC;
 // wasted on padding rows.  Every element gets the same multiply-adds in the
 // same order whatever ROWS is.
 
+// PACKED: a is a packed panel, i.e. a_rs == 1 and a_ks == MR, known to the
+// compiler: the broadcasts then take constant offsets from one pointer instead
+// of a register per row (12 rows of strides do not fit in the registers left).
+
 #if DG_GEMM_SIMD
 
-template <int ROWS>
+template <int ROWS, bool PACKED>
 inline void micro_kernel(int64_t kc, const float* a, int64_t a_rs, int64_t a_ks, const float* b,
                          int64_t ldb, float* c, int64_t ldc, bool accumulate) {
+    if (PACKED) a_rs = 1, a_ks = MR;
     constexpr int NV = NR / kWidth;  // vectors per tile row
     Vec acc[ROWS][NV];
     DG_GEMM_UNROLL
@@ -233,9 +238,10 @@ inline void micro_kernel(int64_t kc, const float* a, int64_t a_rs, int64_t a_ks,
 
 #else  // portable
 
-template <int ROWS>
+template <int ROWS, bool PACKED>
 inline void micro_kernel(int64_t kc, const float* a, int64_t a_rs, int64_t a_ks, const float* b,
                          int64_t ldb, float* c, int64_t ldc, bool accumulate) {
+    if (PACKED) a_rs = 1, a_ks = MR;
     float acc[ROWS][NR] = {};
     for (int64_t k = 0; k < kc; ++k) {
         DG_GEMM_UNROLL
@@ -254,19 +260,20 @@ inline void micro_kernel(int64_t kc, const float* a, int64_t a_rs, int64_t a_ks,
 
 #endif
 
-// kernel_for(rows): the micro-kernel for a panel of `rows` rows (1..MR), from
-// a table of micro_kernel<1>, ..., micro_kernel<MR>.
+// kernel_for(rows, packed): the micro-kernel for a panel of `rows` rows (1..MR)
+// of packed A (or of A in place), from tables of micro_kernel<1>, ..., <MR>.
 using KernelFn = void (*)(int64_t kc, const float* a, int64_t a_rs, int64_t a_ks, const float* b,
                           int64_t ldb, float* c, int64_t ldc, bool accumulate);
 
-template <size_t... R>
+template <bool PACKED, size_t... R>
 constexpr std::array<KernelFn, sizeof...(R)> kernel_table(std::index_sequence<R...>) {
-    return {{&micro_kernel<int(R) + 1>...}};
+    return {{&micro_kernel<int(R) + 1, PACKED>...}};
 }
 
-inline KernelFn kernel_for(int64_t rows) {
-    static constexpr std::array<KernelFn, MR> table = kernel_table(std::make_index_sequence<MR>());
-    return table[rows - 1];
+inline KernelFn kernel_for(int64_t rows, bool packed) {
+    static constexpr std::array<KernelFn, MR> in_place = kernel_table<false>(std::make_index_sequence<MR>());
+    static constexpr std::array<KernelFn, MR> panels = kernel_table<true>(std::make_index_sequence<MR>());
+    return packed ? panels[rows - 1] : in_place[rows - 1];
 }
 
 #if DG_GEMM_SIMD
@@ -700,7 +707,7 @@ void gemm_part(const Operand& A, const Operand& B, int64_t K, float* C, int64_t 
 
                     for (int64_t q = 0; q < panel_count(mc); ++q) {
                         const int64_t ir = panel_start(mc, q), mr = panel_start(mc, q + 1) - ir;
-                        const KernelFn kernel = kernel_for(mr);
+                        const KernelFn kernel = kernel_for(mr, !a_in_place);
                         const float* ap = a_pack + q * MR * kc;
                         if (a_in_place) {
                             ap = A.trans ? A.p + pc * A.ld + ic + ir : A.p + (ic + ir) * A.ld + pc;
