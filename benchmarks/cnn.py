@@ -26,7 +26,7 @@ import sys
 import time
 from pathlib import Path
 
-from _common import ROOT, build_module, gemm_model, import_module, machine_facts, measure, run_rounds, set_threads
+from _common import ROOT, build_module, gemm_model, import_module, machine_facts, measure, quiet_blas, run_rounds, set_threads
 
 THREADS = (1, 2)
 PEERS = ("generated", "torch")
@@ -124,6 +124,7 @@ def child(config: dict) -> None:
 
         torch.set_num_threads(threads)
     else:
+        quiet_blas()  # numpy only makes the inputs here (see _common.quiet_blas)
         for m in modules.values():
             set_threads(m, threads)
     for name, mode, n in CASES:

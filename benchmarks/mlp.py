@@ -35,7 +35,7 @@ import sys
 import time
 from pathlib import Path
 
-from _common import ROOT, build_module, import_module, machine_facts, measure, run_rounds, set_threads
+from _common import ROOT, build_module, import_module, machine_facts, measure, quiet_blas, run_rounds, set_threads
 
 BATCHES = (64, 256)
 THREADS = (1, 2)
@@ -126,6 +126,7 @@ def child(config: dict) -> None:
         torch.set_num_threads(threads)
         out["torch_threads"] = torch.get_num_threads()
     else:
+        quiet_blas()  # numpy only makes the batches here (see _common.quiet_blas)
         out["generated_threads"] = set_threads(module, threads)
     for n in BATCHES:
         rng = np.random.default_rng(1000 + n)

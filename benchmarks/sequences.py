@@ -54,7 +54,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import BUSY_LIMIT, build_module, import_module, machine_facts, measure, run_rounds, set_threads
+from _common import BUSY_LIMIT, build_module, import_module, machine_facts, measure, quiet_blas, run_rounds, set_threads
 
 FEATURES, CLASSES, LR = 300, 5, 0.01
 HIDDENS = (256, 512)
@@ -299,6 +299,8 @@ def lstm_child(config: dict, out: dict, log) -> None:
             module = import_module(info["name"], info["build"])
             # The reference (the generated module) runs single-threaded in the other peers'
             # children: no second thread pool stays around to compete with the peer's.
+            if peer == "generated":
+                quiet_blas()  # numpy only makes the inputs here (see _common.quiet_blas)
             out["generated_threads"] = set_threads(module, threads if peer == "generated" else 1)
             for size in LSTM_BATCHES:
                 batches = workloads[f"b{size}"]
@@ -375,6 +377,8 @@ def encoder_child(config: dict, out: dict, log) -> None:
     peer, threads = config["peer"], config["threads"]
     info = config["modules"]["encoder"]
     module = import_module(info["name"], info["build"])
+    if peer == "generated":
+        quiet_blas()  # numpy only makes the inputs here (see _common.quiet_blas)
     out["generated_threads"] = set_threads(module, threads if peer == "generated" else 1)
     workloads = load_workloads(config["encoder_batches"])
     try:
