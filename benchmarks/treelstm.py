@@ -72,6 +72,7 @@ PER_NODE_TARGET = 14.0  # issue #20: torch-node / generated at H <= 128, batch 1
 BATCHES = (1, 10)
 THREADS = (1, 2)
 GEMM_M = (1, 5, 20, 60)
+PEAK_N = 2048  # numpy's 2048^3 sgemm: the peak the level GEMMs and the whole forward are held against
 MEAN_LEAVES, MIN_LEAVES, MAX_LEAVES = 18, 2, 50
 PEERS = ("generated", "torch-node", "torch-level", "numpy-level")
 GEMM_PEER = {"generated": "generated", "numpy-level": "numpy"}  # which child also times the GEMM
@@ -188,10 +189,11 @@ def schedule(batch):
 def workload_stats(batches) -> dict:
     import numpy as np
 
-    nodes, leaves, levels, level_rows = [], [], [], []
+    nodes, leaves, levels, level_rows, leaf_rows = [], [], [], [], []
     for batch in batches:
         s = schedule(batch)
         nodes.append(s["nodes"])
+        leaf_rows.append(s["start"][1])
         leaves.append(s["start"][1] / len(batch["trees_roots"]))
         levels.append(len(s["start"]) - 1)
         level_rows += [s["start"][i + 1] - s["start"][i] for i in range(1, len(s["start"]) - 1)]
@@ -203,7 +205,27 @@ def workload_stats(batches) -> dict:
         "internal_level_rows_median": float(np.median(level_rows)),
         "internal_level_rows_mean": round(float(np.mean(level_rows)), 1),
         "internal_level_rows_max": int(np.max(level_rows)),
+        "leaves_per_batch": round(float(np.mean(leaf_rows)), 1),
     }
+
+
+def forward_flops(stats: dict, hidden: int) -> float:
+    """Multiply-add FLOPs of one forward batch: each leaf's [EMBED] @ [EMBED, 3H]
+    and each internal node's [2H] @ [2H, 5H] (the elementwise work not counted)."""
+    leaves = stats["leaves_per_batch"]
+    internal = stats["nodes_per_batch"] - leaves
+    return 2.0 * leaves * EMBED * 3 * hidden + 2.0 * internal * 2 * hidden * 5 * hidden
+
+
+def sgemm_peak_gflops(target_s: float) -> float:
+    """numpy's float32 GFLOP/s on a large square product (2048^3): the machine's
+    sgemm throughput at this child's thread count, the yardstick of "% of peak"."""
+    import numpy as np
+
+    a = np.random.default_rng(0).standard_normal((PEAK_N, PEAK_N), dtype=np.float32)
+    a @ a  # warm up the pool and the caches
+    t = measure(lambda: a @ a, target_s, 3)
+    return 2.0 * PEAK_N**3 / min(t["times"]) / 1e9
 
 
 # ----------------------------------------------------------------------------
@@ -453,6 +475,9 @@ def child(config: dict) -> None:
                     f"gemm [{m:3d},{k}]@[{k},{n}] {GEMM_PEER[peer]:9s} {med:8.3f} ms "
                     f"{2 * m * k * n / med / 1e6:7.2f} GFLOP/s"
                 )
+    if peer == "numpy-level":
+        out["peak_gflops"] = sgemm_peak_gflops(target)
+        log(f"numpy {PEAK_N}^3 sgemm (peak) {out['peak_gflops']:7.2f} GFLOP/s")
     out["probe_ms"].append(speed_probe(config))
     if limiter is not None:
         limiter.restore_original_limits()
@@ -654,12 +679,16 @@ def main() -> None:
             )
         )
 
+    peaks = {t: statistics.median([r["peak_gflops"] for r in results if r["threads"] == t and "peak_gflops" in r])
+             for t in THREADS}
     print(
         "\nLevel GEMM [M, 2H] @ [2H, 5H] in GFLOP/s = 2*M*K*N / median time "
-        "(generated: a whole forward() of a one-matmul model, nothing subtracted)"
+        "(generated: a whole forward() of a one-matmul model, nothing subtracted); peak = numpy's "
+        f"{PEAK_N}^3 sgemm at that thread count, measured in the same run"
     )
     head = (
-        f"{'H':>4} {'M':>4} {'K':>5} {'N':>5} {'thr':>3} | {'generated':>9} {'numpy':>9} | {'numpy/gen':>9}"
+        f"{'H':>4} {'M':>4} {'K':>5} {'N':>5} {'thr':>3} | {'generated':>9} {'numpy':>9} {'peak':>7} | "
+        f"{'numpy/gen':>9} {'gen/peak':>8}"
     )
     print(head)
     print("-" * len(head))
@@ -668,10 +697,30 @@ def main() -> None:
         for m in GEMM_M:
             for threads in THREADS:
                 g, n = gi[(hidden, m, threads, "generated")], gi[(hidden, m, threads, "numpy")]
+                g["peak_gflops"] = round(peaks[threads], 3)
                 print(
                     f"{hidden:>4} {m:>4} {g['K']:>5} {g['N']:>5} {threads:>3} | {g['gflops']:9.2f} "
-                    f"{n['gflops']:9.2f} | {n['gflops'] / g['gflops']:9.1f}"
+                    f"{n['gflops']:9.2f} {peaks[threads]:7.1f} | {n['gflops'] / g['gflops']:9.1f} "
+                    f"{100 * g['gflops'] / peaks[threads]:7.0f}%"
                 )
+
+    print(
+        "\nWhole forward, generated: multiply-add FLOPs per batch (leaves' [EMBED] @ [EMBED, 3H] and "
+        "internal nodes' [2H] @ [2H, 5H], from the workload) / median time, against the peak above "
+        "(issue #20 target: >= 80% at H 256, batch 10):"
+    )
+    for hidden in HIDDENS:
+        cells = []
+        for batch in BATCHES[::-1]:
+            for threads in THREADS:
+                r = idx[(hidden, batch, threads, "generated")]
+                rate = forward_flops(stats[batch], hidden) / r["median_ms"] / 1e6
+                r["forward_gflops"], r["forward_share_of_peak"] = round(rate, 2), round(rate / peaks[threads], 3)
+                judged = hidden == 256 and batch == 10
+                verdict = f" ({'met' if rate >= 0.8 * peaks[threads] else 'MISSED'})" if judged else ""
+                cells.append(f"batch {batch:2d} {threads} thr {rate:6.1f} GFLOP/s {100 * rate / peaks[threads]:3.0f}%"
+                             f"{verdict}")
+        print(f"  H {hidden:>3}: " + "; ".join(cells))
 
     probes = [p for r in results for p in r["probe_ms"]]
     env = {
