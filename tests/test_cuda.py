@@ -524,6 +524,24 @@ def test_memory_stats_match_the_plan(example):
     assert stats["peak_bytes"] == stats["predicted_peak_bytes"]
 
 
+def test_training_state_is_allocated_when_training_starts(example):
+    """Gradients and optimizer state take no memory until the first training call,
+    then exactly one copy of each (the CUDA target as the CPU one)."""
+    graph, module, _ = example
+    if graph.train is None:
+        pytest.skip("not trainable")
+    model = module.Model(seed=1)
+    model.forward(**sample_inputs(graph))
+    assert model.memory_stats()["training_state_bytes"] == 0
+    floats = sum(int(np.prod(p.shape)) for p in graph.params if p.kind == "param")
+    slots = len(graph.train.optimizer.slots)
+    model.train_step(**sample_inputs(graph))
+    assert model.memory_stats()["training_state_bytes"] == 4 * floats * (1 + slots)
+    fresh = module.Model(seed=1)
+    assert all(not np.asarray(v).any() for v in fresh.optimizer_state().values())  # allocates: zeros
+    assert fresh.memory_stats()["training_state_bytes"] == 4 * floats * (1 + slots)
+
+
 def test_generated_project_tests_pass(example):
     graph, _, where = example
     env = dict(os.environ, PYTHONPATH=str(where / "build"))

@@ -230,6 +230,16 @@ class DeviceTensor {
       : shape(std::move(s)), host_(static_cast<size_t>(numel(shape))), device_(alloc(host_.size())) {
     zero_bytes(device_, host_.size() * sizeof(T));
   }
+  // The shape only, no memory on either side until allocate() (zeros): the
+  // Model's gradients and optimizer state before training starts.
+  DeviceTensor(std::vector<int64_t> s, Unallocated) : shape(std::move(s)) {}
+  bool allocated() const { return size() == numel(shape); }
+  void allocate() {
+    if (allocated()) return;
+    DeviceTensor zeros(shape);
+    zeros.views = views;
+    swap(zeros);
+  }
   DeviceTensor(const DeviceTensor& other) : shape(other.shape), host_(other.host()), device_(alloc(host_.size())) {
     copy_bytes(device_, other.ptr(), host_.size() * sizeof(T));
     synchronize();
@@ -267,6 +277,7 @@ class DeviceTensor {
   // The model calls these around a call: upload what the host changed before,
   // and after the device changed the values, download them if views are open.
   void before_device_use() const {
+    if (host_.empty()) return;  // unallocated (or empty): nothing to move
     if (device_stale_ || views > 0) {
       download_if_stale();
       copy_bytes(device_, host_.data(), host_.size() * sizeof(T));
@@ -274,6 +285,7 @@ class DeviceTensor {
     }
   }
   void after_device_write() {
+    if (host_.empty()) return;
     host_stale_ = true;
     if (views > 0) download_if_stale();
   }

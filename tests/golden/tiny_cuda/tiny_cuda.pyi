@@ -61,6 +61,9 @@ class Model:
     def apply_update(self) -> None:
         """One optimizer step from the gradients as they are now."""
 
+    def allocate_training_state(self) -> None:
+        """Allocates the gradients and optimizer state now (zeros); the first training call does it otherwise."""
+
     def optimizer_state(self) -> Dict[str, np.ndarray]:
         """'parameter/slot' -> optimizer state."""
 
@@ -72,7 +75,7 @@ class Model:
     step: int  # train_steps taken so far
 
     def memory_stats(self) -> Dict[str, int]:
-        """Arena bytes of the last call: peak_bytes, predicted_peak_bytes, calls."""
+        """Arena bytes of the last call: peak_bytes, predicted_peak_bytes, calls; training_state_bytes: gradients and optimizer state (allocated when training starts)."""
 
     def save(self, path: str) -> None:
         """Writes the parameters and optimizer state to an .npz file (".npz" added when missing)."""

@@ -166,6 +166,9 @@ PYBIND11_MODULE(tiny_cuda, m) {
           },
           "One momentum step from the gradients as they are now (see compute_gradients)")
       .def(
+          "allocate_training_state", [](Model& m) { m.allocate_training_state(); },
+          "Allocate the gradients and optimizer state now (zeros); the first training call does it otherwise")
+      .def(
           "optimizer_state",
           [](py::object self) { return views(self, self.cast<Model&>().optimizer_state()); },
           "dict of 'parameter/slot' -> optimizer state")
@@ -188,6 +191,7 @@ PYBIND11_MODULE(tiny_cuda, m) {
             stats["peak_bytes"] = last.peak_bytes;
             stats["predicted_peak_bytes"] = last.predicted_peak_bytes;
             stats["calls"] = last.calls;
+            stats["training_state_bytes"] = m.training_state_bytes();
             return stats;
           },
           "arena bytes of the last call: measured high-water mark and the plan's prediction")

@@ -59,16 +59,17 @@ dg::NamedTensors<dg::DeviceTensor<float>> weights_of(Model& model) {
 
 void Model::load(const std::string& path) {
   const auto tensors = weights_of(*this);
-  const decltype(tensors) state = optimizer_state();
+  const decltype(tensors) state = optimizer_slots();
   // Read and check the whole file first: a bad one throws before anything changed.
   const dg::StagedWeights staged = dg::stage_weights(path, tensors, state, /*trainable=*/true);
+  if (staged.with_state) allocate_training_state();  // else it stays unallocated (zeros) or is reset
   const auto writing = state_lock.writing();
   dg::apply_weights(staged, tensors, state, &step);
 }
 
 void Model::save(const std::string& path) {
   const auto tensors = weights_of(*this);
-  const decltype(tensors) state = optimizer_state();
+  const decltype(tensors) state = optimizer_slots();
   std::vector<dg::NpyOut> arrays;
   {
     const auto reading = state_lock.reading();  // a whole state, not one half-way through a step
@@ -101,6 +102,7 @@ Outputs Model::forward(const Inputs& inputs) const {
 
 float Model::train_step(const Inputs& inputs) {
   const auto writing = state_lock.writing();
+  allocate_training_state();
   hyper.validate();
   dg::require_step(step);
   return run(inputs, nullptr);
@@ -108,11 +110,13 @@ float Model::train_step(const Inputs& inputs) {
 
 float Model::compute_gradients(const Inputs& inputs, const GradientReady& ready) {
   const auto writing = state_lock.writing();
+  allocate_training_state();
   return run(inputs, nullptr, &ready);
 }
 
 void Model::apply_update() {
   const auto writing = state_lock.writing();
+  allocate_training_state();
   hyper.validate();
   dg::require_step(step);
   dg::CallScope _call;  // finish() waits for the device and reports errors found there
@@ -137,6 +141,7 @@ void Model::Hyperparameters::validate() const {
 }
 
 std::vector<std::pair<std::string, dg::DeviceTensor<float>*>> Model::gradients() {
+  allocate_training_state();
   return {
       {"h_w", &d_h_w},
       {"h_b", &d_h_b},
@@ -145,13 +150,37 @@ std::vector<std::pair<std::string, dg::DeviceTensor<float>*>> Model::gradients()
   };
 }
 
-std::vector<std::pair<std::string, dg::DeviceTensor<float>*>> Model::optimizer_state() {
+std::vector<std::pair<std::string, dg::DeviceTensor<float>*>> Model::optimizer_slots() {
   return {
       {"h_w/buf", &h_w_buf},
       {"h_b/buf", &h_b_buf},
       {"logits_w/buf", &logits_w_buf},
       {"logits_b/buf", &logits_b_buf},
   };
+}
+
+std::vector<std::pair<std::string, dg::DeviceTensor<float>*>> Model::optimizer_state() {
+  allocate_training_state();
+  return optimizer_slots();
+}
+
+void Model::allocate_training_state() {
+  std::call_once(training_state_allocated, [this] {
+    d_h_w.allocate();
+    d_h_b.allocate();
+    d_logits_w.allocate();
+    d_logits_b.allocate();
+    h_w_buf.allocate();
+    h_b_buf.allocate();
+    logits_w_buf.allocate();
+    logits_b_buf.allocate();
+  });
+}
+
+int64_t Model::training_state_bytes() const {
+  const int64_t floats = d_h_w.size() + d_h_b.size() + d_logits_w.size() + d_logits_b.size() +
+                         h_w_buf.size() + h_b_buf.size() + logits_w_buf.size() + logits_b_buf.size();
+  return floats * static_cast<int64_t>(sizeof(float));
 }
 
 void Model::device_changed() {

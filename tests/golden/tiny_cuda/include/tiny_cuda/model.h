@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <mutex>
 #include <string>
 #include <utility>
 #include <vector>
@@ -63,6 +64,15 @@ class Model {
   // Optimizer state by "parameter/slot" name; saved and loaded with the parameters.
   std::vector<std::pair<std::string, dg::DeviceTensor<float>*>> optimizer_state();
 
+  // Gradients and optimizer state take memory, on the device, once training starts: the first
+  // train_step(), compute_gradients(), apply_update(), gradients(),
+  // optimizer_state() or load() of a file with optimizer state allocates them
+  // (zeros), so a Model that only runs forward() holds its parameters alone.
+  // This allocates them now (later calls do nothing); training_state_bytes()
+  // is what they hold (0 before).
+  void allocate_training_state();
+  int64_t training_state_bytes() const;
+
   // Hyperparameters, read by every train_step: change them at any time (from
   // another thread, under state_lock.writing()).
   struct Hyperparameters {
@@ -103,21 +113,24 @@ class Model {
   dg::DeviceTensor<float> logits_w{std::vector<int64_t>{4, 2}};  // [4, 2]
   dg::DeviceTensor<float> logits_b{std::vector<int64_t>{2}};     // [2]
 
-  // Gradients and optimizer state, on the device.
-  dg::DeviceTensor<float> d_h_w{std::vector<int64_t>{3, 4}};
-  dg::DeviceTensor<float> d_h_b{std::vector<int64_t>{4}};
-  dg::DeviceTensor<float> d_logits_w{std::vector<int64_t>{4, 2}};
-  dg::DeviceTensor<float> d_logits_b{std::vector<int64_t>{2}};
-  dg::DeviceTensor<float> h_w_buf{std::vector<int64_t>{3, 4}};
-  dg::DeviceTensor<float> h_b_buf{std::vector<int64_t>{4}};
-  dg::DeviceTensor<float> logits_w_buf{std::vector<int64_t>{4, 2}};
-  dg::DeviceTensor<float> logits_b_buf{std::vector<int64_t>{2}};
+  // Gradients and optimizer state, on the device, allocated by allocate_training_state().
+  dg::DeviceTensor<float> d_h_w{std::vector<int64_t>{3, 4}, dg::unallocated};
+  dg::DeviceTensor<float> d_h_b{std::vector<int64_t>{4}, dg::unallocated};
+  dg::DeviceTensor<float> d_logits_w{std::vector<int64_t>{4, 2}, dg::unallocated};
+  dg::DeviceTensor<float> d_logits_b{std::vector<int64_t>{2}, dg::unallocated};
+  dg::DeviceTensor<float> h_w_buf{std::vector<int64_t>{3, 4}, dg::unallocated};
+  dg::DeviceTensor<float> h_b_buf{std::vector<int64_t>{4}, dg::unallocated};
+  dg::DeviceTensor<float> logits_w_buf{std::vector<int64_t>{4, 2}, dg::unallocated};
+  dg::DeviceTensor<float> logits_b_buf{std::vector<int64_t>{2}, dg::unallocated};
 
  private:
   // Before a call: values the host changed (load, numpy views) go to the device.
   void upload_host_changes() const;
   // After train_step: the device holds the new parameters, gradients and state.
   void device_changed();
+  std::once_flag training_state_allocated;
+  // optimizer_state() without allocating it (save() and load() read its names and shapes).
+  std::vector<std::pair<std::string, dg::DeviceTensor<float>*>> optimizer_slots();
   // The network once through. forward() passes `outputs`; train_step() passes
   // nullptr and goes on to the loss, the gradients and the update;
   // compute_gradients() passes its callback as `gradients_only` and stops before
