@@ -8,7 +8,8 @@ Models and steps (the same computation on both sides, checked before measuring):
             three nn.Linear layers under torch.no_grad()) and train_step()
             (softmax cross-entropy + SGD with momentum, the module's own
             hyperparameters; PyTorch: F.cross_entropy, loss.backward(),
-            torch.optim.SGD.step()), at batch 64 and 256.
+            torch.optim.SGD.step()), at batch 64 and 256; train and train*:
+            gradients kept or not (see below).
   treelstm  examples/treelstm.py, the binary TreeLSTM, forward only (deepgen does
             not generate training through recursion yet), over a seeded batch of
             1 and of 10 random binary trees (generator.treebatch.random_batch,
@@ -72,11 +73,14 @@ How PyTorch is measured, and why this way
   module's gradient buffers, persists and is zeroed in place), forward, loss,
   backward, opt.step(). With .grad already allocated, autograd computes each
   weight gradient into a new tensor and adds it into .grad, so the transient
-  peak includes the largest weight gradient once more. The train rows also
-  report PyTorch's default, opt.zero_grad() (set_to_none=True): .grad is freed
-  at the start of the step and backward's gradient tensors become the new .grad
-  (the running sum first drops by the gradients' size). torch runs with one
-  thread, as the generated code does.
+  peak includes the largest weight gradient once more. The train* rows run
+  PyTorch's default, opt.zero_grad() (set_to_none=True): .grad is freed at the
+  start of the step and backward's gradient tensors become the new .grad (the
+  running sum first drops by the gradients' size), against the generated
+  module with keep_gradients = False (each gradient lives in the arena from the
+  statement that makes it to its update; none is held between steps). The
+  comparable figure is the total: persistent + the step's peak. torch runs with
+  one thread, as the generated code does.
 
 Builds: the generated projects go to build/bench-memory/<model>/src and are
 built with plain CMake (Release) into build/bench-memory/<model>/build; a build
@@ -216,10 +220,12 @@ def deepgen_case(built: dict, step: str, inputs: dict, dims: dict, sched: dict |
     model = built["module"].Model(seed=0)
     mm = MemoryModel(graph, built["plan"])
     at = {d: dims[str(d)] for d in graph.dims}
-    if step == "train":
+    arena = {"train": mm.arena, "train*": mm.freed_arena, "forward": mm.forward_arena}[step]
+    if step != "forward":
+        model.keep_gradients = step == "train"  # train*: each gradient freed by its update
         model.train_step(**inputs)  # warm-up (the buffers are members: nothing changes, but the same protocol)
         model.train_step(**inputs)
-        formula = mm.at(mm.arena, at)
+        formula = mm.at(arena, at)
     else:
         model.forward(**{k: v for k, v in inputs.items() if k != "labels"})
         formula = mm.at(mm.forward_arena, at)
@@ -230,7 +236,7 @@ def deepgen_case(built: dict, step: str, inputs: dict, dims: dict, sched: dict |
         "arena_peak_bytes": int(stats["peak_bytes"]),
         "predicted_peak_bytes": int(stats["predicted_peak_bytes"]),
         "formula_peak_bytes": formula,
-        "formula": str(mm.arena if step == "train" else mm.forward_arena),
+        "formula": str(arena),
         "peak_equals_prediction": int(stats["peak_bytes"]) == int(stats["predicted_peak_bytes"]) == formula,
         "outputs_bytes": outputs,
         "recursion_workspace_bytes": work["bytes"],
@@ -238,16 +244,18 @@ def deepgen_case(built: dict, step: str, inputs: dict, dims: dict, sched: dict |
         "recursion_workspace_not_counted": work["not_counted"],
         "activation_peak_bytes": int(stats["peak_bytes"]) + outputs + work["bytes"],
         "parameters_bytes": mm.at(mm.categories["parameters"], at),
-        **training_state(stats, mm, at),
+        **training_state(stats, mm, at, gradients_kept=step != "train*"),
         # weights kept packed for the products (runtime/dg_packed_weights.h): forward() keeps them
         "packed_weights_bytes": int(stats.get("packed_weight_bytes", 0)),
     }
 
 
-def training_state(stats: dict, mm, at: dict) -> dict:
+def training_state(stats: dict, mm, at: dict, gradients_kept: bool = True) -> dict:
     """Gradients and optimizer state the Model holds: allocated at the first training
-    call (memory_stats' training_state_bytes, measured), split as MemoryModel plans them."""
+    call (memory_stats' training_state_bytes, measured), split as MemoryModel plans them
+    (no gradients when train_step does not keep them)."""
     grads, state = mm.at(mm.categories["gradients"], at), mm.at(mm.categories["optimizer state"], at)
+    grads = grads if gradients_kept else 0
     held = int(stats.get("training_state_bytes", grads + state))
     if held == 0:
         return {"gradients_bytes": 0, "optimizer_state_bytes": 0}
@@ -504,16 +512,14 @@ def main() -> None:
     tree_params = {k: np.array(v, copy=True)
                    for k, v in built["treelstm"]["module"].Model(seed=0).parameters().items()}
     rows = []
-    for step in ("forward", "train"):
+    for step in ("forward", "train", "train*"):
         for b in MLP_BATCHES:
             inputs = mlp_inputs[b]
             dg = deepgen_case(built["mlp"], step, inputs, {"N": b}, None)
-            pt = torch_mlp_case(mlp_params, mlp_hyper, step, inputs["x"], inputs["labels"])
-            row = {"model": "mlp", "step": step, "batch": b, "workload": {"N": b}, "deepgen": dg, "torch": pt}
-            if step == "train":  # PyTorch's default zero_grad(): .grad freed, then made again by backward
-                row["torch_set_to_none"] = torch_mlp_case(mlp_params, mlp_hyper, step, inputs["x"],
-                                                          inputs["labels"], set_to_none=True)
-            rows.append(row)
+            # train*: PyTorch's default zero_grad() (set_to_none=True): .grad freed, then made again by backward
+            pt = torch_mlp_case(mlp_params, mlp_hyper, step.rstrip("*"), inputs["x"], inputs["labels"],
+                                set_to_none=step == "train*")
+            rows.append({"model": "mlp", "step": step, "batch": b, "workload": {"N": b}, "deepgen": dg, "torch": pt})
     for b in TREE_BATCHES:
         batch, sched = trees[b], scheds[b]
         dims = {"trees_nodes": sched["nodes"], "trees_count": b}
@@ -523,10 +529,12 @@ def main() -> None:
                      "deepgen": dg, "torch": pt})
     for r in rows:
         r["ratio_torch_to_deepgen"] = round(r["torch"]["transient_peak_bytes"] / r["deepgen"]["activation_peak_bytes"], 3)
-        for side in ("deepgen", "torch"):
+        for side, peak in (("deepgen", "activation_peak_bytes"), ("torch", "transient_peak_bytes")):
             s = r[side]
             s["persistent_bytes"] = (s["parameters_bytes"] + s["gradients_bytes"] + s["optimizer_state_bytes"]
                                      + s.get("packed_weights_bytes", 0))
+            s["total_peak_bytes"] = s["persistent_bytes"] + s[peak]
+        r["total_ratio_torch_to_deepgen"] = round(r["torch"]["total_peak_bytes"] / r["deepgen"]["total_peak_bytes"], 3)
     elapsed = time.perf_counter() - t0
 
     print("""
@@ -547,9 +555,17 @@ Legend (bytes in KiB = 1024 bytes; one step, after a warm-up step):
               them (allocated by the first train_step: none in forward rows), weights
               kept packed by forward() (none after train steps); PyTorch forward rows
               use an inference model: parameters only
-  pk==pred    deepgen: peak_bytes == predicted_peak_bytes == the plan's formula at these sizes""")
+  total       persistent + the step's peak (dg act.pk, torch pk): the most bytes the step holds
+  tot t/dg    torch total / deepgen total
+  pk==pred    deepgen: peak_bytes == predicted_peak_bytes == the plan's formula at these sizes
+  train       deepgen's default (keep_gradients: gradients() holds the step's gradients) against
+              PyTorch with opt.zero_grad(set_to_none=False) (.grad persists, zeroed in place)
+  train*      deepgen with keep_gradients = False (each gradient in the arena until its update
+              has used it; none held between steps) against PyTorch's default
+              opt.zero_grad(set_to_none=True) (.grad freed at the start, made again by backward)""")
     head = (f"{'model':<9} {'step':<8} {'batch':>5} | {'dg arena':>9} {'dg out':>8} {'dg rec.ws':>9} "
-            f"{'dg act.pk':>9} | {'torch pk':>9} | {'torch/dg':>8} | {'dg persist':>10} {'torch pers':>10} | pk==pred")
+            f"{'dg act.pk':>9} | {'torch pk':>9} | {'torch/dg':>8} | {'dg persist':>10} {'torch pers':>10} | "
+            f"{'dg total':>9} {'torch tot':>9} {'tot t/dg':>8} | pk==pred")
     print("\n" + head)
     print("-" * len(head))
     for r in rows:
@@ -559,7 +575,8 @@ Legend (bytes in KiB = 1024 bytes; one step, after a warm-up step):
               f"{kib(d['outputs_bytes']):>8} {ws:>9} {kib(d['activation_peak_bytes']):>9} | "
               f"{kib(t['transient_peak_bytes']):>9} | {r['ratio_torch_to_deepgen']:>8.2f} | "
               f"{kib(d['persistent_bytes']):>10} {kib(t['persistent_bytes']):>10} | "
-              f"{'yes' if d['peak_equals_prediction'] else 'NO'}")
+              f"{kib(d['total_peak_bytes']):>9} {kib(t['total_peak_bytes']):>9} "
+              f"{r['total_ratio_torch_to_deepgen']:>8.2f} | {'yes' if d['peak_equals_prediction'] else 'NO'}")
 
     print("\nPersistent bytes (KiB), parameters / gradients / optimizer state (/ deepgen's packed weights):")
     for r in rows:
@@ -569,15 +586,6 @@ Legend (bytes in KiB = 1024 bytes; one step, after a warm-up step):
               f" / {kib(d['packed_weights_bytes'])};"
               f"  torch {kib(t['parameters_bytes'])} / {kib(t['gradients_bytes'])} / "
               f"{kib(t['optimizer_state_bytes'])}")
-    print("\nPyTorch train step with its default opt.zero_grad(set_to_none=True) instead: the .grad tensors,\n"
-          "live at the start, are freed by zero_grad and made again by backward. Same running-sum peak over\n"
-          "the memory live at the start (parameters, .grad, momentum), so persistent + this figure is again\n"
-          "the step's total peak, comparable with deepgen's persistent + dg act.pk:")
-    for r in rows:
-        if "torch_set_to_none" in r:
-            t = r["torch_set_to_none"]
-            print(f"  mlp train {r['batch']:>4}: torch pk {kib(t['transient_peak_bytes'])} KiB, "
-                  f"torch/dg {t['transient_peak_bytes'] / r['deepgen']['activation_peak_bytes']:.2f}")
     print("\ndeepgen arena formulas (bytes): " + "; ".join(
         sorted({f"{r['model']} {r['step']}: {r['deepgen']['formula']}" for r in rows})))
     for r in rows:

@@ -526,7 +526,8 @@ def test_memory_stats_match_the_plan(example):
 
 def test_training_state_is_allocated_when_training_starts(example):
     """Gradients and optimizer state take no memory until the first training call,
-    then exactly one copy of each (the CUDA target as the CPU one)."""
+    then exactly one copy of each (the CUDA target as the CPU one); none of the
+    gradients with keep_gradients off."""
     graph, module, _ = example
     if graph.train is None:
         pytest.skip("not trainable")
@@ -539,7 +540,18 @@ def test_training_state_is_allocated_when_training_starts(example):
     assert model.memory_stats()["training_state_bytes"] == 4 * floats * (1 + slots)
     fresh = module.Model(seed=1)
     assert all(not np.asarray(v).any() for v in fresh.optimizer_state().values())  # allocates: zeros
+    assert fresh.memory_stats()["training_state_bytes"] == 4 * floats * slots  # the optimizer state only
+    assert all(not np.asarray(v).any() for v in fresh.gradients().values())
     assert fresh.memory_stats()["training_state_bytes"] == 4 * floats * (1 + slots)
+    # keep_gradients off: each gradient in the arena until its update; the same step
+    freed = module.Model(seed=1)
+    freed.keep_gradients = False
+    again = module.Model(seed=1)
+    batch = sample_inputs(graph, seed=3)
+    assert freed.train_step(**batch) == again.train_step(**batch)
+    assert freed.memory_stats()["training_state_bytes"] == 4 * floats * slots
+    for name, value in again.parameters().items():
+        np.testing.assert_array_equal(freed.parameters()[name], value, err_msg=name)
 
 
 def test_generated_project_tests_pass(example):

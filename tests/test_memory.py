@@ -50,6 +50,42 @@ def test_measured_peak_equals_prediction(name, builds):
             assert stats["peak_bytes"] == stats["predicted_peak_bytes"] == _bytes(memory["train_floats"], dims)
 
 
+@pytest.mark.parametrize("name", EXAMPLES)
+def test_train_step_without_kept_gradients(name, builds):
+    """keep_gradients off: each gradient lives in the arena until its update, so the
+    step takes the same parameters to the same values, its peak is the plan's
+    train_freed_floats, no gradient memory is held between steps, and
+    compute_gradients() still fills gradients()."""
+    graph = build_example(name)
+    if graph.train is None:
+        pytest.skip("forward only")
+    module, _ = builds.module(graph)
+    memory = _memory_plan(build_example(name))
+    kept, freed = module.Model(seed=0), module.Model(seed=0)
+    freed.keep_gradients = False
+    assert kept.keep_gradients and not freed.keep_gradients
+    trained = sum(g.size for g in kept.gradients().values())  # (allocates kept's gradients)
+    slots = sum(v.size for v in kept.optimizer_state().values())
+    for seed, size in ((1, 3), (2, 16)):
+        dims = {d: size + i for i, d in enumerate(graph.dims)}
+        inputs = sample_inputs(graph, dims, seed=seed)
+        for v in graph.inputs:  # trees fix their own sizes
+            for d, n in zip(v.shape, inputs[v.name].shape):
+                if not isinstance(d, int):
+                    dims[d] = n
+        assert freed.train_step(**inputs) == kept.train_step(**inputs)
+        stats = freed.memory_stats()
+        assert stats["peak_bytes"] == stats["predicted_peak_bytes"] == _bytes(memory["train_freed_floats"], dims)
+        assert stats["training_state_bytes"] == 4 * slots  # the optimizer state only
+        for key, value in kept.parameters().items():
+            np.testing.assert_array_equal(freed.parameters()[key], value, err_msg=key)
+    assert kept.memory_stats()["training_state_bytes"] == 4 * (slots + trained)
+    assert freed.compute_gradients(**inputs) == kept.compute_gradients(**inputs)
+    for key, value in kept.gradients().items():
+        np.testing.assert_array_equal(freed.gradients()[key], value, err_msg=key)
+    assert freed.memory_stats()["training_state_bytes"] == 4 * (slots + trained)
+
+
 SLACK = {("lenet", "forward_floats"): 1.17, ("lenet", "train_floats"): 1.17,
          ("vgg11", "forward_floats"): 1.30, ("vgg11", "train_floats"): 1.13,
          ("bert_encoder", "forward_floats"): 1.14, ("gru_tagger", "forward_floats"): 1.18}

@@ -21,7 +21,7 @@ from ..ir.graph import Value
 from ..ir.shapes import fmt_shape, numel
 from ..transforms.autodiff import prepare_training, train_only_inputs
 from .kernels import epilogue_kernel, ewise_kernel, update_kernel
-from .plan import ArenaDecl, InputSpec, KeptPacking, OutputSpec, ParamSpec, ProjectPlan, Statement, TrainPlan, Update
+from .plan import ArenaDecl, GradientDecl, InputSpec, KeptPacking, OutputSpec, ParamSpec, ProjectPlan, Statement, TrainPlan, Update
 from .stmt import Alias, Call, Comment, Copy, Declare, Functor, Read, Write, place
 
 CTYPE = {"float32": "float", "int32": "int32_t", "int64": "int64_t"}
@@ -57,6 +57,8 @@ class LowerCtx:
         self.views = {}  # id(value) -> (axis, ld): a row-strided piece of another buffer, read in place
         self.in_concat = set()  # id(value) written straight into its columns of a concat's output
         self.region = set()  # id(node) of the nodes lowered together now (the graph's, or a cell block's)
+        self.gradients = {}  # id(value) -> gradient member, for parameter gradients the backward pass writes
+        self.gradient_decls = set()  # id(value) of those declared by a GradientDecl
         self._readers = None
 
     def read(self, v) -> Read:
@@ -70,8 +72,14 @@ class LowerCtx:
             from ..memory.planner import Buffer
 
             size = numel(v.shape)
-            buffer = Buffer(v.name, size, None, None, self.phase, label=self.comment, shape=v.shape)
-            self.pending.append(ArenaDecl(buffer, self.size(size), v))
+            member = self.gradients.get(id(v))
+            phase = "gradient" if member else self.phase
+            buffer = Buffer(v.name, size, None, None, phase, label=self.comment, shape=v.shape)
+            if member:
+                self.pending.append(GradientDecl(buffer, self.size(size), v, member=member))
+                self.gradient_decls.add(id(v))
+            else:
+                self.pending.append(ArenaDecl(buffer, self.size(size), v))
             self.place[id(v)] = v.name
         elif id(v) not in self.place:
             if self.block is not None:  # inside a block: allocate once, before it
@@ -367,26 +375,29 @@ def _lower_training(ctx, graph, dim_index, bound_dims, first: int) -> TrainPlan:
     checks = [_input_spec(v, dim_index) for v in train_inputs]
     later_dims = [(str(d), i) for d, i in dim_index.items() if d not in bound_dims]
     # Gradients of parameters are Model members (gradients() shows them). The
-    # backward pass writes them in place where it can, else they are copied.
+    # backward pass writes a gradient straight into its member where it can (a
+    # GradientDecl: an arena piece instead when train_step() does not keep them),
+    # else it is copied there when gradients are kept.
     live = ctx.live_names()
-    grads, copies = [], []
+    grads, direct = [], {}
     for p in graph.params:
         g = spec.grads.get(p.name)
         if g is None:
             continue
-        direct = (g.producer is not None and g.producer.phase == "backward" and not get_op(g.producer.op).view
-                  and id(g) not in ctx.place and sum(x is g for x in spec.grads.values()) == 1)
-        member = g.name if direct and g.name == f"d_{p.name}" else _member_name(graph, f"d_{p.name}", live)
+        own = (g.producer is not None and g.producer.phase == "backward" and not get_op(g.producer.op).view
+               and id(g) not in ctx.place and sum(x is g for x in spec.grads.values()) == 1)
+        member = g.name if own and g.name == f"d_{p.name}" else _member_name(graph, f"d_{p.name}", live)
         grads.append((p.name, member, _shape_list(p.shape)))
-        if direct:  # the backward pass writes the gradient straight into the member
-            ctx.place[id(g)] = f"{member}.ptr()"
-        else:
-            copies.append((p.name, g, member))
+        if own:
+            ctx.gradients[id(g)] = direct[p.name] = member
     loss_nodes = [n for n in graph.nodes if n.phase == "loss"]
     backward = [n for n in graph.nodes if n.phase == "backward"]
     loss_statements = _statements(ctx, loss_nodes, first)
     backward_statements = _statements(ctx, backward, first + len(loss_nodes))
     end = first + len(loss_nodes) + len(backward)
+    # A gradient written inside a block (a recursive op's cell) is in a buffer of that block: copied.
+    copies = [(p, spec.grads[p], member) for p, member, _ in grads
+              if p not in direct or id(spec.grads[p]) not in ctx.gradient_decls]
     copy_lines = place([Copy(ctx.target.copy_fn, ctx.read(g), f"{member}.size()", f"{member}.ptr()")
                         for _, g, member in copies], end)
     opt = spec.optimizer
@@ -402,9 +413,14 @@ def _lower_training(ctx, graph, dim_index, bound_dims, first: int) -> TrainPlan:
     copied = {p for p, _, _ in copies}
     params = {p.name: p for p in graph.params}
     for index, (p, member, _) in enumerate(grads):
-        args = [f"{p}.ptr()", f"{member}.ptr()"] + [f"{m}.ptr()" for _, m in slots[p]] + [f"{p}.size()"]
-        args += [corrections[s] if s in corrections else f"hyper.{s}" for s in scalars]
-        updates.append(Update(p, params[p], spec.grads[p], Call(f"kernels::{kernel.name}", args), p in copied, index))
+        rest = [f"{m}.ptr()" for _, m in slots[p]] + [f"{p}.size()"]
+        rest += [corrections[s] if s in corrections else f"hyper.{s}" for s in scalars]
+        fn = f"kernels::{kernel.name}"
+        # train_step() reads the gradient where the backward pass left it (kept or not);
+        # apply_update() reads the member compute_gradients() filled.
+        run_call = Call(fn, [f"{p}.ptr()", ctx.read(spec.grads[p])] + rest)
+        apply_call = Call(fn, [f"{p}.ptr()", f"{member}.ptr()"] + rest)
+        updates.append(Update(p, params[p], spec.grads[p], run_call, p in copied, index, apply_call))
     # The gradients lie end to end in one buffer (gradient_buffer(): one allreduce for all).
     offsets, total = [], 0
     for p, _, _ in grads:

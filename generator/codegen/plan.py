@@ -61,6 +61,22 @@ class ArenaDecl:
 
 
 @dataclass(eq=False)
+class GradientDecl(ArenaDecl):
+    """A parameter's gradient as the backward pass writes it: the Model's gradient
+    member while gradients are kept (compute_gradients(), or train_step() with
+    keep_gradients set), else a piece of the arena (phase "gradient") that lives
+    until the update has consumed it."""
+
+    member: str = ""  # the Model's gradient member: d_h1_w
+
+    def __str__(self) -> str:
+        from .printer import size_expr
+
+        offset = "/*not yet planned*/" if self.buffer.offset is None else size_expr(self.buffer.offset)
+        return f"float* {self.buffer.name} = gradients_kept ? this->{self.member}.ptr() : arena.at({offset}, {self.size});"
+
+
+@dataclass(eq=False)
 class CellBlock:
     """A recursive op's cell over a block of rows: buffers declared before it
     (sized for the most rows), then `const int64_t rows = count;` and the body."""
@@ -191,7 +207,7 @@ class TrainPlan:
     loss_read: object  # stmt.Read of it, read when train_step returns
     loss_statements: list
     backward_statements: list
-    copies: list  # stmt.Copy lines copying gradients into the Model's gradient members
+    copies: list  # stmt.Copy lines copying gradients into the Model's gradient members (when kept)
     updates: list  # [Update]; plan_memory moves each it can into the backward statements
     all_updates: list  # [Update] of every parameter, in gradients() order: apply_update() runs them all
     hyper: list  # [(name, C++ float literal default)]
@@ -212,9 +228,10 @@ class Update:
     param: str
     param_value: object
     grad_value: object
-    call: object  # stmt.Call
+    call: object  # stmt.Call in train_step(): reads the gradient where the backward pass left it
     after_copies: bool
     index: int = 0  # the gradient's position in gradients() (compute_gradients() reports it ready)
+    apply_call: object = None  # stmt.Call in apply_update(): reads the gradient member
 
     def __str__(self) -> str:
         return str(self.call)

@@ -24,6 +24,7 @@ class Liveness:
     last_read: dict  # id(value) -> the last position that reads it
     last_write: dict  # id(value) -> the last position that writes it
     statement_at: dict  # position -> the Statement holding that node's lines
+    buffer_of: dict  # id(value) -> the arena Buffer holding its data (through aliases)
 
 
 def _statement_groups(plan) -> list:
@@ -77,13 +78,16 @@ def liveness(plan) -> Liveness:
         candidates[b.name] = [decls[id(u)].buffer for u in node.inputs
                               if id(u) in decls and id(u) not in root and id(u) not in aliased
                               and tuple(u.shape) == tuple(out.shape) and decls[id(u)].buffer.phase == b.phase]
-    return Liveness(buffers, candidates, last_read, last_write, statement_at)
+    buffer_of = {v: decls[root.get(v, v)].buffer for v in set(root) | set(decls) if root.get(v, v) in decls}
+    return Liveness(buffers, candidates, last_read, last_write, statement_at, buffer_of)
 
 
 def place_updates(plan, live: Liveness):
     """Move each parameter update whose gradient is complete, and whose parameter
     is no longer read, inside the backward pass into that statement; the rest run
-    after the gradient copies."""
+    after the gradient copies. An update reads the gradient where the backward pass
+    left it, so that buffer lives until then (a gradient train_step() does not keep
+    is freed once its update has consumed it)."""
     if plan.train is None:
         return
     backward = {id(s) for s in plan.train.backward_statements}
@@ -91,9 +95,14 @@ def place_updates(plan, live: Liveness):
     for u in plan.train.updates:
         ready = max(live.last_write.get(id(u.grad_value), -1), live.last_read.get(id(u.param_value), -1))
         statement = live.statement_at.get(ready)
+        held = live.buffer_of.get(id(u.grad_value))
         if u.after_copies or statement is None or id(statement) not in backward:
             remaining.append(u)
+            if held is not None:
+                held.last = max(held.last, plan.end)
             continue
+        if held is not None:  # the update runs after the statement's other lines
+            held.last = max(held.last, max(statement.positions))
         u.call.at = ready
         early = EarlyUpdate(u.index, u.call, report=plan.target != "cuda", at=ready)  # CUDA: ready when the device is
         statement.lines += [Comment(f"{u.param}: gradient complete and no longer read: update it now, or report it ready", ready), early]

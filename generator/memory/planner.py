@@ -28,7 +28,7 @@ class Buffer:
     size: object  # floats, a sympy expression or int
     first: int  # schedule position that writes it
     last: int  # last position that reads it
-    phase: str  # forward | loss | backward
+    phase: str  # forward | loss | backward | gradient (a parameter gradient train_step() may free)
     inplace_of: "Buffer | None" = None  # shares this buffer's block (elementwise in place)
     offset: object = None
     label: str = ""  # the statement, for reports
@@ -56,18 +56,29 @@ def sym_max(a, b):
     return from_expr(a, symbols).max(from_expr(b, symbols)).expr()
 
 
+KEPT = {"forward", "loss", "backward"}  # what a call that keeps its gradients (or has none) uses
+
+
 def plan(buffers: list):
-    """Assign offsets with each planner below and keep the plan whose whole arena,
-    then forward() arena, is smallest at a typical size; returns the arena size
-    (floats). Offsets are computed as memory.sizes.Size and stored as sympy."""
+    """Assign offsets with each planner below and keep the plan whose arena is
+    smallest at a typical size for train_step() (gradients kept), then forward(),
+    then train_step() with gradients freed by their updates (phase "gradient");
+    returns the arena size of the whole plan (floats). Offsets are computed as
+    memory.sizes.Size and stored as sympy."""
     symbols = _symbols(*[b.size for b in buffers])
     sizes = {id(b): from_expr(b.size, symbols) for b in buffers}
     zero = Size.const(0, symbols)
+    kept = [b for b in buffers if b.phase in KEPT]
+    freed = [b for b in buffers if b.phase not in KEPT]
+    planners = (_plan_online, lambda *a: _plan_by_size(*a, True), lambda *a: _plan_by_size(*a, False))
+    candidates = [planner(buffers, sizes, zero) for planner in planners]
+    if freed:  # the gradients train_step() may free, fitted around a plan of the rest
+        candidates += [_plan_by_size(freed, sizes, zero, False, planner(kept, sizes, zero), kept)
+                       for planner in planners]
     best = None
-    for planner in (_plan_online, lambda *a: _plan_by_size(*a, True), lambda *a: _plan_by_size(*a, False)):
-        offsets = planner(buffers, sizes, zero)
+    for offsets in candidates:
         peak = _top(buffers, sizes, offsets, zero, None)
-        key = (peak.typical(), _top(buffers, sizes, offsets, zero, {"forward"}).typical())
+        key = tuple(_top(buffers, sizes, offsets, zero, phases).typical() for phases in (KEPT, {"forward"}, None))
         if best is None or key < best[0]:
             best = (key, peak, offsets)
     _, peak, offsets = best
@@ -84,12 +95,13 @@ def _top(buffers, sizes, offsets, zero, phases):
     return top
 
 
-def _plan_by_size(buffers: list, sizes: dict, zero, phase_first: bool) -> dict:
+def _plan_by_size(buffers: list, sizes: dict, zero, phase_first: bool, offsets=None, around=()) -> dict:
     """Offline "greedy by size": the largest blocks are placed first, each at the
     lowest offset where it overlaps no placed block that is live at the same time.
     With `phase_first`, phases are planned in order (forward first), so forward()
     touches only the bottom of the arena. An in-place chain is one block living as
-    long as all of it."""
+    long as all of it. `offsets` of the buffers `around`, when given, are kept and
+    the new blocks fitted around them."""
     chains = {}
     for b in buffers:
         root = b
@@ -99,13 +111,14 @@ def _plan_by_size(buffers: list, sizes: dict, zero, phase_first: bool) -> dict:
         if b is not root:
             members.append(b)
     blocks = []  # (size, first, last, phase rank, members)
-    rank = {"forward": 0, "loss": 1, "backward": 2}
+    rank = {"forward": 0, "loss": 1, "backward": 2, "gradient": 3}
     for members in chains.values():
         root = members[0]
         blocks.append((sizes[id(root)], min(b.first for b in members), max(b.last for b in members),
                        rank.get(root.phase, 2), members))
     blocks.sort(key=lambda k: (k[3] if phase_first else 0, -k[0].typical(), k[1]))
-    offsets, placed = {}, []  # placed: (offset, end, first, last)
+    offsets = dict(offsets or {})
+    placed = [(offsets[id(b)], offsets[id(b)] + sizes[id(b)], b.first, b.last) for b in around]  # (offset, end, first, last)
     for size, first, last, _, members in blocks:
         live = [(o, e) for o, e, f, l in placed if f <= last and first <= l]
         candidates = sorted([zero] + [e for _, e in live], key=Size.typical)
@@ -218,6 +231,13 @@ def arena_size(buffers: list, phases) -> object:
     return top.expr()
 
 
+def _kept_or_freed(printer, kept, freed) -> str:
+    """The train arena's size in C++: one expression, or a choice on `gradients_kept`."""
+    if sympy.simplify(sympy.sympify(kept) - sympy.sympify(freed)) == 0:
+        return printer(kept)
+    return f"gradients_kept ? {printer(kept)} : {printer(freed)}"
+
+
 def plan_memory(project):
     """Stage `plan_memory`: liveness from the lowered lines (codegen/liveness.py),
     the place of each parameter update, which elementwise results take their
@@ -240,14 +260,15 @@ def plan_memory(project):
     project.buffers = ordered
     plan(ordered)
     forward = arena_size(ordered, {"forward"})
-    everything = arena_size(ordered, {"forward", "loss", "backward"})
+    everything = arena_size(ordered, KEPT)
+    freed = arena_size(ordered, KEPT | {"gradient"})
     train = project.train is not None
-    if train and not sympy.sympify(everything).free_symbols <= project.bound:
+    if train and not sympy.sympify(freed).free_symbols <= project.bound:
         raise DeepgenError("the training arena depends on sizes only training inputs determine; "
                            "declare them on a forward input too")
     if train:
-        size = f"outputs != nullptr ? {size_expr(forward)} : {size_expr(everything)}"
-        exact = f"outputs != nullptr ? {exact_size_expr(forward)} : {exact_size_expr(everything)}"
+        size = f"outputs != nullptr ? {size_expr(forward)} : {_kept_or_freed(size_expr, everything, freed)}"
+        exact = f"outputs != nullptr ? {exact_size_expr(forward)} : {_kept_or_freed(exact_size_expr, everything, freed)}"
     else:
         size, exact = size_expr(forward), exact_size_expr(forward)
     project.memory = {
@@ -256,9 +277,11 @@ def plan_memory(project):
         "arena_symbolic": bool(getattr(everything if train else forward, "free_symbols", ())),
         "buffers": ordered,
         "forward_floats": forward,
-        "train_floats": everything if train else None,
+        "train_floats": everything if train else None,  # train_step(), gradients kept; compute_gradients()
+        "train_freed_floats": freed if train else None,  # train_step() with keep_gradients off
         "forward_bound": lower_bound(ordered, {"forward"}),
-        "train_bound": lower_bound(ordered) if train else None,
+        "train_bound": lower_bound([b for b in ordered if b.phase in KEPT]) if train else None,
+        "train_freed_bound": lower_bound(ordered) if train else None,
         "float_bytes": FLOAT_BYTES,
     }
     return project

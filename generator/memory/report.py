@@ -49,6 +49,9 @@ class MemoryModel:
         self.arena = 4 * sympy.sympify(memory["train_floats"] if self.train else memory["forward_floats"])
         self.bound = 4 * sympy.sympify(memory["train_bound"] if self.train else memory["forward_bound"])
         self.forward_arena = 4 * sympy.sympify(memory["forward_floats"])
+        # train_step() with keep_gradients off: the gradients live in the arena until
+        # their updates, and none are kept between steps.
+        self.freed_arena = 4 * sympy.sympify(memory["train_freed_floats"]) if self.train else None
         params = sum(numel(p.shape) for p in graph.params)
         trained = sum(numel(p.shape) for p in graph.params if self.train and p.name in graph.train.grads)
         slots = len(graph.train.optimizer.slots) if self.train else 0
@@ -60,15 +63,19 @@ class MemoryModel:
             "outputs": 4 * sympy.expand(sum((sympy.sympify(numel(v.shape)) for _, v in graph.outputs), sympy.Integer(0))),
         }
         self.total = sympy.expand(sum((sympy.sympify(v) for v in self.categories.values()), sympy.Integer(0)))
+        self.freed_total = (sympy.expand(self.total - self.categories["gradients"] - self.arena + self.freed_arena)
+                            if self.train else None)
 
     def at(self, expr, dims) -> int:
         return int(sympy.sympify(expr).subs(dims))
 
     def live_after(self, dims) -> list:
-        """(buffer, live bytes once it is written) in schedule order."""
+        """(buffer, live bytes once it is written) in schedule order, gradients kept
+        (they are not in the arena then)."""
         rows = []
-        for b in sorted(self.buffers, key=lambda b: (b.first, b.name)):
-            live = [x for x in self.buffers if x.first <= b.first <= x.last and not (x.inplace_of is not None and x.first > b.first)]
+        buffers = [b for b in self.buffers if b.phase != "gradient"]
+        for b in sorted(buffers, key=lambda b: (b.first, b.name)):
+            live = [x for x in buffers if x.first <= b.first <= x.last and not (x.inplace_of is not None and x.first > b.first)]
             shared = {id(x.inplace_of) for x in live if x.inplace_of is not None}
             total = sum(self.at(x.size, dims) for x in live if id(x) not in shared)
             rows.append((b, 4 * total))
@@ -118,6 +125,8 @@ def report(graph, plan, batch: int = 32, dims: dict | None = None, budget: int |
     ]
     if m.train:
         lines.append(f"forward() arena          = {m.forward_arena} bytes = {m.at(m.forward_arena, values):,}")
+        lines.append(f"keep_gradients off       = arena {m.freed_arena} bytes = {m.at(m.freed_arena, values):,}, "
+                     f"total {m.at(m.freed_total, values):,} (each gradient in the arena until its update)")
     for note in dict.fromkeys(get_op(n.op).memory_note for n in graph.nodes):
         if note:
             lines.append(note)

@@ -51,7 +51,8 @@ class Model:
         """
 
     def gradients(self) -> Dict[str, np.ndarray]:
-        """Parameter name -> gradient of the last train_step or compute_gradients."""
+        """Parameter name -> gradient of the last compute_gradients, or of the last
+        train_step while keep_gradients is True."""
 
     def compute_gradients(
         self, on_ready: Optional[Callable[[str], None]] = None, /, *, x: ArrayLike, labels: ArrayLike
@@ -73,6 +74,9 @@ class Model:
     momentum: float
     weight_decay: float
     step: int  # train_steps taken so far
+    # True (default): train_step leaves its gradients in gradients(); False: each
+    # gradient lives only until its update used it (lower peak, none kept between steps).
+    keep_gradients: bool
 
     def memory_stats(self) -> Dict[str, int]:
         """Arena bytes of the last call: peak_bytes, predicted_peak_bytes, calls; training_state_bytes: gradients and optimizer state (allocated when training starts)."""

@@ -62,7 +62,7 @@ void Model::load(const std::string& path) {
   const decltype(tensors) state = optimizer_slots();
   // Read and check the whole file first: a bad one throws before anything changed.
   const dg::StagedWeights staged = dg::stage_weights(path, tensors, state, /*trainable=*/true);
-  if (staged.with_state) allocate_training_state();  // else it stays unallocated (zeros) or is reset
+  if (staged.with_state) allocate_optimizer_state();  // else it stays unallocated (zeros) or is reset
   const auto writing = state_lock.writing();
   dg::apply_weights(staged, tensors, state, &step);
 }
@@ -102,7 +102,8 @@ Outputs Model::forward(const Inputs& inputs) const {
 
 float Model::train_step(const Inputs& inputs) {
   const auto writing = state_lock.writing();
-  allocate_training_state();
+  allocate_optimizer_state();
+  if (keep_gradients) allocate_gradients();
   hyper.validate();
   dg::require_step(step);
   return run(inputs, nullptr);
@@ -160,16 +161,26 @@ std::vector<std::pair<std::string, dg::DeviceTensor<float>*>> Model::optimizer_s
 }
 
 std::vector<std::pair<std::string, dg::DeviceTensor<float>*>> Model::optimizer_state() {
-  allocate_training_state();
+  allocate_optimizer_state();
   return optimizer_slots();
 }
 
 void Model::allocate_training_state() {
-  std::call_once(training_state_allocated, [this] {
+  allocate_gradients();
+  allocate_optimizer_state();
+}
+
+void Model::allocate_gradients() {
+  std::call_once(gradients_allocated, [this] {
     d_h_w.allocate();
     d_h_b.allocate();
     d_logits_w.allocate();
     d_logits_b.allocate();
+  });
+}
+
+void Model::allocate_optimizer_state() {
+  std::call_once(optimizer_state_allocated, [this] {
     h_w_buf.allocate();
     h_b_buf.allocate();
     logits_w_buf.allocate();
@@ -209,10 +220,15 @@ float Model::run(const Inputs& inputs, Outputs* outputs, const GradientReady* gr
   dg::DeviceInputs _on_device;
   const int64_t N = check.dim(0);
   const float* x = _on_device.add(inputs.x);
+  // Each parameter gradient goes to gradients() when they are kept (compute_gradients(),
+  // train_step() with keep_gradients set), else to the arena until its update has used it.
+  const bool gradients_kept = gradients_only != nullptr || keep_gradients;
   // Every intermediate lives in this device arena, at an offset planned by deepgen (see README.md).
-  dg::require_size(outputs != nullptr ? 4.0 * static_cast<double>(N) : 10.0 * static_cast<double>(N) + 1.0,
+  dg::require_size(outputs != nullptr ? 4.0 * static_cast<double>(N)
+                   : gradients_kept   ? 10.0 * static_cast<double>(N) + 1.0
+                                      : 10.0 * static_cast<double>(N) + 11.0,
                    "the arena");
-  dg::Arena arena(outputs != nullptr ? 4 * N : 10 * N + 1);
+  dg::Arena arena(outputs != nullptr ? 4 * N : gradients_kept ? 10 * N + 1 : 10 * N + 11);
 
   // tiny.py:30  h = dg.dense(x, 4, act=dg.relu)
   float* h = arena.at(0, 4 * N);
@@ -258,30 +274,34 @@ float Model::run(const Inputs& inputs, Outputs* outputs, const GradientReady* gr
                                  /*classes=*/2);
 
   // gradient of tiny.py:31  logits = dg.dense(h, 2)
-  dg::reduce_sum(d_logits, d_logits_b.ptr(), /*outer=*/1, /*len=*/N, /*inner=*/2);
-  dg::matmul_tn(h, d_logits, d_logits_w.ptr(), /*M=*/4, /*K=*/N, /*N=*/2);
+  float* d_logits_b = gradients_kept ? this->d_logits_b.ptr() : arena.at(10 * N + 9, 2);
+  dg::reduce_sum(d_logits, d_logits_b, /*outer=*/1, /*len=*/N, /*inner=*/2);
+  float* d_logits_w = gradients_kept ? this->d_logits_w.ptr() : arena.at(10 * N + 1, 8);
+  dg::matmul_tn(h, d_logits, d_logits_w, /*M=*/4, /*K=*/N, /*N=*/2);
   float* d_h_matmul = arena.at(4 * N + 1, 4 * N);
   dg::matmul_nt(d_logits, logits_w.ptr(), d_h_matmul, /*M=*/N, /*K=*/2, /*N=*/4,
                 kernels::d_h_matmul_epilogue{h});
   // logits_w: gradient complete and no longer read: update it now, or report it ready
   if (gradients_only == nullptr)
-    kernels::momentum_update(logits_w.ptr(), d_logits_w.ptr(), logits_w_buf.ptr(), logits_w.size(), hyper.lr,
+    kernels::momentum_update(logits_w.ptr(), d_logits_w, logits_w_buf.ptr(), logits_w.size(), hyper.lr,
                              hyper.momentum, hyper.weight_decay);
   // logits_b: gradient complete and no longer read: update it now, or report it ready
   if (gradients_only == nullptr)
-    kernels::momentum_update(logits_b.ptr(), d_logits_b.ptr(), logits_b_buf.ptr(), logits_b.size(), hyper.lr,
+    kernels::momentum_update(logits_b.ptr(), d_logits_b, logits_b_buf.ptr(), logits_b.size(), hyper.lr,
                              hyper.momentum, hyper.weight_decay);
 
   // gradient of tiny.py:30  h = dg.dense(x, 4, act=dg.relu)
-  dg::reduce_sum(d_h_matmul, d_h_b.ptr(), /*outer=*/1, /*len=*/N, /*inner=*/4);
-  dg::matmul_tn(x, d_h_matmul, d_h_w.ptr(), /*M=*/3, /*K=*/N, /*N=*/4);
+  float* d_h_b_sum = gradients_kept ? this->d_h_b.ptr() : arena.at(0, 4);
+  dg::reduce_sum(d_h_matmul, d_h_b_sum, /*outer=*/1, /*len=*/N, /*inner=*/4);
+  float* d_h_w = gradients_kept ? this->d_h_w.ptr() : arena.at(8 * N + 1, 12);
+  dg::matmul_tn(x, d_h_matmul, d_h_w, /*M=*/3, /*K=*/N, /*N=*/4);
   // h_w: gradient complete and no longer read: update it now, or report it ready
   if (gradients_only == nullptr)
-    kernels::momentum_update(h_w.ptr(), d_h_w.ptr(), h_w_buf.ptr(), h_w.size(), hyper.lr, hyper.momentum,
+    kernels::momentum_update(h_w.ptr(), d_h_w, h_w_buf.ptr(), h_w.size(), hyper.lr, hyper.momentum,
                              hyper.weight_decay);
   // h_b: gradient complete and no longer read: update it now, or report it ready
   if (gradients_only == nullptr)
-    kernels::momentum_update(h_b.ptr(), d_h_b.ptr(), h_b_buf.ptr(), h_b.size(), hyper.lr, hyper.momentum,
+    kernels::momentum_update(h_b.ptr(), d_h_b_sum, h_b_buf.ptr(), h_b.size(), hyper.lr, hyper.momentum,
                              hyper.weight_decay);
   const float _loss = dg::to_host_scalar(&(softmax_cross_entropy[0]));  // waits for the device
   _call.finish();

@@ -139,6 +139,12 @@ void set_step(Model& model, int64_t step) {
   model.step = step;
 }
 
+void set_keep_gradients(Model& model, bool keep) {
+  py::gil_scoped_release release;
+  const auto writing = model.state_lock.writing();
+  model.keep_gradients = keep;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(tiny_train, m) {
@@ -220,6 +226,10 @@ PYBIND11_MODULE(tiny_train, m) {
           &set_hyper<&Model::Hyperparameters::weight_decay>)
       .def_property(
           "step", [](const Model& m) { return m.step; }, &set_step, "train_steps taken so far")
+      .def_property(
+          "keep_gradients", [](const Model& m) { return m.keep_gradients; }, &set_keep_gradients,
+          "True (default): train_step() leaves its gradients in gradients(); False: each gradient "
+          "lives only until its update has used it (lower peak, no gradient memory between steps)")
       .def(
           "memory_stats",
           [](const Model& m) {

@@ -67,16 +67,26 @@ class Model {
   float compute_gradients(const Inputs& inputs, const GradientReady& ready = {});
   void apply_update();
 
-  // Gradients of the last train_step or compute_gradients, by parameter name.
+  // Gradients of the last compute_gradients(), or of the last train_step() while
+  // keep_gradients is set, by parameter name.
   std::vector<std::pair<std::string, dg::Slice<float>*>> gradients();
+
+  // train_step() leaves its gradients in gradients() (true, the default), or, when
+  // false, keeps each in its arena only until its update has used it: the
+  // gradients then take no memory between steps, the step's peak is lower, and
+  // gradients() shows what the last compute_gradients() left (PyTorch's
+  // zero_grad(set_to_none=True) straight after step()).
+  bool keep_gradients = true;
 
   // Optimizer state by "parameter/slot" name; saved and loaded with the parameters.
   std::vector<std::pair<std::string, dg::Tensor<float>*>> optimizer_state();
 
   // Gradients and optimizer state take memory once training starts: the first
-  // train_step(), compute_gradients(), apply_update(), gradients(),
-  // optimizer_state() or load() of a file with optimizer state allocates them
-  // (zeros), so a Model that only runs forward() holds its parameters alone.
+  // train_step(), compute_gradients(), apply_update() or gradients() allocates
+  // the gradients (train_step() only while keep_gradients is set), the first
+  // train_step(), apply_update(), optimizer_state() or load() of a file with
+  // optimizer state allocates the optimizer state (zeros): a Model that only
+  // runs forward() holds its parameters alone.
   // This allocates them now (later calls do nothing); training_state_bytes()
   // is what they hold (0 before).
   void allocate_training_state();
@@ -146,7 +156,9 @@ class Model {
   dg::Tensor<float> logits_b_buf{std::vector<int64_t>{2}, dg::unallocated};
 
  private:
-  std::once_flag training_state_allocated;
+  std::once_flag gradients_allocated, optimizer_state_allocated;
+  void allocate_gradients();
+  void allocate_optimizer_state();
   // optimizer_state() without allocating it (save() and load() read its names and shapes).
   std::vector<std::pair<std::string, dg::Tensor<float>*>> optimizer_slots();
   // The network once through. forward() passes `outputs`; train_step() passes
