@@ -27,6 +27,18 @@ def _bytes(expr, dims):
     return 4 * int(sympy.sympify(expr).subs(dims))
 
 
+def _sample(graph, seed: int, size: int):
+    """Sample inputs with the symbolic dims at size, size + 1, ..., and the dims as
+    the inputs fix them (trees fix their own sizes)."""
+    dims = {d: size + i for i, d in enumerate(graph.dims)}
+    inputs = sample_inputs(graph, dims, seed=seed)
+    for v in graph.inputs:
+        for d, n in zip(v.shape, inputs[v.name].shape):
+            if not isinstance(d, int):
+                dims[d] = n
+    return inputs, dims
+
+
 @pytest.mark.parametrize("name", EXAMPLES)
 def test_measured_peak_equals_prediction(name, builds):
     graph = build_example(name)
@@ -34,12 +46,7 @@ def test_measured_peak_equals_prediction(name, builds):
     memory = _memory_plan(build_example(name))
     model = module.Model(seed=0)
     for seed, size in ((1, 1), (2, 3), (3, 16)):
-        dims = {d: size + i for i, d in enumerate(graph.dims)}
-        inputs = sample_inputs(graph, dims, seed=seed)
-        for v in graph.inputs:  # trees fix their own sizes
-            for d, n in zip(v.shape, inputs[v.name].shape):
-                if not isinstance(d, int):
-                    dims[d] = n
+        inputs, dims = _sample(graph, seed, size)
         forward_inputs = {k: v for k, v in inputs.items()}
         model.forward(**forward_inputs)
         stats = model.memory_stats()
@@ -67,12 +74,7 @@ def test_train_step_without_kept_gradients(name, builds):
     trained = sum(g.size for g in kept.gradients().values())  # (allocates kept's gradients)
     slots = sum(v.size for v in kept.optimizer_state().values())
     for seed, size in ((1, 3), (2, 16)):
-        dims = {d: size + i for i, d in enumerate(graph.dims)}
-        inputs = sample_inputs(graph, dims, seed=seed)
-        for v in graph.inputs:  # trees fix their own sizes
-            for d, n in zip(v.shape, inputs[v.name].shape):
-                if not isinstance(d, int):
-                    dims[d] = n
+        inputs, dims = _sample(graph, seed, size)
         assert freed.train_step(**inputs) == kept.train_step(**inputs)
         stats = freed.memory_stats()
         assert stats["peak_bytes"] == stats["predicted_peak_bytes"] == _bytes(memory["train_freed_floats"], dims)
