@@ -30,7 +30,8 @@ What is counted
              allocated from the plan) and the plan's formula evaluated here
              (generator.memory.report.MemoryModel), both printed.
            outputs: MemoryModel's "outputs" category (buffers handed to the
-             caller; in train_step the logits live in such a buffer too).
+             caller; in train_step the logits live in such a buffer too) and,
+             in train_step, its "loss" (the loss value's own buffer).
            recursion workspace (TreeLSTM only): buffers the recursive op
              allocates outside the arena, as the generated src/model.cpp
              declares them (every std::vector that is not an output, sized with
@@ -231,6 +232,8 @@ def deepgen_case(built: dict, step: str, inputs: dict, dims: dict, sched: dict |
         formula = mm.at(mm.forward_arena, at)
     stats = dict(model.memory_stats())
     outputs = mm.at(mm.categories["outputs"], at)
+    if step != "forward":  # the loss train_step returns: a buffer of its own too
+        outputs += mm.at(mm.categories["loss"], at)
     work = recursion_workspace(built, dims, sched) if sched is not None else {"bytes": 0, "parts": {}, "not_counted": []}
     return {
         "arena_peak_bytes": int(stats["peak_bytes"]),

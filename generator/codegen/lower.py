@@ -392,6 +392,10 @@ def _lower_training(ctx, graph, dim_index, bound_dims, first: int) -> TrainPlan:
             ctx.gradients[id(g)] = direct[p.name] = member
     loss_nodes = [n for n in graph.nodes if n.phase == "loss"]
     backward = [n for n in graph.nodes if n.phase == "backward"]
+    # The loss lives to the end of the step: a vector of its own, like an output, so
+    # that it does not pin a float on top of the arena (where the gradients go when
+    # train_step does not keep them).
+    ctx.outputs.add(id(spec.loss))
     loss_statements = _statements(ctx, loss_nodes, first)
     backward_statements = _statements(ctx, backward, first + len(loss_nodes))
     end = first + len(loss_nodes) + len(backward)

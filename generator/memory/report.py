@@ -62,6 +62,8 @@ class MemoryModel:
             "activations (arena)": self.arena,
             "outputs": 4 * sympy.expand(sum((sympy.sympify(numel(v.shape)) for _, v in graph.outputs), sympy.Integer(0))),
         }
+        if self.train:  # train_step's loss: a buffer of its own, like the outputs
+            self.categories["loss"] = 4 * sympy.sympify(numel(graph.train.loss.shape))
         self.total = sympy.expand(sum((sympy.sympify(v) for v in self.categories.values()), sympy.Integer(0)))
         self.freed_total = (sympy.expand(self.total - self.categories["gradients"] - self.arena + self.freed_arena)
                             if self.train else None)

@@ -225,10 +225,10 @@ float Model::run(const Inputs& inputs, Outputs* outputs, const GradientReady* gr
   const bool gradients_kept = gradients_only != nullptr || keep_gradients;
   // Every intermediate lives in this device arena, at an offset planned by deepgen (see README.md).
   dg::require_size(outputs != nullptr ? 4.0 * static_cast<double>(N)
-                   : gradients_kept   ? 10.0 * static_cast<double>(N) + 1.0
-                                      : 10.0 * static_cast<double>(N) + 11.0,
+                   : gradients_kept   ? 10.0 * static_cast<double>(N)
+                                      : 10.0 * static_cast<double>(N) + 10.0,
                    "the arena");
-  dg::Arena arena(outputs != nullptr ? 4 * N : gradients_kept ? 10 * N + 1 : 10 * N + 11);
+  dg::Arena arena(outputs != nullptr ? 4 * N : gradients_kept ? 10 * N : 10 * N + 10);
 
   // tiny.py:30  h = dg.dense(x, 4, act=dg.relu)
   float* h = arena.at(0, 4 * N);
@@ -252,13 +252,13 @@ float Model::run(const Inputs& inputs, Outputs* outputs, const GradientReady* gr
   const int64_t* labels = _on_device.add(inputs.labels);
 
   // tiny.py:32  dg.train(dg.softmax_cross_entropy(logits, labels), dg.sgd(lr=0.1, momentum=0.9), weight_decay=1e-4)
-  float* softmax_cross_entropy = arena.at(4 * N, 1);
-  dg::softmax_xent<int64_t>(logits.data(), labels, softmax_cross_entropy, /*rows=*/N, /*classes=*/2,
+  dg::DeviceVector<float> softmax_cross_entropy(1);
+  dg::softmax_xent<int64_t>(logits.data(), labels, softmax_cross_entropy.data(), /*rows=*/N, /*classes=*/2,
                             "softmax_cross_entropy labels 'labels'");
 
   // Bad ids or labels fail the step here, before any parameter changes.
   _call.finish();
-  dg::require_finite_loss(dg::to_host_scalar(&(softmax_cross_entropy[0])),
+  dg::require_finite_loss(dg::to_host_scalar(&(softmax_cross_entropy.data()[0])),
                           step + 1);  // else nothing is updated
 
   // ---- train_step(): gradients, last statement first, and the momentum(lr=0.1, momentum=0.9) update
@@ -267,18 +267,18 @@ float Model::run(const Inputs& inputs, Outputs* outputs, const GradientReady* gr
   if (gradients_only == nullptr) ++step;
 
   // gradient of tiny.py:32  dg.train(dg.softmax_cross_entropy(logits, labels), dg.sgd(lr=0.1, momentum=0.9), weight_decay=1e-4)
-  float* d_softmax_cross_entropy = arena.at(4 * N + 1, 1);
+  float* d_softmax_cross_entropy = arena.at(4 * N, 1);
   dg::fill(d_softmax_cross_entropy, /*n=*/1, /*value=*/1.0f);
-  float* d_logits = arena.at(8 * N + 1, 2 * N);
+  float* d_logits = arena.at(8 * N, 2 * N);
   dg::softmax_xent_grad<int64_t>(logits.data(), labels, d_softmax_cross_entropy, d_logits, /*rows=*/N,
                                  /*classes=*/2);
 
   // gradient of tiny.py:31  logits = dg.dense(h, 2)
-  float* d_logits_b = gradients_kept ? this->d_logits_b.ptr() : arena.at(10 * N + 9, 2);
+  float* d_logits_b = gradients_kept ? this->d_logits_b.ptr() : arena.at(10 * N + 8, 2);
   dg::reduce_sum(d_logits, d_logits_b, /*outer=*/1, /*len=*/N, /*inner=*/2);
-  float* d_logits_w = gradients_kept ? this->d_logits_w.ptr() : arena.at(10 * N + 1, 8);
+  float* d_logits_w = gradients_kept ? this->d_logits_w.ptr() : arena.at(10 * N, 8);
   dg::matmul_tn(h, d_logits, d_logits_w, /*M=*/4, /*K=*/N, /*N=*/2);
-  float* d_h_matmul = arena.at(4 * N + 1, 4 * N);
+  float* d_h_matmul = arena.at(4 * N, 4 * N);
   dg::matmul_nt(d_logits, logits_w.ptr(), d_h_matmul, /*M=*/N, /*K=*/2, /*N=*/4,
                 kernels::d_h_matmul_epilogue{h});
   // logits_w: gradient complete and no longer read: update it now, or report it ready
@@ -293,7 +293,7 @@ float Model::run(const Inputs& inputs, Outputs* outputs, const GradientReady* gr
   // gradient of tiny.py:30  h = dg.dense(x, 4, act=dg.relu)
   float* d_h_b_sum = gradients_kept ? this->d_h_b.ptr() : arena.at(0, 4);
   dg::reduce_sum(d_h_matmul, d_h_b_sum, /*outer=*/1, /*len=*/N, /*inner=*/4);
-  float* d_h_w = gradients_kept ? this->d_h_w.ptr() : arena.at(8 * N + 1, 12);
+  float* d_h_w = gradients_kept ? this->d_h_w.ptr() : arena.at(8 * N, 12);
   dg::matmul_tn(x, d_h_matmul, d_h_w, /*M=*/3, /*K=*/N, /*N=*/4);
   // h_w: gradient complete and no longer read: update it now, or report it ready
   if (gradients_only == nullptr)
@@ -303,7 +303,7 @@ float Model::run(const Inputs& inputs, Outputs* outputs, const GradientReady* gr
   if (gradients_only == nullptr)
     kernels::momentum_update(h_b.ptr(), d_h_b_sum, h_b_buf.ptr(), h_b.size(), hyper.lr, hyper.momentum,
                              hyper.weight_decay);
-  const float _loss = dg::to_host_scalar(&(softmax_cross_entropy[0]));  // waits for the device
+  const float _loss = dg::to_host_scalar(&(softmax_cross_entropy.data()[0]));  // waits for the device
   _call.finish();
   device_changed();
   memory.record(arena);
