@@ -88,6 +88,35 @@ def test_train_step_without_kept_gradients(name, builds):
     assert freed.memory_stats()["training_state_bytes"] == 4 * (slots + trained)
 
 
+def test_without_kept_gradients_one_gradient_for_two_parameters(builds):
+    """x @ (w1 + w2): w1 and w2 have one gradient value, which train_step copies
+    into both members only when it keeps them; either way both updates read it."""
+    import generator as dg
+
+    n = dg.dim("N")
+
+    def tied():
+        x = dg.input("x", (n, 6))
+        labels = dg.input("labels", (n,), dtype="int64")
+        h = dg.relu(x @ (dg.param("w1", (6, 4)) + dg.param("w2", (6, 4))))
+        logits = h @ dg.param("w3", (4, 3))
+        dg.train(dg.softmax_cross_entropy(logits, labels), dg.sgd(lr=0.1, momentum=0.9))
+        return {"logits": logits}
+
+    module, where = builds.module(dg.model(tied).build())
+    assert "if (gradients_kept) {" in (where / "src_tree" / "src" / "model.cpp").read_text()
+    rng = np.random.default_rng(0)
+    kept, freed = module.Model(seed=1), module.Model(seed=1)
+    freed.keep_gradients = False
+    for _ in range(3):
+        batch = {"x": rng.normal(size=(5, 6)).astype(np.float32), "labels": rng.integers(0, 3, 5).astype(np.int64)}
+        assert kept.train_step(**batch) == freed.train_step(**batch)
+    for key, value in kept.parameters().items():
+        np.testing.assert_array_equal(freed.parameters()[key], value, err_msg=key)
+    np.testing.assert_array_equal(kept.gradients()["w1"], kept.gradients()["w2"])
+    assert freed.memory_stats()["training_state_bytes"] == 4 * sum(v.size for v in kept.parameters().values())
+
+
 SLACK = {("lenet", "forward_floats"): 1.17, ("lenet", "train_floats"): 1.17,
          ("vgg11", "forward_floats"): 1.30, ("vgg11", "train_floats"): 1.13,
          ("bert_encoder", "forward_floats"): 1.14, ("gru_tagger", "forward_floats"): 1.18}
