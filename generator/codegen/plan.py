@@ -53,11 +53,15 @@ class ArenaDecl:
     value: object = None  # the graph value whose data it holds
     at: int = -1
 
-    def __str__(self) -> str:
+    def piece(self) -> str:
+        """arena.at(offset, size): where the plan put this buffer."""
         from .printer import size_expr
 
         offset = "/*not yet planned*/" if self.buffer.offset is None else size_expr(self.buffer.offset)
-        return f"float* {self.buffer.name} = arena.at({offset}, {self.size});"
+        return f"arena.at({offset}, {self.size})"
+
+    def __str__(self) -> str:
+        return f"float* {self.buffer.name} = {self.piece()};"
 
 
 @dataclass(eq=False)
@@ -70,10 +74,7 @@ class GradientDecl(ArenaDecl):
     member: str = ""  # the Model's gradient member: d_h1_w
 
     def __str__(self) -> str:
-        from .printer import size_expr
-
-        offset = "/*not yet planned*/" if self.buffer.offset is None else size_expr(self.buffer.offset)
-        return f"float* {self.buffer.name} = gradients_kept ? this->{self.member}.ptr() : arena.at({offset}, {self.size});"
+        return f"float* {self.buffer.name} = gradients_kept ? this->{self.member}.ptr() : {self.piece()};"
 
 
 @dataclass(eq=False)
