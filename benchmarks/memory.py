@@ -43,7 +43,11 @@ What is counted
            persistent: MemoryModel's parameters, gradients and optimizer state
              (the last two once a train_step allocated them: memory_stats()'s
              training_state_bytes must equal the plan's), plus the weights forward()
-             keeps packed (memory_stats()["packed_weight_bytes"]).
+             keeps packed (memory_stats()["packed_weight_bytes"]). forward* rows
+             set keep_plain_weights = False: a weight whose packing is all the
+             forward pass reads is held packed only, and the parameters count
+             what memory_stats()["parameter_bytes"] measures (elsewhere it must
+             equal the plan's).
   torch    transient peak: the highest running total of bytes allocated minus
              bytes freed during the step, over what was live when it began
              (parameters, .grad, momentum buffers), including the outputs
@@ -221,18 +225,26 @@ def deepgen_case(built: dict, step: str, inputs: dict, dims: dict, sched: dict |
     model = built["module"].Model(seed=0)
     mm = MemoryModel(graph, built["plan"])
     at = {d: dims[str(d)] for d in graph.dims}
-    arena = {"train": mm.arena, "train*": mm.freed_arena, "forward": mm.forward_arena}[step]
-    if step != "forward":
+    arena = {"train": mm.arena, "train*": mm.freed_arena, "forward": mm.forward_arena,
+             "forward*": mm.forward_arena}[step]
+    training = step.startswith("train")
+    if training:
         model.keep_gradients = step == "train"  # train*: each gradient freed by its update
         model.train_step(**inputs)  # warm-up (the buffers are members: nothing changes, but the same protocol)
         model.train_step(**inputs)
-        formula = mm.at(arena, at)
     else:
+        if step == "forward*" and hasattr(model, "keep_plain_weights"):
+            model.keep_plain_weights = False  # forward*: a packed weight's stored copy freed
+        model.forward(**{k: v for k, v in inputs.items() if k != "labels"})  # warm-up
         model.forward(**{k: v for k, v in inputs.items() if k != "labels"})
-        formula = mm.at(mm.forward_arena, at)
+    formula = mm.at(arena, at)
     stats = dict(model.memory_stats())
     outputs = mm.at(mm.categories["outputs"], at)
-    if step != "forward":  # the loss train_step returns: a buffer of its own too
+    params = mm.at(mm.categories["parameters"], at)
+    held = int(stats.get("parameter_bytes", params))  # measured: less where packings stand in for weights
+    if step != "forward*":
+        assert held == params, f"the parameters hold {held} bytes, the plan says {params}"
+    if training:  # the loss train_step returns: a buffer of its own too
         outputs += mm.at(mm.categories["loss"], at)
     work = recursion_workspace(built, dims, sched) if sched is not None else {"bytes": 0, "parts": {}, "not_counted": []}
     return {
@@ -246,7 +258,7 @@ def deepgen_case(built: dict, step: str, inputs: dict, dims: dict, sched: dict |
         "recursion_workspace_parts": work["parts"],
         "recursion_workspace_not_counted": work["not_counted"],
         "activation_peak_bytes": int(stats["peak_bytes"]) + outputs + work["bytes"],
-        "parameters_bytes": mm.at(mm.categories["parameters"], at),
+        "parameters_bytes": held,
         **training_state(stats, mm, at, gradients_kept=step != "train*"),
         # weights kept packed for the products (runtime/dg_packed_weights.h): forward() keeps them
         "packed_weights_bytes": int(stats.get("packed_weight_bytes", 0)),
@@ -515,7 +527,7 @@ def main() -> None:
     tree_params = {k: np.array(v, copy=True)
                    for k, v in built["treelstm"]["module"].Model(seed=0).parameters().items()}
     rows = []
-    for step in ("forward", "train", "train*"):
+    for step in ("forward", "forward*", "train", "train*"):
         for b in MLP_BATCHES:
             inputs = mlp_inputs[b]
             dg = deepgen_case(built["mlp"], step, inputs, {"N": b}, None)
@@ -523,13 +535,14 @@ def main() -> None:
             pt = torch_mlp_case(mlp_params, mlp_hyper, step.rstrip("*"), inputs["x"], inputs["labels"],
                                 set_to_none=step == "train*")
             rows.append({"model": "mlp", "step": step, "batch": b, "workload": {"N": b}, "deepgen": dg, "torch": pt})
-    for b in TREE_BATCHES:
-        batch, sched = trees[b], scheds[b]
-        dims = {"trees_nodes": sched["nodes"], "trees_count": b}
-        dg = deepgen_case(built["treelstm"], "forward", batch, dims, sched)
-        pt = torch_tree_case(tree_params, batch)
-        rows.append({"model": "treelstm", "step": "forward", "batch": b, "workload": {**dims, **sched},
-                     "deepgen": dg, "torch": pt})
+    for step in ("forward", "forward*"):
+        for b in TREE_BATCHES:
+            batch, sched = trees[b], scheds[b]
+            dims = {"trees_nodes": sched["nodes"], "trees_count": b}
+            dg = deepgen_case(built["treelstm"], step, batch, dims, sched)
+            pt = torch_tree_case(tree_params, batch)
+            rows.append({"model": "treelstm", "step": step, "batch": b, "workload": {**dims, **sched},
+                         "deepgen": dg, "torch": pt})
     for r in rows:
         r["ratio_torch_to_deepgen"] = round(r["torch"]["transient_peak_bytes"] / r["deepgen"]["activation_peak_bytes"], 3)
         for side, peak in (("deepgen", "activation_peak_bytes"), ("torch", "transient_peak_bytes")):
@@ -565,7 +578,11 @@ Legend (bytes in KiB = 1024 bytes; one step, after a warm-up step):
               PyTorch with opt.zero_grad(set_to_none=False) (.grad persists, zeroed in place)
   train*      deepgen with keep_gradients = False (each gradient in the arena until its update
               has used it; none held between steps) against PyTorch's default
-              opt.zero_grad(set_to_none=True) (.grad freed at the start, made again by backward)""")
+              opt.zero_grad(set_to_none=True) (.grad freed at the start, made again by backward)
+  forward     deepgen's default: a weight kept packed keeps its stored copy too
+  forward*    deepgen with keep_plain_weights = False: forward() frees a weight's stored copy once
+              packed (the packing stands in for it), so each weight is held once; parameters are
+              then what memory_stats()["parameter_bytes"] measures (the biases, not packed)""")
     head = (f"{'model':<9} {'step':<8} {'batch':>5} | {'dg arena':>9} {'dg out':>8} {'dg rec.ws':>9} "
             f"{'dg act.pk':>9} | {'torch pk':>9} | {'torch/dg':>8} | {'dg persist':>10} {'torch pers':>10} | "
             f"{'dg total':>9} {'torch tot':>9} {'tot t/dg':>8} | pk==pred")

@@ -14,6 +14,7 @@
 #include <iterator>
 #include <stdexcept>
 #include <string>
+#include <limits>
 #include <vector>
 
 #include "dg_guard.h"
@@ -212,6 +213,29 @@ int run_gemm_packed(char** argv) {
     return 0;
 }
 
+// gemm_unpack <tb> <M> <N> <K> <ldb>, inputs a [M, K] and b as stored  ->  B
+// written back from its packing (PackedB::unpack, into NaN-filled storage of
+// the same shape: what a stand-in packing restores), then C = A @ op(B) read
+// through the packing alone (set_source(nullptr): no row streaming from B)
+int run_gemm_unpack(char** argv) {
+    const bool tb = int_arg(argv, 2) != 0;
+    const int64_t M = int_arg(argv, 3), N = int_arg(argv, 4), K = int_arg(argv, 5), ldb = int_arg(argv, 6);
+    Input in;
+    const std::vector<float> a = in.take<float>(M * K);
+    std::vector<float> b = in.take<float>((tb ? N : K) * ldb);
+    dg::PackedB packed(tb, K, N, b.data(), ldb);
+    packed.packed();
+    std::vector<float> back(b.size(), std::numeric_limits<float>::quiet_NaN());
+    packed.unpack(back.data(), ldb);
+    write(back);
+    std::fill(b.begin(), b.end(), std::numeric_limits<float>::quiet_NaN());  // the stored copy is gone
+    packed.set_source(nullptr);
+    std::vector<float> c(M * N, -1.0f);
+    dg::gemm(false, M, a.data(), K, packed, c.data(), N);
+    write(c);
+    return 0;
+}
+
 // gemm_info <threads>  ->  "<isa> <get_num_threads() after set_num_threads(threads)> <openmp 0|1>"
 int run_gemm_info(char** argv) {
     dg::set_num_threads(static_cast<int>(int_arg(argv, 2)));
@@ -288,6 +312,7 @@ int dispatch(int argc, char** argv) {
     if (op == "gemm") return run_gemm(argv);
     if (op == "gemm_info") return run_gemm_info(argv);
     if (op == "gemm_packed") return run_gemm_packed(argv);
+    if (op == "gemm_unpack") return run_gemm_unpack(argv);
     if (op == "transpose") return run_transpose(argv);
     if (op == "copy_axis") return run_copy_axis(argv);
     if (op == "gather_rows_i32") return run_gather<int32_t>(argv);

@@ -48,9 +48,9 @@ def test_hand_edit_of_model_cpp_changes_the_module(tmp_path):
     # becomes a plain GEMM followed by a tanh loop.
     model_cpp = project / "src" / "model.cpp"
     text = model_cpp.read_text()
-    call = "dg::matmul(x, h_w_packed, h_w.ptr(), h, /*M=*/N, /*K=*/3, /*N=*/4, kernels::h_epilogue{h_b.ptr()});"
+    call = "dg::matmul(x, h_w_packed, h, /*M=*/N, /*K=*/3, /*N=*/4, kernels::h_epilogue{h_b.ptr()});"
     assert call in text
-    by_hand = ("dg::matmul(x, h_w_packed, h_w.ptr(), h, /*M=*/N, /*K=*/3, /*N=*/4);\n"
+    by_hand = ("dg::matmul(x, h_w_packed, h, /*M=*/N, /*K=*/3, /*N=*/4);\n"
                "  for (int64_t i = 0; i < N * 4; ++i) h[i] = std::tanh(h[i] + h_b.ptr()[i % 4]);")
     model_cpp.write_text(text.replace(call, by_hand))
     cmake_build(project, build)

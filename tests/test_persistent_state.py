@@ -225,3 +225,160 @@ def test_asking_for_training_state_allocates_it(module, ask):
         assert set(result) == set(model.parameters()) and not any(v.any() for v in result.values())
     if ask == "gradient_buffer":
         assert result.size == sum(v.size for v in model.parameters().values())
+
+
+# Weights held once (keep_plain_weights = False): a weight the forward pass reads
+# only through its kept packing is freed once packed and written back, exactly,
+# by whatever needs it as stored. The oracle is a twin Model that keeps them.
+
+def held_bytes(model):
+    stats = model.memory_stats()
+    return stats["parameter_bytes"], stats["packed_weight_bytes"]
+
+
+def test_weights_held_once_and_written_back_exactly(module, tmp_path):
+    model, twin = module.Model(20), module.Model(20)
+    model.keep_plain_weights = False
+    assert twin.keep_plain_weights and not model.keep_plain_weights
+    x, labels = inputs(40)
+    stored = params(twin)
+    all_bytes = 4 * sum(v.size for v in stored.values())
+    bias_bytes = 4 * sum(v.size for k, v in stored.items() if v.ndim == 1)
+    for rows in (1, 2, 5, 40):  # 1-3 rows read the packing too: the stored weights are gone
+        np.testing.assert_allclose(model.forward(x=x[:rows])["logits"], oracle(stored, x[:rows]),
+                                   rtol=1e-4, atol=1e-5)
+        assert held_bytes(model)[0] == bias_bytes
+    np.testing.assert_array_equal(model.forward(x=x)["logits"], twin.forward(x=x)["logits"])
+    packed = held_bytes(model)[1]
+    assert packed == held_bytes(twin)[1] and packed >= all_bytes - bias_bytes
+    assert held_bytes(twin)[0] == all_bytes  # the default keeps both
+
+    # parameters() writes them back bit for bit; the next forward frees them again
+    for name, value in model.parameters().items():
+        np.testing.assert_array_equal(value, stored[name])
+    assert held_bytes(model)[0] == all_bytes
+    del value  # (a live view keeps every weight stored)
+    model.forward(x=x)
+    assert held_bytes(model)[0] == bias_bytes
+
+    # save() writes what the twin writes; load() into a freed model takes the file
+    model.save(str(tmp_path / "once.npz"))
+    twin.save(str(tmp_path / "twin.npz"))
+    once, both = np.load(tmp_path / "once.npz"), np.load(tmp_path / "twin.npz")
+    assert once.files == both.files
+    for key in once.files:
+        np.testing.assert_array_equal(once[key], both[key])
+    other = module.Model(21)
+    other.keep_plain_weights = False
+    other.forward(x=x)
+    other.load(str(tmp_path / "twin.npz"))
+    np.testing.assert_array_equal(other.forward(x=x)["logits"], twin.forward(x=x)["logits"])
+
+    # training after inference: the same steps as the twin's, bit for bit
+    for _ in range(2):
+        model.forward(x=x)
+        twin.forward(x=x)
+        assert model.train_step(x=x, labels=labels) == twin.train_step(x=x, labels=labels)
+    model.forward(x=x)
+    model.compute_gradients(x=x, labels=labels)
+    twin.compute_gradients(x=x, labels=labels)
+    model.forward(x=x)
+    model.apply_update()
+    twin.apply_update()
+    np.testing.assert_array_equal(model.forward(x=x)["logits"], twin.forward(x=x)["logits"])
+    for name, value in twin.parameters().items():
+        np.testing.assert_array_equal(model.parameters()[name], value)
+
+    # release_packed_weights() and keep_plain_weights = True write them back first
+    model.forward(x=x)
+    model.release_packed_weights()
+    assert held_bytes(model) == (all_bytes, 0)
+    check(model, x)
+    model.forward(x=x)
+    model.keep_plain_weights = True
+    assert held_bytes(model)[0] == all_bytes
+    model.forward(x=x)
+    assert held_bytes(model)[0] == all_bytes
+
+
+def test_weights_held_once_while_views_live(module):
+    model = module.Model(22)
+    model.keep_plain_weights = False
+    x, _ = inputs()
+    model.forward(x=x)
+    views = model.parameters()  # stored again, and kept while a view lives
+    views["h_w"][:3] *= -2.0
+    expected = oracle({k: v.copy() for k, v in views.items()}, x)
+    np.testing.assert_allclose(model.forward(x=x)["logits"], expected, rtol=1e-4, atol=1e-5)
+    assert held_bytes(model)[0] == 4 * sum(v.size for v in views.values())
+    del views
+    np.testing.assert_allclose(model.forward(x=x)["logits"], expected, rtol=1e-4, atol=1e-5)
+    assert held_bytes(model)[0] < 4 * 40 * 48
+
+
+def test_weights_held_once_under_concurrent_calls(module):
+    """forward() calls at once with views opened and dropped and the setting
+    flipped: every result is right (no call reads a freed weight)."""
+    model = module.Model(23)
+    model.keep_plain_weights = False
+    x, _ = inputs(40)
+    expected = oracle(params(model), x)
+    errors, stop = [], threading.Event()
+
+    def forwards():
+        try:
+            for i in range(40):
+                rows = (1, 2, 7, 40)[i % 4]
+                np.testing.assert_allclose(model.forward(x=x[:rows])["logits"], expected[:rows],
+                                           rtol=1e-4, atol=1e-5)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    def meddle():
+        try:
+            while not stop.is_set():
+                views = model.parameters()
+                assert views["h_w"].shape == (40, 48)
+                del views
+                model.keep_plain_weights = not model.keep_plain_weights
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=forwards) for _ in range(3)]
+    other = threading.Thread(target=meddle)
+    other.start()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    stop.set()
+    other.join()
+    assert not errors
+
+
+@dg.model
+def tied_weights():
+    # w is multiplied in both layouts (x @ w, then h @ w^T): two packings, neither
+    # of which can stand in for the stored weight.
+    x = dg.input("x", (N, 16))
+    w = dg.param("w", (16, 24), init=dg.normal(0, 0.3))
+    h = dg.tanh(dg.matmul(x, w))
+    return {"y": dg.linear_t(h, w, dg.param("b", (16,), init=dg.constant(0.0)))}
+
+
+def test_a_weight_read_otherwise_keeps_its_stored_copy(builds):
+    from generator.pipeline import project_files
+
+    graph = tied_weights.build("tied_weights")
+    files = project_files(graph)
+    text = next(data for rel, data in files.items() if str(rel).endswith("model.h"))
+    text = text.decode() if isinstance(text, bytes) else text
+    assert text.count("/*stands_in=*/false") == 2 and "/*stands_in=*/true" not in text
+    mod, _ = builds.module(graph)
+    model = mod.Model(1)
+    model.keep_plain_weights = False
+    x = np.random.default_rng(1).standard_normal((9, 16)).astype(np.float32)
+    p = params(model)
+    expected = np.tanh(x @ p["w"]) @ p["w"].T + p["b"]
+    np.testing.assert_allclose(model.forward(x=x)["y"], expected, rtol=1e-4, atol=1e-5)
+    assert model.memory_stats()["parameter_bytes"] == 4 * (16 * 24 + 16)

@@ -591,6 +591,23 @@ def test_gemm_with_packed_b_equals_gemm(gemm_driver, M, N, K, ta, tb, threads):
     assert np.all(few[rows:] == -1.0) and np.all(few[:rows, N:] == -1.0)
 
 
+@pytest.mark.parametrize("M,N,K,tb", [(1, 1280, 512, False), (2, 47, 785, True), (3, 33, 20, False),
+                                      (1, 10, 256, False), (9, 200, 385, True)])
+def test_packing_gives_back_its_weight_and_reads_without_it(gemm_driver, M, N, K, tb):
+    """PackedB::unpack writes B back bit for bit (every K block and the partial
+    last panel; the row padding untouched), and a packing whose stored B is gone
+    (set_source(nullptr), dg::KeptPackedB standing in for the weight) still
+    multiplies right at every M, with no row streaming from B."""
+    ldb = (K if tb else N) + 3
+    a, b = rand(M, K), rand(N if tb else K, ldb)
+    out = gemm_driver("gemm_unpack", int(tb), M, N, K, ldb, inputs=[a, b])
+    back, c = out[: b.size].reshape(b.shape), out[b.size :].reshape(M, N)
+    width = K if tb else N
+    assert same_bits(back[:, :width], b[:, :width])
+    assert np.isnan(back[:, width:]).all()
+    assert_gemm_close(c, gemm_reference(a, b, False, tb, M, N, K), K)
+
+
 @pytest.mark.parametrize("ta,tb", TATB)
 def test_gemm_k_zero_gives_zeros_then_epilogue(gemm_driver, ta, tb):
     M, N = 5, 19

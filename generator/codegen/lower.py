@@ -11,6 +11,8 @@ later, from the lines (memory/liveness.py, memory/planner.py).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from .. import __version__
@@ -48,6 +50,7 @@ class LowerCtx:
         self.outputs = set()  # id(value) of graph outputs: own storage, handed to the caller
         self.packed = {}  # (id(value), tb) -> the dg::PackedB holding it, while a loop is lowered
         self.kept = {}  # (id(param), tb) -> KeptPacking: a weight the Model keeps packed
+        self.plain_reads = set()  # id(param) of parameters the forward pass reads as stored (not packed)
         self._live = None
         self.kernels = []
         self.pending = []  # declarations for the line being lowered
@@ -63,7 +66,21 @@ class LowerCtx:
 
     def read(self, v) -> Read:
         """v's data, as the line being lowered reads it."""
+        self._note_plain_read(v)
         return Read(v, self.place[id(v)])
+
+    def _note_plain_read(self, v):
+        if self.phase == "forward" and getattr(v, "kind", None) == "param":
+            self.plain_reads.add(id(v))
+
+    def kept_packings(self) -> list:
+        """The KeptPackings, each marked whether it may stand in for its weight:
+        the forward pass reads that weight through this one packing only."""
+        layouts = {}
+        for pid, _ in self.kept:
+            layouts[pid] = layouts.get(pid, 0) + 1
+        return [replace(k, stands_in="true" if layouts[pid] == 1 and pid not in self.plain_reads else "false")
+                for (pid, _), k in self.kept.items()]
 
     def write(self, v) -> Write:
         """v's data, to write: its buffer is declared on first use (an arena piece
@@ -134,6 +151,7 @@ class LowerCtx:
         self.views[id(piece)] = (axis, ld)
         self.place[id(piece)] = piece.name
         note = f"{fmt_shape(piece.shape)}, read in place: rows {self.size(ld)} floats apart"
+        self._note_plain_read(src)
         return Alias(piece, Read(src, at), CTYPE[piece.dtype], fmt_shape(piece.shape), note=note)
 
     def concat_spot(self, v, nodes):
@@ -177,8 +195,8 @@ class LowerCtx:
 
     def packed_operand(self, b, tb: bool) -> list | None:
         """How a product reads its right operand op(b) packed: [the loop's
-        dg::PackedB], or [the Model's dg::KeptPackedB, b's data] for a parameter
-        (packed once, kept until it changes); None to read b as it is."""
+        dg::PackedB], or [the Model's dg::KeptPackedB] for a parameter (packed
+        once, kept until it changes; it knows its weight); None to read b as it is."""
         key = (id(b), tb)
         if key in self.packed:
             return [self.packed[key]]
@@ -189,7 +207,7 @@ class LowerCtx:
             k, n = (cols, rows) if tb else (rows, cols)
             member = _member_name(self.graph, f"{b.name}_t_packed" if tb else f"{b.name}_packed", self.live_names())
             self.kept[key] = KeptPacking(member, b.name, "true" if tb else "false", self.size(k), self.size(n))
-        return [self.kept[key].member, self.read(b)]
+        return [self.kept[key].member]
 
     def call(self, fn: str, *args, template: str = "") -> Call:
         return Call(fn, list(args), template)
@@ -505,5 +523,6 @@ def lower(graph, target) -> ProjectPlan:
         bound=bound,
         end=sum(n.phase in ("forward", "loss", "backward") for n in graph.nodes),
         trees=[helper for n in graph.nodes for helper in get_op(n.op).helpers(n)],
-        kept=list(ctx.kept.values()),
+        kept=ctx.kept_packings(),
+        param_floats=sum(int(np.prod(p.shape)) for p in graph.params if p.kind == "param"),
     )

@@ -261,6 +261,7 @@ class KeptPacking:
     tb: str  # "true" / "false": the param is stored [N, K] (a PyTorch Linear weight)
     K: str
     N: str
+    stands_in: str = "false"  # "true": the forward pass reads the param through this packing only
 
 
 @dataclass
@@ -290,3 +291,4 @@ class ProjectPlan:
     mode: str = ""  # the local dg::Mode the mode-dependent ops read (batch norm, dropout), if any
     recording: Recording | None = None  # filled by the record stage
     kept: list = field(default_factory=list)  # [KeptPacking]: weights packed once, kept by the Model
+    param_floats: int = 0  # floats of the trainable parameters, as stored

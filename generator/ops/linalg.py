@@ -90,7 +90,7 @@ class MatMul(OpDef):
         sa, sb = _logical(a, ta), _logical(b, tb)
         fn = "matmul" + ("_tn" if ta else "_nt" if tb else "")
         # B packed before a loop (ops/recurse.py) is passed as the PackedB itself,
-        # a parameter the Model keeps packed as that packing and B.
+        # a parameter the Model keeps packed as that packing (which knows its B).
         b_args = (None if ta else ctx.packed_operand(b, tb)) or [ctx.read(b)]
         args = [ctx.read(a), *b_args, ctx.write(node.outputs[0]),
                 Named("M", ctx.size(numel(sa[:-1]))), Named("K", ctx.size(sa[-1])), Named("N", ctx.size(sb[1]))]

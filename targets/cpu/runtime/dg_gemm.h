@@ -907,6 +907,36 @@ class PackedB {
         return storage();
     }
 
+    // B's values now live at `B` (the same values, moved), or only in the
+    // packing (null: dg::KeptPackedB freed the stored weight; a packing without
+    // a source is always read packed).
+    void set_source(const float* B) { B_ = B; }
+
+    // Writes op(B) back in B's stored layout (row stride ldb): the inverse of
+    // packing, exact (the panels hold B's floats unchanged).
+    void unpack(float* B, int64_t ldb) const {
+        using namespace gemm_detail;
+        const float* panels = packed();
+        const int64_t kc_max = even_block(K_, KC, 8);
+        for (int64_t pc = 0; pc < K_; pc += kc_max) {
+            const int64_t kc = std::min(kc_max, K_ - pc);
+            for (int64_t j0 = 0; j0 < N_; j0 += NR) {
+                const float* panel = panels + pc * n_pad_ + j0 * kc;  // panel j0 / NR of this K block
+                const int64_t cols = std::min<int64_t>(NR, N_ - j0);
+                for (int64_t k = 0; k < kc; ++k) {
+                    for (int64_t j = 0; j < cols; ++j) {
+                        const float v = panel[k * NR + j];
+                        if (tb_) {
+                            B[(j0 + j) * ldb + pc + k] = v;
+                        } else {
+                            B[(pc + k) * ldb + j0 + j] = v;
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     // Where a product that reads B in place writes the panels (then mark_packed).
     float* storage() const {
         if (storage_ != nullptr) return storage_;
@@ -933,7 +963,7 @@ void gemm(bool ta, int64_t M, const float* A, int64_t lda, const PackedB& B,
     const int64_t N = B.N(), K = B.K();
     // A transposed B is packed (once for the loop) rather than streamed: the
     // micro-kernel reads packed panels faster than dot products read its rows.
-    const bool stream = DG_GEMM_SIMD && !B.tb() && M <= kStreamMaxRows;
+    const bool stream = DG_GEMM_SIMD && !B.tb() && M <= kStreamMaxRows && B.source() != nullptr;
     // Up to MR rows (one row panel), gemm reads row-major B in place without any
     // copy: cheaper than packing unless B is packed already.
     const bool one_panel = !B.tb() && M <= MR && !B.is_packed();

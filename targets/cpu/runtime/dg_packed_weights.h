@@ -18,6 +18,15 @@
 // view's release counts as a change.  Training steps do not use the kept
 // packings (see StepScope): they are for inference.
 //
+// Weights stored once: with the Model's keep_plain_weights false, a weight the
+// forward pass reads only through its packing is freed once packed (the
+// packing stands in for it) and written back, exactly, when something needs it
+// as stored: parameters() (and so load, save and the numpy views), a training
+// call (StepScope, change_on_exit), release_packed_weights(), or setting
+// keep_plain_weights again.  The stored pointer of such a weight is then valid
+// until the next forward(): C++ code that keeps a Tensor* from parameters()
+// across calls leaves keep_plain_weights set (the default).
+//
 // Part of the deepgen runtime: hand-written, copied unchanged into every
 // generated project. Header-only, C++17.
 #pragma once
@@ -27,15 +36,23 @@
 #include <memory>
 #include <mutex>
 #include <new>
+#include <vector>
 
 #include "dg_gemm.h"
+#include "dg_tensor.h"
 
 namespace dg {
 
-// The Model's count of parameter changes, and of live views that could write
-// parameters unseen.
+class KeptPackedB;
+
+// The Model's count of parameter changes, of live views that could write
+// parameters unseen, and the kept packings that may hold a weight's only copy.
 class ParameterVersion {
  public:
+  ParameterVersion() = default;
+  ParameterVersion(const ParameterVersion&) = delete;
+  ParameterVersion& operator=(const ParameterVersion&) = delete;
+
   uint64_t current() const { return count_.load(std::memory_order_acquire); }
   void changed() { count_.fetch_add(1, std::memory_order_acq_rel); }
 
@@ -45,12 +62,39 @@ class ParameterVersion {
     changed();  // whatever it wrote is seen by the next product
     views_.fetch_sub(1, std::memory_order_acq_rel);
   }
-  // Counts a change when it goes out of scope (apply_update(), however it ends).
+  // Views are about to be made (the Python module's parameters()): from now on
+  // no call frees a stored weight; the end counts as a change.
+  struct ViewScope {
+    ParameterVersion& version;
+    ~ViewScope() { version.view_closed(); }
+  };
+  ViewScope views_opening() {
+    view_opened();
+    return ViewScope{*this};
+  }
+
+  // Counts a change when it goes out of scope (apply_update(), however it ends);
+  // the weights are stored (restore_plain) from its start.
   struct OnExit {
     ParameterVersion& version;
     ~OnExit() { version.changed(); }
   };
-  OnExit change_on_exit() { return OnExit{*this}; }
+  OnExit change_on_exit() {
+    restore_plain();
+    return OnExit{*this};
+  }
+
+  // Whether weights keep their stored copy while packed (the Model's
+  // keep_plain_weights); setting it writes back every freed weight.
+  bool plain_kept() const { return keep_plain_.load(std::memory_order_acquire); }
+  void keep_plain(bool keep) {
+    keep_plain_.store(keep, std::memory_order_release);
+    if (keep) restore_plain();
+  }
+  // Writes back every weight whose packing holds its only copy (exact).
+  void restore_plain();
+  // Bytes of stored weights freed because their packings stand in for them.
+  int64_t freed_plain_bytes() const;
 
   // train_step() and compute_gradients(): while the scope lasts the products
   // read the weights in place, packing them per call into scratch memory as
@@ -64,6 +108,7 @@ class ParameterVersion {
     }
   };
   StepScope step_scope() {
+    restore_plain();  // the step reads and writes the weights as stored
     stepping_.fetch_add(1, std::memory_order_acq_rel);
     return StepScope{*this};
   }
@@ -77,47 +122,107 @@ class ParameterVersion {
   std::atomic<uint64_t> count_{1};
   std::atomic<int64_t> views_{0};
   std::atomic<int64_t> stepping_{0};
+  std::atomic<bool> keep_plain_{true};
+  friend class KeptPackedB;
+  std::vector<KeptPackedB*> stand_ins_;  // registered at construction, before any call
 };
 
 // One weight, as the products op(B) of shape [K, N] read it (tb: B stored
 // [N, K], a PyTorch Linear weight), packed and kept.  Thread-safe: forward()
 // calls that run at once share one packing; a packing being read by one call
 // stays alive (shared_ptr) even if another call replaces it.
+//
+// stands_in: the forward pass reads this weight through this packing only (the
+// generator checks), so the packing may hold its only copy: while the Model's
+// keep_plain_weights is false, the call that packs it frees the stored
+// weight (Tensor::release), and ParameterVersion::restore_plain() writes it back
+// from the packing (exactly) before anything reads or writes it as stored.
 class KeptPackedB {
  public:
-  KeptPackedB(const ParameterVersion& version, bool tb, int64_t K, int64_t N)
-      : version_(version), tb_(tb), K_(K), N_(N) {}
+  KeptPackedB(ParameterVersion& version, Tensor<float>& weight, bool tb, int64_t K, int64_t N, bool stands_in)
+      : version_(version), weight_(weight), tb_(tb), K_(K), N_(N), stands_in_(stands_in) {
+    if (stands_in_) version_.stand_ins_.push_back(this);
+  }
   KeptPackedB(const KeptPackedB&) = delete;
   KeptPackedB& operator=(const KeptPackedB&) = delete;
 
-  // The packing of B (row stride ldb) for a product of M rows, packed now if
-  // it is missing or older than the parameters; null when the product should
-  // read B in place: a view may be writing it, or an M that streams
-  // row-major B directly (dg_gemm.h) and would not read a packing.
-  std::shared_ptr<const PackedB> get(const float* B, int64_t ldb, int64_t M) const {
-    if (M <= 0 || (!tb_ && M <= gemm_detail::kStreamMaxRows) || !version_.watched()) return nullptr;
-    const uint64_t now = version_.current();
+  // What one product reads: the packing, or (packed null) the weight as stored.
+  // While a Use reads the stored weight, no call frees it.
+  class Use {
+   public:
+    Use(const KeptPackedB* owner, std::shared_ptr<const PackedB> packed, const float* stored)
+        : owner_(owner), packed_(std::move(packed)), stored_(stored) {}
+    Use(const Use&) = delete;
+    Use& operator=(const Use&) = delete;
+    ~Use() {
+      if (owner_ != nullptr) owner_->plain_readers_.fetch_sub(1, std::memory_order_acq_rel);
+    }
+    const PackedB* packed() const { return packed_.get(); }
+    const float* stored() const { return stored_; }
+
+   private:
+    const KeptPackedB* owner_;  // set while this Use counts as a reader of the stored weight
+    std::shared_ptr<const PackedB> packed_;
+    const float* stored_;
+  };
+
+  // For a product of M rows: the packing, packed now if it is missing or older
+  // than the parameters; or the stored weight where the product should read it
+  // in place: a view may be writing it, or an M that streams row-major B
+  // directly (dg_gemm.h) and would not read a packing.
+  Use use(int64_t M) const {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (!kept_ || kept_->version != now || kept_->packed.source() != B || kept_->packed.ldb() != ldb) {
+    const bool stored = weight_.allocated();
+    const bool watched = version_.watched();
+    const bool frees = stands_in_ && !version_.plain_kept() && watched;  // the packing becomes the only copy
+    if (stored && (M <= 0 || !watched || (!frees && !tb_ && M <= gemm_detail::kStreamMaxRows))) {
+      plain_readers_.fetch_add(1, std::memory_order_acq_rel);
+      return Use(this, nullptr, weight_.ptr());
+    }
+    const uint64_t now = version_.current();
+    if (!stored) {
+      kept_->version = now;  // the packing is the weight: nothing else could have changed it
+    } else if (!kept_ || kept_->version != now || kept_->packed.source() != weight_.ptr()) {
       Storage storage;
       if (kept_ && kept_.use_count() == 1) storage = std::move(kept_->storage);  // no call reads it now
       if (!storage) storage.reset(static_cast<float*>(::operator new(bytes_now(), std::align_val_t(64))));
-      auto fresh = std::make_shared<Packing>(std::move(storage), now, tb_, K_, N_, B, ldb);
+      auto fresh = std::make_shared<Packing>(std::move(storage), now, tb_, K_, N_, weight_.ptr(), tb_ ? K_ : N_);
       fresh->packed.packed();  // packs now, under the lock: no call sees half a packing
       kept_ = std::move(fresh);
     }
-    return std::shared_ptr<const PackedB>(kept_, &kept_->packed);
+    if (frees && stored && plain_readers_.load(std::memory_order_acquire) == 0) {
+      kept_->packed.set_source(nullptr);
+      weight_.release();
+    }
+    return Use(nullptr, std::shared_ptr<const PackedB>(kept_, &kept_->packed), nullptr);
   }
 
-  // Bytes held (0 until the first product that packs, and after release()).
+  // Writes the stored weight back from the packing if the packing holds its
+  // only copy (the same floats); the packing stays, still current.
+  void restore_plain() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (weight_.allocated() || !kept_) return;
+    weight_.data.resize(static_cast<size_t>(numel(weight_.shape)));
+    kept_->packed.unpack(weight_.ptr(), tb_ ? K_ : N_);
+    kept_->packed.set_source(weight_.ptr());
+  }
+
+  // Bytes the packing holds (0 until the first product that packs, and after
+  // release()), and bytes of the stored weight it stands in for (freed).
   int64_t bytes() const {
     std::lock_guard<std::mutex> lock(mutex_);
     return kept_ ? static_cast<int64_t>(bytes_now()) : 0;
   }
+  int64_t freed_bytes() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return weight_.allocated() ? 0 : numel(weight_.shape) * static_cast<int64_t>(sizeof(float));
+  }
 
-  // Frees the packing (the next product packs again); a call still reading
-  // it keeps it alive until it is done.
+  // Frees the packing (the next product packs again), writing the stored weight
+  // back first if the packing held its only copy; a call still reading the
+  // packing keeps it alive until it is done.
   void release() {
+    restore_plain();
     std::lock_guard<std::mutex> lock(mutex_);
     kept_.reset();
   }
@@ -136,32 +241,48 @@ class KeptPackedB {
   };
   size_t bytes_now() const { return sizeof(float) * static_cast<size_t>(PackedB::storage_floats(K_, N_)); }
 
-  const ParameterVersion& version_;
+  ParameterVersion& version_;
+  Tensor<float>& weight_;
   bool tb_;
   int64_t K_, N_;
+  bool stands_in_;
   mutable std::mutex mutex_;
   mutable std::shared_ptr<Packing> kept_;
+  mutable std::atomic<int64_t> plain_readers_{0};  // Uses reading the stored weight now
 };
 
+inline void ParameterVersion::restore_plain() {
+  for (KeptPackedB* kept : stand_ins_) kept->restore_plain();
+}
+
+inline int64_t ParameterVersion::freed_plain_bytes() const {
+  int64_t bytes = 0;
+  for (const KeptPackedB* kept : stand_ins_) bytes += kept->freed_bytes();
+  return bytes;
+}
+
 // c[M,N] = a[M,K] @ b[K,N] (matmul) or a @ b^T with b stored [N,K]
-// (matmul_nt), reading b through its kept packing where that pays (above).
+// (matmul_nt), b being the weight `kept` packs, read through its kept packing
+// where that pays (above).
 template <class Epilogue = NoEpilogue>
-void matmul(const float* a, const KeptPackedB& kept, const float* b, float* c, int64_t M, int64_t K, int64_t N,
+void matmul(const float* a, const KeptPackedB& kept, float* c, int64_t M, int64_t K, int64_t N,
             const Epilogue& epi = Epilogue()) {
-  if (const auto packed = kept.get(b, N, M)) {
-    gemm(false, M, a, K, *packed, c, N, epi);
+  const KeptPackedB::Use b = kept.use(M);
+  if (b.packed() != nullptr) {
+    gemm(false, M, a, K, *b.packed(), c, N, epi);
   } else {
-    gemm(false, false, M, N, K, a, K, b, N, c, N, epi);
+    gemm(false, false, M, N, K, a, K, b.stored(), N, c, N, epi);
   }
 }
 
 template <class Epilogue = NoEpilogue>
-void matmul_nt(const float* a, const KeptPackedB& kept, const float* b, float* c, int64_t M, int64_t K,
-               int64_t N, const Epilogue& epi = Epilogue()) {
-  if (const auto packed = kept.get(b, K, M)) {
-    gemm(false, M, a, K, *packed, c, N, epi);
+void matmul_nt(const float* a, const KeptPackedB& kept, float* c, int64_t M, int64_t K, int64_t N,
+               const Epilogue& epi = Epilogue()) {
+  const KeptPackedB::Use b = kept.use(M);
+  if (b.packed() != nullptr) {
+    gemm(false, M, a, K, *b.packed(), c, N, epi);
   } else {
-    gemm(false, true, M, N, K, a, K, b, K, c, N, epi);
+    gemm(false, true, M, N, K, a, K, b.stored(), K, c, N, epi);
   }
 }
 

@@ -61,6 +61,9 @@ struct Tensor {
   int64_t size() const { return static_cast<int64_t>(data.size()); }
   bool allocated() const { return size() == numel(shape); }
   void allocate() { data.assign(static_cast<size_t>(numel(shape)), T(0)); }  // zeros
+  // Frees the storage, keeping the shape (allocated() is false until allocate()):
+  // a weight whose kept packing holds its only copy (dg_packed_weights.h).
+  void release() { std::vector<T>().swap(data); }
 
   // The values on the host, and the note that they were changed there: the calls
   // of dg::DeviceTensor (CUDA), so that code shared by both targets reads alike.

@@ -44,10 +44,14 @@ class Model:
         the products read the weights unpacked (slower); drop views when done."""
 
     def memory_stats(self) -> Dict[str, int]:
-        """Arena bytes of the last call: peak_bytes, predicted_peak_bytes, calls; packed_weight_bytes: what the kept weight packings hold."""
+        """Arena bytes of the last call: peak_bytes, predicted_peak_bytes, calls; packed_weight_bytes: what the kept weight packings hold; parameter_bytes: what the parameters hold as stored."""
 
     def release_packed_weights(self) -> None:
         """Frees the weights kept packed for the matrix products (the next call packs them again)."""
+    # True (default): weights kept packed keep their stored copy too; False: forward()
+    # frees a weight once packed when the packing is all it reads (weights held once),
+    # and parameters(), save, load and training write it back exactly.
+    keep_plain_weights: bool
 
     def save(self, path: str) -> None:
         """Writes the parameters to an .npz file (".npz" added when missing)."""

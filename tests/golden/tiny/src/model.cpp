@@ -31,7 +31,8 @@ Model::Model(uint64_t seed) {
 }
 
 std::vector<std::pair<std::string, dg::Tensor<float>*>> Model::parameters() {
-  parameter_version.changed();  // the caller may write through these
+  parameter_version.restore_plain();  // weights whose packings held their only copy are stored again
+  parameter_version.changed();        // the caller may write through these
   return {
       {"h_w", &h_w},
       {"h_b", &h_b},
@@ -80,6 +81,15 @@ void Model::release_packed_weights() {
   y_w_packed.release();
 }
 
+void Model::set_keep_plain_weights(bool keep) {
+  const auto writing = state_lock.writing();
+  parameter_version.keep_plain(keep);
+}
+
+int64_t Model::parameter_bytes() const {
+  return 26 * static_cast<int64_t>(sizeof(float)) - parameter_version.freed_plain_bytes();
+}
+
 Outputs Model::forward(const Inputs& inputs) const {
   const auto reading = state_lock.reading();
   // Check every input's shape and read the symbolic sizes off them.
@@ -95,11 +105,11 @@ Outputs Model::forward(const Inputs& inputs) const {
 
   // tiny.py:11  h = dg.dense(x, 4, act=dg.relu)
   float* h = arena.at(0, 4 * N);
-  dg::matmul(x, h_w_packed, h_w.ptr(), h, /*M=*/N, /*K=*/3, /*N=*/4, kernels::h_epilogue{h_b.ptr()});
+  dg::matmul(x, h_w_packed, h, /*M=*/N, /*K=*/3, /*N=*/4, kernels::h_epilogue{h_b.ptr()});
 
   // tiny.py:12  y = dg.dense(h, 2)
   std::vector<float> y(2 * N);
-  dg::matmul(h, y_w_packed, y_w.ptr(), y.data(), /*M=*/N, /*K=*/4, /*N=*/2, kernels::y_epilogue{y_b.ptr()});
+  dg::matmul(h, y_w_packed, y.data(), /*M=*/N, /*K=*/4, /*N=*/2, kernels::y_epilogue{y_b.ptr()});
 
   Outputs outputs;
   outputs.y = dg::Tensor<float>({N, 2}, std::move(y));

@@ -31,7 +31,8 @@ Model::Model(uint64_t seed) {
 }
 
 std::vector<std::pair<std::string, dg::Tensor<float>*>> Model::parameters() {
-  parameter_version.changed();  // the caller may write through these
+  parameter_version.restore_plain();  // weights whose packings held their only copy are stored again
+  parameter_version.changed();        // the caller may write through these
   return {
       {"h_w", &h_w},
       {"h_b", &h_b},
@@ -79,6 +80,15 @@ int64_t Model::packed_weight_bytes() const {
 void Model::release_packed_weights() {
   h_w_packed.release();
   logits_w_packed.release();
+}
+
+void Model::set_keep_plain_weights(bool keep) {
+  const auto writing = state_lock.writing();
+  parameter_version.keep_plain(keep);
+}
+
+int64_t Model::parameter_bytes() const {
+  return 26 * static_cast<int64_t>(sizeof(float)) - parameter_version.freed_plain_bytes();
 }
 
 Outputs Model::forward(const Inputs& inputs) const {
@@ -202,11 +212,11 @@ float Model::run(const Inputs& inputs, Outputs* outputs, const GradientReady* gr
 
   // tiny.py:30  h = dg.dense(x, 4, act=dg.relu)
   float* h = arena.at(0, 4 * N);
-  dg::matmul(x, h_w_packed, h_w.ptr(), h, /*M=*/N, /*K=*/3, /*N=*/4, kernels::h_epilogue{h_b.ptr()});
+  dg::matmul(x, h_w_packed, h, /*M=*/N, /*K=*/3, /*N=*/4, kernels::h_epilogue{h_b.ptr()});
 
   // tiny.py:31  logits = dg.dense(h, 2)
   std::vector<float> logits(2 * N);
-  dg::matmul(h, logits_w_packed, logits_w.ptr(), logits.data(), /*M=*/N, /*K=*/4, /*N=*/2,
+  dg::matmul(h, logits_w_packed, logits.data(), /*M=*/N, /*K=*/4, /*N=*/2,
              kernels::logits_epilogue{logits_b.ptr()});
 
   if (outputs != nullptr) {  // forward(): hand over the outputs

@@ -61,6 +61,7 @@ py::dict views(py::object self, std::vector<std::pair<std::string, Storage*>> te
 // (runtime/dg_packed_weights.h): writes through it always reach the next call.
 py::dict parameter_views(py::object self) {
   Model& model = self.cast<Model&>();
+  const auto opening = model.parameter_version.views_opening();  // no call frees a stored weight meanwhile
   py::dict result;
   for (auto& [name, tensor] : model.parameters())
     result[name.c_str()] = dg::watched_view(*tensor, self, model.parameter_version);
@@ -141,12 +142,22 @@ PYBIND11_MODULE(tiny_tree, m) {
             stats["predicted_peak_bytes"] = last.predicted_peak_bytes;
             stats["calls"] = last.calls;
             stats["packed_weight_bytes"] = m.packed_weight_bytes();
+            stats["parameter_bytes"] = m.parameter_bytes();
             return stats;
           },
           "arena bytes of the last call: measured high-water mark and the plan's prediction")
       .def(
           "release_packed_weights", [](Model& m) { m.release_packed_weights(); },
           "Free the weights kept packed for the matrix products (the next call packs them again)")
+      .def_property(
+          "keep_plain_weights", [](const Model& m) { return m.keep_plain_weights(); },
+          [](Model& m, bool keep) {
+            py::gil_scoped_release release;
+            m.set_keep_plain_weights(keep);
+          },
+          "True (default): weights kept packed keep their stored copy too; False: forward() frees a weight "
+          "once packed when the packing is all it reads (weights held once), and anything that needs it "
+          "as stored (parameters(), save, load, training) writes it back exactly")
       .def("save", &save, py::arg("path"), "Save the parameters to a .npz file")
       .def("load", &load, py::arg("path"), "Load what save() wrote (shapes are checked first)");
 }

@@ -27,7 +27,8 @@ Model::Model(uint64_t seed) {
 }
 
 std::vector<std::pair<std::string, dg::Tensor<float>*>> Model::parameters() {
-  parameter_version.changed();  // the caller may write through these
+  parameter_version.restore_plain();  // weights whose packings held their only copy are stored again
+  parameter_version.changed();        // the caller may write through these
   return {
       {"emb", &emb},
       {"w", &w},
@@ -71,6 +72,15 @@ int64_t Model::packed_weight_bytes() const {
 
 void Model::release_packed_weights() {
   w_packed.release();
+}
+
+void Model::set_keep_plain_weights(bool keep) {
+  const auto writing = state_lock.writing();
+  parameter_version.keep_plain(keep);
+}
+
+int64_t Model::parameter_bytes() const {
+  return 72 * static_cast<int64_t>(sizeof(float)) - parameter_version.freed_plain_bytes();
 }
 
 Outputs Model::forward(const Inputs& inputs) const {
@@ -128,8 +138,8 @@ Outputs Model::forward(const Inputs& inputs) const {
       const int64_t rows = schedule.level_start[level + 1] - start;
       // tiny.py:48  return (dg.tanh(dg.concat([h_l, h_r], axis=1) @ w),)
       // h_l, h_r: gathered straight into node_concat's columns
-      dg::matmul(node_concat.data(), w_packed, w.ptr(), h_rows.data() + start * 4, /*M=*/rows, /*K=*/8,
-                 /*N=*/4, kernels::node_tanh_epilogue{});
+      dg::matmul(node_concat.data(), w_packed, h_rows.data() + start * 4, /*M=*/rows, /*K=*/8, /*N=*/4,
+                 kernels::node_tanh_epilogue{});
     }
   }
   dg::unsort_rows(h_rows.data(), schedule.order.data(), /*rows=*/schedule.rows(), /*width=*/4, h);

@@ -50,6 +50,18 @@ class Model {
   int64_t packed_weight_bytes() const;
   void release_packed_weights();
 
+  // Whether a weight the forward pass reads only through its kept packing keeps
+  // its stored copy as well (true, the default). When false, forward() frees it
+  // once packed, so the Model holds its weights once, and writes it back exactly
+  // when anything needs it as stored: parameters(), load(), save(), a training
+  // call, release_packed_weights(), or setting this true. A Tensor* from
+  // parameters() is then valid until the next forward() (runtime/dg_packed_weights.h).
+  bool keep_plain_weights() const { return parameter_version.plain_kept(); }
+  void set_keep_plain_weights(bool keep);
+
+  // Bytes the parameters hold as stored now (less while packings stand in for them).
+  int64_t parameter_bytes() const;
+
   // One step of training with momentum(lr=0.1, momentum=0.9): forward, loss, backward,
   // update. Returns the loss before the update. Needs every input (also labels).
   // A loss that is NaN or infinite throws dg::NonFiniteLoss and changes nothing;
@@ -137,8 +149,10 @@ class Model {
   // (runtime/dg_packed_weights.h). train_step(), apply_update(), load() and
   // parameters() count as changes, as does parameters_changed().
   dg::ParameterVersion parameter_version;
-  dg::KeptPackedB h_w_packed{parameter_version, /*tb=*/false, /*K=*/3, /*N=*/4};       // h_w
-  dg::KeptPackedB logits_w_packed{parameter_version, /*tb=*/false, /*K=*/4, /*N=*/2};  // logits_w
+  dg::KeptPackedB h_w_packed{parameter_version, h_w, /*tb=*/false, /*K=*/3, /*N=*/4,
+                             /*stands_in=*/true};  // h_w
+  dg::KeptPackedB logits_w_packed{parameter_version, logits_w, /*tb=*/false, /*K=*/4, /*N=*/2,
+                                  /*stands_in=*/true};  // logits_w
 
   // Gradients: one contiguous buffer (26 floats, what an allreduce sends), and
   // each parameter's gradient a slice of it, in gradients() order. Allocated by

@@ -49,6 +49,18 @@ class Model {
   int64_t packed_weight_bytes() const;
   void release_packed_weights();
 
+  // Whether a weight the forward pass reads only through its kept packing keeps
+  // its stored copy as well (true, the default). When false, forward() frees it
+  // once packed, so the Model holds its weights once, and writes it back exactly
+  // when anything needs it as stored: parameters(), load(), save(), a training
+  // call, release_packed_weights(), or setting this true. A Tensor* from
+  // parameters() is then valid until the next forward() (runtime/dg_packed_weights.h).
+  bool keep_plain_weights() const { return parameter_version.plain_kept(); }
+  void set_keep_plain_weights(bool keep);
+
+  // Bytes the parameters hold as stored now (less while packings stand in for them).
+  int64_t parameter_bytes() const;
+
   // Weights files: numpy .npz archives, the same as the Python module's save()
   // and load() (np.savez and np.savez_compressed files load too). A file holds
   // every parameter by name.
@@ -78,7 +90,8 @@ class Model {
   // (runtime/dg_packed_weights.h). train_step(), apply_update(), load() and
   // parameters() count as changes, as does parameters_changed().
   dg::ParameterVersion parameter_version;
-  dg::KeptPackedB w_packed{parameter_version, /*tb=*/false, /*K=*/8, /*N=*/4};  // w
+  dg::KeptPackedB w_packed{parameter_version, w, /*tb=*/false, /*K=*/8, /*N=*/4,
+                           /*stands_in=*/true};  // w
 };
 
 }  // namespace tiny_tree
