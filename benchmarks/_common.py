@@ -21,6 +21,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CACHE = ROOT / "build" / "bench"
+PEAK_N = 2048  # numpy's 2048^3 sgemm: the machine's peak that generated code is held against
 BUSY_LIMIT = 0.1  # cores taken by other processes (or the hypervisor) while measuring: warn above
 THREAD_VARS = (
     "OMP_NUM_THREADS",
@@ -195,6 +196,17 @@ def measure(fn, target_s: float, min_reps: int) -> dict:
         fn()
         times.append(time.perf_counter() - t0)
     return {"times": times, "cpu_per_wall": (time.process_time() - cpu0) / max(sum(times), 1e-9)}
+
+
+def sgemm_peak_gflops(target_s: float) -> float:
+    """numpy's float32 GFLOP/s on a large square product (2048^3): the machine's
+    sgemm throughput at this child's thread count, the yardstick of "% of peak"."""
+    import numpy as np
+
+    a = np.random.default_rng(0).standard_normal((PEAK_N, PEAK_N), dtype=np.float32)
+    a @ a  # warm up the pool and the caches
+    t = measure(lambda: a @ a, target_s, 3)
+    return 2.0 * PEAK_N**3 / min(t["times"]) / 1e9
 
 
 def cpu_accounting():

@@ -23,6 +23,13 @@ so the loss stays away from zero) and keeps training while timed; medians of sin
 steps, pooled over rounds (3, 1 with --quick) with the peers' order reversed every
 other round. Ratio = PyTorch / generated median (> 1: generated is faster). Targets,
 1 thread: >= 1.5 at batch 64, >= 1.0 at batch 256.
+
+Ceiling: the step's matrix-product FLOPs (forward, weight gradients, input
+gradients of the layers after the first) over the generated median, against the
+machine's sgemm peak (numpy's 2048^3 float32 product at that thread count,
+measured in the torch child after its timing), and the ratio the generated step
+would reach if it ran its products at that peak and everything else (loss,
+activations, the momentum update's passes over the weights) took no time.
 """
 
 from __future__ import annotations
@@ -35,7 +42,8 @@ import sys
 import time
 from pathlib import Path
 
-from _common import ROOT, build_module, import_module, machine_facts, measure, quiet_blas, run_rounds, set_threads
+from _common import (PEAK_N, ROOT, build_module, import_module, machine_facts, measure, quiet_blas, run_rounds,
+                     set_threads, sgemm_peak_gflops)
 
 BATCHES = (64, 256)
 THREADS = (1, 2)
@@ -43,6 +51,18 @@ PEERS = ("generated", "torch")
 TARGETS = {(64, 1): 1.5, (256, 1): 1.0}  # (batch, threads) -> torch / generated at least
 TOL = 1e-4
 POOL = 16  # batches a timing child cycles through
+
+
+LAYERS = ((784, 512), (512, 256), (256, 10))
+
+
+def step_flops(n: int) -> float:
+    """Multiply-add FLOPs of one train step's matrix products at batch n: each
+    layer's forward and weight gradient, and the input gradient of every layer
+    but the first (x needs none)."""
+    forward = sum(2.0 * n * k * m for k, m in LAYERS)
+    input_grads = sum(2.0 * n * k * m for k, m in LAYERS[1:])
+    return 2 * forward + input_grads
 
 
 def mlp_model():
@@ -152,6 +172,8 @@ def child(config: dict) -> None:
         print(f"  [round {config['round'] + 1}, {threads} thr] batch {n:3d} {peer:9s} "
               f"{statistics.median(times):8.3f} ms/step ({len(times)} steps timed, loss now "
               f"{state['loss']:.3f}, cpu/wall {t['cpu_per_wall']:.2f})", flush=True)
+    if peer == "torch":  # numpy's BLAS has this child's thread count (set before import)
+        out["peak_gflops"] = sgemm_peak_gflops(config["target_s"])
     Path(config["out"]).write_text(json.dumps(out))
 
 
@@ -183,6 +205,10 @@ def main() -> None:
         for r in res["mlp"]:
             pooled.setdefault((r["batch"], res["threads"], res["peer"]), []).extend(r["times_ms"])
     med = {key: statistics.median(times) for key, times in pooled.items()}
+    peaks = {}
+    for res in results:
+        if "peak_gflops" in res:
+            peaks[res["threads"]] = max(peaks.get(res["threads"], 0.0), res["peak_gflops"])
     records = []
     for n in BATCHES:
         for threads in THREADS:
@@ -198,19 +224,27 @@ def main() -> None:
                 "met": None if target is None else torch_ms / gen >= target,
                 "generated_speedup_vs_1_thread": round(med[(n, 1, "generated")] / gen, 3),
                 "torch_speedup_vs_1_thread": round(med[(n, 1, "torch")] / torch_ms, 3),
+                "product_gflops": round(step_flops(n) / gen / 1e6, 1),
+                "peak_gflops": round(peaks[threads], 1),
+                "ratio_at_peak": round(torch_ms / (step_flops(n) / peaks[threads] / 1e6), 3),
             })
 
     gen_threads = sorted({str(r.get("generated_threads")) for r in results if r["peer"] == "generated"})
     print(f"\nMLP 784-512-256-10 train step, median ms per step ({rounds} round(s) in {elapsed:.0f} s); "
           f"ratio = torch / generated (> 1: generated is faster); generated threads: {', '.join(gen_threads)}")
-    head = f"{'batch':>5} {'thr':>3} | {'generated':>9} {'torch':>8} | {'ratio':>6} {'target':>6} {'met':>3}"
+    head = (f"{'batch':>5} {'thr':>3} | {'generated':>9} {'torch':>8} | {'ratio':>6} {'target':>6} {'met':>3} | "
+            f"{'GFLOP/s':>7} {'peak':>6} {'of peak':>7} {'ratio at peak':>13}")
     print(head)
     print("-" * len(head))
     for r in records:
         target = f">={r['target']:g}" if r["target"] else "-"
         met = "-" if r["met"] is None else "yes" if r["met"] else "no"
         print(f"{r['batch']:5d} {r['threads']:3d} | {r['generated_ms']:9.3f} {r['torch_ms']:8.3f} | "
-              f"{r['ratio']:6.2f} {target:>6} {met:>3}")
+              f"{r['ratio']:6.2f} {target:>6} {met:>3} | {r['product_gflops']:7.1f} {r['peak_gflops']:6.1f} "
+              f"{r['product_gflops'] / r['peak_gflops']:7.0%} {r['ratio_at_peak']:13.2f}")
+    print(f"GFLOP/s: the step's matrix-product FLOPs / generated median; peak: numpy's {PEAK_N}^3 sgemm at "
+          "that thread count, same run;\nratio at peak: torch / the time those FLOPs take at peak (the most the "
+          "generated step could reach with nothing else costing time)")
     busy = [max(r["other_cores"], r["steal_cores"]) for r in results if r["other_cores"] is not None]
     if busy and max(busy) > 0.1:
         print(f"WARNING: other processes used up to {max(busy):.2f} cores while measuring: noisy figures")

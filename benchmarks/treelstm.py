@@ -55,6 +55,7 @@ from pathlib import Path
 
 from _common import (
     BUSY_LIMIT,
+    PEAK_N,
     ROOT,
     build_module,
     gemm_model,
@@ -63,6 +64,7 @@ from _common import (
     measure,
     quiet_blas,
     set_threads,
+    sgemm_peak_gflops,
 )
 from _common import run_child as run_child_process
 
@@ -72,7 +74,6 @@ PER_NODE_TARGET = 14.0  # issue #20: torch-node / generated at H <= 128, batch 1
 BATCHES = (1, 10)
 THREADS = (1, 2)
 GEMM_M = (1, 5, 20, 60)
-PEAK_N = 2048  # numpy's 2048^3 sgemm: the peak the level GEMMs and the whole forward are held against
 MEAN_LEAVES, MIN_LEAVES, MAX_LEAVES = 18, 2, 50
 PEERS = ("generated", "torch-node", "torch-level", "numpy-level")
 GEMM_PEER = {"generated": "generated", "numpy-level": "numpy"}  # which child also times the GEMM
@@ -215,17 +216,6 @@ def forward_flops(stats: dict, hidden: int) -> float:
     leaves = stats["leaves_per_batch"]
     internal = stats["nodes_per_batch"] - leaves
     return 2.0 * leaves * EMBED * 3 * hidden + 2.0 * internal * 2 * hidden * 5 * hidden
-
-
-def sgemm_peak_gflops(target_s: float) -> float:
-    """numpy's float32 GFLOP/s on a large square product (2048^3): the machine's
-    sgemm throughput at this child's thread count, the yardstick of "% of peak"."""
-    import numpy as np
-
-    a = np.random.default_rng(0).standard_normal((PEAK_N, PEAK_N), dtype=np.float32)
-    a @ a  # warm up the pool and the caches
-    t = measure(lambda: a @ a, target_s, 3)
-    return 2.0 * PEAK_N**3 / min(t["times"]) / 1e9
 
 
 # ----------------------------------------------------------------------------
