@@ -57,7 +57,7 @@ def params(model):
 
 def check(model, x):
     """forward() against numpy on the current parameters, at several batch sizes
-    (1-3 rows stream row-major weights, more read the packing)."""
+    (1-3 rows read the packing too, through the small-M tiles)."""
     p = params(model)
     for rows in (1, 2, 5, len(x)):
         got = model.forward(x=x[:rows])["logits"]
@@ -244,7 +244,7 @@ def test_weights_held_once_and_written_back_exactly(module, tmp_path):
     stored = params(twin)
     all_bytes = 4 * sum(v.size for v in stored.values())
     bias_bytes = 4 * sum(v.size for k, v in stored.items() if v.ndim == 1)
-    for rows in (1, 2, 5, 40):  # 1-3 rows read the packing too: the stored weights are gone
+    for rows in (1, 2, 5, 40):
         np.testing.assert_allclose(model.forward(x=x[:rows])["logits"], oracle(stored, x[:rows]),
                                    rtol=1e-4, atol=1e-5)
         assert held_bytes(model)[0] == bias_bytes

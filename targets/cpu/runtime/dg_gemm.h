@@ -866,8 +866,9 @@ inline void gemm_add(bool ta, bool tb, int64_t M, int64_t N, int64_t K,
 // strip, for its several row panels); it copies it to its packed place instead,
 // so packing costs little.  Smaller products read row-major B in place while it
 // is not packed yet (streamed up to kStreamMaxRows rows, one row panel up to
-// MR), so a loop of one- to few-row products (a batch of one tree) never packs.  The memory is scratch (dg_arena.h):
-// reused across calls.  B must not change while a PackedB of it is alive, and
+// MR), so a loop of one- to few-row products (a batch of one tree) never packs;
+// once packed, products of every M read the panels.  The memory is scratch
+// (dg_arena.h): reused across calls.  B must not change while a PackedB of it is alive, and
 // a PackedB is used by one thread at a time.
 class PackedB {
  public:
@@ -963,7 +964,11 @@ void gemm(bool ta, int64_t M, const float* A, int64_t lda, const PackedB& B,
     const int64_t N = B.N(), K = B.K();
     // A transposed B is packed (once for the loop) rather than streamed: the
     // micro-kernel reads packed panels faster than dot products read its rows.
-    const bool stream = DG_GEMM_SIMD && !B.tb() && M <= kStreamMaxRows && B.source() != nullptr;
+    // Once packed, B is read packed at every M: the panels are contiguous, each
+    // thread's share of N stays in its own cache from call to call, and that
+    // beats streaming the rows again (a forward pass's 1- to 3-row products by a
+    // kept weight, dg_packed_weights.h).
+    const bool stream = DG_GEMM_SIMD && !B.tb() && M <= kStreamMaxRows && !B.is_packed();
     // Up to MR rows (one row panel), gemm reads row-major B in place without any
     // copy: cheaper than packing unless B is packed already.
     const bool one_panel = !B.tb() && M <= MR && !B.is_packed();

@@ -167,15 +167,14 @@ class KeptPackedB {
   };
 
   // For a product of M rows: the packing, packed now if it is missing or older
-  // than the parameters; or the stored weight where the product should read it
-  // in place: a view may be writing it, or an M that streams row-major B
-  // directly (dg_gemm.h) and would not read a packing.
+  // than the parameters (read packed at every M, dg_gemm.h); or the stored
+  // weight where the product should read it in place: a view may be writing it.
   Use use(int64_t M) const {
     std::lock_guard<std::mutex> lock(mutex_);
     const bool stored = weight_.allocated();
     const bool watched = version_.watched();
     const bool frees = stands_in_ && !version_.plain_kept() && watched;  // the packing becomes the only copy
-    if (stored && (M <= 0 || !watched || (!frees && !tb_ && M <= gemm_detail::kStreamMaxRows))) {
+    if (stored && (M <= 0 || !watched)) {
       plain_readers_.fetch_add(1, std::memory_order_acq_rel);
       return Use(this, nullptr, weight_.ptr());
     }
