@@ -316,13 +316,15 @@ def test_weights_held_once_while_views_live(module):
     assert held_bytes(model)[0] < 4 * 40 * 48
 
 
-def test_weights_held_once_under_concurrent_calls(module):
-    """forward() calls at once with views opened and dropped and the setting
-    flipped: every result is right (no call reads a freed weight)."""
+def test_weights_held_once_under_concurrent_calls(module, tmp_path):
+    """forward() calls at once with views opened and dropped, the setting
+    flipped, and save/load of the same weights: every result and every saved
+    file is right (no call reads a freed weight, no save writes one as zeros)."""
     model = module.Model(23)
     model.keep_plain_weights = False
     x, _ = inputs(40)
-    expected = oracle(params(model), x)
+    stored = params(model)
+    expected = oracle(stored, x)
     errors, stop = [], threading.Event()
 
     def forwards():
@@ -341,6 +343,11 @@ def test_weights_held_once_under_concurrent_calls(module):
                 assert views["h_w"].shape == (40, 48)
                 del views
                 model.keep_plain_weights = not model.keep_plain_weights
+                model.save(str(tmp_path / "w.npz"))
+                saved = np.load(tmp_path / "w.npz")
+                for name, value in stored.items():
+                    np.testing.assert_array_equal(saved[name], value)
+                model.load(str(tmp_path / "w.npz"))
         except Exception as e:  # noqa: BLE001 - reported below
             errors.append(e)
 

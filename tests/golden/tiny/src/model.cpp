@@ -57,6 +57,7 @@ void Model::load(const std::string& path) {
   // Read and check the whole file first: a bad one throws before anything changed.
   const dg::StagedWeights staged = dg::stage_weights(path, tensors, state, /*trainable=*/false);
   const auto writing = state_lock.writing();
+  parameter_version.restore_plain();  // (again: a forward() before the lock may have freed one)
   dg::apply_weights(staged, tensors, state, /*step=*/nullptr);
   parameter_version.changed();
 }
@@ -66,7 +67,9 @@ void Model::save(const std::string& path) {
   const decltype(tensors) state = {};
   std::vector<dg::NpyOut> arrays;
   {
-    const auto reading = state_lock.reading();  // a whole state, not one half-way through a step
+    // A whole state, not one half-way through a step, and no forward() frees a weight while it is read.
+    const auto writing = state_lock.writing();
+    parameter_version.restore_plain();
     arrays = dg::weights_to_save(tensors, state, /*step=*/nullptr);
   }
   dg::save_weights(path, arrays);

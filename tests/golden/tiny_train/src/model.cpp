@@ -58,6 +58,7 @@ void Model::load(const std::string& path) {
   const dg::StagedWeights staged = dg::stage_weights(path, tensors, state, /*trainable=*/true);
   if (staged.with_state) allocate_optimizer_state();  // else it stays unallocated (zeros) or is reset
   const auto writing = state_lock.writing();
+  parameter_version.restore_plain();  // (again: a forward() before the lock may have freed one)
   dg::apply_weights(staged, tensors, state, &step);
   parameter_version.changed();
 }
@@ -67,7 +68,9 @@ void Model::save(const std::string& path) {
   const decltype(tensors) state = optimizer_slots();
   std::vector<dg::NpyOut> arrays;
   {
-    const auto reading = state_lock.reading();  // a whole state, not one half-way through a step
+    // A whole state, not one half-way through a step, and no forward() frees a weight while it is read.
+    const auto writing = state_lock.writing();
+    parameter_version.restore_plain();
     arrays = dg::weights_to_save(tensors, state, &step);
   }
   dg::save_weights(path, arrays);
