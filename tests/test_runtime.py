@@ -492,13 +492,14 @@ def assert_gemm_close(got, expected, K):
 
 
 # (M, N, K): 1x1x1, primes, one less / equal / one more than the tiles (MR x NR
-# = 4 x 8, 6 x 16, 12 x 32) and the K blocks (KC = 192, 256).
+# = 4 x 8, 6 x 16, 12 x 32; the narrow edge tile 16 or 8 wide) and the K blocks
+# (KC = 256, 1024).
 # fmt: off
 EDGE_SHAPES = [
     (1, 1, 1), (1, 1, 7), (2, 3, 1), (7, 13, 29), (13, 7, 29), (29, 13, 7),
     (3, 7, 9), (4, 8, 8), (5, 9, 17), (5, 15, 16), (6, 16, 191), (7, 17, 193),
     (11, 31, 255), (12, 32, 256), (13, 33, 257), (25, 47, 100), (47, 63, 385), (49, 65, 64),
-    (143, 95, 31), (145, 97, 513),
+    (143, 95, 31), (145, 97, 513), (25, 48, 1023), (13, 40, 1024), (26, 9, 1025), (3, 49, 2049),
 ]
 # fmt: on
 TATB = [(False, False), (True, False), (False, True), (True, True)]

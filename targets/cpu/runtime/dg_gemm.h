@@ -14,9 +14,11 @@
 //     k runs over a block of K; per k it loads NR floats of B, broadcasts MR
 //     floats of A and does MR * NR / width fused multiply-adds.
 //   * Cache blocking (5): K is cut into blocks of at most KC, so that one B
-//     micro-panel (KC x NR floats) stays in L1 while the kernel runs down all
-//     row panels of a block of at most MC x KC floats of packed A, which stays
-//     in L2.  Packed B is made in blocks of at most KC x NC.
+//     micro-panel (KC x NR floats) stays in cache while the kernel runs down
+//     all row panels of a block of at most MC x KC floats of packed A, which
+//     stays in L2.  Packed B is made in blocks of at most KC x NC.  The last
+//     micro-panel, when it has at most kEdgeCols columns (N = 10 logits), gets
+//     a tile half as wide: half the multiply-adds.
 //   * Packing A (3): A is copied into row panels of at most MR rows, the values
 //     of one k side by side, so that the kernel reads it sequentially.  Rows are
 //     shared out evenly (20 rows: 5 + 5 + 5 + 5, not 6 + 6 + 6 + 2).  When N
@@ -100,8 +102,14 @@ namespace gemm_detail {
 //
 // MR x NR: the register tile of C.  It takes MR * NR / width accumulator
 //     registers, plus NR / width for a row of B and one for a broadcast of A.
-// KC: depth of a K block; one B micro-panel (KC x NR floats) should fill about
-//     half of L1 (32-48 KiB).
+// KC: depth of a K block.  Each K block ends with every tile of C read, added
+//     to and written back, and each micro-kernel call with its accumulators
+//     stored, so deeper blocks cost less as long as a B micro-panel (KC x NR
+//     floats) streams from L2 at the kernel's pace (2 cache lines per k for
+//     MR x NR multiply-adds) and the A block fits in L2 beside it.  Measured
+//     on an AVX-512 Zen 4 core (1 MiB L2): KC 1024 instead of 192 takes
+//     [256, 784] @ [784, 512] from 110 to 113 GFLOP/s on one core and from
+//     203 to 224 on two; the AVX2 tile (6 x 16) gained nothing from it there.
 // MC: rows of packed A per block; MC x KC floats should fit in L2.
 // NC: columns of packed B per block; KC x NC floats should fit in L2/L3.
 // MC must be a multiple of MR and NC of NR.
@@ -114,7 +122,8 @@ namespace gemm_detail {
 // 32 zmm registers: 12 x 2 = 24 accumulators + 2 for B + 1 for A.
 constexpr const char* kIsa = "avx512";
 constexpr int MR = 12, NR = 32;
-constexpr int64_t KC = 192, MC = 144, NC = 2048;
+constexpr int kEdgeCols = 16;  // see below
+constexpr int64_t KC = 1024, MC = 144, NC = 2048;  // A block 576 KiB
 
 using Vec = __m512;
 constexpr int kWidth = 16;  // floats per vector
@@ -140,6 +149,7 @@ inline float vsum(Vec v) {  // the lanes' sum
 // 16 ymm registers: 6 x 2 = 12 accumulators + 2 for B + 1 for A.
 constexpr const char* kIsa = "avx2";
 constexpr int MR = 6, NR = 16;
+constexpr int kEdgeCols = 8;
 constexpr int64_t KC = 256, MC = 144, NC = 2048;
 
 using Vec = __m256;
@@ -162,12 +172,17 @@ inline float vsum(Vec v) {  // the lanes' sum
 // Plain C++: a 4 x 8 tile is 8 SSE registers (or 8 NEON registers).
 constexpr const char* kIsa = "portable";
 constexpr int MR = 4, NR = 8;
+constexpr int kEdgeCols = NR;  // no narrower tile
 constexpr int64_t KC = 256, MC = 128, NC = 2048;
 #define DG_GEMM_SIMD 0
 
 #endif
 
 static_assert(MC % MR == 0 && NC % NR == 0, "MC must be a multiple of MR and NC of NR");
+// kEdgeCols: the width of the narrow tile that a last micro-panel of at most
+// that many columns gets (half of NR where a vector is half a tile row): a
+// product with N = 10 then does 16 columns of multiply-adds per row, not 32.
+static_assert(NR % kEdgeCols == 0, "kEdgeCols must divide NR");
 
 // Products with at most this many rows and a row-major B take the streaming
 // path (SIMD builds only).  Measured on Zen 3: streaming wins for 1-3 rows,
@@ -184,17 +199,17 @@ constexpr int64_t kInPlaceBMaxRows = MC;
 // 2. Micro-kernels
 // =============================================================================
 //
-// micro_kernel<ROWS>(kc, a, a_rs, a_ks, b, ldb, c, ldc, accumulate) computes,
-// for r < ROWS and j < NR,
+// micro_kernel<ROWS, PACKED, COLS>(kc, a, a_rs, a_ks, b, ldb, c, ldc, accumulate)
+// computes, for r < ROWS and j < COLS (NR, or kEdgeCols for a narrow last panel),
 //     sum[r][j] = sum over k < kc of a[r*a_rs + k*a_ks] * b[k*ldb + j]
 // and stores c[r*ldc + j] = sum[r][j], or adds it to c when accumulate is set.
 //   a: a packed A row panel (a_rs == 1, a_ks == MR; slots >= ROWS are not
 //      read), or A itself when it is read in place (either layout),
-//   b: NR floats per k, ldb floats apart: a packed B micro-panel (ldb == NR),
+//   b: COLS floats per k, ldb floats apart: a packed B micro-panel (ldb == NR),
 //      or B itself when it is read in place.
 // Row panels have MR rows or a few less (see panel_start), so no work is
 // wasted on padding rows.  Every element gets the same multiply-adds in the
-// same order whatever ROWS is.
+// same order whatever ROWS and COLS are.
 
 // PACKED: a is a packed panel, i.e. a_rs == 1 and a_ks == MR, known to the
 // compiler: the broadcasts then take constant offsets from one pointer instead
@@ -202,11 +217,11 @@ constexpr int64_t kInPlaceBMaxRows = MC;
 
 #if DG_GEMM_SIMD
 
-template <int ROWS, bool PACKED>
+template <int ROWS, bool PACKED, int COLS>
 inline void micro_kernel(int64_t kc, const float* a, int64_t a_rs, int64_t a_ks, const float* b,
                          int64_t ldb, float* c, int64_t ldc, bool accumulate) {
     if (PACKED) a_rs = 1, a_ks = MR;
-    constexpr int NV = NR / kWidth;  // vectors per tile row
+    constexpr int NV = COLS / kWidth;  // vectors per tile row
     Vec acc[ROWS][NV];
     DG_GEMM_UNROLL
     for (int r = 0; r < ROWS; ++r) {
@@ -238,41 +253,46 @@ inline void micro_kernel(int64_t kc, const float* a, int64_t a_rs, int64_t a_ks,
 
 #else  // portable
 
-template <int ROWS, bool PACKED>
+template <int ROWS, bool PACKED, int COLS>
 inline void micro_kernel(int64_t kc, const float* a, int64_t a_rs, int64_t a_ks, const float* b,
                          int64_t ldb, float* c, int64_t ldc, bool accumulate) {
     if (PACKED) a_rs = 1, a_ks = MR;
-    float acc[ROWS][NR] = {};
+    float acc[ROWS][COLS] = {};
     for (int64_t k = 0; k < kc; ++k) {
         DG_GEMM_UNROLL
         for (int r = 0; r < ROWS; ++r) {
             const float ar = a[r * a_rs];
-            for (int j = 0; j < NR; ++j) acc[r][j] += ar * b[j];
+            for (int j = 0; j < COLS; ++j) acc[r][j] += ar * b[j];
         }
         a += a_ks;
         b += ldb;
     }
     for (int r = 0; r < ROWS; ++r) {
         float* p = c + r * ldc;
-        for (int j = 0; j < NR; ++j) p[j] = accumulate ? p[j] + acc[r][j] : acc[r][j];
+        for (int j = 0; j < COLS; ++j) p[j] = accumulate ? p[j] + acc[r][j] : acc[r][j];
     }
 }
 
 #endif
 
-// kernel_for(rows, packed): the micro-kernel for a panel of `rows` rows (1..MR)
-// of packed A (or of A in place), from tables of micro_kernel<1>, ..., <MR>.
+// kernel_for(rows, packed, narrow): the micro-kernel for a panel of `rows` rows
+// (1..MR) of packed A (or of A in place), NR columns wide or, when `narrow`,
+// kEdgeCols, from tables of micro_kernel<1>, ..., <MR>.
 using KernelFn = void (*)(int64_t kc, const float* a, int64_t a_rs, int64_t a_ks, const float* b,
                           int64_t ldb, float* c, int64_t ldc, bool accumulate);
 
-template <bool PACKED, size_t... R>
+template <bool PACKED, int COLS, size_t... R>
 constexpr std::array<KernelFn, sizeof...(R)> kernel_table(std::index_sequence<R...>) {
-    return {{&micro_kernel<int(R) + 1, PACKED>...}};
+    return {{&micro_kernel<int(R) + 1, PACKED, COLS>...}};
 }
 
-inline KernelFn kernel_for(int64_t rows, bool packed) {
-    static constexpr std::array<KernelFn, MR> in_place = kernel_table<false>(std::make_index_sequence<MR>());
-    static constexpr std::array<KernelFn, MR> panels = kernel_table<true>(std::make_index_sequence<MR>());
+inline KernelFn kernel_for(int64_t rows, bool packed, bool narrow = false) {
+    using Rows = std::make_index_sequence<MR>;
+    static constexpr std::array<KernelFn, MR> in_place = kernel_table<false, NR>(Rows());
+    static constexpr std::array<KernelFn, MR> panels = kernel_table<true, NR>(Rows());
+    static constexpr std::array<KernelFn, MR> in_place_narrow = kernel_table<false, kEdgeCols>(Rows());
+    static constexpr std::array<KernelFn, MR> panels_narrow = kernel_table<true, kEdgeCols>(Rows());
+    if (narrow) return packed ? panels_narrow[rows - 1] : in_place_narrow[rows - 1];
     return packed ? panels[rows - 1] : in_place[rows - 1];
 }
 
@@ -705,18 +725,20 @@ void gemm_part(const Operand& A, const Operand& B, int64_t K, float* C, int64_t 
                         bp = b_pack;  // the partial last micro-panel, packed above
                     }
 
+                    // A last panel of at most kEdgeCols columns gets the narrow tile.
+                    const bool narrow = nr <= kEdgeCols && kEdgeCols < NR;
                     for (int64_t q = 0; q < panel_count(mc); ++q) {
                         const int64_t ir = panel_start(mc, q), mr = panel_start(mc, q + 1) - ir;
-                        const KernelFn kernel = kernel_for(mr, !a_in_place);
+                        const KernelFn kernel = kernel_for(mr, !a_in_place, narrow);
                         const float* ap = a_pack + q * MR * kc;
                         if (a_in_place) {
                             ap = A.trans ? A.p + pc * A.ld + ic + ir : A.p + (ic + ir) * A.ld + pc;
                         }
                         float* cp = C + (ic + ir) * ldc + jc + jr;
-                        if (nr == NR) {
+                        if (nr == (narrow ? kEdgeCols : NR)) {
                             kernel(kc, ap, a_rs, a_ks, bp, ldbp, cp, ldc, !first);
                         } else {
-                            // Partial width: compute the whole tile aside, keep nr columns.
+                            // Partial width: compute the tile aside, keep nr columns.
                             kernel(kc, ap, a_rs, a_ks, bp, ldbp, tile, NR, false);
                             for (int64_t r = 0; r < mr; ++r) {
                                 float* c_row = cp + r * ldc;
