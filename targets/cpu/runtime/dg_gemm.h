@@ -493,38 +493,29 @@ inline void pack_a(const Operand& A, int64_t i0, int64_t mc, int64_t p0, int64_t
         // the height are garbage and spill into the next k (or past the
         // panel's end), which is written afterwards, in order.
         // Rows 8..11 of a taller panel (AVX-512's 12) go through a 4 x 8
-        // transpose and 4-float stores instead of a second 8 x 8 block.
-        static_assert(MR <= 16, "pack_a transposes at most two blocks of rows");
-        const int blocks = int(rows + 7) / 8;
-        const bool short_second = rows > 8 && rows <= 12;
+        // transpose and 4-float stores.
+        static_assert(MR <= 12, "pack_a transposes at most 8 + 4 rows");
         for (; k + 8 <= kc; k += 8) {
-            __m256 cols[8], tail[4];
-            __m256 in[8];
+            __m256 in[8], cols[8];
             for (int j = 0; j < 8; ++j) in[j] = _mm256_loadu_ps(s + (j < rows ? j : 0) * A.ld + k);
             transpose_8x8(in, cols);
-            if (short_second) {
-                for (int j = 0; j < 4; ++j) in[j] = _mm256_loadu_ps(s + (8 + j < rows ? 8 + j : 0) * A.ld + k);
-                const __m256 t0 = _mm256_unpacklo_ps(in[0], in[1]), t1 = _mm256_unpackhi_ps(in[0], in[1]);
-                const __m256 t2 = _mm256_unpacklo_ps(in[2], in[3]), t3 = _mm256_unpackhi_ps(in[2], in[3]);
-                tail[0] = _mm256_shuffle_ps(t0, t2, 0x44);  // k + 0 | k + 4
-                tail[1] = _mm256_shuffle_ps(t0, t2, 0xEE);  // k + 1 | k + 5
-                tail[2] = _mm256_shuffle_ps(t1, t3, 0x44);  // k + 2 | k + 6
-                tail[3] = _mm256_shuffle_ps(t1, t3, 0xEE);  // k + 3 | k + 7
-                for (int kk = 0; kk < 8; ++kk) {
-                    _mm256_storeu_ps(d + (k + kk) * rows, cols[kk]);
-                    const __m256 t = tail[kk % 4];
-                    _mm_storeu_ps(d + (k + kk) * rows + 8, kk < 4 ? _mm256_castps256_ps128(t) : _mm256_extractf128_ps(t, 1));
-                }
-            } else if (blocks == 2) {
-                __m256 cols2[8];
-                for (int j = 0; j < 8; ++j) in[j] = _mm256_loadu_ps(s + (8 + j < rows ? 8 + j : 0) * A.ld + k);
-                transpose_8x8(in, cols2);
-                for (int kk = 0; kk < 8; ++kk) {
-                    _mm256_storeu_ps(d + (k + kk) * rows, cols[kk]);
-                    _mm256_storeu_ps(d + (k + kk) * rows + 8, cols2[kk]);
-                }
-            } else {
+            if (rows <= 8) {
                 for (int kk = 0; kk < 8; ++kk) _mm256_storeu_ps(d + (k + kk) * rows, cols[kk]);
+                continue;
+            }
+            for (int j = 0; j < 4; ++j) in[j] = _mm256_loadu_ps(s + (8 + j < rows ? 8 + j : 0) * A.ld + k);
+            const __m256 t0 = _mm256_unpacklo_ps(in[0], in[1]), t1 = _mm256_unpackhi_ps(in[0], in[1]);
+            const __m256 t2 = _mm256_unpacklo_ps(in[2], in[3]), t3 = _mm256_unpackhi_ps(in[2], in[3]);
+            const __m256 tail[4] = {
+                _mm256_shuffle_ps(t0, t2, 0x44),  // k + 0 | k + 4
+                _mm256_shuffle_ps(t0, t2, 0xEE),  // k + 1 | k + 5
+                _mm256_shuffle_ps(t1, t3, 0x44),  // k + 2 | k + 6
+                _mm256_shuffle_ps(t1, t3, 0xEE),  // k + 3 | k + 7
+            };
+            for (int kk = 0; kk < 8; ++kk) {
+                _mm256_storeu_ps(d + (k + kk) * rows, cols[kk]);
+                const __m256 t = tail[kk % 4];
+                _mm_storeu_ps(d + (k + kk) * rows + 8, kk < 4 ? _mm256_castps256_ps128(t) : _mm256_extractf128_ps(t, 1));
             }
         }
 #endif
