@@ -43,11 +43,13 @@ What is counted
            persistent: MemoryModel's parameters, gradients and optimizer state
              (the last two once a train_step allocated them: memory_stats()'s
              training_state_bytes must equal the plan's), plus the weights forward()
-             keeps packed (memory_stats()["packed_weight_bytes"]). forward* rows
-             set keep_plain_weights = False: a weight whose packing is all the
-             forward pass reads is held packed only, and the parameters count
-             what memory_stats()["parameter_bytes"] measures (elsewhere it must
-             equal the plan's).
+             keeps packed (memory_stats()["packed_weight_bytes"]). forward rows
+             use the module's default, keep_plain_weights = False: a weight whose
+             packing is all the forward pass reads is held packed only, and the
+             parameters count what memory_stats()["parameter_bytes"] measures;
+             forward+ rows set it True (the C++ Model's default: each such weight
+             held stored and packed), and there, as in train rows, it must equal
+             the plan's.
   torch    transient peak: the highest running total of bytes allocated minus
              bytes freed during the step, over what was live when it began
              (parameters, .grad, momentum buffers), including the outputs
@@ -226,15 +228,15 @@ def deepgen_case(built: dict, step: str, inputs: dict, dims: dict, sched: dict |
     mm = MemoryModel(graph, built["plan"])
     at = {d: dims[str(d)] for d in graph.dims}
     arena = {"train": mm.arena, "train*": mm.freed_arena, "forward": mm.forward_arena,
-             "forward*": mm.forward_arena}[step]
+             "forward+": mm.forward_arena}[step]
     training = step.startswith("train")
     if training:
         model.keep_gradients = step == "train"  # train*: each gradient freed by its update
         model.train_step(**inputs)  # warm-up (the buffers are members: nothing changes, but the same protocol)
         model.train_step(**inputs)
     else:
-        if step == "forward*" and hasattr(model, "keep_plain_weights"):
-            model.keep_plain_weights = False  # forward*: a packed weight's stored copy freed
+        if step == "forward+" and hasattr(model, "keep_plain_weights"):
+            model.keep_plain_weights = True  # forward+: a packed weight keeps its stored copy
         model.forward(**{k: v for k, v in inputs.items() if k != "labels"})  # warm-up
         model.forward(**{k: v for k, v in inputs.items() if k != "labels"})
     formula = mm.at(arena, at)
@@ -242,7 +244,7 @@ def deepgen_case(built: dict, step: str, inputs: dict, dims: dict, sched: dict |
     outputs = mm.at(mm.categories["outputs"], at)
     params = mm.at(mm.categories["parameters"], at)
     held = int(stats.get("parameter_bytes", params))  # measured: less where packings stand in for weights
-    if step != "forward*":
+    if step != "forward" or not hasattr(model, "keep_plain_weights"):
         assert held == params, f"the parameters hold {held} bytes, the plan says {params}"
     if training:  # the loss train_step returns: a buffer of its own too
         outputs += mm.at(mm.categories["loss"], at)
@@ -527,15 +529,15 @@ def main() -> None:
     tree_params = {k: np.array(v, copy=True)
                    for k, v in built["treelstm"]["module"].Model(seed=0).parameters().items()}
     rows = []
-    for step in ("forward", "forward*", "train", "train*"):
+    for step in ("forward", "forward+", "train", "train*"):
         for b in MLP_BATCHES:
             inputs = mlp_inputs[b]
             dg = deepgen_case(built["mlp"], step, inputs, {"N": b}, None)
             # train*: PyTorch's default zero_grad() (set_to_none=True): .grad freed, then made again by backward
-            pt = torch_mlp_case(mlp_params, mlp_hyper, step.rstrip("*"), inputs["x"], inputs["labels"],
+            pt = torch_mlp_case(mlp_params, mlp_hyper, step.rstrip("*+"), inputs["x"], inputs["labels"],
                                 set_to_none=step == "train*")
             rows.append({"model": "mlp", "step": step, "batch": b, "workload": {"N": b}, "deepgen": dg, "torch": pt})
-    for step in ("forward", "forward*"):
+    for step in ("forward", "forward+"):
         for b in TREE_BATCHES:
             batch, sched = trees[b], scheds[b]
             dims = {"trees_nodes": sched["nodes"], "trees_count": b}
@@ -579,10 +581,11 @@ Legend (bytes in KiB = 1024 bytes; one step, after a warm-up step):
   train*      deepgen with keep_gradients = False (each gradient in the arena until its update
               has used it; none held between steps) against PyTorch's default
               opt.zero_grad(set_to_none=True) (.grad freed at the start, made again by backward)
-  forward     deepgen's default: a weight kept packed keeps its stored copy too
-  forward*    deepgen with keep_plain_weights = False: forward() frees a weight's stored copy once
-              packed (the packing stands in for it), so each weight is held once; parameters are
-              then what memory_stats()["parameter_bytes"] measures (the biases, not packed)""")
+  forward     the module's default (keep_plain_weights = False): forward() frees a weight's stored
+              copy once packed (the packing stands in for it), so each weight is held once;
+              parameters are then what memory_stats()["parameter_bytes"] measures (the biases)
+  forward+    keep_plain_weights = True, the C++ Model's default (C++ code may hold a Tensor* or
+              read a member): a weight kept packed keeps its stored copy too""")
     head = (f"{'model':<9} {'step':<8} {'batch':>5} | {'dg arena':>9} {'dg out':>8} {'dg rec.ws':>9} "
             f"{'dg act.pk':>9} | {'torch pk':>9} | {'torch/dg':>8} | {'dg persist':>10} {'torch pers':>10} | "
             f"{'dg total':>9} {'torch tot':>9} {'tot t/dg':>8} | pk==pred")

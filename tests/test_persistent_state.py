@@ -238,8 +238,8 @@ def held_bytes(model):
 
 def test_weights_held_once_and_written_back_exactly(module, tmp_path):
     model, twin = module.Model(20), module.Model(20)
-    model.keep_plain_weights = False
-    assert twin.keep_plain_weights and not model.keep_plain_weights
+    assert not model.keep_plain_weights  # the Python module's default: weights held once
+    twin.keep_plain_weights = True  # the oracle keeps both (the C++ Model's default)
     x, labels = inputs(40)
     stored = params(twin)
     all_bytes = 4 * sum(v.size for v in stored.values())
@@ -251,7 +251,7 @@ def test_weights_held_once_and_written_back_exactly(module, tmp_path):
     np.testing.assert_array_equal(model.forward(x=x)["logits"], twin.forward(x=x)["logits"])
     packed = held_bytes(model)[1]
     assert packed == held_bytes(twin)[1] and packed >= all_bytes - bias_bytes
-    assert held_bytes(twin)[0] == all_bytes  # the default keeps both
+    assert held_bytes(twin)[0] == all_bytes  # keep_plain_weights = True keeps both
 
     # parameters() writes them back bit for bit; the next forward frees them again
     for name, value in model.parameters().items():

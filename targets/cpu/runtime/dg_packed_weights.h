@@ -25,7 +25,8 @@
 // call (StepScope, change_on_exit), release_packed_weights(), or setting
 // keep_plain_weights again.  The stored pointer of such a weight is then valid
 // until the next forward(): C++ code that keeps a Tensor* from parameters()
-// across calls leaves keep_plain_weights set (the default).
+// across calls leaves keep_plain_weights set (the C++ Model's default; the
+// Python module, which hands out no raw pointers, clears it).
 //
 // Part of the deepgen runtime: hand-written, copied unchanged into every
 // generated project. Header-only, C++17.

@@ -93,9 +93,9 @@ class Model:
 
     def release_packed_weights(self) -> None:
         """Frees the weights kept packed for the matrix products (the next call packs them again)."""
-    # True (default): weights kept packed keep their stored copy too; False: forward()
-    # frees a weight once packed when the packing is all it reads (weights held once),
-    # and parameters(), save, load and training write it back exactly.
+    # False (default here): forward() frees a weight once packed when the packing is all
+    # it reads (weights held once), and parameters(), save, load and training write it
+    # back exactly; True: weights kept packed keep their stored copy too (the C++ default).
     keep_plain_weights: bool
 
     def save(self, path: str) -> None:

@@ -127,8 +127,15 @@ PYBIND11_MODULE(tiny_tree, m) {
       "How this module was built: the GEMM micro-kernel compiled in (avx512, avx2 or portable), OpenMP, "
       "compiler");
   py::class_<Model>(m, "Model")
-      .def(py::init<uint64_t>(), py::arg("seed") = 0,
-           "Parameters drawn from `seed`, as deepgen's numpy reference draws them.")
+      // Python code reaches the weights only through parameters(), save() and load(), which write a
+      // weight freed by its packing back first, so the module holds each weight once by default (the
+      // C++ Model keeps both, since C++ code may keep a Tensor* or read a member directly).
+      .def(py::init([](uint64_t seed) {
+             auto model = std::make_unique<Model>(seed);
+             model->set_keep_plain_weights(false);
+             return model;
+           }),
+           py::arg("seed") = 0, "Parameters drawn from `seed`, as deepgen's numpy reference draws them.")
       .def("forward", &forward, "forward(**inputs) -> dict of output name -> numpy array")
       .def("parameters", &parameter_views,
            "dict of parameter name -> writable numpy view of the model's memory (writes through it are not "
@@ -155,9 +162,9 @@ PYBIND11_MODULE(tiny_tree, m) {
             py::gil_scoped_release release;
             m.set_keep_plain_weights(keep);
           },
-          "True (default): weights kept packed keep their stored copy too; False: forward() frees a weight "
-          "once packed when the packing is all it reads (weights held once), and anything that needs it "
-          "as stored (parameters(), save, load, training) writes it back exactly")
+          "False (the module's default): forward() frees a weight once packed when the packing is all it "
+          "reads (weights held once), and anything that needs it as stored (parameters(), save, load, "
+          "training) writes it back exactly; True: weights kept packed keep their stored copy too")
       .def("save", &save, py::arg("path"), "Save the parameters to a .npz file")
       .def("load", &load, py::arg("path"), "Load what save() wrote (shapes are checked first)");
 }

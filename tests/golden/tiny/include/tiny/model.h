@@ -48,7 +48,8 @@ class Model {
   void release_packed_weights();
 
   // Whether a weight the forward pass reads only through its kept packing keeps
-  // its stored copy as well (true, the default). When false, forward() frees it
+  // its stored copy as well (true, the default here; the Python module sets it
+  // false: Python reaches the weights only through the calls below). When false, forward() frees it
   // once packed, so the Model holds its weights once, and writes it back exactly
   // when anything needs it as stored: parameters(), load(), save(), a training
   // call, release_packed_weights(), or setting this true. A Tensor* from
