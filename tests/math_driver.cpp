@@ -9,7 +9,7 @@
 //                                         double-precision libm; prints one line of key=value
 //   math_driver bench FN N REPS           ns per element of dg::math vs the float libm function
 //
-// FN: exp expm1 log log1p tanh erf.  All evaluation goes through `apply`, whose inner loop has a
+// FN: exp expm1 log log1p tanh erf sigmoid (1 / (1 + e^-x): its "libm" is that formula in float).  All evaluation goes through `apply`, whose inner loop has a
 // constant trip count of 16 so that GCC vectorizes it even at -O2 (the cheap cost model does not
 // vectorize loops that need an epilogue): the tests check the vectorized code.
 #include <algorithm>
@@ -51,6 +51,14 @@ DG_FN(log1p)
 DG_FN(tanh)
 DG_FN(erf)
 #undef DG_FN
+// No libm function: the plain formula in float (what a kernel would write), and in double as the reference.
+struct sigmoid_dg {
+    float operator()(float v) const { return dg::math::sigmoid_f(v); }
+};
+struct sigmoid_libm {
+    float operator()(float v) const { return 1.0f / (1.0f + std::exp(-v)); }
+};
+double sigmoid_ref(double v) { return 1.0 / (1.0 + std::exp(-v)); }
 
 struct Fn {
     const char* name;
@@ -61,7 +69,9 @@ struct Fn {
 
 #define DG_ENTRY(NAME) \
     {#NAME, apply<NAME##_dg>, apply<NAME##_libm>, [](double v) { return std::NAME(v); }}
-const Fn kFns[] = {DG_ENTRY(exp), DG_ENTRY(expm1), DG_ENTRY(log), DG_ENTRY(log1p), DG_ENTRY(tanh), DG_ENTRY(erf)};
+const Fn kFns[] = {DG_ENTRY(exp),  DG_ENTRY(expm1), DG_ENTRY(log),
+                   DG_ENTRY(log1p), DG_ENTRY(tanh), DG_ENTRY(erf),
+                   {"sigmoid", apply<sigmoid_dg>, apply<sigmoid_libm>, sigmoid_ref}};
 #undef DG_ENTRY
 
 const Fn* find_fn(const char* name) {

@@ -163,3 +163,35 @@ def test_ir_stops_after_each_stage(capsys, stage, expect):
     assert expect in out
     if stage == "optimize":
         assert "d_logits" not in out  # the backward pass comes with differentiate
+
+
+def test_sigmoid_prints_as_one_function_where_its_tanh_is_not_shared():
+    """The ops write sigmoid as (1 + tanh(x/2)) / 2; the CPU printer folds each such sum into
+    dg::math::sigmoid_f (an identity: checked numerically), unless the tanh is read elsewhere too,
+    and serves sigmoid(v) and sigmoid(-v) with one evaluation. CUDA prints the tanh form."""
+    import sympy
+
+    from generator.codegen.cuda_printer import CudaPrinter
+    from generator.codegen.printer import FloatPrinter, Sigmoid
+
+    x, c, n, h = sympy.symbols("x c n h", real=True)
+    t = sympy.tanh(x / 2)
+    z = (1 + t) / 2
+    cases = {  # expression -> (sigmoid_f calls, tanh_f calls) in the CPU's printing
+        z: (1, 0),
+        c * z + (1 - t) * n: (1, 0),  # sigmoid(x) and sigmoid(-x): one call, 1 - it
+        (1 - z) * n + z * h: (1, 0),  # a GRU's mix
+        1 - sympy.tanh(2 * x): (1, 0),
+        z + t**2: (0, 1),  # the tanh is read outside the sum: kept (one call, shared)
+        (1 - t**2) / 4: (0, 2),  # (a square prints as a product of two calls: one for the compiler)
+    }
+    for expr, (sigmoids, tanhs) in cases.items():
+        folded = FloatPrinter.fold(expr)
+        temps, (body,) = sympy.cse([folded])  # as the kernels print it: shared calls once
+        text = " ; ".join(FloatPrinter({}).doprint(e) for e in [*(v for _, v in temps), body])
+        assert (text.count("sigmoid_f("), text.count("tanh_f(")) == (sigmoids, tanhs), (expr, text)
+        assert "sigmoid" not in CudaPrinter({}).doprint(CudaPrinter.fold(expr))
+        plain = folded.replace(lambda e: isinstance(e, Sigmoid), lambda e: 1 / (1 + sympy.exp(-e.args[0])))
+        for value in (-30.0, -3.5, -0.25, 0.0, 0.7, 12.0):
+            at = {x: value, c: 1.5, n: -2.0, h: 0.75}
+            assert abs(float(plain.evalf(subs=at)) - float(expr.evalf(subs=at))) < 1e-12, (expr, value)

@@ -27,8 +27,12 @@ _KEEP = ("_print_Max", "_print_Min")
 _C99 = {name: method for name, method in vars(C99CodePrinter).items()
         if name.startswith("_print_") and name not in _KEEP}
 
+# No expression rewriting (sigmoid stays (1 + tanhf(x/2)) / 2: C99 has no sigmoid).
+_PLAIN = {"fold": staticmethod(lambda expr: expr)}
+
 CudaPrinter = type(
     "CudaPrinter",
     (FloatPrinter,),
-    {**_C99, "__doc__": "Single-precision C99 math, valid in CUDA device and host code.", "__module__": __name__},
+    {**_C99, **_PLAIN, "__doc__": "Single-precision C99 math, valid in CUDA device and host code.",
+     "__module__": __name__},
 )

@@ -82,7 +82,7 @@ def ewise_kernel(node, names, comment: str, printer_cls=FloatPrinter, views=None
     for k, v in enumerate(node.inputs):
         loads[ARGS[k]] = f"{names[v]}[{size_expr(_index(loop_vars, extents, k, views))}]"
     printer = printer_cls(loads)
-    replacements, (expr,) = sympy.cse([node.attrs["expr"]], symbols=sympy.numbered_symbols("_t"))
+    replacements, (expr,) = sympy.cse([printer.fold(node.attrs["expr"])], symbols=sympy.numbered_symbols("_t"))
     temps = []
     for sym, sub in replacements:
         printer.loads[sym] = str(sym)
@@ -174,7 +174,7 @@ def epilogue_kernel(node, names, comment: str, printer_cls=FloatPrinter) -> Kern
         uses_col |= role in ("col", "full")
         loads[ARGS[k]] = f"{names[v]}[{size_expr(index)}]"
     printer = printer_cls(loads)
-    replacements, (expr,) = sympy.cse([node.attrs["epilogue"]], symbols=sympy.numbered_symbols("_t"))
+    replacements, (expr,) = sympy.cse([printer.fold(node.attrs["epilogue"])], symbols=sympy.numbered_symbols("_t"))
     temps = []
     for sym, sub in replacements:
         printer.loads[sym] = str(sym)

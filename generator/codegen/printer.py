@@ -8,14 +8,59 @@ small integer powers as products, and numeric constants (sqrt(2), pi) as
 literals instead of non-standard M_* macros. Operand symbols are printed as the
 loads given in `loads`. A CUDA printer can subclass this one.
 
+`FloatPrinter.fold` rewrites an expression for this printer before sympy.cse: the
+ops write sigmoid as (1 + tanh(x/2)) / 2 (its derivative cannot overflow), which
+prints as dg::math::sigmoid_f(x), one exp and one division instead of tanh's two
+paths, and accurate where 1 + tanh cancels (x below about -10).
+
 `size_expr` prints a size expression in the symbolic dims (`784*N`).
 """
 
 from __future__ import annotations
 
+from collections import Counter
+
 import sympy
 from sympy.codegen.ast import float32, real
 from sympy.printing.c import C99CodePrinter
+
+
+class Sigmoid(sympy.Function):
+    """1 / (1 + e^-x), for printing only (fold_sigmoid makes it; the ops, their
+    gradients and the reference interpreter keep the tanh form)."""
+
+    nargs = 1
+
+
+def _as_sigmoid(e):
+    """(k + k tanh(u) -> 2k Sigmoid(2u), or k - k tanh(u) -> 2k Sigmoid(-2u), the tanh), else None."""
+    if not isinstance(e, sympy.Add) or len(e.args) != 2:
+        return None
+    k = next((a for a in e.args if a.is_Number and a != 0), None)
+    if k is None:
+        return None
+    coeff, rest = (e.args[1] if e.args[0] is k else e.args[0]).as_coeff_Mul()
+    if not isinstance(rest, sympy.tanh) or coeff not in (k, -k):
+        return None
+    u = rest.args[0]
+    return 2 * k * Sigmoid(2 * u if coeff == k else -2 * u), rest
+
+
+def fold_sigmoid(expr):
+    """Every sum k (1 +- tanh(u)) in expr as 2k sigmoid(+-2u) (an identity), for each
+    tanh(u) that is read only in such sums (one tanh shared with other reads costs less
+    than a sigmoid beside it); where sigmoid(v) and sigmoid(-v) both result, the second
+    is written 1 - sigmoid(v), so that one evaluation serves both."""
+    uses = Counter(e for e in sympy.preorder_traversal(expr) if isinstance(e, sympy.tanh))
+    in_sums = Counter(found[1] for found in map(_as_sigmoid, sympy.preorder_traversal(expr)) if found)
+    only = {t for t, n in in_sums.items() if n == uses[t]}
+    if not only:
+        return expr
+    folded = expr.replace(lambda e: (_as_sigmoid(e) or (0, None))[1] in only, lambda e: _as_sigmoid(e)[0])
+    sigmoids = folded.atoms(Sigmoid)
+    pairs = {s: 1 - Sigmoid(-s.args[0]) for s in sigmoids
+             if Sigmoid(-s.args[0]) in sigmoids and s.args[0].could_extract_minus_sign()}
+    return folded.xreplace(pairs) if pairs else folded
 
 
 class FloatPrinter(C99CodePrinter):
@@ -42,6 +87,14 @@ class FloatPrinter(C99CodePrinter):
         return super()._print_log(expr)
 
     _print_tanh = _print_erf = _print_log1p = _print_expm1 = _print_exp
+
+    @staticmethod
+    def fold(expr):
+        """The expression as this printer prints it best (see the module docstring)."""
+        return fold_sigmoid(expr)
+
+    def _print_Sigmoid(self, expr):
+        return f"dg::math::sigmoid_f({self._print(expr.args[0])})"
 
     def _print_Max(self, expr):
         return self._fold_minmax("max_f", expr.args)
