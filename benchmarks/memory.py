@@ -246,6 +246,8 @@ def deepgen_case(built: dict, step: str, inputs: dict, dims: dict, sched: dict |
     held = int(stats.get("parameter_bytes", params))  # measured: less where packings stand in for weights
     if step != "forward" or not hasattr(model, "keep_plain_weights"):
         assert held == params, f"the parameters hold {held} bytes, the plan says {params}"
+    else:  # the default frees every weight its packing stands in for
+        assert held < params, f"forward() freed no stored weight ({held} of {params} bytes held)"
     if training:  # the loss train_step returns: a buffer of its own too
         outputs += mm.at(mm.categories["loss"], at)
     work = recursion_workspace(built, dims, sched) if sched is not None else {"bytes": 0, "parts": {}, "not_counted": []}

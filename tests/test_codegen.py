@@ -182,6 +182,8 @@ def test_sigmoid_prints_as_one_function_where_its_tanh_is_not_shared():
         c * z + (1 - t) * n: (1, 0),  # sigmoid(x) and sigmoid(-x): one call, 1 - it
         (1 - z) * n + z * h: (1, 0),  # a GRU's mix
         1 - sympy.tanh(2 * x): (1, 0),
+        z + c: (1, 0),  # a sum of three terms (sympy flattens sigmoid(x) + c)
+        sympy.Max(x, (1 + sympy.tanh(1)) / 2): (0, 1),  # a tanh of a number: left alone
         z + t**2: (0, 1),  # the tanh is read outside the sum: kept (one call, shared)
         (1 - t**2) / 4: (0, 2),  # (a square prints as a product of two calls: one for the compiler)
     }

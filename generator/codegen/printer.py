@@ -33,21 +33,25 @@ class Sigmoid(sympy.Function):
 
 
 def _as_sigmoid(e):
-    """(k + k tanh(u) -> 2k Sigmoid(2u), or k - k tanh(u) -> 2k Sigmoid(-2u), the tanh), else None."""
-    if not isinstance(e, sympy.Add) or len(e.args) != 2:
+    """For a sum k + k tanh(u) + rest (or k - k tanh(u) + rest): (2k Sigmoid(+-2u) + rest,
+    the tanh), else None. A tanh of a number is left alone (a Sigmoid of a number could not be
+    compared inside a Max or Min)."""
+    if not isinstance(e, sympy.Add):
         return None
     k = next((a for a in e.args if a.is_Number and a != 0), None)
     if k is None:
         return None
-    coeff, rest = (e.args[1] if e.args[0] is k else e.args[0]).as_coeff_Mul()
-    if not isinstance(rest, sympy.tanh) or coeff not in (k, -k):
-        return None
-    u = rest.args[0]
-    return 2 * k * Sigmoid(2 * u if coeff == k else -2 * u), rest
+    for term in e.args:
+        coeff, rest = term.as_coeff_Mul()
+        if isinstance(rest, sympy.tanh) and coeff in (k, -k) and not rest.args[0].is_number:
+            u = rest.args[0]
+            others = [a for a in e.args if a is not k and a is not term]
+            return 2 * k * Sigmoid(2 * u if coeff == k else -2 * u) + sympy.Add(*others), rest
+    return None
 
 
 def fold_sigmoid(expr):
-    """Every sum k (1 +- tanh(u)) in expr as 2k sigmoid(+-2u) (an identity), for each
+    """Every k (1 +- tanh(u)) in a sum in expr as 2k sigmoid(+-2u) (an identity), for each
     tanh(u) that is read only in such sums (one tanh shared with other reads costs less
     than a sigmoid beside it); where sigmoid(v) and sigmoid(-v) both result, the second
     is written 1 - sigmoid(v), so that one evaluation serves both."""
