@@ -171,10 +171,11 @@ def build_example(name: str) -> dict:
 
 
 def vectors_outside_arena(cpp: str) -> list:
-    """(ctype, name, size expression) of every `std::vector<T> name(size);` in the
+    """(ctype, name, size expression) of every `std::vector<T> name(size);` and
+    `dg::Scratch<T> name(size);` (a recursive op's per-call buffers) in the
     generated model.cpp: the buffers that do not live in the arena."""
     found = []
-    for ctype, name, size in re.findall(r"std::vector<(\w+)>\s+(\w+)\(([^;{}]+)\);", cpp):
+    for ctype, name, size in re.findall(r"(?:std::vector|dg::Scratch)<(\w+)>\s+(\w+)\(([^;{}]+)\);", cpp):
         found.append((ctype, name, " ".join(size.split())))
     return found
 
@@ -562,8 +563,8 @@ Legend (bytes in KiB = 1024 bytes; one step, after a warm-up step):
   dg arena    deepgen: measured high-water mark of the arena holding every intermediate
               (memory_stats()["peak_bytes"])
   dg out      deepgen: outputs, in buffers of their own (MemoryModel "outputs")
-  dg rec.ws   deepgen: recursion workspace outside the arena (states in schedule order,
-              leaf and level buffers sized for the largest level, the schedule), from
+  dg rec.ws   deepgen: recursion workspace outside the arena (leaf and level buffers
+              sized for the largest level, the words in row order, the schedule), from
               the generated model.cpp and this batch's schedule; '-' for no recursion
   dg act.pk   deepgen activation peak = dg arena + dg out + dg rec.ws
   torch pk    PyTorch transient peak: max running sum of (allocated - freed) bytes

@@ -9,7 +9,13 @@ An operand may be a row-strided view (`views`: operand k -> (axis, ld)): a
 piece of a larger buffer, e.g. one gate of a split [rows, 1280] read in place,
 whose axes from `axis` on are contiguous and whose outer index steps ld floats
 (1280) instead of the piece's own width (256). Axes on either side of `axis`
-are then not merged, and the kernel indexes that operand as outer * ld + inner."""
+are then not merged, and the kernel indexes that operand as outer * ld + inner.
+
+An operand, or the output, may also have its rows placed by a row map (`row_maps`:
+operand k, or len(inputs) for the output -> the name of an int64 array): row r
+of the value is row map[r] of its buffer, indexed map[outer] * ld + inner (a
+recursive op's cell writes a state's rows straight to their nodes' rows of the
+caller's array: ops/recurse.py)."""
 
 from __future__ import annotations
 
@@ -18,18 +24,24 @@ import sympy
 from ..ops import ARGS
 from ..ir.shapes import numel as numel_of
 from .plan import Arg, Kernel
-from .printer import FloatPrinter, size_expr
+from .printer import FloatPrinter, RowAt, size_expr
+
+
+def _operands(node):
+    """The operands a kernel indexes: the inputs, then the output (index len(inputs))."""
+    return list(node.inputs) + [node.outputs[0]]
 
 
 def _patterns(node, views):
-    """For each output axis, a tuple: for each operand k, does it vary along the
-    axis, and for a view, is the axis inside its contiguous rows (see `views`)?"""
+    """For each output axis, a tuple: for each operand k (the output last), does
+    it vary along the axis, and for a view, is the axis inside its contiguous rows
+    (see `views`)?"""
     out = node.outputs[0].shape
     rank = len(out)
     pats = []
     for axis in range(rank):
         row = []
-        for k, v in enumerate(node.inputs):
+        for k, v in enumerate(_operands(node)):
             pad = rank - v.rank
             d = v.shape[axis - pad] if axis >= pad else 1
             varies = not (isinstance(d, int) and d == 1)
@@ -56,31 +68,42 @@ def _merged_axes(node, views):
     return extents
 
 
-def _index(loop_vars, extents, k, views=None):
-    """Row-major flat index into operand k (or the output when k is None); a
-    view's outer axes step its row stride ld."""
-    index, stride = sympy.Integer(0), sympy.Integer(1)
-    outer = False
+def _index(loop_vars, extents, k, views, row_maps):
+    """Row-major flat index into operand k: a view's outer axes step its row
+    stride ld, and a row-mapped operand's outer index goes through its map."""
+    inner, outer, stride = sympy.Integer(0), sympy.Integer(0), sympy.Integer(1)
+    past_rows = False
     for var, (size, pat) in reversed(list(zip(loop_vars, extents))):
-        if k is not None and k in views and not pat[k][1] and not outer:
-            outer, stride = True, sympy.sympify(views[k][1])  # past the contiguous rows
-        if k is None or pat[k][0]:
-            index += var * stride
+        if k in views and not pat[k][1] and not past_rows:
+            past_rows, stride = True, sympy.Integer(1)  # past the contiguous rows
+        if pat[k][0]:
+            if past_rows:
+                outer += var * stride
+            else:
+                inner += var * stride
             stride *= size
-    return index
+    if not past_rows:
+        return inner
+    if k in row_maps:
+        outer = RowAt(sympy.Symbol(row_maps[k]), outer)
+    return inner + outer * sympy.sympify(views[k][1])
 
 
-def ewise_kernel(node, names, comment: str, printer_cls=FloatPrinter, views=None) -> Kernel:
+def ewise_kernel(node, names, comment: str, printer_cls=FloatPrinter, views=None, row_maps=None) -> Kernel:
     """The Kernel for `node`; `names` maps each value to its C++ name; `views`
     (operand index -> (axis, ld)) marks the operands read in place as row-strided
-    pieces of a larger buffer."""
-    views = views or {}
+    pieces of a larger buffer; `row_maps` (operand index -> argument name) the
+    operands whose rows a map places (each also in `views`, with its own row
+    length as ld). The kernel takes the maps after the output, each name once, in
+    operand order."""
+    views, row_maps = dict(views or {}), dict(row_maps or {})
     out = node.outputs[0]
+    k_out = len(node.inputs)
     extents = [(s, p) for s, p in _merged_axes(node, views) if s != 1]
     loop_vars = [sympy.Symbol(f"i{j}") for j in range(len(extents))] or []
     loads = {}
     for k, v in enumerate(node.inputs):
-        loads[ARGS[k]] = f"{names[v]}[{size_expr(_index(loop_vars, extents, k, views))}]"
+        loads[ARGS[k]] = f"{names[v]}[{size_expr(_index(loop_vars, extents, k, views, row_maps))}]"
     printer = printer_cls(loads)
     replacements, (expr,) = sympy.cse([printer.fold(node.attrs["expr"])], symbols=sympy.numbered_symbols("_t"))
     temps = []
@@ -91,6 +114,7 @@ def ewise_kernel(node, names, comment: str, printer_cls=FloatPrinter, views=None
     dims = sorted({s for d in sizes for s in getattr(d, "free_symbols", ())}, key=str)
     args = [Arg("const float*", names[v]) for v in node.inputs]
     args.append(Arg("float*", names[out]))
+    args += [Arg("const int64_t*", m) for m in dict.fromkeys(row_maps[k] for k in sorted(row_maps))]
     args += [Arg("int64_t", str(d)) for d in dims]
     return Kernel(
         name=names[out],
@@ -98,7 +122,7 @@ def ewise_kernel(node, names, comment: str, printer_cls=FloatPrinter, views=None
         args=args,
         loops=[(str(var), size_expr(size)) for var, (size, _) in zip(loop_vars, extents)],
         temps=temps,
-        assign=f"{names[out]}[{size_expr(_index(loop_vars, extents, None, views))}] = {printer.doprint(expr)};",
+        assign=f"{names[out]}[{size_expr(_index(loop_vars, extents, k_out, views, row_maps))}] = {printer.doprint(expr)};",
         work=_work(numel_of(out.shape), [node.attrs["expr"]]),
     )
 

@@ -59,6 +59,7 @@ class LowerCtx:
         self.block = None  # inside a recursive op's cell: (declarations before it, dims to size them with)
         self.views = {}  # id(value) -> (axis, ld): a row-strided piece of another buffer, read in place
         self.in_concat = set()  # id(value) written straight into its columns of a concat's output
+        self.row_maps = {}  # id(value) -> int64 pointer: row r of the value is row map[r] at its place
         self.region = set()  # id(node) of the nodes lowered together now (the graph's, or a cell block's)
         self.gradients = {}  # id(value) -> gradient member, for parameter gradients the backward pass writes
         self.gradient_decls = set()  # id(value) of those declared by a GradientDecl
@@ -277,11 +278,30 @@ class LowerCtx:
         if fused:
             comment = self._fused_comment(fused, node.attrs["fused_fns"])
         views = {k: self.views[id(v)] for k, v in enumerate(node.inputs) if id(v) in self.views}
-        kernel = ewise_kernel(node, names, comment, self.target.printer_cls, views)
+        maps, row_maps = {}, {}  # map expression -> its argument name; operand -> that name
+        taken = set(names.values())
+        for k, v in enumerate(node.inputs + node.outputs[:1]):
+            if id(v) in self.row_maps:  # rows placed by a map (a recursive op's state in node order)
+                views[k] = (1, numel(v.shape[1:]))
+                at = self.row_maps[id(v)]
+                if at not in maps:
+                    maps[at] = _fresh(f"{v.name}_at", taken)
+                row_maps[k] = maps[at]
+        kernel = ewise_kernel(node, names, comment, self.target.printer_cls, views, row_maps)
         self.kernels.append(kernel)
-        args = [self.read(v) for v in node.inputs] + [self.write(node.outputs[0])]
+        args = [self.read(v) for v in node.inputs] + [self.write(node.outputs[0])] + list(maps)
         args += [a.name for a in kernel.args[len(args) :]]
         return Call(f"kernels::{kernel.name}", args)
+
+
+def _fresh(name: str, taken: set) -> str:
+    """`name`, or name_2, name_3, ... : the first not in `taken` (which it joins)."""
+    base, k = name, 1
+    while name in taken:
+        k += 1
+        name = f"{base}_{k}"
+    taken.add(name)
+    return name
 
 
 def _input_spec(v, dim_index) -> InputSpec:

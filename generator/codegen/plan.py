@@ -110,9 +110,8 @@ class LevelLoop:
     start: str  # the level's first row variable
     gathers: list  # per level: the children's states into the child buffers
     body: CellBlock
-    finish: list  # the states back in the caller's numbering
     at: int = -1
-    writes: list = field(default_factory=list)  # the values kept for the gradient (Write operands; written in the body)
+    writes: list = field(default_factory=list)  # the states, in node order, and the values kept for the gradient (Write operands; written in the blocks)
 
 
 @dataclass(eq=False)

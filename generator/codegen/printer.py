@@ -149,10 +149,20 @@ class FloatPrinter(C99CodePrinter):
         return self._number(expr)
 
 
+class RowAt(sympy.Function):
+    """RowAt(map, i) in an index expression: the row that row i of a value lives
+    at, read from the int64 array `map` (printed map[i]; see kernels.ewise_kernel)."""
+
+    nargs = 2
+
+
 class SizePrinter(C99CodePrinter):
     """int64 size arithmetic: N*784, N - 1, N*N (no pow() on integers)."""
 
     max_fn = "std::max<int64_t>"
+
+    def _print_RowAt(self, expr):
+        return f"{expr.args[0]}[{self._print(expr.args[1])}]"
 
     def _print_Pow(self, expr):
         base, exp = expr.args

@@ -7,8 +7,10 @@ inspector numbers nodes by height (runtime/dg_tree.h), the leaf cell runs once
 on all leaves, work of the internal cell that does not depend on children is
 hoisted out of the level loop and done for all internal nodes at once, and the
 loop runs the rest once per level: gather the children's states, then the
-cell's statements, writing the level's rows of the state in place. Buffers are
-sized for the largest level before the loop: nothing is allocated inside it.
+cell's statements. The states live in the caller's arrays in node order: a
+cell's kernels write each row straight to its node's row (through the schedule's
+order), so a state is written once. Buffers are sized for the largest level
+before the loop: nothing is allocated inside it.
 """
 
 from __future__ import annotations
@@ -42,7 +44,7 @@ class Recurse(OpDef):
     name = "recurse"
     cse = False  # two recursions are never the same node: each holds its own cells
     memory_note = ("recursive ops also use per-batch workspace sized by the tree schedule at run time "
-                   "(level buffers, states in schedule order); it is not in the arena")
+                   "(the level buffers); it is not in the arena")
 
     def regions(self, node):
         spec = node.attrs["spec"]
@@ -195,35 +197,44 @@ class Recurse(OpDef):
         from ..codegen.stmt import Copy, Declare, Named
 
         spec = node.attrs["spec"]
-        nodes = batch_nodes(spec, node.inputs)
         names = ctx.graph.names
         rows = str(spec.rows)
         widths = [numel(shape) for _, shape in spec.state]
-        states = [names.unique(f"{name}_rows") for name, _ in spec.state]
+        ns = len(spec.state)
         scratch = ctx.target.scratch_type
         sched, sorted_words, inspector = inspector_lines(ctx, node)
-        inspector += [Declare(f"{scratch}<float>", state, [f"{ctx.size(nodes)} * {ctx.size(width)}"],
-                              note="in schedule order") for state, width in zip(states, widths)]
+        # The states live in the caller's arrays, in node order, from the start: a cell
+        # writes each level's rows straight to their nodes' rows (the schedule's order
+        # maps them) and the children are gathered from there, so each state is
+        # written once and nothing is put back in order after the loop.
+        state_writes = [ctx.write(out) for out in node.outputs[:ns]]
+        if spec.sequences:  # zeros past each sequence's length (no step writes those rows)
+            inspector += [ctx.call("dg::fill", w, Named("n", ctx.size(numel(out.shape))), Named("value", "0.0f"))
+                          for w, out in zip(state_writes, node.outputs[:ns])]
 
-        def rows_of(j, first_row):
-            """A pointer to state j's rows from `first_row` on (the leaves start at row 0)."""
-            if first_row == "0":
-                return f"{states[j]}.data()"
-            return f"{states[j]}.data() + {first_row} * {ctx.size(widths[j])}"
+        def order_at(first_row):
+            """The node ids of the rows from `first_row` on (the leaves start at row 0)."""
+            return f"{sched}.order.data()" + ("" if first_row == "0" else f" + {first_row}")
 
         def run_block(cell, nodes_to_run, count_expr, bound_name, words_ptr, out_rows) -> CellBlock:
             """A cell's statements over `count_expr` rows; its buffers are sized with
-            rows = bound_name, declared before the block."""
-            for v in cell.outputs:
-                if out_rows is not None and ctx.claim_output(v):
-                    ctx.place[id(v)] = rows_of(cell.outputs.index(v), out_rows)
+            rows = bound_name, declared before the block. With `out_rows`, the cell's
+            results are the states of rows [out_rows, out_rows + count)."""
+            mapped = set()
+            if out_rows is not None:
+                for v in cell.outputs:
+                    if _writes_through_map(ctx, v, cell, nodes_to_run, spec):
+                        j = cell.outputs.index(v)
+                        ctx.place[id(v)] = state_writes[j].expr
+                        ctx.row_maps[id(v)] = order_at(out_rows)
+                        mapped.add(id(v))
             ctx.place[id(cell.words)] = words_ptr
             decls, body = ctx.lower_nodes(nodes_to_run, {spec.rows: sympy.Symbol(bound_name)})
             if out_rows is not None:
                 for j, v in enumerate(cell.outputs):
-                    target = rows_of(j, out_rows)
-                    if ctx.place[id(v)] != target:
-                        body.append(Copy(ctx.target.copy_fn, ctx.read(v), f"{rows} * {ctx.size(widths[j])}", target))
+                    if id(v) not in mapped:  # made elsewhere, or by an op that cannot place rows: copied
+                        body.append(ctx.call("dg::unsort_rows", ctx.read(v), order_at(out_rows), Named("rows", rows),
+                                             Named("width", ctx.size(widths[j])), state_writes[j].expr))
             return CellBlock(decls, rows, count_expr, body)
 
         # Leaves: one batched step over rows [0, leaves).
@@ -266,7 +277,6 @@ class Recurse(OpDef):
         level_rows = f"{sched}.level_start[{level} + 1] - {start}"
         packed = _pack_loop_weights(ctx, names, cell, looped)
         # Values kept for the gradient (spec.kept): written at the level's rows of outputs of their own.
-        ns = len(spec.state)
         kept_writes = [ctx.write(out) for out in node.outputs[ns:]]
         kept_at = {id(v): f"{w.expr} + {start} * {ctx.size(numel(v.shape[1:]))}" for v, w in zip(spec.kept, kept_writes)}
         for v in spec.kept:
@@ -278,27 +288,35 @@ class Recurse(OpDef):
                 body.body.append(Copy(ctx.target.copy_fn, ctx.read(v), f"{rows} * {ctx.size(numel(v.shape[1:]))}",
                                       kept_at[id(v)]))
         gathers = [
-            ctx.call("dg::gather_children", f"{states[j]}.data()", Named("width", ctx.size(widths[j])),
-                     f"{sched}.child_row.data() + {start} * {spec.arity}", Named("arity", spec.arity),
-                     Named("slot", k), Named("rows", level_rows), ctx.place[id(v)],
+            ctx.call("dg::gather_child_nodes", state_writes[j].expr, Named("width", ctx.size(widths[j])),
+                     f"{sched}.order.data()", f"{sched}.child_row.data() + {start} * {spec.arity}",
+                     Named("arity", spec.arity), Named("slot", k), Named("rows", level_rows), ctx.place[id(v)],
                      *([Named("out_stride", ctx.size(out_stride[id(v)]))] if id(v) in out_stride else []))
             for k, slot in enumerate(cell.children) for j, v in enumerate(slot)
         ]
         ctx.packed = {}
-        # States back in the caller's numbering (zeros past each sequence's length).
-        finish = []
-        for out, state, width in zip(node.outputs[:ns], states, widths):
-            if spec.sequences:
-                finish.append(ctx.call("dg::fill", ctx.write(out), Named("n", ctx.size(numel(out.shape))),
-                                       Named("value", "0.0f")))
-            finish.append(ctx.call("dg::unsort_rows", f"{state}.data()", f"{sched}.order.data()",
-                                   Named("rows", f"{sched}.rows()"), Named("width", ctx.size(width)), ctx.write(out)))
         return [LevelLoop(
             batch=node.inputs[0].name, schedule=sched, inspector=inspector, leaves=leaves, leaf=leaf,
             internal_rows=f"{sched}.rows() - {leaves}", hoisted=hoisted, max_rows=most,
             child_buffers=child_buffers, packed=packed, level=level, start=start, gathers=gathers, body=body,
-            finish=finish, writes=kept_writes,
+            writes=state_writes + kept_writes,
         )]
+
+
+def _writes_through_map(ctx, v, cell, nodes, spec) -> bool:
+    """Whether the cell's result v can be written straight to its nodes' rows of
+    the state it is (row r at row order[r]): a kernel of this block that indexes
+    rows through a map makes it and only such kernels read it here (`reads_views`:
+    codegen/kernels.py), it is one state only, not kept for the gradient, and
+    nothing placed it already (a hoisted value)."""
+    if sum(u is v for u in cell.outputs) != 1 or id(v) in ctx.place or v.dtype != "float32":
+        return False
+    if any(u is v for u in spec.kept):
+        return False
+    made = v.producer
+    if made is None or not any(made is n for n in nodes) or not get_op(made.op).reads_views:
+        return False
+    return all(get_op(n.op).reads_views for n in nodes if any(u is v for u in n.inputs))
 
 
 def inspector_lines(ctx, node):

@@ -18,7 +18,9 @@ here too, so that a new op needs no edit in the stages:
 - `in_place`      the output may take the buffer of a same-shaped operand that dies
                   at this node (elementwise ops: each element read before written).
 - `reads_views`   the op's lowering reads an operand that is a row-strided piece of
-                  a larger buffer (a split's gate, LowerCtx.slice_view) in place.
+                  a larger buffer (a split's gate, LowerCtx.slice_view) in place,
+                  and reads or writes a value whose rows a map places (a recursive
+                  op's state, written in node order: LowerCtx.row_maps).
 - `multi_output`  the node returns a list of outputs even when it has one (split),
                   and its grad rule takes None for an output nothing reads.
 - `cse`           whether common-subexpression elimination may merge two equal nodes.

@@ -57,6 +57,25 @@ inline void gather_children(const float* state, int64_t width, const int64_t* ch
   }
 }
 
+// out[r, :] = state[order[child_row[r * arity + slot]], :], or zeros for an empty
+// slot: gather_children for states kept in node order (order: row -> node), as
+// the forward executor keeps them (each state's rows written once, where the
+// caller reads them).
+inline void gather_child_nodes(const float* state, int64_t width, const int64_t* order, const int64_t* child_row,
+                               int64_t arity, int64_t slot, int64_t rows, float* out, int64_t out_stride = -1) {
+  if (out_stride < 0) out_stride = width;
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t c = child_row[r * arity + slot];
+    float* dst = out + r * out_stride;
+    if (c < 0) {
+      std::fill(dst, dst + width, 0.0f);
+    } else {
+      const float* src = state + order[c] * width;
+      std::copy(src, src + width, dst);
+    }
+  }
+}
+
 // out[i] = values[order[i]] for the rows [0, count): per-node ids in row order.
 template <typename T>
 void permute_rows(const T* values, const int64_t* order, int64_t count, T* out) {

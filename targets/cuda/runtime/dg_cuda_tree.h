@@ -87,6 +87,18 @@ inline void gather_children(const float* state, int64_t width, const int64_t* ch
   });
 }
 
+// out[r, :] = state[order[child_row[r * arity + slot]], :], or zeros for an empty
+// slot: gather_children for states kept in node order (order: row -> node).
+inline void gather_child_nodes(const float* state, int64_t width, const int64_t* order, const int64_t* child_row,
+                               int64_t arity, int64_t slot, int64_t rows, float* out, int64_t out_stride = -1) {
+  if (out_stride < 0) out_stride = width;
+  for_each("gather_child_nodes", rows * width, [=] DG_HD(int64_t j) {
+    const int64_t r = j / width, c = j % width;
+    const int64_t child = child_row[r * arity + slot];
+    out[r * out_stride + c] = child < 0 ? 0.0f : state[order[child] * width + c];
+  });
+}
+
 // out[i] = values[order[i]] for i in [0, count): per-node ids in row order.
 template <typename T>
 void permute_rows(const T* values, const int64_t* order, int64_t count, T* out) {

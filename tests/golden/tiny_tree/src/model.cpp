@@ -117,35 +117,37 @@ Outputs Model::forward(const Inputs& inputs) const {
       /*dag=*/false, "recurse over 'trees_children' (tiny.py:50)");
   dg::Scratch<int64_t> sorted_words(trees_nodes);
   dg::permute_rows(trees_words, schedule.order.data(), /*count=*/schedule.rows(), sorted_words.data());
-  dg::Scratch<float> h_rows(trees_nodes * 4);  // in schedule order
   // Leaves: all trees_children leaves at once.
   const int64_t leaves = schedule.leaves();
+  dg::Scratch<float> leaf_gather(4 * leaves);
   {
     const int64_t rows = leaves;
     // tiny.py:44  return (dg.gather(emb, words),)
     dg::gather_rows<int64_t>(emb.ptr(), /*rows=*/10, /*width=*/4, sorted_words.data(), /*n=*/rows,
-                             h_rows.data(), "gather 'emb' by 'leaf_words' (tiny.py:44)");
+                             leaf_gather.data(), "gather 'emb' by 'leaf_words' (tiny.py:44)");
+    dg::unsort_rows(leaf_gather.data(), schedule.order.data(), /*rows=*/rows, /*width=*/4, h);
   }
   const int64_t max_rows = schedule.max_level_rows;
   dg::Scratch<float> node_concat(max_rows * 8);
+  dg::Scratch<float> node_tanh(4 * max_rows);
   // Executor: one batched step per level, children before parents.
   for (int64_t level = 1; level < schedule.levels(); ++level) {
     const int64_t start = schedule.level_start[level];
-    dg::gather_children(h_rows.data(), /*width=*/4, schedule.child_row.data() + start * 2, /*arity=*/2,
-                        /*slot=*/0, /*rows=*/schedule.level_start[level + 1] - start, node_concat.data(),
-                        /*out_stride=*/8);
-    dg::gather_children(h_rows.data(), /*width=*/4, schedule.child_row.data() + start * 2, /*arity=*/2,
-                        /*slot=*/1, /*rows=*/schedule.level_start[level + 1] - start, node_concat.data() + 4,
-                        /*out_stride=*/8);
+    dg::gather_child_nodes(h, /*width=*/4, schedule.order.data(), schedule.child_row.data() + start * 2,
+                           /*arity=*/2, /*slot=*/0, /*rows=*/schedule.level_start[level + 1] - start,
+                           node_concat.data(), /*out_stride=*/8);
+    dg::gather_child_nodes(h, /*width=*/4, schedule.order.data(), schedule.child_row.data() + start * 2,
+                           /*arity=*/2, /*slot=*/1, /*rows=*/schedule.level_start[level + 1] - start,
+                           node_concat.data() + 4, /*out_stride=*/8);
     {
       const int64_t rows = schedule.level_start[level + 1] - start;
       // tiny.py:48  return (dg.tanh(dg.concat([h_l, h_r], axis=1) @ w),)
       // h_l, h_r: gathered straight into node_concat's columns
-      dg::matmul(node_concat.data(), w_packed, h_rows.data() + start * 4, /*M=*/rows, /*K=*/8, /*N=*/4,
+      dg::matmul(node_concat.data(), w_packed, node_tanh.data(), /*M=*/rows, /*K=*/8, /*N=*/4,
                  kernels::node_tanh_epilogue{});
+      dg::unsort_rows(node_tanh.data(), schedule.order.data() + start, /*rows=*/rows, /*width=*/4, h);
     }
   }
-  dg::unsort_rows(h_rows.data(), schedule.order.data(), /*rows=*/schedule.rows(), /*width=*/4, h);
 
   // tiny.py:51  return {"root_h": dg.roots(trees, h)}
   std::vector<float> root_h(4 * trees_count);
