@@ -5,9 +5,12 @@ with the offending node named, by the generated inspector and the reference alik
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
+import generator as dg
 from conftest import load_example
 from generator.reference import interpreter as reference
 from generator.treebatch import check_batch, from_nested, random_batch
@@ -179,3 +182,51 @@ def test_generated_module_converts_nested_trees(model):
     assert convert([deep])[node.inputs[0].name].shape == (3001, spec.arity)
     with pytest.raises(ValueError, match="a tree node must be"):
         convert([(1, "x")])
+
+
+@dg.model
+def placed_states():
+    """States written every way the level loop can: by a kernel through the row map
+    (b; t in the leaves), by a gather or a GEMM's epilogue and scattered to their
+    rows (x, a), one value as two states (t, t), a hoisted value (e), and a state
+    nothing reads afterwards (c)."""
+    trees = dg.trees("trees", arity=2)
+    emb = dg.param("emb", (7, 4), init=dg.uniform(-1, 1))
+    w = dg.param("w", (8, 4), init=dg.uniform(-1, 1))
+
+    def leaf(words):
+        x = dg.gather(emb, words)
+        t = dg.tanh(x)
+        return x, t, t
+
+    def internal(words, children):
+        (a_l, b_l, c_l), (a_r, b_r, c_r) = children
+        e = dg.gather(emb, words) * 0.5
+        a = dg.tanh(dg.concat([a_l, b_r], axis=1) @ w)
+        b = a_l * b_r + dg.sigmoid(c_l) - c_r * a
+        return a, b, e
+
+    a, b, c = dg.recurse(trees, leaf, internal, names=("a", "b", "c"))
+    return {"b": b, "root_a": dg.roots(trees, a)}
+
+
+def test_states_are_written_once_in_node_order(builds):
+    """No copy of a state in schedule order and no putting it back after the loop:
+    kernels write rows through the schedule's order, other results are scattered
+    to their rows after their block; every way equals the per-node reference."""
+    from generator.pipeline import project_files
+
+    graph = placed_states.build()
+    model = project_files(graph)["src/model.cpp"].decode()
+    kernels = project_files(graph)["src/kernels.cpp"].decode()
+    loop = model.index("for (int64_t level = 1;")
+    assert "in schedule order" not in model and not re.search(r"Scratch<float> \w+_rows\b", model)
+    assert "node_b[i1 + 4 * node_b_at[i0]] =" in kernels  # b: straight to its node's row
+    assert model.count("dg::unsort_rows") == 5  # leaves: x, t twice; levels: a (a GEMM), c (hoisted)
+    assert "dg::unsort_rows" not in model[model.index('return {"b": b') :]  # nothing after the loop
+    assert model[:loop].count("dg::gather_child_nodes") == 0
+    module, _ = builds.module(graph)
+    node = next(n for n in graph.nodes if n.op == "recurse")
+    for seed, (trees, low, high) in enumerate([(9, 1, 12), (3, 20, 40)]):
+        batch = random_batch(np.random.default_rng(seed), trees, 2, 7, low, high)
+        _check(graph, module, _inputs(node, batch))
