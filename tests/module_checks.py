@@ -4,6 +4,8 @@ API is the same whichever target built the module."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -96,13 +98,15 @@ def check_bad_inputs(graph, module):
     good = sample_inputs(graph)
     name, value = next(iter(good.items()))
     declared = next(v.shape for v in graph.inputs if v.name == name)
+    every = re.escape(", ".join(v.name for v in graph.inputs))  # the messages list the model's inputs
     cases = {
-        "wrong dtype": (dict(good, **{name: value.astype(np.float16)}), "expected dtype"),
+        "wrong dtype": (dict(good, **{name: value.astype(np.float16)}),
+                        f"expected dtype {value.dtype}, got float16 \\(convert with .astype\\(np.{value.dtype}\\)\\)"),
         "wrong rank": (dict(good, **{name: value[..., None]}), "expected %d dimensions" % len(declared)),
         "not contiguous": (dict(good, **{name: np.repeat(value, 2, axis=-1)[..., ::2]}), "C-contiguous"),
-        "unknown": (dict(good, bogus=value), "unknown input 'bogus'"),
-        "missing": ({k: v for k, v in good.items() if k != name}, f"missing input '{name}'"),
-        "not an array": (dict(good, **{name: value.tolist()}), "expected a numpy array"),
+        "unknown": (dict(good, bogus=value), f"unknown input 'bogus'; the model's inputs are: {every}$"),
+        "missing": ({k: v for k, v in good.items() if k != name}, f"missing input '{name}'; .* {every}$"),
+        "not an array": (dict(good, **{name: value.tolist()}), f"expected a numpy array of {value.dtype} with shape"),
         "unaligned": (dict(good, **{name: _unaligned(value)}), "not aligned"),
     }
     for what, (inputs, message) in cases.items():

@@ -21,19 +21,23 @@ namespace py = pybind11;
 
 // Every keyword must be one of `known` and every name in `required` must be
 // given (forward() requires fewer inputs than train_step() but accepts all).
+// The list of names for the message is made only when there is one to give.
 inline void check_input_names(const py::kwargs& given, const std::vector<std::string>& required,
                               const std::vector<std::string>& known) {
-  std::string names;
-  for (const auto& n : known) names += (names.empty() ? "" : ", ") + n;
+  auto all_names = [&known] {
+    std::string names;
+    for (const auto& n : known) names += (names.empty() ? "" : ", ") + n;
+    return names;
+  };
   for (const auto& item : given) {
     const std::string key = py::str(item.first);
     bool found = false;
     for (const auto& n : known) found = found || n == key;
-    if (!found) throw py::value_error("unknown input '" + key + "'; the model's inputs are: " + names);
+    if (!found) throw py::value_error("unknown input '" + key + "'; the model's inputs are: " + all_names());
   }
   for (const auto& n : required)
     if (!given.contains(n.c_str()))
-      throw py::value_error("missing input '" + n + "'; the model's inputs are: " + names);
+      throw py::value_error("missing input '" + n + "'; the model's inputs are: " + all_names());
 }
 
 // Arrays made for the call from inputs that were not numpy arrays; they must
@@ -67,21 +71,25 @@ inline py::object as_numpy(py::handle obj, const char* name) {
 template <typename T>
 View<T> input_view(const py::kwargs& given, const char* name, const char* declared, KeptInputs& kept) {
   py::handle obj = given[name];
-  const std::string want = py::str(py::dtype::of<T>());
+  // The dtype's name, for a message only (numpy prints a dtype in Python code: microseconds a call).
+  auto type_name = [] { return std::string(py::str(py::dtype::of<T>())); };
   py::object converted = as_numpy(obj, name);
   if (!converted)
-    throw py::value_error(std::string("input '") + name + "': expected a numpy array of " + want + " with shape " +
-                          declared + " (or a C-contiguous tensor or buffer: DLPack, __array__ or the buffer protocol), got " +
+    throw py::value_error(std::string("input '") + name + "': expected a numpy array of " + type_name() +
+                          " with shape " + declared +
+                          " (or a C-contiguous tensor or buffer: DLPack, __array__ or the buffer protocol), got " +
                           std::string(py::str(py::type::of(obj).attr("__name__"))));
   const bool is_numpy = converted.is(obj);
   if (!is_numpy) kept.push_back(converted);
   auto arr = py::reinterpret_borrow<py::array>(converted);
   // Equal dtypes, not the same descriptor object: a pickled array or np.longlong
   // for int64 carries an equivalent descriptor of its own.
-  if (!py::isinstance<py::array_t<T>>(arr))
+  if (!py::isinstance<py::array_t<T>>(arr)) {
+    const std::string want = type_name();
     throw py::value_error(std::string("input '") + name + "': expected dtype " + want + ", got " +
                           std::string(py::str(arr.dtype())) +
                           (is_numpy ? " (convert with .astype(np." + want + "))" : " (convert it to " + want + " first)"));
+  }
   if (!(arr.flags() & py::array::c_style))
     throw py::value_error(std::string("input '") + name + "': the array must be C-contiguous (" +
                           (is_numpy ? "use np.ascontiguousarray" : "a torch tensor: .contiguous()") + ")");
