@@ -39,12 +39,13 @@ inline void last_steps(const int64_t* lengths, int64_t count, int64_t steps, boo
   host_last_steps(lengths, count, steps, reverse, out, what);
 }
 
-// out[r, :] = state[child_row[r * arity + slot], :], or zeros for an empty slot.
-// Rows of out lie out_stride floats apart (default: width), so that a child's
-// state can land straight in its columns of a wider operand (a concat of the
-// children's states that feeds the level's GEMM).
-inline void gather_children(const float* state, int64_t width, const int64_t* child_row, int64_t arity,
-                            int64_t slot, int64_t rows, float* out, int64_t out_stride = -1) {
+namespace tree_detail {
+
+// out[r, :] = state[row, :] with row = child_row[r * arity + slot], looked up in
+// `order` when one is given, or zeros for an empty slot; rows of out lie
+// out_stride floats apart (default: width).
+inline void gather(const float* state, int64_t width, const int64_t* order, const int64_t* child_row, int64_t arity,
+                   int64_t slot, int64_t rows, float* out, int64_t out_stride) {
   if (out_stride < 0) out_stride = width;
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t c = child_row[r * arity + slot];
@@ -52,9 +53,21 @@ inline void gather_children(const float* state, int64_t width, const int64_t* ch
     if (c < 0) {
       std::fill(dst, dst + width, 0.0f);
     } else {
-      std::copy(state + c * width, state + (c + 1) * width, dst);
+      const float* src = state + (order != nullptr ? order[c] : c) * width;
+      std::copy(src, src + width, dst);
     }
   }
+}
+
+}  // namespace tree_detail
+
+// out[r, :] = state[child_row[r * arity + slot], :], or zeros for an empty slot.
+// Rows of out lie out_stride floats apart (default: width), so that a child's
+// state can land straight in its columns of a wider operand (a concat of the
+// children's states that feeds the level's GEMM).
+inline void gather_children(const float* state, int64_t width, const int64_t* child_row, int64_t arity,
+                            int64_t slot, int64_t rows, float* out, int64_t out_stride = -1) {
+  tree_detail::gather(state, width, nullptr, child_row, arity, slot, rows, out, out_stride);
 }
 
 // out[r, :] = state[order[child_row[r * arity + slot]], :], or zeros for an empty
@@ -63,17 +76,7 @@ inline void gather_children(const float* state, int64_t width, const int64_t* ch
 // caller reads them).
 inline void gather_child_nodes(const float* state, int64_t width, const int64_t* order, const int64_t* child_row,
                                int64_t arity, int64_t slot, int64_t rows, float* out, int64_t out_stride = -1) {
-  if (out_stride < 0) out_stride = width;
-  for (int64_t r = 0; r < rows; ++r) {
-    const int64_t c = child_row[r * arity + slot];
-    float* dst = out + r * out_stride;
-    if (c < 0) {
-      std::fill(dst, dst + width, 0.0f);
-    } else {
-      const float* src = state + order[c] * width;
-      std::copy(src, src + width, dst);
-    }
-  }
+  tree_detail::gather(state, width, order, child_row, arity, slot, rows, out, out_stride);
 }
 
 // out[i] = values[order[i]] for the rows [0, count): per-node ids in row order.
@@ -82,7 +85,8 @@ void permute_rows(const T* values, const int64_t* order, int64_t count, T* out) 
   for (int64_t i = 0; i < count; ++i) out[i] = values[order[i]];
 }
 
-// out[order[r], :] = state[r, :]: states back in the caller's node numbering.
+// out[order[r], :] = state[r, :]: rows made in schedule order put at their nodes' rows (a cell
+// result made by a GEMM or a gather, after its block; `order` from the block's first row).
 inline void unsort_rows(const float* state, const int64_t* order, int64_t rows, int64_t width, float* out) {
   for (int64_t r = 0; r < rows; ++r) std::copy(state + r * width, state + (r + 1) * width, out + order[r] * width);
 }

@@ -75,28 +75,36 @@ inline void last_steps(const int64_t* lengths, int64_t count, int64_t steps, boo
   copy_bytes(out, ends.data(), ends.size() * sizeof(int64_t));
 }
 
+namespace tree_detail {
+
+// out[r, :] = state[row, :] with row = child_row[r * arity + slot], looked up in
+// `order` when one is given, or zeros for an empty slot; rows of out lie
+// out_stride floats apart (default: width).
+inline void gather(const char* name, const float* state, int64_t width, const int64_t* order,
+                   const int64_t* child_row, int64_t arity, int64_t slot, int64_t rows, float* out,
+                   int64_t out_stride) {
+  if (out_stride < 0) out_stride = width;
+  for_each(name, rows * width, [=] DG_HD(int64_t j) {
+    const int64_t r = j / width, c = j % width;
+    const int64_t child = child_row[r * arity + slot];
+    out[r * out_stride + c] = child < 0 ? 0.0f : state[(order != nullptr ? order[child] : child) * width + c];
+  });
+}
+
+}  // namespace tree_detail
+
 // out[r, :] = state[child_row[r * arity + slot], :], or zeros for an empty slot;
 // rows of out lie out_stride floats apart (default: width; see the CPU runtime).
 inline void gather_children(const float* state, int64_t width, const int64_t* child_row, int64_t arity,
                             int64_t slot, int64_t rows, float* out, int64_t out_stride = -1) {
-  if (out_stride < 0) out_stride = width;
-  for_each("gather_children", rows * width, [=] DG_HD(int64_t j) {
-    const int64_t r = j / width, c = j % width;
-    const int64_t child = child_row[r * arity + slot];
-    out[r * out_stride + c] = child < 0 ? 0.0f : state[child * width + c];
-  });
+  tree_detail::gather("gather_children", state, width, nullptr, child_row, arity, slot, rows, out, out_stride);
 }
 
 // out[r, :] = state[order[child_row[r * arity + slot]], :], or zeros for an empty
 // slot: gather_children for states kept in node order (order: row -> node).
 inline void gather_child_nodes(const float* state, int64_t width, const int64_t* order, const int64_t* child_row,
                                int64_t arity, int64_t slot, int64_t rows, float* out, int64_t out_stride = -1) {
-  if (out_stride < 0) out_stride = width;
-  for_each("gather_child_nodes", rows * width, [=] DG_HD(int64_t j) {
-    const int64_t r = j / width, c = j % width;
-    const int64_t child = child_row[r * arity + slot];
-    out[r * out_stride + c] = child < 0 ? 0.0f : state[order[child] * width + c];
-  });
+  tree_detail::gather("gather_child_nodes", state, width, order, child_row, arity, slot, rows, out, out_stride);
 }
 
 // out[i] = values[order[i]] for i in [0, count): per-node ids in row order.
@@ -105,7 +113,7 @@ void permute_rows(const T* values, const int64_t* order, int64_t count, T* out) 
   for_each("permute_rows", count, [=] DG_HD(int64_t i) { out[i] = values[order[i]]; });
 }
 
-// out[order[r], :] = state[r, :]: states back in the caller's node numbering.
+// out[order[r], :] = state[r, :]: rows made in schedule order put at their nodes' rows.
 inline void unsort_rows(const float* state, const int64_t* order, int64_t rows, int64_t width, float* out) {
   for_each("unsort_rows", rows * width, [=] DG_HD(int64_t j) {
     const int64_t r = j / width, c = j % width;
