@@ -256,6 +256,20 @@ void check_tree() {
   expect_close("gather_children", download(out), {4, 5}, 0.0f);
   dg::unsort_rows(dstate.data(), s.order.data(), 5, 2, unsorted.data());
   expect_close("unsort_rows", download(unsorted), state, 0.0f);  // already in height order
+  // (0, 1) as node 2 before leaf 3, 4 = (2, 3): rows 0, 1, 3, 2, 4 in height order, so node 4's
+  // children are rows 3 and 2, i.e. nodes 2 and 3 of a state kept in node order.
+  const std::vector<int64_t> later_leaf = {-1, -1, -1, -1, 0, 1, -1, -1, 2, 3};
+  auto dlater = upload(later_leaf);
+  const dg::LevelSchedule t = dg::schedule_levels(dlater.data(), 5, 2, droots.data(), 1, false, "trees");
+  const std::vector<int64_t> order = download(t.order);
+  expect_close("schedule order", std::vector<float>(order.begin(), order.end()), {0, 1, 3, 2, 4}, 0.0f);
+  dg::DeviceVector<float> both(4);
+  for (int64_t slot = 0; slot < 2; ++slot)
+    dg::gather_child_nodes(dstate.data(), 2, t.order.data(), t.child_row.data() + 4 * 2, 2, slot, 1,
+                           both.data() + 2 * slot, /*out_stride=*/4);
+  expect_close("gather_child_nodes", download(both), {4, 5, 6, 7}, 0.0f);
+  dg::unsort_rows(dstate.data(), t.order.data(), 5, 2, unsorted.data());
+  expect_close("unsort_rows", download(unsorted), {0, 1, 2, 3, 6, 7, 4, 5, 8, 9}, 0.0f);
   ++checks;
   try {
     const std::vector<int64_t> cycle = {1, -1, 0, -1};
