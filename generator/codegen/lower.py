@@ -261,11 +261,7 @@ class LowerCtx:
                                       "the GEMM's epilogue, fusing")
         kernel = epilogue_kernel(node, names, comment, self.target.printer_cls)
         # kernels:: holds one function per value name: keep this type's name apart
-        taken = {k.name for k in self.kernels} | set(self.graph.names.used)
-        base, k = kernel.name, 0
-        while kernel.name in taken:
-            k += 1
-            kernel.name = f"{base}_{k}"
+        kernel.name = _fresh(kernel.name, {k.name for k in self.kernels} | set(self.graph.names.used))
         self.kernels.append(kernel)
         members = [self.read(v) for v in node.inputs[2:]] + [a.name for a in kernel.args[len(node.inputs) - 2 :]]
         return Functor(kernel.name, tuple(members))
@@ -295,8 +291,8 @@ class LowerCtx:
 
 
 def _fresh(name: str, taken: set) -> str:
-    """`name`, or name_2, name_3, ... : the first not in `taken` (which it joins)."""
-    base, k = name, 1
+    """`name`, or name_1, name_2, ...: the first not in `taken` (which it joins)."""
+    base, k = name, 0
     while name in taken:
         k += 1
         name = f"{base}_{k}"
