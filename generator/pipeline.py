@@ -157,7 +157,7 @@ def _level_loop_text(loop) -> list:
     if loop.hoisted is not None:
         parts.append(("hoisted block", loop.hoisted.decls + loop.hoisted.body))
     parts += [("before the loop", loop.child_buffers + loop.packed + loop.body.decls),
-              ("each level: gathers", loop.gathers), ("each level: body", loop.body.body), ("after", loop.finish)]
+              ("each level: gathers", loop.gathers), ("each level: body", loop.body.body)]
     for title, lines in parts:
         out.append(f"      {title}:")
         out.extend(f"        {line}" for line in lines)

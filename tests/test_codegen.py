@@ -165,6 +165,18 @@ def test_ir_stops_after_each_stage(capsys, stage, expect):
         assert "d_logits" not in out  # the backward pass comes with differentiate
 
 
+def test_ir_prints_a_recursions_level_loops(capsys):
+    """`deepgen ir --after lower` on a model that trains through recursion prints
+    the forward level loop and the gradient's reverse loop part by part."""
+    from generator.tools.cli import main
+
+    assert main(["ir", str(ROOT / "examples" / "treelstm_sentiment.py"), "--after", "lower"]) == 0
+    out = capsys.readouterr().out
+    for part in ("level loop over trees_children:", "reverse level loop over trees_children:", "leaf block:",
+                 "each level: gathers:", "each level: body:", "each level: scatters:", "dg::gather_child_nodes("):
+        assert part in out, part
+
+
 def test_sigmoid_prints_as_one_function_where_its_tanh_is_not_shared():
     """The ops write sigmoid as (1 + tanh(x/2)) / 2; the CPU printer folds each such sum into
     dg::math::sigmoid_f (an identity: checked numerically), unless the tanh is read elsewhere too,

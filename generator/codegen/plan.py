@@ -143,7 +143,6 @@ class ReverseLevelLoop:
     scatters: list  # per level, at the end of the body's scope: the children's state gradients added into their rows
     after: CellBlock | None  # the internal cell's gradient pieces that need no loop, all rows at once
     leaf: CellBlock | None
-    finish: list
     writes: list  # the outputs (Write operands: the blocks write them under the cells' names)
     reads: list  # what the forward loop kept (Read operands: the blocks read them under the cells' names)
     at: int = -1

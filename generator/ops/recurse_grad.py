@@ -279,7 +279,7 @@ class _Lowering:
             batch=self.node.inputs[0].name, schedule=sched, inspector=inspector, leaves=leaves, internal=internal,
             internal_rows=f"{sched}.rows() - {leaves}", hoisted=hoisted, max_rows=most, buffers=buffers, packed=packed,
             level=level, start=start, gathers=gathers, body=loop_body, scatters=scatters, after=after,
-            leaf=leaf, finish=[], writes=list(writes.values()), reads=[base for _, base in loaded],
+            leaf=leaf, writes=list(writes.values()), reads=[base for _, base in loaded],
         )
 
     def _block(self, decls, rows, count, body):
