@@ -40,7 +40,7 @@ class CNN(nn.Module):
         self.conv1 = nn.Conv2d(3, 6, 3, padding=1)
         self.bn1 = nn.BatchNorm2d(6)
         self.pool = nn.MaxPool2d(2)
-        self.conv2 = nn.Conv2d(6, 8, 3)
+        self.conv2 = nn.Conv2d(6, 8, 3, bias=False)  # as ResNet's convolutions
         self.bn2 = nn.BatchNorm2d(8)
         self.avg = nn.AvgPool2d(2, stride=1)
         self.gap = nn.AdaptiveAvgPool2d(1)

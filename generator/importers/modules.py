@@ -43,13 +43,13 @@ def linear(imp, node, m, args, kwargs):
 def conv2d(imp, node, m, args, kwargs):
     x = _arg(imp, node, args, kwargs)
     _check(imp, node, m.padding_mode == "zeros", f"padding_mode={m.padding_mode!r}")
-    padding = 0 if m.padding == "valid" else m.padding
+    padding = (0, 0) if m.padding == "valid" else m.padding if isinstance(m.padding, str) else tuple(m.padding)
     base = imp.base(node)
     opts = [f"{m.out_channels}", code(tuple(m.kernel_size))]
     for key, value, default in (("stride", tuple(m.stride), (1, 1)), ("padding", padding, (0, 0)),
                                 ("dilation", tuple(m.dilation), (1, 1)), ("groups", m.groups, 1),
                                 ("bias", m.bias is not None, True)):
-        if value != default and value != 0:
+        if value != default:  # (bias=False must not pass as 0: False == 0 in Python)
             opts.append(f"{key}={code(value)}")
     imp.take_state(base, m)
     return imp.em.assign(node.name, f'dg.conv2d_layer({code(x)}, {", ".join(opts)}, name="{base}")')
