@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+from pathlib import Path
 
 import pytest
 import sympy
@@ -1239,3 +1240,34 @@ def test_cli_good_model_checks(tmp_path, capsys):
     rc, out, err = cli(capsys, "check", path)
     assert rc == 0, err
     assert "output y: f32[N, 4]" in out
+
+
+@pytest.mark.parametrize("argv, part", [
+    (["ir", "{mlp}", "--after", "nosuch"], "unknown stage or pass 'nosuch' (choose from optimize,"),
+    (["ir", "{mlp}", "--after", ""], "unknown stage or pass ''"),
+    (["memory", "{mlp}", "--batch", "-3"], "argument --batch: -3 is not a size (at least 1)"),
+    (["memory", "{mlp}", "--batch", "x"], "argument --batch: 'x' is not an integer"),
+    (["generate", "{mlp}", "-o", ""], "argument -o/--output: an empty path"),
+])
+def test_cli_rejects_bad_arguments_before_running(argv, part, capsys):
+    """Argument errors are argparse's usage errors (exit 2), never an internal error."""
+    mlp = str(Path(__file__).resolve().parents[1] / "examples" / "mlp.py")
+    with pytest.raises(SystemExit) as e:
+        main([a.format(mlp=mlp) for a in argv])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and part in err, err
+
+
+@pytest.mark.parametrize("argv, parts", [
+    (["memory", "{mlp}", "--budget", "e"], ["cannot read the budget 'e'"]),
+    (["memory", "{mlp}", "--budget", "1e400"], ["cannot read the budget '1e400'"]),
+    (["memory", "{mlp}", "--budget", "0"], ["the budget '0' is not a positive number of bytes"]),
+    (["memory", "{mlp}", "--dim", "N=0"], ["--dim 'N=0': expected NAME=INT (INT at least 1)"]),
+    (["ir", "{mlp}", "--grad", "--after", "lower"], ["--grad with --after lower"]),
+    (["check", ":mlp"], ["no model file named"]),
+    (["check", "{folder}"], ["is a folder; name the model file in it"]),
+])
+def test_cli_bad_values_are_one_line_errors(argv, parts, capsys):
+    examples = Path(__file__).resolve().parents[1] / "examples"
+    rc, _, err = cli(capsys, *[a.format(mlp=examples / "mlp.py", folder=examples) for a in argv])
+    _assert_cli_error(rc, err, argv[0], *parts)

@@ -253,6 +253,27 @@ def test_untraceable_module_says_why():
         dg.from_torch(WithControlFlow(), torch.zeros(2, 4))
 
 
+def test_example_input_pytorch_rejects_names_the_layer_and_its_error(capsys):
+    """The module's own error (a shape mismatch), not fx's wrapper of it, and no traceback printed."""
+    with pytest.raises(dg.DeepgenError) as e:
+        dg.from_torch(MLP(), torch.zeros(2, 7))
+    text = str(e.value)
+    assert "running MLP on the example inputs failed in self.fc1: RuntimeError: mat1 and mat2 shapes cannot be " \
+           "multiplied (2x7 and 12x16)" in text, text
+    assert "test_from_torch.py:" in text and "ShapeProp" not in text
+    assert capsys.readouterr().err == ""
+
+
+def test_a_translation_the_example_shapes_break_names_the_line():
+    """A 1-D example: PyTorch's Linear takes it, the import makes axis 0 the batch N."""
+    with pytest.raises(dg.DeepgenError) as e:
+        dg.from_torch(nn.Sequential(nn.Linear(6, 3)), torch.zeros(6))
+    text = str(e.value)
+    assert "self.0, imported as `t0 = dg.linear_t(input_1, layer_0_weight, layer_0_bias)`" in text, text
+    assert "does not check with the example inputs' shapes: matmul: inner dimensions differ" in text, text
+    assert "<deepgen from-torch" not in text
+
+
 def test_bad_layer_options_are_named():
     lstm = nn.LSTM(4, 4)  # batch_first=False
 
@@ -291,3 +312,6 @@ def test_cli_writes_a_loadable_model(tmp_path, capsys):
     assert cli.main(["from-torch", f"{tmp_path / 'net.py'}:nothing", "-o", str(out), "--example-input",
                      "input=2,6"]) == 1
     assert "has no function 'nothing'" in capsys.readouterr().err
+    assert cli.main(["from-torch", f"{tmp_path / 'net.py'}:make", "-o", str(out), "--example-input", "input=2,6",
+                     "--example-input", "input=3,6"]) == 1
+    assert "--example-input 'input=3,6': 'input' is given twice" in capsys.readouterr().err

@@ -19,6 +19,10 @@ def module_from_file(path: str, prefix: str, what: str = "file"):
     """(module, loader, its sys.modules name) for the Python file at `path`, not run yet:
     registered under `prefix` + the path made an identifier, which the caller removes
     when it is done."""
+    if not path:
+        raise DeepgenError(f"no {what} named (expected FILE.py or FILE.py:NAME)")
+    if os.path.isdir(path):
+        raise DeepgenError(f"{path} is a folder; name the {what} in it (FILE.py or FILE.py:NAME)")
     if not os.path.isfile(path):
         raise DeepgenError(f"{what} not found: {path}")
     name = prefix + "".join(c if c.isalnum() else "_" for c in os.path.abspath(path))

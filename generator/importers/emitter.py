@@ -21,6 +21,15 @@ from ..frontend.builder import _ACTIVE, Builder, Tensor
 from ..ir.names import RESERVED, is_identifier
 
 
+class StatementError(DeepgenError):
+    """A statement the importer wrote does not check under the DSL (a shape that the
+    example inputs make impossible): the message without the statement's pseudo file."""
+
+    def __init__(self, statement: str, message: str):
+        super().__init__(message)
+        self.statement = statement
+
+
 @dataclass(frozen=True)
 class Var:
     """A tensor of the generated model: its variable in the text and its live DSL Tensor."""
@@ -109,6 +118,11 @@ class Emitter:
         linecache.cache[filename] = (len(text), None, [text + "\n"], filename)
         try:
             exec(compile(text, filename, "exec"), self.ns)
+        except StatementError:
+            raise
+        except DeepgenError as e:
+            message = str(e).replace(f"{filename}:1: ", "").split("\n")[0]
+            raise StatementError(text, message) from None
         finally:
             linecache.cache.pop(filename, None)
 

@@ -54,6 +54,8 @@ def example_inputs(items) -> tuple[dict, dict]:
         name, sep, rest = item.partition("=")
         shape_text, _, dtype = rest.partition(":")
         dtype = dtype or "float32"
+        if name in examples:
+            raise DeepgenError(f"--example-input {item!r}: {name!r} is given twice")
         if not sep or not name.isidentifier() or dtype not in _DTYPES or not shape_text:
             raise DeepgenError(f"--example-input {item!r}: expected NAME=SHAPE[:dtype], e.g. x=4,784 or "
                                f"tokens=N=4,T=12:int64 (dtype one of {', '.join(_DTYPES)})")

@@ -9,6 +9,8 @@ imported here only, so importing deepgen never imports it.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import re
 
@@ -18,7 +20,7 @@ import numpy as np
 from ..errors import DeepgenError
 from ..ir.names import problem_with
 from ..ir.shapes import evaluate
-from .emitter import Emitter, Var, code
+from .emitter import Emitter, StatementError, Var, code
 from .functions import convert_call
 from .modules import Unusable, convert_module
 from .trace import describe, node_error, source_site, trace
@@ -135,16 +137,20 @@ class Importer:
                     site = here
                     self.em.comment(f"{os.path.basename(here[0])}:{here[1]}: {here[2]}")
                 args, kwargs = self._resolve(node, node.args, env), self._resolve(node, node.kwargs, env)
-                if node.op == "placeholder":
-                    env[node] = self._input(node, examples, dims)
-                elif node.op == "get_attr":
-                    env[node] = self._attribute(node)
-                elif node.op == "call_module":
-                    env[node] = convert_module(self, node, gm.get_submodule(node.target), args, kwargs)
-                elif node.op in ("call_function", "call_method"):
-                    env[node] = convert_call(self, node, args, kwargs)
-                elif node.op == "output":
-                    outputs = self._outputs(node, args[0])
+                try:
+                    if node.op == "placeholder":
+                        env[node] = self._input(node, examples, dims)
+                    elif node.op == "get_attr":
+                        env[node] = self._attribute(node)
+                    elif node.op == "call_module":
+                        env[node] = convert_module(self, node, gm.get_submodule(node.target), args, kwargs)
+                    elif node.op in ("call_function", "call_method"):
+                        env[node] = convert_call(self, node, args, kwargs)
+                    elif node.op == "output":
+                        outputs = self._outputs(node, args[0])
+                except StatementError as e:  # e.g. an example input of another rank than forward reads
+                    raise node_error(node, f"{describe(node)}, imported as `{e.statement}`, does not check with "
+                                           f"the example inputs' shapes: {e}") from None
                 self._check_shape(node, env.get(node))
         source = self._render(outputs)
         self._validate(source)
@@ -176,12 +182,20 @@ class Importer:
         from torch.fx.passes.shape_prop import ShapeProp
 
         args = [examples.get(p.target, p.args[0] if p.args else None) for p in placeholders]
+        printed = io.StringIO()  # ShapeProp prints the traceback of a failing node itself
         try:
-            with torch.no_grad():
+            with torch.no_grad(), contextlib.redirect_stderr(printed):
                 ShapeProp(gm).propagate(*args)
         except Exception as e:
-            raise DeepgenError(f"running {type(self.module).__name__} on the example inputs failed: "
-                               f"{type(e).__name__}: {e}") from None
+            cause = e  # ShapeProp wraps the module's own error (a shape mismatch, say) in one of its own
+            while cause.__cause__ is not None:
+                cause = cause.__cause__
+            named = re.search(r"node=%(\w+)", str(e))
+            node = next((n for n in gm.graph.nodes if named and n.name == named.group(1)), None)
+            message = (f"running {type(self.module).__name__} on the example inputs failed"
+                       f"{f' in {describe(node)}' if node is not None else ''}: {type(cause).__name__}: "
+                       f"{str(cause).strip()}")
+            raise (node_error(node, message) if node is not None else DeepgenError(message)) from None
 
     def _input(self, node, examples, dims):
         if node.target not in examples:

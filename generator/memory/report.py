@@ -24,9 +24,15 @@ _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "KIB": 2**10, "M
 
 def parse_bytes(text: str) -> int:
     match = re.fullmatch(r"\s*([0-9.eE+]+)\s*([A-Za-z]*)\s*", text)
-    if not match or match.group(2).upper() not in _UNITS:
-        raise DeepgenError(f"cannot read the budget {text!r}; write e.g. 2GiB, 512MiB, 100MB or 1000000")
-    return int(float(match.group(1)) * _UNITS[match.group(2).upper()])
+    try:
+        if not match or match.group(2).upper() not in _UNITS:
+            raise ValueError(text)
+        value = int(float(match.group(1)) * _UNITS[match.group(2).upper()])
+    except (ValueError, OverflowError):  # "e", "1..2", or a number past a float's range
+        raise DeepgenError(f"cannot read the budget {text!r}; write e.g. 2GiB, 512MiB, 100MB or 1000000") from None
+    if value <= 0:
+        raise DeepgenError(f"the budget {text!r} is not a positive number of bytes")
+    return value
 
 
 def human(n) -> str:

@@ -88,9 +88,12 @@ def cmd_ir(args):
     from .. import pipeline
 
     graph = _graph(args)
+    if args.grad and args.after in _STAGES:
+        raise DeepgenError(f"--grad with --after {args.after}: that stage's output has the backward pass already "
+                           "where the model trains (--grad goes with --after one pass, or alone)")
     if (args.dot or args.svg) and args.after in ("lower", "plan_memory"):
         raise DeepgenError(f"--dot and --svg draw a graph; --after {args.after} makes a lowered plan (print it without them)")
-    if args.after in ("optimize", "differentiate", "lower", "plan_memory"):
+    if args.after in _STAGES:
         pipeline.optimize(graph, "O2")
         if args.after != "optimize":
             pipeline.differentiate(graph, "O2")
@@ -102,7 +105,7 @@ def cmd_ir(args):
             return
         _show(args, graph)
         return
-    if args.after:
+    if args.after is not None:
         from ..transforms.passes import optimize
 
         optimize(graph, "O2", until=args.after)
@@ -135,6 +138,35 @@ def _show(args, graph):
         print(f"graph {graph.name} ({len(graph.nodes)} ops) written to {path}")
 
 
+_STAGES = ("optimize", "differentiate", "lower", "plan_memory")  # ir --after: whole stages (the rest are passes)
+
+
+def _after(text: str) -> str:
+    """ir --after: a stage or one -O2 pass, checked here so a typo is an error, not a crash."""
+    from ..transforms.passes import LEVELS
+
+    known = list(_STAGES) + list(dict.fromkeys(LEVELS["O2"]))
+    if text not in known:
+        raise argparse.ArgumentTypeError(f"unknown stage or pass {text!r} (choose from {', '.join(known)})")
+    return text
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{text} is not a size (at least 1)")
+    return value
+
+
+def _path(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("an empty path (name one, e.g. -o build/mlp)")
+    return text
+
+
 def cmd_memory(args):
     from ..memory.report import parse_bytes, plot_png, report
     from ..pipeline import lowered, prepare
@@ -145,8 +177,8 @@ def cmd_memory(args):
     for item in args.dim or []:
         name, _, value = item.partition("=")
         match = [d for d in graph.dims if str(d) == name]
-        if not match or not value.isdigit():
-            raise DeepgenError(f"--dim {item!r}: expected NAME=INT with NAME one of {', '.join(map(str, graph.dims))}")
+        if not match or not value.isdigit() or int(value) < 1:
+            raise DeepgenError(f"--dim {item!r}: expected NAME=INT (INT at least 1) with NAME one of {', '.join(map(str, graph.dims))}")
         dims[match[0]] = int(value)
     budget = parse_bytes(args.budget) if args.budget else None
     print(report(graph, plan, batch=args.batch, dims=dims, budget=budget), end="")
@@ -172,7 +204,7 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     g = sub.add_parser("generate", help="write a standalone C++ project for a model")
     g.add_argument("model", help="model file, FILE.py or FILE.py:NAME")
-    g.add_argument("-o", "--output", required=True, help="folder to write the project into")
+    g.add_argument("-o", "--output", required=True, type=_path, help="folder to write the project into")
     from ..codegen.targets import available
 
     g.add_argument("--target", default="cpu", choices=available())
@@ -199,7 +231,7 @@ def parser() -> argparse.ArgumentParser:
     c.set_defaults(func=cmd_check)
     mem = sub.add_parser("memory", help="static memory analysis: per-statement table, peak formula, budget")
     mem.add_argument("model")
-    mem.add_argument("--batch", type=int, default=32, help="value of the symbolic sizes in the table (default 32)")
+    mem.add_argument("--batch", type=_positive, default=32, help="value of the symbolic sizes in the table (default 32)")
     mem.add_argument("--dim", action="append", help="NAME=INT: a symbolic size other than the batch")
     mem.add_argument("--budget", help="memory budget, e.g. 2GiB: prints the largest batch that fits")
     mem.add_argument("--plot", help="write a PNG of live bytes over the schedule")
@@ -209,7 +241,7 @@ def parser() -> argparse.ArgumentParser:
     i = sub.add_parser("ir", help="print a model's graph")
     i.add_argument("model")
     i.add_argument("--grad", action="store_true", help="include the backward pass (gradient nodes)")
-    i.add_argument("--after", help="stop after a stage (optimize, differentiate, lower: the lowered statements "
+    i.add_argument("--after", type=_after, help="stop after a stage (optimize, differentiate, lower: the lowered statements "
                                    "and kernels, plan_memory: with the arena offsets) or after one pass of -O2 (dce, cse, fold, copyprop, fuse, "
                                    "simplify, epilogue, remat) and print what it made (a pass over the forward graph; "
                                    "remat changes only the training graph: see --after differentiate)")
@@ -218,7 +250,7 @@ def parser() -> argparse.ArgumentParser:
     i.set_defaults(func=cmd_ir)
     ft = sub.add_parser("from-torch", help="write a model file and its weights from a PyTorch nn.Module (torch.fx)")
     ft.add_argument("factory", help="MODULE.py:FACTORY, a function returning the nn.Module (put in eval mode)")
-    ft.add_argument("-o", "--output", required=True, help="the model file to write (.py)")
+    ft.add_argument("-o", "--output", required=True, type=_path, help="the model file to write (.py)")
     ft.add_argument("--weights", help="the weights file to write (default: the model file's name with .npz)")
     ft.add_argument("--example-input", action="append", metavar="NAME=SHAPE[:dtype]",
                     help="an argument of forward and its example shape, e.g. x=4,784 or tokens=4,12:int64 "
