@@ -81,7 +81,7 @@ def make_batch(rng, n):
 
 def torch_peer(model):
     """A PyTorch copy of the generated `model` (its weights and hyperparameters now);
-    returns step(x, labels) -> loss and the torch network."""
+    returns step(x, labels) -> loss (its optimizer as step.optimizer) and the torch network."""
     import torch
     import torch.nn.functional as F
     from torch import nn
@@ -102,6 +102,7 @@ def torch_peer(model):
         opt.step()
         return loss.item()
 
+    step.optimizer = opt
     return step, net
 
 

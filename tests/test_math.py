@@ -198,6 +198,10 @@ KERNEL = """
 void sigmoid_like(const float* x, float* h, long n) {{
     for (long i0 = 0; i0 < n; ++i0) h[i0] = (1.0F + dg::math::tanh_f(0.5F * x[i0])) / 2;
 }}
+void momentum_update_like(float* w, const float* g, float* buf, long n, float lr, float momentum) {{
+    for (long i = 0; i < n; ++i) {{ const float new_buf = dg::math::flush_subnormal_f(buf[i] * momentum + g[i]);
+        buf[i] = new_buf; w[i] = w[i] - lr * new_buf; }}
+}}
 """
 LOOP = "void k_{f}(const float* x, float* y, long n) {{ for (long i = 0; i < n; ++i) y[i] = dg::math::{f}_f(x[i]); }}"
 
@@ -219,8 +223,8 @@ def test_plain_loops_are_vectorized(tmp_path, flags, width):
     proc = subprocess.run([*cmd, "-fopt-info-vec-optimized"], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     lines = src.read_text().splitlines()
-    for name in [f"k_{f}" for f in FUNCS] + ["sigmoid_like"]:
-        n = next(i for i, s in enumerate(lines, 1) if f" {name}(" in s) + (name == "sigmoid_like")
+    for name in [f"k_{f}" for f in FUNCS] + ["sigmoid_like", "momentum_update_like"]:
+        n = next(i for i, s in enumerate(lines, 1) if f" {name}(" in s) + (not name.startswith("k_"))
         assert re.search(
             rf"kernels\.cpp:{n}:\d+: optimized: loop vectorized using {width} byte vectors", proc.stderr
         ), f"{name} (line {n}) not vectorized with {flags}:\n{proc.stderr}"

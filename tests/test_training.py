@@ -161,3 +161,35 @@ def test_train_step_input_errors(trained):
     assert model.step == 0 and all(np.array_equal(before[k], v) for k, v in model.parameters().items())
     # forward() takes the labels too (and ignores them), so one batch dict serves both.
     assert model.forward(**batch)["logits"].shape == (8, 4)
+
+
+def test_decayed_optimizer_state_is_flushed_to_zero(trained):
+    """Where a step's gradient is exactly 0 (a ReLU unit no row of the batch turns on),
+    a subnormal momentum buffer or Adam moment would decay into the subnormals and stay
+    there (slow on Intel cores): it becomes 0, in the generated update and the reference."""
+    kind, graph, module = trained
+    if kind == "sgd":
+        pytest.skip("plain SGD keeps no state")
+    model = module.Model(seed=1)
+    model.weight_decay = 0.0  # else every gradient has the weight's share
+    model.allocate_training_state()
+    tiny = np.float32(1e-39)  # subnormal: 2^-126 is 1.18e-38
+    for view in model.optimizer_state().values():
+        view[...] = tiny
+    before_state = {k: np.array(v) for k, v in model.optimizer_state().items()}
+    before = {k: np.array(v) for k, v in model.parameters().items()}
+    batch = {k: v[:1] for k, v in _batches()[0].items()}  # one row: about half the units stay off
+    model.train_step(**batch)
+    hyper = {name: getattr(model, name) for name, _ in graph.train.hyper}
+    state, zero_grads = model.optimizer_state(), 0
+    for name, g in model.gradients().items():
+        slots = {k.split("/")[1]: v for k, v in before_state.items() if k.startswith(name + "/")}
+        want_w, want_slots = graph.train.optimizer.apply(before[name], np.array(g), slots, hyper, step=1)
+        for slot, want in want_slots.items():
+            got = state[f"{name}/{slot}"]
+            dead = np.asarray(g) == 0
+            zero_grads += int(dead.sum())
+            assert (got[dead] == 0).all() and (want[dead] == 0).all(), f"{name}/{slot}"
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-30, err_msg=f"{name}/{slot}")
+        np.testing.assert_allclose(model.parameters()[name], want_w, rtol=1e-5, atol=1e-7, err_msg=name)
+    assert zero_grads > 0  # the batch did leave units off

@@ -131,11 +131,13 @@ def ewise_kernel(node, names, comment: str, printer_cls=FloatPrinter, views=None
 # (a GEMM does some 32 flops per cycle on AVX2, a loop some 8 simple operations),
 # and a dg_math function about 20 operations.
 EWISE_OP_FLOPS, FUNCTION_OPS = 4, 20
+CHEAP_FUNCTIONS = ("FlushSubnormal",)  # a compare and a blend: one operation, not a dg_math function
 
 
 def _work(elements, exprs) -> str:
     """The parallel-work estimate of a kernel over `elements` computing `exprs`."""
-    ops = sum(sympy.count_ops(e) + FUNCTION_OPS * len(e.atoms(sympy.Function)) for e in exprs)
+    ops = sum(sympy.count_ops(e) + FUNCTION_OPS * sum(type(f).__name__ not in CHEAP_FUNCTIONS
+                                                      for f in e.atoms(sympy.Function)) for e in exprs)
     return size_expr(sympy.expand(elements * EWISE_OP_FLOPS * (int(ops) + 2)))
 
 

@@ -100,6 +100,9 @@ class FloatPrinter(C99CodePrinter):
     def _print_Sigmoid(self, expr):
         return f"dg::math::sigmoid_f({self._print(expr.args[0])})"
 
+    def _print_FlushSubnormal(self, expr):  # frontend/train.py: the optimizers' decaying state
+        return f"dg::math::flush_subnormal_f({self._print(expr.args[0])})"
+
     def _print_Max(self, expr):
         return self._fold_minmax("max_f", expr.args)
 

@@ -9,6 +9,8 @@
 // generated project. Header-only, C++17.
 #pragma once
 
+#include <cmath>
+
 #if defined(__CUDACC__)
 #define DG_HD __host__ __device__
 #else
@@ -27,6 +29,8 @@ namespace math {
 // numpy reference, the CPU target and PyTorch.
 DG_HD inline float max_f(float a, float b) { return a > b ? a : b; }
 DG_HD inline float min_f(float a, float b) { return a < b ? a : b; }
+// x, or +0 where x is subnormal: the optimizers' decaying state (as the CPU's dg_math.h).
+DG_HD inline float flush_subnormal_f(float x) { return fabsf(x) < 1.17549435e-38F ? 0.0F : x; }
 
 }  // namespace math
 }  // namespace dg

@@ -12,7 +12,7 @@
 namespace tiny_cuda {
 namespace kernels {
 
-// momentum update of one parameter, in place: buf <- buf*momentum + g + w*weight_decay; w <- -buf*lr + w
+// momentum update of one parameter, in place: buf <- FlushSubnormal(buf*momentum + g + w*weight_decay); w <- -buf*lr + w
 void momentum_update(float* w, const float* g, float* buf, int64_t n, float lr, float momentum,
                      float weight_decay);
 

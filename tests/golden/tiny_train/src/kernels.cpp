@@ -10,12 +10,12 @@
 namespace tiny_train {
 namespace kernels {
 
-// momentum update of one parameter, in place: buf <- buf*momentum + g + w*weight_decay; w <- -buf*lr + w
+// momentum update of one parameter, in place: buf <- FlushSubnormal(buf*momentum + g + w*weight_decay); w <- -buf*lr + w
 void momentum_update(float* w, const float* g, float* buf, int64_t n, float lr, float momentum,
                      float weight_decay) {
-#pragma omp parallel for if (dg::worth_threads(32 * n))
+#pragma omp parallel for if (dg::worth_threads(36 * n))
   for (int64_t i = 0; i < n; ++i) {
-    const float new_buf = buf[i] * momentum + g[i] + w[i] * weight_decay;
+    const float new_buf = dg::math::flush_subnormal_f(buf[i] * momentum + g[i] + w[i] * weight_decay);
     buf[i] = new_buf;
     w[i] = -new_buf * lr + w[i];
   }
