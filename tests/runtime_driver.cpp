@@ -185,7 +185,8 @@ int run_gemm(char** argv) {
 
 // gemm_packed <ta> <tb> <M> <N> <K> <lda> <ldb> <ldc> <threads>, inputs as for
 // gemm (C's initial values are ignored)  ->  C from dg::gemm with a PackedB of B,
-// then C from the same PackedB used a second and a third time, then C from plain dg::gemm,
+// then C from the same PackedB used a second, third and fourth time (once packed,
+// the products walk its panels forward and backward in turn), then C from plain dg::gemm,
 // then C from the PackedB for the first min(M, 2) rows only
 int run_gemm_packed(char** argv) {
     const bool ta = int_arg(argv, 2) != 0, tb = int_arg(argv, 3) != 0;
@@ -197,7 +198,7 @@ int run_gemm_packed(char** argv) {
     const std::vector<float> b = in.take<float>((tb ? N : K) * ldb);
     std::vector<float> c = in.take<float>(M * ldc);
     const dg::PackedB packed(tb, K, N, b.data(), ldb);
-    for (int pass = 0; pass < 3; ++pass) {  // in place, packing, packed
+    for (int pass = 0; pass < 4; ++pass) {  // in place, packing, packed (walked both ways)
         std::fill(c.begin(), c.end(), -1.0f);
         dg::gemm(ta, M, a.data(), lda, packed, c.data(), ldc);
         write(c);

@@ -579,12 +579,13 @@ def test_gemm_epilogue_once_per_element(gemm_driver, M, N, K, ta, tb):
                                          (70, 1280, 512, False, False), (200, 47, 385, True, True)])
 def test_gemm_with_packed_b_equals_gemm(gemm_driver, M, N, K, ta, tb, threads):
     """A PackedB (weights packed once before a loop) gives gemm's result bit for
-    bit at every use (read in place, packing, packed), streamed (M <= 3) or not."""
+    bit at every use (read in place, packing, packed: its panels walked forward,
+    then backward), streamed (M <= 3) or not."""
     lda, ldb, ldc = (M if ta else K) + 1, (K if tb else N) + 2, N + 3
     a, b = rand(K if ta else M, lda), rand(N if tb else K, ldb)
     out = gemm_driver("gemm_packed", int(ta), int(tb), M, N, K, lda, ldb, ldc, threads,
                       inputs=[a, b, np.zeros((M, ldc), np.float32)])
-    *uses, plain, few = (x.reshape(M, ldc) for x in np.split(out, 5))
+    *uses, plain, few = (x.reshape(M, ldc) for x in np.split(out, 6))
     assert all(same_bits(use, plain) for use in uses)
     want = gemm_reference(a, b, ta, tb, M, N, K)
     assert_gemm_close(plain[:, :N], want, K)
