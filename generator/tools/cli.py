@@ -89,8 +89,9 @@ def cmd_ir(args):
 
     graph = _graph(args)
     if args.grad and args.after in _STAGES:
-        raise DeepgenError(f"--grad with --after {args.after}: that stage's output has the backward pass already "
-                           "where the model trains (--grad goes with --after one pass, or alone)")
+        raise DeepgenError(f"--grad with --after {args.after}: --grad goes with one pass (--after dce ... remat) "
+                           "or alone; of the whole stages, differentiate, lower and plan_memory print a trainable "
+                           "model's backward pass anyway")
     if (args.dot or args.svg) and args.after in ("lower", "plan_memory"):
         raise DeepgenError(f"--dot and --svg draw a graph; --after {args.after} makes a lowered plan (print it without them)")
     if args.after in _STAGES:
