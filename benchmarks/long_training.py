@@ -14,7 +14,10 @@ cores take most of them at full speed): PyTorch's step slows several times over.
 The generated update flushes such state to 0 (generator/frontend/train.py,
 FlushSubnormal), so its step keeps its speed. The table shows each chunk's time for
 both peers and their ratio (PyTorch / generated, > 1: generated is faster), and how
-many momentum-buffer elements each holds as subnormals at the end.
+many momentum-buffer elements each holds as subnormals at the end. The two runs start
+from the same weights (benchmarks/mlp.py checks that their steps agree); over hundreds
+of steps float rounding makes their losses drift apart while units die, until both
+networks settle at the same dead state.
 """
 
 from __future__ import annotations
@@ -33,9 +36,7 @@ CHUNK = 250
 
 def child(config: dict) -> None:
     import numpy as np
-
-    sys.path.insert(0, str(Path(__file__).parent))
-    from mlp import POOL, make_batch, torch_peer
+    from mlp import POOL, make_batch, torch_peer  # this folder is on sys.path: the script's own
 
     module = import_module(config["module"]["name"], config["module"]["build"])
     peer, steps = config["peer"], config["steps"]
@@ -46,7 +47,7 @@ def child(config: dict) -> None:
         import torch
 
         torch.set_num_threads(1)
-        step, net = torch_peer(model)
+        step, _ = torch_peer(model)
         batches = [(torch.from_numpy(x), torch.from_numpy(y)) for x, y in batches]
     else:
         quiet_blas()
@@ -81,7 +82,6 @@ def main() -> None:
     if args.child:
         child(json.loads(args.child))
         return
-    sys.path.insert(0, str(Path(__file__).parent))
     from mlp import mlp_model
 
     print("Building the generated module (cached under build/bench/):", flush=True)
