@@ -1,8 +1,9 @@
 """Tests for targets/cpu/runtime/dg_math.h (vectorizable float exp/expm1/log/log1p/tanh/erf/sigmoid).
 
-tests/math_driver.cpp is compiled once per session in three builds: plain (SSE2, no FMA), with
--mavx2 -mfma, and with -mavx2 -mfma -ffp-contract=fast (the last two run only where the CPU has
-AVX2 and FMA).  Its evaluation loop is vectorized in every build, so the vectorized code is what
+tests/math_driver.cpp is compiled once per session in four builds: plain (SSE2, no FMA), with
+-mavx2 -mfma, with -mavx2 -mfma -ffp-contract=fast (these two run only where the CPU has AVX2 and
+FMA), and with AVX-512 and 512-bit loops as a generated project builds it on such a CPU (run only
+there).  Its evaluation loop is vectorized in every build, so the vectorized code is what
 is checked.  Two oracles:
 
 * the driver's `sweep` compares against double-precision libm itself: a dense sweep over all
@@ -41,6 +42,9 @@ BUILDS = {
     "avx2_fma": ["-mavx2", "-mfma"],
     # GCC's default outside ISO mode (-std=gnu++17): a * b + c fused wherever it appears.
     "avx2_fma_contract": ["-mavx2", "-mfma", "-ffp-contract=fast"],
+    # What a generated project compiles on an AVX-512 machine: 512-bit loops (its CMakeLists
+    # adds -mprefer-vector-width=512 to -march=native).
+    "avx512": ["-mavx512f", "-mavx512dq", "-mavx512vl", "-mavx2", "-mfma", "-mprefer-vector-width=512"],
 }
 FULL_STRIDE = 2039  # odd prime: the sweep reaches every exponent with varied mantissas
 THREADS = 2
@@ -99,6 +103,8 @@ def builds(tmp_path_factory):
 def build(request, builds):
     if request.param.startswith("avx2") and not _cpu_has("avx2", "fma"):
         pytest.skip("CPU lacks AVX2/FMA")
+    if request.param == "avx512" and not _cpu_has("avx512f", "avx512dq", "avx512vl", "avx2", "fma"):
+        pytest.skip("CPU lacks AVX-512")
     return request.param
 
 
@@ -208,8 +214,13 @@ LOOP = "void k_{f}(const float* x, float* y, long n) {{ for (long i = 0; i < n; 
 
 @pytest.mark.parametrize(
     "flags,width",
-    [(["-O3", "-mavx2", "-mfma"], 32), (["-O3"], 16), (["-O3", "-mavx2", "-mfma", "-std=gnu++17"], 32)],
-    ids=["O3-avx2-fma", "O3-sse2", "O3-avx2-fma-gnu++17"],
+    [
+        (["-O3", "-mavx2", "-mfma"], 32),
+        (["-O3"], 16),
+        (["-O3", "-mavx2", "-mfma", "-std=gnu++17"], 32),
+        (["-O3", *BUILDS["avx512"]], 64),
+    ],
+    ids=["O3-avx2-fma", "O3-sse2", "O3-avx2-fma-gnu++17", "O3-avx512"],
 )
 def test_plain_loops_are_vectorized(tmp_path, flags, width):
     """Loops shaped like the generated elementwise kernels vectorize under GCC's default
