@@ -214,6 +214,40 @@ int run_gemm_packed(char** argv) {
     return 0;
 }
 
+// gemm_update <ta> <tb> <M> <N> <K> <threads> <apply 0|1>, inputs A and B
+// stored as for gemm (lda, ldb their widths; ldc = N), then w [M, N]  ->  C
+// from dg::gemm with a dg::update_rows epilogue whose update is
+// w -= 0.5 * g and count += 1 (a parameter and one optimizer slot), then w,
+// then count (how often each element was updated), then C from plain dg::gemm
+int run_gemm_update(char** argv) {
+    const bool ta = int_arg(argv, 2) != 0, tb = int_arg(argv, 3) != 0;
+    const int64_t M = int_arg(argv, 4), N = int_arg(argv, 5), K = int_arg(argv, 6);
+    dg::set_num_threads(static_cast<int>(int_arg(argv, 7)));
+    const bool apply = int_arg(argv, 8) != 0;
+    const int64_t lda = ta ? M : K, ldb = tb ? K : N;
+    Input in;
+    const std::vector<float> a = in.take<float>((ta ? K : M) * lda);
+    const std::vector<float> b = in.take<float>((tb ? N : K) * ldb);
+    std::vector<float> w = in.take<float>(M * N);
+    std::vector<float> count(w.size(), 0.0f), c(w.size(), -1.0f);
+    float* const wp = w.data();
+    float* const cp = count.data();
+    const auto update = [wp, cp](int64_t at, const float* g, int64_t n) {
+        for (int64_t j = 0; j < n; ++j) {
+            wp[at + j] -= 0.5f * g[j];
+            cp[at + j] += 1.0f;
+        }
+    };
+    dg::gemm(ta, tb, M, N, K, a.data(), lda, b.data(), ldb, c.data(), N, dg::update_rows(apply, N, update, wp, cp));
+    write(c);
+    write(w);
+    write(count);
+    std::fill(c.begin(), c.end(), -1.0f);
+    dg::gemm(ta, tb, M, N, K, a.data(), lda, b.data(), ldb, c.data(), N);
+    write(c);
+    return 0;
+}
+
 // gemm_unpack <tb> <M> <N> <K> <ldb>, inputs a [M, K] and b as stored  ->  B
 // written back from its packing (PackedB::unpack, into NaN-filled storage of
 // the same shape: what a stand-in packing restores), then C = A @ op(B) read
@@ -314,6 +348,7 @@ int dispatch(int argc, char** argv) {
     if (op == "gemm_info") return run_gemm_info(argv);
     if (op == "gemm_packed") return run_gemm_packed(argv);
     if (op == "gemm_unpack") return run_gemm_unpack(argv);
+    if (op == "gemm_update") return run_gemm_update(argv);
     if (op == "transpose") return run_transpose(argv);
     if (op == "copy_axis") return run_copy_axis(argv);
     if (op == "gather_rows_i32") return run_gather<int32_t>(argv);

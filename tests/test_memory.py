@@ -212,7 +212,18 @@ def test_parameter_updates_are_scheduled_as_soon_as_possible():
 
     text = project_files(load_example("mlp").build())["src/model.cpp"].decode()
     model = text[text.index("float Model::run("):]  # train_step's pass (apply_update() updates them all)
-    update = model.index("kernels::momentum_update(logits_w.ptr()")
-    assert "dg::gradient_ready(*gradients_only, 4);" in model[update:]  # or compute_gradients reports it
-    assert model.index("dg::matmul_nt(d_logits, logits_w.ptr()") < update  # still read before it changes
+    update = model.index("kernels::momentum_update(logits_b.ptr()")
+    assert "dg::gradient_ready(*gradients_only, 5);" in model[update:]  # or compute_gradients reports it
     assert update < model.index("gradient of mlp.py:14")  # and before the earlier layers' gradients
+    # Each weight's update runs inside the product that makes its gradient (pass
+    # weight_grads_last put that product after the input gradient's read of the weight).
+    for i, (w, x, g) in enumerate([("h1_w", "x", "d_h1_matmul"), ("h2_w", "h1", "d_h2_matmul"),
+                                   ("logits_w", "h2", "d_logits")]):
+        product = model.index(f"dg::matmul_tn({x}, {g}, d_{w},")
+        assert model.index(f"kernels::momentum_update_serial({w}.ptr() + at, g,", product) < model.index(";\n", product)
+        assert f"kernels::momentum_update({w}.ptr()" not in model
+        assert f"if (gradients_only != nullptr) dg::gradient_ready(*gradients_only, {2 * i});" in model[product:]
+        if w != "h1_w":  # the input gradient reads the weight before
+            assert model.index(f"dg::matmul_nt({g}, {w}.ptr()") < product
+    cuda = project_files(load_example("mlp").build(), target="cuda")["src/model.cu"].decode()
+    assert "update_rows" not in cuda and "kernels::momentum_update(h1_w.ptr()" in cuda

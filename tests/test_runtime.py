@@ -597,6 +597,35 @@ def test_gemm_with_packed_b_equals_gemm(gemm_driver, M, N, K, ta, tb, threads):
     assert np.all(few[rows:] == -1.0) and np.all(few[:rows, N:] == -1.0)
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(
+    "M,N,K,ta,tb",
+    [
+        (784, 512, 64, True, False),  # an MLP's first weight gradient, x^T @ g: several blocks of rows
+        (256, 10, 64, True, False),  # its last (N = 10: one narrow panel)
+        (300, 47, 385, True, True),  # K over one block, partial tiles
+        (2, 1280, 512, False, False),  # streamed (M <= 3)
+        (5, 1280, 512, False, True),  # one row panel: split by columns on two threads
+        (13, 33, 0, True, False),  # K = 0: zeros, then the update
+    ],
+)
+def test_gemm_update_rows(gemm_driver, M, N, K, ta, tb, threads):
+    """dg::update_rows: the product is gemm's bit for bit, and the update runs once
+    on every element, from that element's finished sum; with apply false, never."""
+    a, b = rand(K if ta else M, M if ta else K), rand(N if tb else K, K if tb else N)
+    w0 = rand(M, N)
+    for apply in (1, 0):
+        out = gemm_driver("gemm_update", int(ta), int(tb), M, N, K, threads, apply, inputs=[a, b, w0])
+        c, w, count, plain = (x.reshape(M, N) for x in np.split(out, 4))
+        assert same_bits(c, plain)
+        if apply:
+            assert np.array_equal(count, np.ones((M, N), np.float32))
+            assert same_bits(w, (w0 - np.float32(0.5) * plain).astype(np.float32))
+        else:
+            assert np.array_equal(count, np.zeros((M, N), np.float32)) and same_bits(w, w0)
+    assert_gemm_close(plain, gemm_reference(a, b, ta, tb, M, N, K), K)
+
+
 @pytest.mark.parametrize("M,N,K,tb", [(1, 1280, 512, False), (2, 47, 785, True), (3, 33, 20, False),
                                       (1, 10, 256, False), (9, 200, 385, True)])
 def test_packing_gives_back_its_weight_and_reads_without_it(gemm_driver, M, N, K, tb):

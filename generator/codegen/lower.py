@@ -441,6 +441,11 @@ def _lower_training(ctx, graph, dim_index, bound_dims, first: int) -> TrainPlan:
     opt = spec.optimizer
     kernel = update_kernel(opt, ctx.target.printer_cls)
     ctx.kernels.append(kernel)
+    # Its twin without threads, for a GEMM's threads to call on their blocks of rows
+    # (added to the kernels where the memory stage fuses an update into a product).
+    serial = replace(kernel, name=f"{kernel.name}_serial", work="",
+                     comment=f"{kernel.comment}\nOn one thread: the GEMM that makes a gradient calls it on each block\n"
+                     "of its rows (dg::update_rows), from the thread that computed the block.")
     scalars = [a.name for a in kernel.args if a.ctype == "float"]
     slots = {p: [(slot, _member_name(graph, f"{p}_{slot}", live)) for slot in opt.slots] for p, _, _ in grads}
     # One update call per parameter; the memory stage moves each into the statement
@@ -458,7 +463,13 @@ def _lower_training(ctx, graph, dim_index, bound_dims, first: int) -> TrainPlan:
         # apply_update() reads the member compute_gradients() filled.
         run_call = Call(fn, [f"{p}.ptr()", ctx.read(spec.grads[p])] + rest)
         apply_call = Call(fn, [f"{p}.ptr()", f"{member}.ptr()"] + rest)
-        updates.append(Update(p, params[p], spec.grads[p], run_call, p in copied, index, apply_call))
+        # The same step on elements [at, at + n), run by the product that makes the gradient
+        # where the memory stage can fuse it (memory/liveness.py: place_updates).
+        arrays = [f"{p}.ptr()"] + [f"{m}.ptr()" for _, m in slots[p]]
+        rows_call = Call(f"kernels::{serial.name}",
+                         [f"{arrays[0]} + at", "g"] + [f"{a} + at" for a in arrays[1:]] + ["n"] + rest[len(arrays):])
+        updates.append(Update(p, params[p], spec.grads[p], run_call, p in copied, index, apply_call, rows_call, arrays,
+                              serial))
     # The gradients lie end to end in one buffer (gradient_buffer(): one allreduce for all).
     offsets, total = [], 0
     for p, _, _ in grads:

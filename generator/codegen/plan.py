@@ -231,6 +231,9 @@ class Update:
     after_copies: bool
     index: int = 0  # the gradient's position in gradients() (compute_gradients() reports it ready)
     apply_call: object = None  # stmt.Call in apply_update(): reads the gradient member
+    rows_call: object = None  # stmt.Call on elements [at, at + n) from g (stmt.UpdateRows)
+    arrays: list = None  # the parameter and its optimizer state, as C++ pointers
+    rows_kernel: object = None  # the update kernel without threads, that rows_call calls
 
     def __str__(self) -> str:
         return str(self.call)

@@ -135,6 +135,23 @@ class Comment:
 
 
 @dataclass(eq=False)
+class UpdateRows:
+    """A GEMM's last argument that makes it update the parameter whose gradient it
+    writes, a block of rows at a time (dg::update_rows, dg_ops.h): `call` is the
+    update kernel's call on elements [at, at + n) from the gradient g there, and
+    `arrays` the parameter and its optimizer state (prefetched block by block).
+    Only in train_step(): compute_gradients() runs the product alone."""
+
+    ld: str  # the parameter's row length
+    call: Call
+    arrays: list
+
+    def __str__(self) -> str:
+        body = f"[&](int64_t at, const float* g, int64_t n) {{ {self.call} }}"
+        return f"dg::update_rows(gradients_only == nullptr, /*ld=*/{self.ld}, {body}, {', '.join(self.arrays)})"
+
+
+@dataclass(eq=False)
 class EarlyUpdate:
     """A parameter's update inside the backward pass, once its gradient is complete:
     train_step() runs it there; compute_gradients() (`gradients_only` set) leaves the
@@ -145,8 +162,11 @@ class EarlyUpdate:
     call: Call
     report: bool = True
     at: int = -1
+    fused: bool = False  # the product that makes the gradient runs the update (UpdateRows)
 
     def __str__(self) -> str:
+        if self.fused:
+            return f"if (gradients_only != nullptr) dg::gradient_ready(*gradients_only, {self.index});"
         if not self.report:
             return f"if (gradients_only == nullptr) {self.call}"
         return f"if (gradients_only == nullptr) {self.call} else dg::gradient_ready(*gradients_only, {self.index});"

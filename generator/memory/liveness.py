@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from ..ops import get_op
 from ..codegen.plan import ArenaDecl
-from ..codegen.stmt import Alias, Comment, EarlyUpdate, Read, nested_lines, operands
+from ..codegen.stmt import Alias, Call, Comment, EarlyUpdate, Read, UpdateRows, Write, nested_lines, operands
 
 
 @dataclass
@@ -104,6 +104,44 @@ def place_updates(plan, live: Liveness):
         if held is not None:  # the update runs after the statement's other lines
             held.last = max(held.last, max(statement.positions))
         u.call.at = ready
-        early = EarlyUpdate(u.index, u.call, report=plan.target != "cuda", at=ready)  # CUDA: ready when the device is
-        statement.lines += [Comment(f"{u.param}: gradient complete and no longer read: update it now, or report it ready", ready), early]
+        product = _fuse_into_product(statement, u, plan.kernels) if plan.target == "cpu" else None
+        early = EarlyUpdate(u.index, u.call, report=plan.target != "cuda", at=ready, fused=product is not None)  # CUDA: ready when the device is
+        if product is None:
+            statement.lines += [Comment(f"{u.param}: gradient complete and no longer read: update it now, or report it ready", ready), early]
+        else:
+            note = f"{u.param}: gradient complete here and no longer read: the product updates it block by block"
+            statement.lines.insert(product, Comment(note, ready))
+            statement.lines.append(early)
     plan.train.updates = remaining
+
+
+PRODUCTS = ("dg::matmul_tn", "dg::matmul", "dg::matmul_nt")
+
+
+def _fuse_into_product(statement, u, kernels):
+    """Hand update `u` to the GEMM of `statement` that writes the whole gradient, as
+    its row-block epilogue (stmt.UpdateRows), where that changes nothing but the
+    memory traffic: the GEMM takes no epilogue already and does not read the
+    parameter, and no later line of the statement reads or writes the parameter
+    or the gradient (the update then runs before them). Returns the GEMM's index
+    in the statement's lines, or None where it is not fused."""
+    lines = statement.lines
+    for i, line in enumerate(lines):
+        if not (isinstance(line, Call) and line.fn in PRODUCTS and len(line.args) == 6):
+            continue
+        writes = [op for op in operands(line.args) if isinstance(op, Write)]
+        if len(writes) != 1 or writes[0].value is not u.grad_value:
+            continue
+        shape = tuple(u.param_value.shape)
+        if len(shape) != 2 or tuple(u.grad_value.shape) != shape:
+            return None
+        if any(op.value is u.param_value for op in operands(line.args)):
+            return None
+        later = [op.value for op in operands(lines[i + 1:])]
+        if any(v is u.param_value or v is u.grad_value for v in later):
+            return None
+        line.args.append(UpdateRows(str(line.args[5].arg), u.rows_call, u.arrays))
+        if u.rows_kernel not in kernels:
+            kernels.append(u.rows_kernel)
+        return i
+    return None

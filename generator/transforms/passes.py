@@ -5,9 +5,11 @@ Expression level: `fuse` merges chains of elementwise ops into one `ewise` node
 whose expression is the composition (so its kernel, its reference and its
 derivative come from one sympy expression, printed with sympy.cse), then
 `simplify` simplifies fused expressions, `epilogue` folds an elementwise consumer
-into the GEMM before it, `fold` substitutes constant tensors. SSA level: `cse` (common
-subexpressions), `copyprop` (identity ops), `dce` (dead code). They also run
-inside recursive cells. Loop-invariant code motion for recursion is done where
+into the GEMM before it, `fold` substitutes constant tensors. SSA level: `cse`
+(common subexpressions), `copyprop` (identity ops), `dce` (dead code). They also
+run inside recursive cells. Schedule: `weight_grads_last` moves a training
+graph's weight-gradient products after the weight's last read, so that its update
+can run inside the product. Loop-invariant code motion for recursion is done where
 the level loop is built (ops/recurse.py hoists child-independent work).
 """
 
@@ -21,7 +23,7 @@ from .remat import remat
 LEVELS = {
     "O0": [],
     "O1": ["dce", "cse", "fold", "copyprop", "dce"],
-    "O2": ["dce", "cse", "fold", "copyprop", "fuse", "simplify", "epilogue", "remat", "dce"],
+    "O2": ["dce", "cse", "fold", "copyprop", "fuse", "simplify", "epilogue", "remat", "weight_grads_last", "dce"],
 }
 
 
@@ -236,6 +238,32 @@ def epilogue(graph):
     return graph
 
 
+def weight_grads_last(graph):
+    """In a training graph, the product that makes a parameter's gradient (x^T @ g)
+    moves after the backward pass's last read of the parameter (the input gradient
+    g @ W^T), where nothing between reads the gradient: the parameter's update can
+    then run inside that product, block by block while the gradient is in cache
+    (memory/liveness.py), instead of in a pass of its own over the parameter, its
+    optimizer state and the gradient after both products. The values are SSA, so
+    the move changes no result; the product's operands are read by the input
+    gradient anyway."""
+    spec = graph.train
+    if spec is None or not spec.prepared:
+        return graph
+    nodes = graph.nodes
+    params = {p.name: p for p in graph.params}
+    for name, g in spec.grads.items():
+        node, param = g.producer, params.get(name)
+        if node is None or param is None or node.op != "matmul" or node.phase != "backward" or node not in nodes:
+            continue
+        i = nodes.index(node)
+        readers = [j for j in range(i + 1, len(nodes)) if any(v is param for v in nodes[j].inputs)]
+        if not readers or any(v is g for n in nodes[i + 1 : readers[-1] + 1] for v in n.inputs):
+            continue
+        nodes.insert(readers[-1], nodes.pop(i))  # right after the last reader
+    return graph
+
+
 def simplify(graph):
     """sympy simplification of fused expressions, kept only when it is smaller and
     brings in no new functions (see ops.scalar.derivative for why)."""
@@ -255,7 +283,7 @@ def simplify(graph):
 
 
 PASSES = {"dce": dce, "cse": cse, "copyprop": copyprop, "fuse": fuse, "simplify": simplify, "epilogue": epilogue,
-          "fold": fold, "remat": remat}
+          "fold": fold, "remat": remat, "weight_grads_last": weight_grads_last}
 
 
 def optimize(graph, level: str = "O2", until: str | None = None, report=None):

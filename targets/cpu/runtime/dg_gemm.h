@@ -58,6 +58,16 @@
 //            [&](int64_t, int64_t col0, float* c, int64_t n) {
 //                for (int64_t j = 0; j < n; ++j) c[j] = std::max(c[j] + bias[col0 + j], 0.0f);
 //            });
+//
+// Row-block epilogues: an epilogue type that declares
+// `static constexpr bool kRowBlocks = true` is called on whole blocks of rows
+// instead, for work that reads other arrays row by row (a parameter's update
+// from the gradient the GEMM makes, dg::UpdateRows): rows_done(r0, r1, c0, c1,
+// c, ldc) once C[r0:r1, c0:c1] is complete (c points at C[r0, c0]; the blocks
+// are disjoint and cover C), and, while the micro-kernels compute one block,
+// prefetch(r0, r1, c0, c1, part, parts) for parts = 0, 1, ... of the next
+// block the same thread will finish (a hint: fetch that share of what
+// rows_done will read, so that it arrives from L3 while the kernels compute).
 #pragma once
 
 #include <algorithm>
@@ -68,6 +78,7 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -86,6 +97,22 @@ struct NoEpilogue {
 };
 
 namespace gemm_detail {
+
+// Whether an epilogue takes whole blocks of rows (see the top of this file).
+template <class E, class = void>
+struct row_blocks : std::false_type {};
+template <class E>
+struct row_blocks<E, std::void_t<decltype(E::kRowBlocks)>> : std::bool_constant<E::kRowBlocks> {};
+
+// C[r0:r1, c0:c1] is complete (c points at C[r0, c0]): the epilogue's call(s) on it.
+template <class Epilogue>
+void finish(const Epilogue& epi, int64_t r0, int64_t r1, int64_t c0, int64_t c1, float* c, int64_t ldc) {
+    if constexpr (row_blocks<Epilogue>::value) {
+        epi.rows_done(r0, r1, c0, c1, c, ldc);
+    } else {
+        for (int64_t r = r0; r < r1; ++r) epi(r, c0, c + (r - r0) * ldc, c1 - c0);
+    }
+}
 
 // Asks the compiler to fully unroll the loop that follows (constant trip
 // counts in the micro-kernel), so that the accumulators live in registers.
@@ -631,7 +658,7 @@ void gemm_part(const Operand& A, const Operand& B, int64_t K, float* C, int64_t 
             const int64_t w = std::min(w_max, n1 - j0);
             float* c = C + m0 * ldc + j0;
             stream_dots_rows(rows, K, A.p + m0 * A.ld, A.ld, B.p + j0 * B.ld, B.ld, w, c, ldc);
-            for (int64_t r = 0; r < rows; ++r) epi(m0 + r, j0, c + r * ldc, w);
+            finish(epi, m0, m1, j0, j0 + w, c, ldc);
         }
         return;
     }
@@ -647,7 +674,7 @@ void gemm_part(const Operand& A, const Operand& B, int64_t K, float* C, int64_t 
             const int64_t w = std::min(w_max, n_full - j0);
             float* c = C + m0 * ldc + j0;
             stream_rows(rows, K, a_rows, a_rs, a_ks, B.p + j0, B.ld, w, c, ldc);
-            for (int64_t r = 0; r < rows; ++r) epi(m0 + r, j0, c + r * ldc, w);
+            finish(epi, m0, m1, j0, j0 + w, c, ldc);
         }
         n0 = n_full;
         if (n0 == n1) return;
@@ -763,11 +790,19 @@ void gemm_part(const Operand& A, const Operand& B, int64_t K, float* C, int64_t 
                                 }
                             }
                         }
-                        if (last) {
-                            for (int64_t r = 0; r < mr; ++r) epi(ic + ir + r, jc + jr, cp + r * ldc, nr);
+                        if constexpr (row_blocks<Epilogue>::value) {
+                            // The next block's share, spread over this block's kernel calls.
+                            const int64_t next0 = ic + mc, next1 = std::min(m1, ic + 2 * mc);
+                            if (last && next0 < next1) {
+                                epi.prefetch(next0, next1, jc, jc + nc, walk * panel_count(mc) + q,
+                                             panels * panel_count(mc));
+                            }
+                        } else if (last) {
+                            finish(epi, ic + ir, ic + ir + mr, jc + jr, jc + jr + nr, cp, ldc);
                         }
                     }
                 }
+                if (row_blocks<Epilogue>::value && last) finish(epi, ic, ic + mc, jc, jc + nc, C + ic * ldc + jc, ldc);
             }
         }
     }
@@ -787,12 +822,15 @@ struct Grid {
 // its multiply-adds plus copying its own packed A and B (an element copied
 // counted as 8 multiply-adds, per k).  So M = 9, N = 1280 on two threads is
 // split along N; M = 256, N = 10 along M.
-inline Grid choose_grid(int64_t M, int64_t N, int threads) {
+// With `whole_rows` (a row-block epilogue, which reads other arrays row by
+// row) C is split by rows only, where it has a row panel for every thread.
+inline Grid choose_grid(int64_t M, int64_t N, int threads, bool whole_rows = false) {
     const int64_t m_tiles = (M + MR - 1) / MR, n_tiles = (N + NR - 1) / NR;
+    const int64_t tn_max = whole_rows && m_tiles >= threads ? 1 : n_tiles;
     Grid best;
     double best_cost = -1.0;
     for (int tm = 1; tm <= threads && tm <= m_tiles; ++tm) {
-        for (int tn = 1; tm * tn <= threads && tn <= n_tiles; ++tn) {
+        for (int tn = 1; tm * tn <= threads && tn <= tn_max; ++tn) {
             const double rows = double(std::min(M, (m_tiles + tm - 1) / tm * MR));
             const double cols = double(std::min(N, (n_tiles + tn - 1) / tn * NR));
             const double cost = rows * cols + 8.0 * (rows + cols);
@@ -848,7 +886,7 @@ void gemm_into(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A
         for (int64_t i = 0; i < M; ++i) {
             float* row = C + i * ldc;
             if (!add_to_c) std::fill(row, row + N, 0.0f);
-            epi(i, 0, row, N);
+            finish(epi, i, i + 1, 0, N, row, ldc);
         }
         return;
     }
@@ -859,7 +897,7 @@ void gemm_into(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A
     // A transposed B streams as dot products when A is row-major (unit stride along k).
     const bool stream = DG_GEMM_SIMD && (!tb || !ta) && M <= kStreamMaxRows && !add_to_c;
     const int threads = threads_for(gemm_work(M, N, K));
-    const Grid grid = choose_grid(M, N, threads);
+    const Grid grid = choose_grid(M, N, threads, row_blocks<Epilogue>::value);
     const int parts = grid.tm * grid.tn;
     if (parts == 1) {
         gemm_part(a, b, K, C, ldc, 0, M, 0, N, stream, epi, add_to_c);
@@ -1027,7 +1065,7 @@ void gemm(bool ta, int64_t M, const float* A, int64_t lda, const PackedB& B,
     check_args(M, N, K, lda, ta ? M : K, N, N, ldc);
     const Operand a{A, lda, ta};
     const int threads = threads_for(gemm_work(M, N, K));
-    const Grid grid = choose_grid(M, N, threads);
+    const Grid grid = choose_grid(M, N, threads, gemm_detail::row_blocks<Epilogue>::value);
     Operand b{B.source(), B.ldb(), B.tb()};
     b.n_pad = B.n_pad();
     // Pack while multiplying where gemm_part reads B in place and each thread

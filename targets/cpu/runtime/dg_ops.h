@@ -9,6 +9,7 @@
 // the reference.
 #pragma once
 
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -232,6 +233,57 @@ template <class Epilogue = NoEpilogue>
 void matmul_nt(const float* a, const float* b, float* c, int64_t M, int64_t K, int64_t N,
                const Epilogue& epi = Epilogue()) {
     gemm(false, true, M, N, K, a, K, b, K, c, N, epi);
+}
+
+// A parameter's optimizer step run by the GEMM that makes its gradient, as its
+// row-block epilogue (dg_gemm.h): once a block of the gradient's rows is
+// complete, update(at, g, n) steps elements [at, at + n) of the parameter and
+// of its optimizer state (laid out like it) from g[0..n), the gradient there,
+// while that block is still in cache; and while the kernels compute a block,
+// the next block's rows of each of `arrays` (the parameter, then its state)
+// are prefetched, a share per kernel call, so the update finds them in L2
+// rather than waiting on L3 (a separate pass after the product streams all of
+// them from L3).  With `apply` false the GEMM only makes the gradient
+// (compute_gradients()).  Each element is updated once from the same sum, so
+// the result is the same as the update's own pass after the product.
+template <class Update, size_t Arrays>
+struct UpdateRows {
+    static constexpr bool kRowBlocks = true;
+    bool apply;
+    int64_t ld;  // the parameter's row length: the gradient's N
+    std::array<const float*, Arrays> arrays;
+    Update update;
+
+    void rows_done(int64_t r0, int64_t r1, int64_t c0, int64_t c1, const float* g, int64_t ldg) const {
+        if (!apply) return;
+        if (c0 == 0 && c1 == ld && ldg == ld) {  // whole rows: one stretch of the parameter
+            update(r0 * ld, g, (r1 - r0) * ld);
+            return;
+        }
+        for (int64_t r = r0; r < r1; ++r) update(r * ld + c0, g + (r - r0) * ldg, c1 - c0);
+    }
+    void prefetch(int64_t r0, int64_t r1, int64_t c0, int64_t c1, int64_t part, int64_t parts) const {
+        if (!apply) return;
+        // The block's 64-byte lines, row after row, numbered 0 .. lines - 1: this part's share.
+        const int64_t row_lines = ((c1 - c0) * int64_t(sizeof(float)) + 63) / 64;
+        const int64_t lines = (r1 - r0) * row_lines;
+        for (int64_t l = lines * part / parts, end = lines * (part + 1) / parts; l < end; ++l) {
+            const int64_t at = (r0 + l / row_lines) * ld + c0 + (l % row_lines) * 16;
+            for (const float* a : arrays) {
+#if defined(__GNUC__) || defined(__clang__)
+                __builtin_prefetch(a + at, 0, 2);  // to L2 (prefetcht1 on x86)
+#else
+                (void)a;
+#endif
+            }
+        }
+    }
+};
+
+// dg::matmul_tn(x, dy, dw, ..., dg::update_rows(apply, ld, update, w, w_state...)).
+template <class Update, class... Arrays>
+UpdateRows<Update, sizeof...(Arrays)> update_rows(bool apply, int64_t ld, Update update, const Arrays*... arrays) {
+    return {apply, ld, {arrays...}, update};
 }
 
 // c[i] = op(a[i]) @ op(b[i]) for i in [0, batch): a is [batch, M, K] (stored

@@ -276,11 +276,11 @@ float Model::run(const Inputs& inputs, Outputs* outputs, const GradientReady* gr
   // gradient of tiny.py:31  logits = dg.dense(h, 2)
   float* d_logits_b = gradients_kept ? this->d_logits_b.ptr() : arena.at(10 * N + 8, 2);
   dg::reduce_sum(d_logits, d_logits_b, /*outer=*/1, /*len=*/N, /*inner=*/2);
-  float* d_logits_w = gradients_kept ? this->d_logits_w.ptr() : arena.at(10 * N, 8);
-  dg::matmul_tn(h, d_logits, d_logits_w, /*M=*/4, /*K=*/N, /*N=*/2);
   float* d_h_matmul = arena.at(4 * N, 4 * N);
   dg::matmul_nt(d_logits, logits_w.ptr(), d_h_matmul, /*M=*/N, /*K=*/2, /*N=*/4,
                 kernels::d_h_matmul_epilogue{h});
+  float* d_logits_w = gradients_kept ? this->d_logits_w.ptr() : arena.at(10 * N, 8);
+  dg::matmul_tn(h, d_logits, d_logits_w, /*M=*/4, /*K=*/N, /*N=*/2);
   // logits_w: gradient complete and no longer read: update it now, or report it ready
   if (gradients_only == nullptr)
     kernels::momentum_update(logits_w.ptr(), d_logits_w, logits_w_buf.ptr(), logits_w.size(), hyper.lr,

@@ -21,5 +21,17 @@ void momentum_update(float* w, const float* g, float* buf, int64_t n, float lr, 
   }
 }
 
+// momentum update of one parameter, in place: buf <- FlushSubnormal(buf*momentum + g + w*weight_decay); w <- -buf*lr + w
+// On one thread: the GEMM that makes a gradient calls it on each block
+// of its rows (dg::update_rows), from the thread that computed the block.
+void momentum_update_serial(float* w, const float* g, float* buf, int64_t n, float lr, float momentum,
+                            float weight_decay) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float new_buf = dg::math::flush_subnormal_f(buf[i] * momentum + g[i] + w[i] * weight_decay);
+    buf[i] = new_buf;
+    w[i] = -new_buf * lr + w[i];
+  }
+}
+
 }  // namespace kernels
 }  // namespace tiny_train

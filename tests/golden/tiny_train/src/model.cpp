@@ -255,17 +255,20 @@ float Model::run(const Inputs& inputs, Outputs* outputs, const GradientReady* gr
   // gradient of tiny.py:31  logits = dg.dense(h, 2)
   float* d_logits_b = gradients_kept ? this->d_logits_b.ptr() : arena.at(10 * N + 8, 2);
   dg::reduce_sum(d_logits, d_logits_b, /*outer=*/1, /*len=*/N, /*inner=*/2);
-  float* d_logits_w = gradients_kept ? this->d_logits_w.ptr() : arena.at(10 * N, 8);
-  dg::matmul_tn(h, d_logits, d_logits_w, /*M=*/4, /*K=*/N, /*N=*/2);
   float* d_h_matmul = arena.at(4 * N, 4 * N);
   dg::matmul_nt(d_logits, logits_w.ptr(), d_h_matmul, /*M=*/N, /*K=*/2, /*N=*/4,
                 kernels::d_h_matmul_epilogue{h});
-  // logits_w: gradient complete and no longer read: update it now, or report it ready
-  if (gradients_only == nullptr)
-    kernels::momentum_update(logits_w.ptr(), d_logits_w, logits_w_buf.ptr(), logits_w.size(), hyper.lr,
-                             hyper.momentum, hyper.weight_decay);
-  else
-    dg::gradient_ready(*gradients_only, 2);
+  float* d_logits_w = gradients_kept ? this->d_logits_w.ptr() : arena.at(10 * N, 8);
+  // logits_w: gradient complete here and no longer read: the product updates it block by block
+  dg::matmul_tn(h, d_logits, d_logits_w, /*M=*/4, /*K=*/N, /*N=*/2,
+                dg::update_rows(
+                    gradients_only == nullptr, /*ld=*/2,
+                    [&](int64_t at, const float* g, int64_t n) {
+                      kernels::momentum_update_serial(logits_w.ptr() + at, g, logits_w_buf.ptr() + at, n,
+                                                      hyper.lr, hyper.momentum, hyper.weight_decay);
+                    },
+                    logits_w.ptr(), logits_w_buf.ptr()));
+  if (gradients_only != nullptr) dg::gradient_ready(*gradients_only, 2);
   // logits_b: gradient complete and no longer read: update it now, or report it ready
   if (gradients_only == nullptr)
     kernels::momentum_update(logits_b.ptr(), d_logits_b, logits_b_buf.ptr(), logits_b.size(), hyper.lr,
@@ -277,13 +280,16 @@ float Model::run(const Inputs& inputs, Outputs* outputs, const GradientReady* gr
   float* d_h_b_sum = gradients_kept ? this->d_h_b.ptr() : arena.at(0, 4);
   dg::reduce_sum(d_h_matmul, d_h_b_sum, /*outer=*/1, /*len=*/N, /*inner=*/4);
   float* d_h_w = gradients_kept ? this->d_h_w.ptr() : arena.at(8 * N, 12);
-  dg::matmul_tn(x, d_h_matmul, d_h_w, /*M=*/3, /*K=*/N, /*N=*/4);
-  // h_w: gradient complete and no longer read: update it now, or report it ready
-  if (gradients_only == nullptr)
-    kernels::momentum_update(h_w.ptr(), d_h_w, h_w_buf.ptr(), h_w.size(), hyper.lr, hyper.momentum,
-                             hyper.weight_decay);
-  else
-    dg::gradient_ready(*gradients_only, 0);
+  // h_w: gradient complete here and no longer read: the product updates it block by block
+  dg::matmul_tn(x, d_h_matmul, d_h_w, /*M=*/3, /*K=*/N, /*N=*/4,
+                dg::update_rows(
+                    gradients_only == nullptr, /*ld=*/4,
+                    [&](int64_t at, const float* g, int64_t n) {
+                      kernels::momentum_update_serial(h_w.ptr() + at, g, h_w_buf.ptr() + at, n, hyper.lr,
+                                                      hyper.momentum, hyper.weight_decay);
+                    },
+                    h_w.ptr(), h_w_buf.ptr()));
+  if (gradients_only != nullptr) dg::gradient_ready(*gradients_only, 0);
   // h_b: gradient complete and no longer read: update it now, or report it ready
   if (gradients_only == nullptr)
     kernels::momentum_update(h_b.ptr(), d_h_b_sum, h_b_buf.ptr(), h_b.size(), hyper.lr, hyper.momentum,
