@@ -245,8 +245,9 @@ def weight_grads_last(graph):
     then run inside that product, block by block while the gradient is in cache
     (memory/liveness.py), instead of in a pass of its own over the parameter, its
     optimizer state and the gradient after both products. The values are SSA, so
-    the move changes no result; the product's operands are read by the input
-    gradient anyway."""
+    the move changes no result; the product's operands may live one product longer
+    (in a dense layer the input gradient reads them: g, and x through the
+    activation's derivative)."""
     spec = graph.train
     if spec is None or not spec.prepared:
         return graph
