@@ -174,6 +174,11 @@ def test_levels_and_ir_after(capsys):
     assert cli.main(["generate", str(ROOT / "examples" / "mlp.py"), "-o", str(ROOT / "build" / "o0"), "-O0",
                      "--force", "--report"]) == 0
     assert "passes (O0)" in capsys.readouterr().out
+    assert cli.main(["generate", str(ROOT / "examples" / "mlp.py"), "-o", str(ROOT / "build" / "o2"), "--force",
+                     "--report"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if " -> " in line]
+    assert [row.split()[0] for row in rows[-3:]] == ["remat", "weight_grads_last", "dce"]
+    assert len({row.index(" -> ") for row in rows}) == 1  # one column, however long the pass's name
 
 
 def test_fold_substitutes_the_constants_autodiff_makes():

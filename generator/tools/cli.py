@@ -60,8 +60,9 @@ def cmd_generate(args):
                       restore=args.restore)
     if report is not None:
         print(f"passes ({args.opt}): nodes before -> after")
+        width = max((len(name) for name, _, _ in report), default=0)
         for name, before, after in report:
-            print(f"  {name:<10} {before:>5} -> {after:<5}{'  (no change)' if before == after else ''}")
+            print(f"  {name:<{width}} {before:>5} -> {after:<5}{'  (no change)' if before == after else ''}")
     for note in result.notes:  # merged edits, files kept deleted or kept
         print(f"  {note}")
     print(f"generated {graph.name} ({args.target}) in {args.output}: {len(result.written)} files, "
