@@ -227,3 +227,36 @@ def test_parameter_updates_are_scheduled_as_soon_as_possible():
             assert model.index(f"dg::matmul_nt({g}, {w}.ptr()") < product
     cuda = project_files(load_example("mlp").build(), target="cuda")["src/model.cu"].decode()
     assert "update_rows" not in cuda and "kernels::momentum_update(h1_w.ptr()" in cuda
+
+
+def test_a_read_through_a_view_of_a_parameter_counts_as_reading_it():
+    """The update of a weight read through a reshape's view waits for the view's
+    last read (liveness counts it for the view's source)."""
+    import generator as dg
+    from generator.codegen.stmt import Alias, Read, operands
+    from generator.memory.liveness import liveness
+    from generator.pipeline import lower, prepare
+
+    n = dg.dim("N")
+
+    @dg.model
+    def viewed():
+        x = dg.input("x", (n, 6))
+        labels = dg.input("labels", (n,), dtype="int64")
+        h0 = dg.tanh(dg.matmul(x, dg.param("a", (6, 4))))
+        v = dg.param("v", (4, 4))
+        h1 = dg.tanh(dg.matmul(h0, dg.reshape(v, (4, 4), name="v2")))
+        h2 = dg.tanh(dg.matmul(h1, v))
+        logits = dg.matmul(h2, dg.param("c", (4, 3)))
+        dg.train(dg.softmax_cross_entropy(logits, labels), dg.sgd(lr=0.1, momentum=0.9))
+        return {"logits": logits}
+
+    graph = viewed.build()
+    plan = lower(prepare(graph), "cpu")
+    v = next(p for p in graph.params if p.name == "v")
+    lines = [line for group in (plan.statements, plan.train.backward_statements) for s in group for line in s.lines]
+    views = {id(line.value) for line in lines if isinstance(line, Alias) and line.src.value is v}
+    assert views
+    last_view_read = max(line.at for line in lines if not isinstance(line, Alias)
+                         for op in operands(line) if isinstance(op, Read) and id(op.value) in views)
+    assert liveness(plan).last_read[id(v)] >= last_view_read > 0

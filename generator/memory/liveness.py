@@ -2,7 +2,8 @@
 
 Stage `plan_memory` starts here (memory.plan_memory): which schedule position
 writes and last reads each value is read off the lines' operands
-(codegen/stmt.py), not recorded while lowering ran. From it come the arena
+(codegen/stmt.py), not recorded while lowering ran; a read of a view (an
+`Alias`: a reshaped weight) counts as a read of its source. From it come the arena
 buffers' positions, the operands an in-place op may share a block with, and the
 place of each parameter update (DeepDSL's rescheduling: a parameter is updated
 in the statement where its gradient is complete and nothing reads it any more).
@@ -48,6 +49,8 @@ def liveness(plan) -> Liveness:
         for op in operands(line):
             seen = last_read if isinstance(op, Read) else last_write
             seen[id(op.value)] = max(seen.get(id(op.value), -1), position)
+            if isinstance(op, Read) and id(op.value) in root:  # a view's read reads its source's data
+                last_read[root[id(op.value)]] = max(last_read.get(root[id(op.value)], -1), position)
             decl = decls.get(root.get(id(op.value), id(op.value)))
             if decl is not None and isinstance(op, Read):
                 decl.buffer.last = max(decl.buffer.last, position)
