@@ -44,7 +44,7 @@ def build_module(model_def, name: str | None = None, cache: Path = CACHE, **opti
     Release); a build whose generated sources (and Python) are unchanged is reused.
     `options` go to the model function (train=True)."""
     from generator.tools.build import build_if_changed
-    from generator.codegen.emit import MANIFEST
+    from generator.codegen.writer import MANIFEST
     from generator.pipeline import generate
 
     graph = model_def.build(name=name, **options)

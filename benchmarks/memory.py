@@ -137,7 +137,7 @@ def build_example(name: str) -> dict:
     """Generate examples/<name>.py into build/bench-memory/<name>/src, build it
     (or reuse the build) and import it. Returns the graph, the lowered plan the
     sources came from, the module and the generated model.cpp."""
-    from generator.codegen.emit import write_project
+    from generator.codegen.writer import write_project
     from generator.pipeline import project_files
     from generator.pipeline import lowered
     from generator.frontend.loader import load_model

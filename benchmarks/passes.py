@@ -98,7 +98,7 @@ def count_nodes(graph) -> tuple[int, int]:
 def build_example(example: str, level: str) -> dict:
     """Generate examples/<example>.py at `level` as module <example>_<level>,
     build it (or reuse the build) and import it."""
-    from generator.codegen.emit import MANIFEST
+    from generator.codegen.writer import MANIFEST
     from generator.pipeline import generate
     from generator.pipeline import lowered
     from generator.frontend.loader import load_model

@@ -51,7 +51,7 @@ def build(hidden: int, emulate: bool = False) -> object:
 
     from _common import import_module
 
-    from generator.codegen.emit import MANIFEST
+    from generator.codegen.writer import MANIFEST
 
     from generator.pipeline import generate
 

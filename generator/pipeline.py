@@ -11,7 +11,7 @@
                                                   update placement, in-place choices, offsets, arena size)
   record         (Graph, ProjectPlan) -> plan     codegen/record.record (reference outputs, examples)
   render         ProjectPlan -> {path: bytes}     codegen/emit.render (pure: the plan in, files out)
-  write          {path: bytes} -> project folder  codegen/emit.write_project
+  write          {path: bytes} -> project folder  codegen/writer.write_project
 
 `deepgen ir MODEL --after STAGE` stops after optimize, differentiate, lower or
 plan_memory and prints what that stage made.
@@ -79,8 +79,8 @@ def project_files(graph, target: str = "cpu", opt: str = "O2", report=None) -> d
 def generate(graph, out_dir, target: str = "cpu", force: bool = False, opt: str = "O2", report=None,
              restore: bool = False):
     """Every stage from optimize to write: the project for `graph` in `out_dir`
-    (an emit.WriteResult; hand edits are merged, see emit.write_project)."""
-    from .codegen.emit import write_project
+    (a writer.WriteResult; hand edits are merged, see writer.write_project)."""
+    from .codegen.writer import write_project
 
     return write_project(out_dir, project_files(graph, target, opt, report), force, restore)
 

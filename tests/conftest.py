@@ -49,7 +49,7 @@ class Builds:
         self.built = {}
 
     def project(self, graph, files=None) -> Path:
-        from generator.codegen.emit import write_project
+        from generator.codegen.writer import write_project
         from generator.pipeline import project_files
 
         files = files or project_files(graph)

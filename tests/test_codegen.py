@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from conftest import ROOT
-from generator.codegen.emit import write_project
+from generator.codegen.writer import write_project
 from generator.pipeline import project_files
 from generator.errors import DeepgenError
 from generator.frontend.loader import load_model

@@ -155,7 +155,7 @@ def build_project(name: str, mode: str) -> Path:
     cached = _cache_root() / key
     if (cached / "build" / ".ok").is_file():
         return cached
-    from generator.codegen.emit import write_project
+    from generator.codegen.writer import write_project
 
     work = Path(os.environ.get("TMPDIR", "/tmp")) / f"deepgen-{os.getpid()}" / key
     if work.exists():
@@ -278,7 +278,7 @@ def _nvcc_key(name: str) -> str:
 def _nvcc_sources(name: str) -> Path:
     """The emulated build's sources of `name` (the same code under the module name
     *_emu) written to a folder of their own."""
-    from generator.codegen.emit import write_project
+    from generator.codegen.writer import write_project
 
     work = Path(os.environ.get("TMPDIR", "/tmp")) / f"deepgen-{os.getpid()}" / _nvcc_key(name)
     write_project(work, _files(name, "emulated"), force=True)

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from conftest import ROOT
-from generator.codegen.emit import BASE_DIR, BESIDE, PREMERGE_DIR, MergeConflicts, write_project
+from generator.codegen.writer import BASE_DIR, BESIDE, PREMERGE_DIR, MergeConflicts, write_project
 from generator.codegen.merge import merge3, merge_file
 from generator.errors import DeepgenError
 from generator.tools.cli import main

@@ -15,7 +15,7 @@ import pytest
 
 from conftest import ROOT
 from generator.tools.cli import main
-from generator.codegen.emit import write_project
+from generator.codegen.writer import write_project
 from generator.pipeline import project_files
 from generator.errors import DeepgenError
 

@@ -139,7 +139,7 @@ class AsanBuilds:
     def _start(self, names):
         from concurrent.futures import Future
 
-        from generator.codegen.emit import write_project
+        from generator.codegen.writer import write_project
         from generator.pipeline import project_files
 
         todo = []

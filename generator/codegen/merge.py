@@ -91,6 +91,15 @@ def merge3(base: str, ours: str, theirs: str) -> Merged:
     return Merged("".join(out), conflicts)
 
 
+def conflict_marker_line(text: str) -> int | None:
+    """The 1-based line of the first conflict marker left in text (ours or another
+    merge tool's opening or closing marker), None if there is none."""
+    for number, line in enumerate(text.split("\n"), 1):
+        if line.startswith(("<<<<<<< ", ">>>>>>> ")) or line in ("<<<<<<<", ">>>>>>>"):
+            return number
+    return None
+
+
 def as_text(data: bytes) -> str | None:
     """data decoded as UTF-8 text, or None for binary content (a NUL byte, not UTF-8)."""
     if b"\0" in data:
@@ -114,13 +123,16 @@ class FileMerge:
     conflict: str | None = None
 
 
-def merge_file(base: bytes | None, ours: bytes, theirs: bytes, pending: bool = False) -> FileMerge:
-    """Merge one edited file. base is None when no earlier generation is stored
-    (a project made by an older deepgen); pending says that the new generation
-    written beside the file last time is still there, not yet merged by hand."""
+def merge_file(base: bytes | None, ours: bytes, theirs: bytes, pending: bool = False,
+               base_problem: str | None = None) -> FileMerge:
+    """Merge one edited file. base is None when there is no earlier generation to
+    merge with, and base_problem then says why (none stored, or damaged); pending
+    says that the new generation written beside the file last time is still there,
+    not yet merged by hand."""
     if base is None:
-        return FileMerge(None, theirs, "no stored earlier generation to merge with (a project made by an older "
-                                       "deepgen, or a file deepgen did not write): merge the new generation by hand")
+        return FileMerge(None, theirs, base_problem or "no stored earlier generation to merge with (a project made by "
+                                                       "an older deepgen, or a file deepgen did not write): merge the "
+                                                       "new generation by hand")
     if pending:
         return FileMerge(None, theirs, "the new generation written beside it last time is still there: "
                                        "merge it by hand, then delete it")

@@ -42,11 +42,15 @@ def build_project(project_dir, echo=print, target_dir=None, replace_installed: b
     bare folder name is never looked up in a package index as a requirement, and
     refuses (unless replace_installed) a name that would replace an installed
     distribution or module (see installed.py)."""
+    from ..codegen.writer import pending_generation
     from .installed import check_name_free
 
     root = Path(project_dir).resolve()
     if not (root / "pyproject.toml").is_file() or not (root / "CMakeLists.txt").is_file():
         raise BuildError(f"{project_dir} is not a generated project (no pyproject.toml / CMakeLists.txt)")
+    if pending_generation(root):
+        raise BuildError(f"{project_dir}: a `deepgen generate` into it was interrupted half-way; run the same "
+                         "generate again (it completes the interrupted one first), then build")
     if target_dir is None:
         check_name_free(project_name(root), replace_installed, "generate --name")
     cmd = [sys.executable, "-m", "pip", "install", "--no-build-isolation", "--no-deps", "-v", root.as_uri()]
