@@ -3,28 +3,25 @@
 Model files use this package as the DSL: `import generator as dg`.
 """
 
-from . import ops  # noqa: F401  (registers every op)
-from .frontend.builder import ModelDef, Tensor
-from .frontend.dsl import *  # noqa: F401,F403
-from .frontend.dsl import (  # noqa: F401  (names that shadow builtins, exported explicitly)
-    input,
-    max,
-    sum,
-)
-from .errors import BuildError, DeepgenError, ModelError, ShapeError
-from .frontend.initializers import constant, glorot_uniform, he_normal, normal, ones, uniform, zeros
-from .ir.shapes import dim
-from .frontend.recursion import recurse, roots, trees
-from .frontend.sequences import gru, lstm, scan
-from .frontend.vision import *  # noqa: F401,F403
-from .frontend.attention import *  # noqa: F401,F403
-from .frontend.train import adam, bce_with_logits, mse, sgd, softmax_cross_entropy, train
+import importlib as _importlib
 
 __version__ = "0.1.0"
 
 
-def model(fn=None, *, name: str | None = None):
-    """Mark a function as a deepgen model: `@dg.model` or `@dg.model(name="net")`."""
-    if fn is None:
-        return lambda f: ModelDef(f, name)
-    return ModelDef(fn, name)
+def __getattr__(name: str):
+    """The DSL's names, loaded on first use: importing deepgen's command line or a
+    stage does not pay for sympy and every op until it needs them (and Ctrl-C while
+    the command line starts is a one-line message, not a traceback)."""
+    if name.startswith("__"):
+        raise AttributeError(f"module 'generator' has no attribute {name!r}")
+    namespace = _importlib.import_module(f"{__name__}.namespace")
+    exported = {k: v for k, v in vars(namespace).items() if not k.startswith("_") and k != "annotations"}
+    globals().update(exported)
+    if name not in exported:
+        raise AttributeError(f"module 'generator' has no attribute {name!r}")
+    return exported[name]
+
+
+def __dir__():
+    namespace = _importlib.import_module(f"{__name__}.namespace")
+    return sorted(set(globals()) | {k for k in vars(namespace) if not k.startswith("_")})

@@ -191,14 +191,20 @@ def cmd_memory(args):
 
 def cmd_from_torch(args):
     from ..importers import from_torch, write_model
-    from ..importers.torch_cli import example_inputs, load_factory
+    from ..importers.torch_cli import example_inputs, factory_file, load_factory
+    from ..importers.torch_import import check_targets
 
-    module = load_factory(args.factory)
+    # Absolute before the factory runs (it may chdir); checked now, before the slow part, and again
+    # when written. The factory's own file is never written over, not even with --force.
+    weights_arg = args.weights or os.path.splitext(args.output)[0] + ".npz"
+    protect = [factory_file(args.factory)]
+    paths = check_targets(args.output, weights_arg, replace=args.force, protect=protect)
     examples, dims = example_inputs(args.example_input)
+    module = load_factory(args.factory)
     source, weights = from_torch(module, examples, name=args.name, dims=dims)
-    model_path, weights_path = write_model(source, weights, args.output, args.weights)
-    print(f"wrote {model_path} and {weights_path} ({len(weights)} arrays)")
-    print(f"next: deepgen generate {model_path} -o {os.path.splitext(os.path.basename(model_path))[0]}_project")
+    write_model(source, weights, *paths, replace=args.force, protect=protect)
+    print(f"wrote {args.output} and {weights_arg} ({len(weights)} arrays)")
+    print(f"next: deepgen generate {args.output} -o {os.path.splitext(os.path.basename(args.output))[0]}_project")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -258,6 +264,8 @@ def parser() -> argparse.ArgumentParser:
                     help="an argument of forward and its example shape, e.g. x=4,784 or tokens=4,12:int64 "
                          "(repeatable); axis 0 becomes the batch N; name dims explicitly with x=N=4,T=12,16")
     ft.add_argument("--name", help="the model's name (default: the module's class name in snake_case)")
+    ft.add_argument("--force", action="store_true",
+                    help="replace a model or weights file that exists (never the PyTorch source of the module)")
     ft.set_defaults(func=cmd_from_torch)
     for command in (g, c, mem, i):
         command.add_argument("--option", action="append", metavar="NAME=VALUE",
@@ -268,7 +276,11 @@ def parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    args = parser().parse_args(argv)
+    try:
+        args = parser().parse_args(argv)
+    except KeyboardInterrupt:
+        print("deepgen: interrupted", file=sys.stderr)
+        return 130
     try:
         args.func(args)
     except DeepgenError as e:
