@@ -16,6 +16,7 @@ import zlib
 import sympy
 
 from ..errors import DeepgenError
+from ..fileio import write_atomic
 from ..ops import get_op
 from ..ir.shapes import fmt_shape, numel
 
@@ -178,6 +179,5 @@ def plot_png(graph, plan, path, batch: int = 32, dims: dict | None = None, width
 
     png = b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
     png += chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b"")
-    with open(path, "wb") as f:
-        f.write(png)
+    write_atomic(path, png)
     return math.ceil(top)

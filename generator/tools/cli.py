@@ -124,8 +124,7 @@ def cmd_ir(args):
 
 def _show(args, graph):
     """Print the graph, or write it as DOT (--dot FILE) or SVG (--svg FILE, with Graphviz)."""
-    from pathlib import Path
-
+    from ..fileio import write_atomic
     from ..ir.dot import to_dot, to_svg
 
     if not (args.dot or args.svg):
@@ -136,7 +135,7 @@ def _show(args, graph):
     if args.svg:
         outputs.append((args.svg, to_svg(text, args.model)))
     for path, data in outputs:
-        Path(path).write_bytes(data)
+        write_atomic(path, data)
         print(f"graph {graph.name} ({len(graph.nodes)} ops) written to {path}")
 
 
