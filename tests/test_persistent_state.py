@@ -14,7 +14,10 @@ it either way.
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -361,6 +364,98 @@ def test_weights_held_once_under_concurrent_calls(module, tmp_path):
     stop.set()
     other.join()
     assert not errors
+
+
+def every_state_change_under_forwards(module, folder):
+    """forward() from three threads while a fourth calls, over and over, every
+    method of the module that changes the Model (#38 item 4): each takes the
+    model's state_lock, so every forward() sees whole weights and computes what
+    numpy does. Training runs at lr = 0, which keeps the weights bit for bit.
+    Run in a child process by the test below (a race here was a segfault)."""
+    sys.setswitchinterval(1e-6)  # threads take turns with the GIL often: calls overlap more
+    model = module.Model(31)
+    model.lr = 0.0
+    model.keep_plain_weights = False
+    x, labels = inputs(40)
+    stored = params(model)
+    expected = oracle(stored, x)
+    path = str(Path(folder) / "w.npz")
+    model.save(path)
+    errors, stop = [], threading.Event()
+
+    def flip_plain():
+        model.keep_plain_weights = not model.keep_plain_weights
+
+    def views():
+        v = model.parameters()
+        assert v["h_w"].shape == (40, 48)
+
+    def two_halves():
+        model.compute_gradients(x=x, labels=labels)
+        model.apply_update()
+
+    def setters():
+        model.lr = 0.0
+        model.momentum = 0.9
+        model.step = model.step
+        model.keep_gradients = not model.keep_gradients
+
+    def training_state():
+        model.allocate_training_state()
+        assert set(model.gradients()) == set(stored)
+        assert model.optimizer_state() and model.gradient_buffer().size
+        assert model.hyperparameters()["lr"] == 0.0
+
+    changes = [model.release_packed_weights, flip_plain, views, lambda: model.save(path),
+               lambda: model.load(path), lambda: model.train_step(x=x, labels=labels), two_halves, setters,
+               training_state, model.memory_stats]
+
+    def forwards():
+        try:
+            for i in range(6000):
+                rows = (1, 2, 7, 40)[i % 4]
+                np.testing.assert_allclose(model.forward(x=x[:rows])["logits"], expected[:rows],
+                                           rtol=1e-4, atol=1e-5)
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    def meddle():
+        try:
+            i = 0
+            while not stop.is_set() or i < len(changes):
+                changes[i % len(changes)]()
+                for _ in range(50):  # the one that crashed (#38): often
+                    model.release_packed_weights()
+                i += 1
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=forwards) for _ in range(3)]
+    other = threading.Thread(target=meddle)
+    other.start()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    stop.set()
+    other.join()
+    assert not errors, errors
+    for name, value in params(model).items():
+        np.testing.assert_array_equal(value, stored[name])
+
+
+def test_every_state_change_under_concurrent_forwards(module, tmp_path):
+    """every_state_change_under_forwards, in a child process so that a crash is a
+    failure of this test alone. Before #38 release_packed_weights() took no lock and
+    freed a packing another thread's forward() was about to read: a segfault in
+    dg::KeptPackedB::use (7 of 7 runs)."""
+    build = str(Path(module.__file__).parent)
+    code = (f"import sys; sys.path[:0] = [{build!r}, {str(Path(__file__).parent)!r}]\n"
+            f"import {module.__name__} as module, test_persistent_state as t\n"
+            f"t.every_state_change_under_forwards(module, {str(tmp_path)!r})\n")
+    for _ in range(3):  # (before the fix, 3 of 4 runs crashed)
+        run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600)
+        assert run.returncode == 0, f"exit status {run.returncode}:\n{run.stdout[-2000:]}{run.stderr[-4000:]}"
 
 
 @dg.model

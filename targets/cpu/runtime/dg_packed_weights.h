@@ -201,10 +201,7 @@ class KeptPackedB {
   // only copy (the same floats); the packing stays, still current.
   void restore_plain() {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (weight_.allocated() || !kept_) return;
-    weight_.data.resize(static_cast<size_t>(numel(weight_.shape)));
-    kept_->packed.unpack(weight_.ptr(), tb_ ? K_ : N_);
-    kept_->packed.set_source(weight_.ptr());
+    restore_plain_locked();
   }
 
   // Bytes the packing holds (0 until the first product that packs, and after
@@ -220,10 +217,12 @@ class KeptPackedB {
 
   // Frees the packing (the next product packs again), writing the stored weight
   // back first if the packing held its only copy; a call still reading the
-  // packing keeps it alive until it is done.
+  // packing keeps it alive until it is done.  Both under one hold of the lock:
+  // between the two a product could free the stored weight again (the packing
+  // standing in for it), and the weight would be lost with the packing.
   void release() {
-    restore_plain();
     std::lock_guard<std::mutex> lock(mutex_);
+    restore_plain_locked();
     kept_.reset();
   }
 
@@ -240,6 +239,13 @@ class KeptPackedB {
     PackedB packed;
   };
   size_t bytes_now() const { return sizeof(float) * static_cast<size_t>(PackedB::storage_floats(K_, N_)); }
+  // restore_plain() with mutex_ held.
+  void restore_plain_locked() {
+    if (weight_.allocated() || !kept_) return;
+    weight_.data.resize(static_cast<size_t>(numel(weight_.shape)));
+    kept_->packed.unpack(weight_.ptr(), tb_ ? K_ : N_);
+    kept_->packed.set_source(weight_.ptr());
+  }
 
   ParameterVersion& version_;
   Tensor<float>& weight_;

@@ -42,6 +42,22 @@ py::dict forward(const Model& model, const py::kwargs& given) {
   return result;
 }
 
+// `read()` under the model's reader lock, the GIL released while it waits (a call
+// holding the writer lock may need the GIL: compute_gradients' on_ready).
+template <typename Read>
+auto read_locked(const Model& model, Read read) {
+  py::gil_scoped_release release;
+  const auto reading = model.state_lock.reading();
+  return read();
+}
+
+// `call()`, which takes the model's lock itself, with the GIL released (as above).
+template <typename Call>
+auto without_gil(Call call) {
+  py::gil_scoped_release release;
+  return call();
+}
+
 // name -> writable numpy view into the model (the view keeps the model alive)
 template <typename Storage>
 py::dict views(py::object self, std::vector<std::pair<std::string, Storage*>> tensors) {
@@ -134,7 +150,7 @@ PYBIND11_MODULE(tiny, m) {
           },
           "arena bytes of the last call: measured high-water mark and the plan's prediction")
       .def(
-          "release_packed_weights", [](Model& m) { m.release_packed_weights(); },
+          "release_packed_weights", [](Model& m) { without_gil([&] { m.release_packed_weights(); }); },
           "Free the weights kept packed for the matrix products (the next call packs them again)")
       .def_property(
           "keep_plain_weights", [](const Model& m) { return m.keep_plain_weights(); },

@@ -62,8 +62,8 @@ void Model::load(const std::string& path) {
   const decltype(tensors) state = optimizer_slots();
   // Read and check the whole file first: a bad one throws before anything changed.
   const dg::StagedWeights staged = dg::stage_weights(path, tensors, state, /*trainable=*/true);
-  if (staged.with_state) allocate_optimizer_state();  // else it stays unallocated (zeros) or is reset
   const auto writing = state_lock.writing();
+  if (staged.with_state) allocate_optimizer_state();  // else it stays unallocated (zeros) or is reset
   dg::apply_weights(staged, tensors, state, &step);
 }
 
@@ -111,13 +111,15 @@ float Model::train_step(const Inputs& inputs) {
 
 float Model::compute_gradients(const Inputs& inputs, const GradientReady& ready) {
   const auto writing = state_lock.writing();
-  allocate_training_state();
+  allocate_gradients();
+  allocate_optimizer_state();
   return run(inputs, nullptr, &ready);
 }
 
 void Model::apply_update() {
   const auto writing = state_lock.writing();
-  allocate_training_state();
+  allocate_gradients();
+  allocate_optimizer_state();
   hyper.validate();
   dg::require_step(step);
   dg::CallScope _call;  // finish() waits for the device and reports errors found there
@@ -161,11 +163,15 @@ std::vector<std::pair<std::string, dg::DeviceTensor<float>*>> Model::optimizer_s
 }
 
 std::vector<std::pair<std::string, dg::DeviceTensor<float>*>> Model::optimizer_state() {
-  allocate_optimizer_state();
+  {
+    const auto writing = state_lock.writing();
+    allocate_optimizer_state();
+  }
   return optimizer_slots();
 }
 
 void Model::allocate_training_state() {
+  const auto writing = state_lock.writing();
   allocate_gradients();
   allocate_optimizer_state();
 }
@@ -189,6 +195,7 @@ void Model::allocate_optimizer_state() {
 }
 
 int64_t Model::training_state_bytes() const {
+  const auto reading = state_lock.reading();  // not while a call allocates them
   const int64_t floats = d_h_w.size() + d_h_b.size() + d_logits_w.size() + d_logits_b.size() +
                          h_w_buf.size() + h_b_buf.size() + logits_w_buf.size() + logits_b_buf.size();
   return floats * static_cast<int64_t>(sizeof(float));

@@ -43,6 +43,22 @@ py::dict forward(const Model& model, const py::kwargs& given) {
   return result;
 }
 
+// `read()` under the model's reader lock, the GIL released while it waits (a call
+// holding the writer lock may need the GIL: compute_gradients' on_ready).
+template <typename Read>
+auto read_locked(const Model& model, Read read) {
+  py::gil_scoped_release release;
+  const auto reading = model.state_lock.reading();
+  return read();
+}
+
+// `call()`, which takes the model's lock itself, with the GIL released (as above).
+template <typename Call>
+auto without_gil(Call call) {
+  py::gil_scoped_release release;
+  return call();
+}
+
 // name -> writable numpy view into the model (the view keeps the model alive)
 template <typename Storage>
 py::dict views(py::object self, std::vector<std::pair<std::string, Storage*>> tensors) {
@@ -191,7 +207,11 @@ PYBIND11_MODULE(tiny_train, m) {
       .def("train_step", &train_step,
            "train_step(**inputs) -> loss before the update (momentum(lr=0.1, momentum=0.9))")
       .def(
-          "gradients", [](py::object self) { return views(self, self.cast<Model&>().gradients()); },
+          "gradients",
+          [](py::object self) {
+            Model& model = self.cast<Model&>();
+            return views(self, without_gil([&] { return model.gradients(); }));
+          },
           "dict of parameter name -> writable view of its gradient from the last train_step or "
           "compute_gradients")
       .def("compute_gradients", &compute_gradients, py::arg("on_ready") = py::none(), py::pos_only(),
@@ -211,31 +231,37 @@ PYBIND11_MODULE(tiny_train, m) {
           "gradient_buffer",
           [](py::object self) {
             Model& model = self.cast<Model&>();
-            model.allocate_training_state();
+            without_gil([&] { model.allocate_training_state(); });
             return dg::param_view(model.gradient_buffer, self);
           },
           "Every gradient end to end in one writable float32 array (no copy), in gradients() order: "
           "what an allreduce sends")
       .def(
-          "allocate_training_state", [](Model& m) { m.allocate_training_state(); },
+          "allocate_training_state", [](Model& m) { without_gil([&] { m.allocate_training_state(); }); },
           "Allocate the gradients and optimizer state now (zeros); the first training call does it otherwise")
       .def(
           "optimizer_state",
-          [](py::object self) { return views(self, self.cast<Model&>().optimizer_state()); },
+          [](py::object self) {
+            Model& model = self.cast<Model&>();
+            return views(self, without_gil([&] { return model.optimizer_state(); }));
+          },
           "dict of 'parameter/slot' -> optimizer state")
       .def("hyperparameters", &hyperparameters, "dict of the current hyperparameters")
       .def_property(
-          "lr", [](const Model& m) { return m.hyper.lr; }, &set_hyper<&Model::Hyperparameters::lr>)
+          "lr", [](const Model& m) { return read_locked(m, [&] { return m.hyper.lr; }); },
+          &set_hyper<&Model::Hyperparameters::lr>)
       .def_property(
-          "momentum", [](const Model& m) { return m.hyper.momentum; },
+          "momentum", [](const Model& m) { return read_locked(m, [&] { return m.hyper.momentum; }); },
           &set_hyper<&Model::Hyperparameters::momentum>)
       .def_property(
-          "weight_decay", [](const Model& m) { return m.hyper.weight_decay; },
+          "weight_decay", [](const Model& m) { return read_locked(m, [&] { return m.hyper.weight_decay; }); },
           &set_hyper<&Model::Hyperparameters::weight_decay>)
       .def_property(
-          "step", [](const Model& m) { return m.step; }, &set_step, "train_steps taken so far")
+          "step", [](const Model& m) { return read_locked(m, [&] { return m.step; }); }, &set_step,
+          "train_steps taken so far")
       .def_property(
-          "keep_gradients", [](const Model& m) { return m.keep_gradients; }, &set_keep_gradients,
+          "keep_gradients", [](const Model& m) { return read_locked(m, [&] { return m.keep_gradients; }); },
+          &set_keep_gradients,
           "True (default): train_step() leaves its gradients in gradients(); False: each gradient "
           "lives only until its update has used it (lower peak, no gradient memory between steps)")
       .def(
@@ -248,12 +274,12 @@ PYBIND11_MODULE(tiny_train, m) {
             stats["calls"] = last.calls;
             stats["packed_weight_bytes"] = m.packed_weight_bytes();
             stats["parameter_bytes"] = m.parameter_bytes();
-            stats["training_state_bytes"] = m.training_state_bytes();
+            stats["training_state_bytes"] = without_gil([&] { return m.training_state_bytes(); });
             return stats;
           },
           "arena bytes of the last call: measured high-water mark and the plan's prediction")
       .def(
-          "release_packed_weights", [](Model& m) { m.release_packed_weights(); },
+          "release_packed_weights", [](Model& m) { without_gil([&] { m.release_packed_weights(); }); },
           "Free the weights kept packed for the matrix products (the next call packs them again)")
       .def_property(
           "keep_plain_weights", [](const Model& m) { return m.keep_plain_weights(); },

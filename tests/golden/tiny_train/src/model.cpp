@@ -56,8 +56,8 @@ void Model::load(const std::string& path) {
   const decltype(tensors) state = optimizer_slots();
   // Read and check the whole file first: a bad one throws before anything changed.
   const dg::StagedWeights staged = dg::stage_weights(path, tensors, state, /*trainable=*/true);
-  if (staged.with_state) allocate_optimizer_state();  // else it stays unallocated (zeros) or is reset
   const auto writing = state_lock.writing();
+  if (staged.with_state) allocate_optimizer_state();  // else it stays unallocated (zeros) or is reset
   parameter_version.restore_plain();  // (again: a forward() before the lock may have freed one)
   dg::apply_weights(staged, tensors, state, &step);
   parameter_version.changed();
@@ -81,6 +81,7 @@ int64_t Model::packed_weight_bytes() const {
 }
 
 void Model::release_packed_weights() {
+  const auto writing = state_lock.writing();  // not while a forward() reads them
   h_w_packed.release();
   logits_w_packed.release();
 }
@@ -114,13 +115,15 @@ float Model::train_step(const Inputs& inputs) {
 float Model::compute_gradients(const Inputs& inputs, const GradientReady& ready) {
   const auto writing = state_lock.writing();
   const auto stepping = parameter_version.step_scope();  // (apply_update() follows)
-  allocate_training_state();
+  allocate_gradients();
+  allocate_optimizer_state();
   return run(inputs, nullptr, &ready);
 }
 
 void Model::apply_update() {
   const auto writing = state_lock.writing();
-  allocate_training_state();
+  allocate_gradients();
+  allocate_optimizer_state();
   const auto counted = parameter_version.change_on_exit();
   hyper.validate();
   dg::require_step(step);
@@ -161,11 +164,15 @@ std::vector<std::pair<std::string, dg::Tensor<float>*>> Model::optimizer_slots()
 }
 
 std::vector<std::pair<std::string, dg::Tensor<float>*>> Model::optimizer_state() {
-  allocate_optimizer_state();
+  {
+    const auto writing = state_lock.writing();
+    allocate_optimizer_state();
+  }
   return optimizer_slots();
 }
 
 void Model::allocate_training_state() {
+  const auto writing = state_lock.writing();
   allocate_gradients();
   allocate_optimizer_state();
 }
@@ -190,6 +197,7 @@ void Model::allocate_optimizer_state() {
 }
 
 int64_t Model::training_state_bytes() const {
+  const auto reading = state_lock.reading();  // not while a call allocates them
   const int64_t floats =
       gradient_buffer.size() + h_w_buf.size() + h_b_buf.size() + logits_w_buf.size() + logits_b_buf.size();
   return floats * static_cast<int64_t>(sizeof(float));

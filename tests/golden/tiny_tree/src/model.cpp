@@ -74,6 +74,7 @@ int64_t Model::packed_weight_bytes() const {
 }
 
 void Model::release_packed_weights() {
+  const auto writing = state_lock.writing();  // not while a forward() reads them
   w_packed.release();
 }
 

@@ -133,10 +133,13 @@ class Model {
   mutable dg::MemoryStats memory;
 
   // Sharing one Model between threads: forward() holds this for reading, so
-  // forward() calls overlap one another; train_step() holds it for writing, and
-  // so must anything else that changes the model (the Python module's load()
-  // and hyperparameter setters do). Hand-written code that writes parameters
-  // while other threads call forward() takes state_lock.writing() first.
+  // forward() calls overlap one another; every method that changes the model
+  // holds it for writing (load, save, train_step, compute_gradients, apply_update,
+  // allocate_training_state and the calls that allocate, release_packed_weights,
+  // set_keep_plain_weights), as do the Python module's setters. Hand-written
+  // code that writes parameters or public fields while other threads call the
+  // model takes state_lock.writing() first; while holding it, it may call
+  // parameters() and parameters_changed(), which take no lock, and no other method.
   dg::StateLock state_lock;
 
   // Parameters: public, so hand-written code can read or set them.
