@@ -250,3 +250,264 @@ def test_inputs_from_torch_tensors(built):
             model.forward(x=value)
     loss = model.train_step(x=x, labels=torch.from_numpy(batch["labels"]))
     assert np.isfinite(loss) and model.step == 1
+
+
+# -- weights and input files: regular files only, read no further than their headers say --
+
+
+def _image(array) -> bytes:
+    """`array` as an .npy file's bytes."""
+    out = io.BytesIO()
+    np.lib.format.write_array(out, np.asanyarray(array), allow_pickle=False)
+    return out.getvalue()
+
+
+def _with_header(image: bytes, old: str, new: str) -> bytes:
+    """`image` with `old` replaced by `new` in its .npy header, the header's padding
+    adjusted so that its length (and so the data's place) stays as it was."""
+    length = int.from_bytes(image[8:10], "little")
+    header = image[10 : 10 + length].decode("latin1")
+    assert old in header, (old, header)
+    changed = header.replace(old, new).rstrip("\n")
+    changed = changed[: length - 1].ljust(length - 1) + "\n"  # padding spaces taken or given
+    assert len(changed) == length and changed.rstrip().endswith("}"), changed
+    return image[:10] + changed.encode("latin1") + image[10 + length :]
+
+
+def _zip_members(members: dict, compression=zipfile.ZIP_STORED, level=None) -> bytes:
+    """An .npz archive holding each name's bytes as the member `name.npy`."""
+    data = io.BytesIO()
+    with zipfile.ZipFile(data, "w", compression, compresslevel=level) as archive:
+        for name, image in members.items():
+            archive.writestr(name + ".npy", image)
+    return data.getvalue()
+
+
+def _run_python(where, code: str, *args, timeout=60, memory_bytes=4 << 30):
+    """`code` in a child Python that imports the built module, its address space
+    bounded (a runaway read is a MemoryError, not the machine's memory)."""
+    import os
+    import resource
+    import sys
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
+
+    env = dict(os.environ, PYTHONPATH=str(where / "build"))
+    return subprocess.run([sys.executable, "-c", code, *map(str, args)], capture_output=True, text=True,
+                          timeout=timeout, env=env, preexec_fn=limit)
+
+
+@pytest.mark.parametrize("entry", ["load", "--weights", "--input"])
+def test_weights_and_inputs_only_from_regular_files(built, tmp_path, entry):
+    """A FIFO (which blocked load() and --weights until a writer came) and /dev/zero
+    (read until memory ran out) are refused before they are opened, naming the file."""
+    import os
+
+    _, _, where = built
+    fifo = tmp_path / "fifo.npz"
+    os.mkfifo(fifo)
+    load = "import sys, deploy_mlp\ntry:\n    deploy_mlp.Model().load(sys.argv[1])\nexcept OSError as e:\n    print(e)"
+    for path, kind in ((fifo, "a FIFO"), ("/dev/zero", "a character device")):
+        if entry == "load":
+            proc = _run_python(where, load, path, timeout=30)
+            said, code = proc.stdout, 0
+        else:
+            proc = _example(where, entry, path if entry == "--weights" else f"x={path}")  # 60 s timeout: a hang fails
+            said, code = proc.stderr, 1
+        assert proc.returncode == code and f"{path}: is {kind}, not a regular file" in said, (proc.stdout, proc.stderr)
+    assert sorted(os.listdir(tmp_path)) == ["fifo.npz"]
+
+
+def test_compressed_member_is_inflated_no_further_than_its_shape_needs(built, tmp_path):
+    """A member whose stream inflates to far more than its header's shape needs (64 MiB
+    of zeros after the data; it used to load, after inflating all of it) is refused
+    before its data is inflated, naming the file and the array."""
+    import time
+
+    _, module, _ = built
+    _trained(module).save(str(tmp_path / "w.npz"))
+    saved = dict(np.load(tmp_path / "w.npz"))
+    first = next(iter(saved))
+    members = {k: _image(v) for k, v in saved.items()}
+    members[first] += bytes(64 << 20)
+    (tmp_path / "bomb.npz").write_bytes(_zip_members(members, zipfile.ZIP_DEFLATED, level=1))
+    assert (tmp_path / "bomb.npz").stat().st_size < 1 << 20
+    model = module.Model(seed=4)
+    before = state_of(model)
+    start = time.monotonic()
+    data_bytes = saved[first].nbytes
+    with pytest.raises(ValueError, match=re.escape(f"bomb.npz: array '{first}': {64 << 20} bytes after the "
+                                                   f"{data_bytes} bytes of data its shape")):
+        model.load(str(tmp_path / "bomb.npz"))
+    assert time.monotonic() - start < 1.0  # nothing inflated but the headers
+    assert_same_state(before, state_of(model))
+
+
+def _zip64_member(name: str, stream: bytes, size: int, crc: int = 0) -> bytes:
+    """A zip archive of one deflated member whose zip64 sizes say it inflates to `size`."""
+    import struct
+
+    file_name = (name + ".npy").encode()
+    extra = struct.pack("<HHQQ", 1, 16, size, len(stream))  # zip64: size, compressed size
+    local = struct.pack("<IHHHHHIIIHH", 0x04034B50, 45, 0, 8, 0, 0x21, crc, 0xFFFFFFFF, 0xFFFFFFFF,
+                        len(file_name), len(extra)) + file_name + extra
+    central = struct.pack("<IHHHHHHIIIHHHHHII", 0x02014B50, 45, 45, 0, 8, 0, 0x21, crc, 0xFFFFFFFF, 0xFFFFFFFF,
+                          len(file_name), len(extra), 0, 0, 0, 0, 0) + file_name + extra
+    directory_at = len(local) + len(stream)
+    end = struct.pack("<IHHHHIIH", 0x06054B50, 0, 0, 1, 1, len(central), directory_at, 0)
+    return local + stream + central + end
+
+
+def test_huge_zip64_member_is_refused_by_its_header(built, tmp_path):
+    """A 6 GiB zip64 member (its header's shape [1610612736] float32, a few bytes of
+    stream) is refused by its shape, before anything is allocated for it (it was a
+    bare std::bad_alloc, or a corrupt-stream error naming no array)."""
+    import zlib
+
+    _, module, _ = built
+    first = next(iter(module.Model().parameters()))
+    count = 6 << 30 >> 2
+    header = _with_header(_image(np.zeros(0, np.float32)), "(0,)", f"({count},)")
+    compressor = zlib.compressobj(9, zlib.DEFLATED, -15)
+    stream = compressor.compress(header + bytes(1 << 16)) + compressor.flush()
+    (tmp_path / "huge.npz").write_bytes(_zip64_member(first, stream, len(header) + (6 << 30)))
+    shape = list(module.Model().parameters()[first].shape)
+    with pytest.raises(ValueError, match=re.escape(f"huge.npz: parameter '{first}' has shape [{count}], "
+                                                   f"expected {shape}")):
+        module.Model().load(str(tmp_path / "huge.npz"))
+
+
+@pytest.mark.parametrize("case", ["negative", "descr", "after", "key"])
+def test_npy_headers_are_parsed_strictly(built, tmp_path, case):
+    """Negative sizes (read as positive ones before), junk after the dtype ('<f4xyz'
+    was read as '<f4'), bytes after the data and unknown keys (ignored before) are
+    refused: in a weights file naming the file and array, in an input file naming
+    the input."""
+    _, module, where = built
+    _trained(module).save(str(tmp_path / "w.npz"))
+    saved = dict(np.load(tmp_path / "w.npz"))
+    first = next(iter(saved))
+
+    def broken(array):
+        image, shape = _image(array), str(tuple(array.shape))
+        negative = shape.replace("(", "(-", 1)
+        return {
+            "negative": (_with_header(image, shape, negative), f"malformed .npy header ('shape' {negative} has a negative size)"),
+            "descr": (_with_header(image, "'<f4'", "'<f4xyz'"), "malformed .npy header ('descr' '<f4xyz' is not a dtype)"),
+            "after": (image + bytes(4), f"4 bytes after the {array.nbytes} bytes of data its shape {list(array.shape)} needs"),
+            "key": (_with_header(image, "'fortran_order'", "'fortran_order': False, 'extra'"),
+                    "malformed .npy header (unknown key 'extra')"),
+        }[case]
+
+    model = module.Model(seed=4)
+    before = state_of(model)
+    members = {k: _image(v) for k, v in saved.items()}
+    members[first], message = broken(saved[first])
+    (tmp_path / "bad.npz").write_bytes(_zip_members(members))
+    with pytest.raises(ValueError, match=re.escape(f"bad.npz: array '{first}': {message}")):
+        model.load(str(tmp_path / "bad.npz"))
+    assert_same_state(before, state_of(model))
+    image, message = broken(_batch(n=2)["x"])
+    (tmp_path / "x.npy").write_bytes(image)
+    proc = _example(where, "--input", f"x={tmp_path / 'x.npy'}")
+    assert proc.returncode == 1, proc.stdout
+    assert f"input 'x': {tmp_path / 'x.npy'}: {message}" in proc.stderr, proc.stderr
+
+
+SAVE_PATHS = {
+    "": (ValueError, "the path is empty"),
+    "/dev/full": (OSError, "/dev/full: is a character device, not a regular file"),
+    "fifo": (OSError, "fifo: is a FIFO, not a regular file"),
+    "folder": (OSError, "folder: is a folder, not a regular file"),
+    "folder/": (OSError, "folder/: names a folder, not a file"),
+    "missing/": (OSError, "missing/: names a folder, not a file"),
+    "w\0.npz": (ValueError, "the path holds a NUL byte"),
+}
+
+
+def _fifo_and_folder(tmp_path, monkeypatch):
+    import os
+
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "folder").mkdir()
+    monkeypatch.chdir(tmp_path)
+
+
+def _nothing_written(tmp_path):
+    import os
+
+    stray = os.path.exists("/dev/full.npz")
+    if stray:  # written by the code before the fix (as root): not ours to leave
+        os.remove("/dev/full.npz")
+    assert not stray, "/dev/full.npz written"
+    assert sorted(os.listdir(tmp_path)) == ["fifo", "folder"] and os.listdir(tmp_path / "folder") == []
+
+
+@pytest.mark.parametrize("path", SAVE_PATHS)
+def test_save_refuses_paths_it_cannot_write_a_file_at(built, tmp_path, monkeypatch, path):
+    """save("") wrote ./.npz, save("/dev/full") /dev/full.npz, save(folder) folder.npz:
+    each is an error naming the path now (load() of it too), and nothing is written."""
+    _, module, _ = built
+    model = _trained(module)
+    _fifo_and_folder(tmp_path, monkeypatch)
+    error, message = SAVE_PATHS[path]
+    try:
+        with pytest.raises(error, match=re.escape(message)):
+            model.save(path)
+        with pytest.raises((ValueError, OSError)):
+            module.Model().load(path)
+    finally:
+        _nothing_written(tmp_path)
+
+
+def test_example_output_refuses_a_folder_fifo_or_device(built, tmp_path, monkeypatch):
+    """--output of a folder ("cannot write folder/: Not a directory") or a FIFO (replaced
+    by a file) is an error naming it, and nothing is written."""
+    _, _, where = built
+    _fifo_and_folder(tmp_path, monkeypatch)
+    try:
+        for target in ("folder", "folder/", "fifo", "/dev/full", ""):
+            proc = _example(where, "--output", target)
+            assert proc.returncode == (1 if target else 2), (target, proc.stdout)  # 2: a bad argument
+            assert SAVE_PATHS[target][1] in proc.stderr, (target, proc.stderr)
+    finally:
+        _nothing_written(tmp_path)
+
+
+def test_save_and_load_take_path_like_objects(built, tmp_path):
+    import pathlib
+
+    _, module, _ = built
+    model = _trained(module)
+    model.save(tmp_path / "p.npz")
+    model.save(pathlib.PurePosixPath(tmp_path / "q"))  # ".npz" added
+    model.save(bytes(tmp_path / "b.npz"))
+    for path in (tmp_path / "p.npz", tmp_path / "q", bytes(tmp_path / "b.npz")):
+        other = module.Model(seed=9)
+        other.load(path)
+        assert_same_state(state_of(model), state_of(other))
+    with pytest.raises(TypeError, match="os.PathLike"):
+        model.save(3)
+
+
+def test_parameters_only_file_resets_optimizer_state_with_a_warning(built, tmp_path):
+    """A file without optimizer state (np.savez of the parameters) loaded into a trained
+    model resets its optimizer state and step, as a new Model's, and warns that it did;
+    into a model with no state to lose, silently."""
+    import warnings
+
+    _, module, _ = built
+    model = _trained(module)
+    np.savez(tmp_path / "params.npz", **{k: np.array(v) for k, v in model.parameters().items()})
+    with pytest.warns(UserWarning, match=re.escape(f"{tmp_path / 'params.npz'} holds no optimizer state: the model's "
+                                                   "optimizer state and step were reset")):
+        model.load(str(tmp_path / "params.npz"))
+    assert model.step == 0
+    assert all(not np.any(v) for v in model.optimizer_state().values())
+    fresh = module.Model(seed=2)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        fresh.load(str(tmp_path / "params.npz"))  # nothing to lose: no warning
+        model.load(str(tmp_path / "params.npz"))  # reset already: nothing more to lose
+    assert_same_state(state_of(model), state_of(fresh))

@@ -34,6 +34,7 @@ inline ExampleOptions parse_example_args(int argc, char** argv) {
       throw std::invalid_argument("unknown argument '" + flag + "'");
     if (i + 1 == argc) throw std::invalid_argument(flag + " needs a value");
     const std::string value = argv[++i];
+    if (value.empty()) throw std::invalid_argument(flag + ": the path is empty");
     if (flag == "--weights") {
       options.weights = value;
     } else if (flag == "--output") {
@@ -50,9 +51,17 @@ inline ExampleOptions parse_example_args(int argc, char** argv) {
 
 // Input `name` from the .npy file at `path` into `storage`: float32 for a float
 // input, int64 (or int32, widened) for an integer one. forward() checks the shape.
+// A file that is not a regular .npy file, or malformed, is an error naming the input.
 template <typename T>
 View<T> read_input(const std::string& path, const std::string& name, std::vector<T>& storage) {
-  const NpyArray array = read_npy(path);
+  NpyArray array;
+  try {
+    array = read_npy(path);
+  } catch (const FileError& e) {
+    throw FileError("input '" + name + "': " + e.what(), e.missing);
+  } catch (const std::invalid_argument& e) {
+    throw std::invalid_argument("input '" + name + "': " + e.what());
+  }
   constexpr bool is_float = std::is_floating_point<T>::value;
   const bool fits = is_float ? array.kind == 'f' && array.itemsize == 4
                              : array.kind == 'i' && (array.itemsize == 8 || array.itemsize == 4);

@@ -4,8 +4,11 @@
 // inflate(data, size, expected) decodes one raw DEFLATE stream (no zlib or gzip
 // wrapper: what a zip member with method 8 holds) and throws
 // std::invalid_argument on a malformed stream or one that does not decode to
-// exactly `expected` bytes. Speed is modest (codes are decoded bit by bit);
-// weights files are read once.
+// exactly `expected` bytes: it stops at the first byte past `expected`, so a
+// stream that would inflate to far more costs no more than `expected`.
+// inflate_prefix(data, size, count) decodes only the first `count` bytes (an
+// .npy header, read before its data). Speed is modest (codes are decoded bit by
+// bit); weights files are read once.
 //
 // Part of the deepgen runtime: hand-written, copied unchanged into every
 // generated project. Header-only, C++17, no dependencies.
@@ -114,13 +117,37 @@ constexpr uint16_t kDistBase[30] = {1,   2,   3,   4,   5,   7,    9,    13,   1
                                     193, 257, 385, 513, 769, 1025, 1537, 2049, 3073, 4097, 6145, 8193, 12289, 16385, 24577};
 constexpr uint8_t kDistExtra[30] = {0, 0, 0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7, 8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13};
 
+// The most bytes `size` bytes of DEFLATE stream can decode to: a length-258
+// back reference coded in 2 bits (1032 bytes per byte of stream), plus slack
+// for a block header. A size claimed beyond it is a lie, refused unallocated.
+inline uint64_t most_inflated(size_t size) { return 1032 * static_cast<uint64_t>(size) + 1024; }
+
 class Decoder {
  public:
-  Decoder(const uint8_t* data, size_t size, size_t expected) : in_(data, size), limit_(expected) {
-    out_.reserve(expected);
+  // Decodes up to `limit` bytes; with `prefix`, stopping there is success.
+  Decoder(const uint8_t* data, size_t size, size_t limit, bool prefix) : in_(data, size), limit_(limit), prefix_(prefix) {
+    if (limit > most_inflated(size))
+      fail("the archive says it holds " + std::to_string(limit) + " bytes, more than " + std::to_string(size) +
+           " bytes of compressed data can hold");
+    out_.reserve(limit);
   }
 
   std::vector<uint8_t> run() {
+    try {
+      blocks();
+    } catch (const Full&) {  // a prefix is complete: the rest of the stream is not decoded
+      return std::move(out_);
+    }
+    if (out_.size() != limit_)
+      fail("it holds " + std::to_string(out_.size()) + " bytes, the archive says " + std::to_string(limit_));
+    return std::move(out_);
+  }
+
+ private:
+  struct Full {};  // thrown by put() when a prefix has all its bytes
+
+  void blocks() {
+    if (prefix_ && limit_ == 0) throw Full{};
     bool last = false;
     while (!last) {
       last = in_.bit() != 0;
@@ -138,15 +165,12 @@ class Decoder {
           fail("a block of the reserved type 3");
       }
     }
-    if (out_.size() != limit_)
-      fail("it holds " + std::to_string(out_.size()) + " bytes, the archive says " + std::to_string(limit_));
-    return std::move(out_);
   }
 
- private:
   void put(uint8_t byte) {
     if (out_.size() == limit_) fail("it holds more bytes than the archive says");
     out_.push_back(byte);
+    if (prefix_ && out_.size() == limit_) throw Full{};
   }
 
   void stored() {
@@ -223,14 +247,20 @@ class Decoder {
 
   BitReader in_;
   size_t limit_;
+  bool prefix_;
   std::vector<uint8_t> out_;
 };
 
 }  // namespace inflate_detail
 
-// The `expected` bytes a raw DEFLATE stream decodes to.
+// The `expected` bytes a raw DEFLATE stream decodes to (exactly so many).
 inline std::vector<uint8_t> inflate(const uint8_t* data, size_t size, size_t expected) {
-  return inflate_detail::Decoder(data, size, expected).run();
+  return inflate_detail::Decoder(data, size, expected, /*prefix=*/false).run();
+}
+
+// The first `count` bytes a raw DEFLATE stream decodes to; the rest is not decoded.
+inline std::vector<uint8_t> inflate_prefix(const uint8_t* data, size_t size, size_t count) {
+  return inflate_detail::Decoder(data, size, count, /*prefix=*/true).run();
 }
 
 }  // namespace dg

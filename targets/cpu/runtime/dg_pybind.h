@@ -206,15 +206,44 @@ inline py::dict trees_from_nested(const py::sequence& trees, int64_t arity) {
   return batch;
 }
 
-// Runs `body` (a model's save() or load()), turning dg::FileError into Python's
-// FileNotFoundError or OSError; bad file contents stay ValueError.
+// A path argument of save() and load(): str, bytes or os.PathLike (pathlib.Path),
+// as the file system's bytes (os.fsencode). Anything else is a TypeError.
+inline std::string path_arg(const py::object& path) {
+  return py::module_::import("os").attr("fsencode")(path).cast<std::string>();
+}
+
+// `text` as a Python str: UTF-8, except that a path in it may hold any bytes
+// (those show as \xNN).
+inline py::str utf8_str(const std::string& text) {
+  PyObject* decoded = PyUnicode_DecodeUTF8(text.data(), static_cast<Py_ssize_t>(text.size()), "backslashreplace");
+  if (decoded == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<py::str>(decoded);
+}
+
+[[noreturn]] inline void raise_error(PyObject* type, const std::string& message) {
+  PyErr_SetObject(type, utf8_str(message).ptr());
+  throw py::error_already_set();
+}
+
+// A Python UserWarning (an exception where warnings are errors).
+inline void warn(const std::string& message) {
+  py::module_::import("warnings").attr("warn")(utf8_str(message), py::handle(PyExc_UserWarning), 1);
+}
+
+// Runs `body` (a model's save() or load()) and returns what it returns, turning
+// dg::FileError into Python's FileNotFoundError or OSError, bad file contents
+// (std::invalid_argument) into ValueError and dg::OutOfMemory into MemoryError,
+// each with its message (which names the file) whatever bytes its path holds.
 template <typename F>
-void with_file_errors(F&& body) {
+auto with_file_errors(F&& body) -> decltype(body()) {
   try {
-    body();
+    return body();
   } catch (const FileError& e) {  // the GIL is back: body's gil_scoped_release has ended
-    PyErr_SetString(e.missing ? PyExc_FileNotFoundError : PyExc_OSError, e.what());
-    throw py::error_already_set();
+    raise_error(e.missing ? PyExc_FileNotFoundError : PyExc_OSError, e.what());
+  } catch (const std::invalid_argument& e) {
+    raise_error(PyExc_ValueError, e.what());
+  } catch (const std::bad_alloc& e) {
+    raise_error(PyExc_MemoryError, e.what());
   }
 }
 

@@ -4,8 +4,12 @@
 // A file holds every parameter (and module buffer) by name; a trainable model
 // adds its optimizer state as "optimizer/<param>/<slot>" and the step count as
 // "optimizer/step". load() reads and checks the whole file first (names,
-// shapes, float dtypes, finite values within float32's range, the step), and
-// only then changes the model, so a bad file leaves it as it was.
+// shapes and float dtypes from the arrays' headers before any data is read or
+// inflated, then finite values within float32's range, the step), and only
+// then changes the model, so a bad file leaves it as it was. A file without
+// optimizer state (parameters only) loaded into a trainable model resets its
+// optimizer state to zeros and its step to 0, as a new Model's; apply_weights()
+// says whether that discarded state the model had.
 //
 // Part of the deepgen runtime: hand-written, copied unchanged into every
 // generated project. Header-only, C++17, no dependencies.
@@ -39,6 +43,14 @@ struct StagedWeights {
   int64_t step = 0;
 };
 
+// What Model::load() did with a trainable model's optimizer state.
+struct LoadResult {
+  bool optimizer_state_loaded = false;  // the file had optimizer state and step: they were loaded
+  // The file had none, and the model's (a step count, or state not all zeros)
+  // was reset to a new Model's: zeros and step 0.
+  bool optimizer_state_discarded = false;
+};
+
 namespace weights_detail {
 
 struct Expected {
@@ -55,20 +67,26 @@ std::vector<Expected> expected(const NamedTensors<Tensor>& tensors, const std::s
 
 // save("x") writes x.npz (as numpy's savez), so load("x") looks there too.
 inline std::string existing_path(const std::string& given) {
+  npz_detail::check_path(given);
   std::error_code ec;
   if (std::filesystem::exists(given, ec)) return given;
   if (std::filesystem::exists(given + ".npz", ec)) return given + ".npz";
   throw FileError("no such file: " + given + " (nor " + given + ".npz)", true);
 }
 
-// The array as float32, after checking its shape, dtype and values.
+// Checks an array's shape and dtype from its header (before its data is read).
+inline void check_header(const std::string& path, const NpyArray& header, const Expected& e, const char* what) {
+  const std::string where = path + ": " + what + " '" + e.name + "'";
+  if (header.shape != e.shape)
+    throw std::invalid_argument(where + " has shape " + shape_str(header.shape) + ", expected " + shape_str(e.shape));
+  if (header.kind != 'f')
+    throw std::invalid_argument(where + " has dtype " + header.dtype() + ", expected a float array");
+}
+
+// The array as float32 (its header checked already), after checking its values.
 inline std::vector<float> checked(const std::string& path, const NpyArray& array, const Expected& e,
                                   const char* what) {
   const std::string where = path + ": " + what + " '" + e.name + "'";
-  if (array.shape != e.shape)
-    throw std::invalid_argument(where + " has shape " + shape_str(array.shape) + ", expected " + shape_str(e.shape));
-  if (array.kind != 'f')
-    throw std::invalid_argument(where + " has dtype " + array.dtype() + ", expected a float array");
   std::vector<float> values(static_cast<size_t>(array.size()));
   for (int64_t i = 0; i < array.size(); ++i) {
     const double v = array.number(i);
@@ -113,14 +131,14 @@ inline int64_t checked_step(const std::string& path, const NpyArray& array) {
 inline StagedWeights stage(const std::string& given, const std::vector<Expected>& params,
                            const std::vector<Expected>& state, bool trainable) {
   const std::string path = existing_path(given);
-  const std::vector<std::pair<std::string, NpyArray>> file = read_npz(path);
-  auto find = [&](const std::string& key) -> const NpyArray* {
-    for (const auto& [name, array] : file)
-      if (name == key) return &array;
-    return nullptr;
+  const NpzFile file(path);  // names, dtypes and shapes: no data read yet
+  auto find = [&](const std::string& key) -> int {
+    for (size_t i = 0; i < file.size(); ++i)
+      if (file.name(i) == key) return static_cast<int>(i);
+    return -1;
   };
   StagedWeights staged;
-  staged.with_state = trainable && find("optimizer/step") != nullptr;
+  staged.with_state = trainable && find("optimizer/step") >= 0;
   auto known = [&](const std::string& key) {
     for (const auto& e : params)
       if (e.name == key) return true;
@@ -131,7 +149,8 @@ inline StagedWeights stage(const std::string& given, const std::vector<Expected>
     }
     return false;
   };
-  for (const auto& [key, array] : file) {
+  for (size_t i = 0; i < file.size(); ++i) {
+    const std::string& key = file.name(i);
     if (known(key)) continue;
     const bool optimizer = key.rfind("optimizer/", 0) == 0;
     if (trainable && !staged.with_state && optimizer)
@@ -139,19 +158,18 @@ inline StagedWeights stage(const std::string& given, const std::vector<Expected>
     throw std::invalid_argument(path + ": unexpected array '" + key + "': the model has no such " +
                                 (optimizer ? "optimizer state" : "parameter"));
   }
-  for (const auto& e : params) {
-    const NpyArray* array = find(e.name);
-    if (array == nullptr) throw std::invalid_argument(path + ": missing parameter '" + e.name + "'");
-    staged.arrays.push_back(checked(path, *array, e, "parameter"));
+  // Every array's name, shape and dtype first: a wrong one costs no inflating.
+  std::vector<std::pair<const Expected*, const char*>> wanted;
+  for (const auto& e : params) wanted.emplace_back(&e, "parameter");
+  if (staged.with_state)
+    for (const auto& e : state) wanted.emplace_back(&e, "optimizer state");
+  for (const auto& [e, what] : wanted) {
+    const int i = find(e->name);
+    if (i < 0) throw std::invalid_argument(path + ": missing " + what + " '" + e->name + "'");
+    check_header(path, file.header(i), *e, what);
   }
-  if (staged.with_state) {
-    for (const auto& e : state) {
-      const NpyArray* array = find(e.name);
-      if (array == nullptr) throw std::invalid_argument(path + ": missing optimizer state '" + e.name + "'");
-      staged.arrays.push_back(checked(path, *array, e, "optimizer state"));
-    }
-    staged.step = checked_step(path, *find("optimizer/step"));
-  }
+  for (const auto& [e, what] : wanted) staged.arrays.push_back(checked(path, file.read(find(e->name)), *e, what));
+  if (staged.with_state) staged.step = checked_step(path, file.read(find("optimizer/step")));
   return staged;
 }
 
@@ -191,10 +209,21 @@ StagedWeights stage_weights(const std::string& path, const NamedTensors<Tensor>&
 }
 
 // Writes what stage_weights() read into the model (under its writer lock).
-// Optimizer state is loaded when the file had it, and reset otherwise.
+// Optimizer state is loaded when the file had it, and reset otherwise (zeros,
+// step 0): the result says whether that discarded state the model had.
 template <typename Tensor>
-void apply_weights(const StagedWeights& staged, const NamedTensors<Tensor>& params, const NamedTensors<Tensor>& state,
-                   int64_t* step) {
+LoadResult apply_weights(const StagedWeights& staged, const NamedTensors<Tensor>& params,
+                         const NamedTensors<Tensor>& state, int64_t* step) {
+  LoadResult result;
+  result.optimizer_state_loaded = staged.with_state;
+  if (!staged.with_state) {
+    result.optimizer_state_discarded = step != nullptr && *step != 0;
+    for (const auto& [name, tensor] : state)
+      if (tensor->size() > 0 && !result.optimizer_state_discarded) {
+        const float* values = tensor->host();
+        result.optimizer_state_discarded = std::any_of(values, values + tensor->size(), [](float v) { return v != 0; });
+      }
+  }
   for (size_t i = 0; i < params.size(); ++i) weights_detail::copy_in(staged.arrays[i], params[i].second);
   for (size_t i = 0; i < state.size(); ++i) {
     Tensor* to = state[i].second;
@@ -206,6 +235,7 @@ void apply_weights(const StagedWeights& staged, const NamedTensors<Tensor>& para
     }
   }
   if (step != nullptr) *step = staged.with_state ? staged.step : 0;
+  return result;
 }
 
 // Copies of everything save() writes (under the model's reader lock):
@@ -228,7 +258,10 @@ std::vector<NpyOut> weights_to_save(const NamedTensors<Tensor>& params, const Na
 }
 
 // Writes the arrays to `path`, adding ".npz" unless it ends so (as numpy's savez).
+// A path that is empty or names a folder, a device or a FIFO is refused
+// (save("/dev/full") does not write /dev/full.npz).
 inline void save_weights(const std::string& path, const std::vector<NpyOut>& arrays) {
+  npz_detail::check_writable_path(path);
   const bool has_suffix = path.size() >= 4 && path.compare(path.size() - 4, 4, ".npz") == 0;
   write_npz(has_suffix ? path : path + ".npz", arrays);
 }

@@ -4,11 +4,13 @@ Editors read this file to complete and check calls; the module itself is the
 compiled extension next to it.
 """
 
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+import os
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 ArrayLike = Any  # np.ndarray, or a C-contiguous buffer / DLPack tensor / __array__ object
+PathLike = Union[str, bytes, os.PathLike]  # a path for save() and load(): str, bytes, pathlib.Path
 
 INPUTS: Dict[str, Tuple[str, str]]  # name -> (dtype, declared shape)
 OUTPUTS: Dict[str, Tuple[str, str]]  # name -> (dtype, declared shape)
@@ -98,8 +100,12 @@ class Model:
     # back exactly; True: weights kept packed keep their stored copy too (the C++ default).
     keep_plain_weights: bool
 
-    def save(self, path: str) -> None:
-        """Writes the parameters and optimizer state to an .npz file (".npz" added when missing)."""
+    def save(self, path: PathLike) -> None:
+        """Writes the parameters and optimizer state to an .npz file (".npz" added when missing):
+        a new file renamed over the old one. An empty path is a ValueError; a folder, a
+        device or a FIFO an OSError."""
 
-    def load(self, path: str) -> None:
-        """Reads what save() wrote (or np.savez/np.savez_compressed); checks everything first."""
+    def load(self, path: PathLike) -> None:
+        """Reads what save() wrote (or np.savez/np.savez_compressed), from a regular file
+        only; checks everything first. A file without optimizer state resets it (zeros,
+        step 0) as a new Model's, with a UserWarning when that discards state the model had."""

@@ -80,19 +80,22 @@ py::dict parameter_views(py::object self) {
 }
 
 // save() and load() are the C++ Model's (runtime/dg_weights.h): one implementation,
-// no numpy in between. A file that cannot be read or written raises OSError.
-void save(Model& model, const std::string& path) {
+// no numpy in between. `path` is a str, bytes or os.PathLike; a file that cannot be
+// read or written raises OSError.
+void save(Model& model, const py::object& path) {
+  const std::string file = dg::path_arg(path);
   dg::with_file_errors([&] {
     py::gil_scoped_release release;
-    model.save(path);
+    model.save(file);
   });
 }
 
 // Reads and checks every array before changing anything, so a bad file leaves the model as it was.
-void load(Model& model, const std::string& path) {
+void load(Model& model, const py::object& path) {
+  const std::string file = dg::path_arg(path);
   dg::with_file_errors([&] {
     py::gil_scoped_release release;
-    model.load(path);
+    model.load(file);
   });
 }
 
@@ -161,6 +164,6 @@ PYBIND11_MODULE(tiny, m) {
           "False (the module's default): forward() frees a weight once packed when the packing is all it "
           "reads (weights held once), and anything that needs it as stored (parameters(), save, load, "
           "training) writes it back exactly; True: weights kept packed keep their stored copy too")
-      .def("save", &save, py::arg("path"), "Save the parameters to a .npz file")
+      .def("save", &save, py::arg("path"), "Save the parameters to a .npz file (path: str or os.PathLike)")
       .def("load", &load, py::arg("path"), "Load what save() wrote (shapes are checked first)");
 }

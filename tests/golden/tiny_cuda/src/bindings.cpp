@@ -69,20 +69,28 @@ py::dict views(py::object self, std::vector<std::pair<std::string, Storage*>> te
 }
 
 // save() and load() are the C++ Model's (runtime/dg_weights.h): one implementation,
-// no numpy in between. A file that cannot be read or written raises OSError.
-void save(Model& model, const std::string& path) {
+// no numpy in between. `path` is a str, bytes or os.PathLike; a file that cannot be
+// read or written raises OSError.
+void save(Model& model, const py::object& path) {
+  const std::string file = dg::path_arg(path);
   dg::with_file_errors([&] {
     py::gil_scoped_release release;
-    model.save(path);
+    model.save(file);
   });
 }
 
 // Reads and checks every array before changing anything, so a bad file leaves the model as it was.
-void load(Model& model, const std::string& path) {
-  dg::with_file_errors([&] {
+// A file without optimizer state resets the model's; a warning says so when that discarded any.
+void load(Model& model, const py::object& path) {
+  const std::string file = dg::path_arg(path);
+  const dg::LoadResult result = dg::with_file_errors([&] {
     py::gil_scoped_release release;
-    model.load(path);
+    return model.load(file);
   });
+  if (result.optimizer_state_discarded)
+    dg::warn(file +
+             " holds no optimizer state: the model's optimizer state and step were reset (zeros, step 0), "
+             "as a new Model's");
 }
 
 float train_step(Model& model, const py::kwargs& given) {
@@ -231,6 +239,9 @@ PYBIND11_MODULE(tiny_cuda, m) {
             return stats;
           },
           "arena bytes of the last call: measured high-water mark and the plan's prediction")
-      .def("save", &save, py::arg("path"), "Save the parameters and optimizer state to a .npz file")
-      .def("load", &load, py::arg("path"), "Load what save() wrote (shapes are checked first)");
+      .def("save", &save, py::arg("path"),
+           "Save the parameters and optimizer state to a .npz file (path: str or os.PathLike)")
+      .def("load", &load, py::arg("path"),
+           "Load what save() wrote (shapes are checked first); a file without optimizer state resets it, "
+           "with a warning when that discards any");
 }

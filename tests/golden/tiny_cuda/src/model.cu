@@ -57,14 +57,15 @@ dg::NamedTensors<dg::DeviceTensor<float>> weights_of(Model& model) {
 
 }  // namespace
 
-void Model::load(const std::string& path) {
+dg::LoadResult Model::load(const std::string& path) {
   const auto tensors = weights_of(*this);
   const decltype(tensors) state = optimizer_slots();
   // Read and check the whole file first: a bad one throws before anything changed.
   const dg::StagedWeights staged = dg::stage_weights(path, tensors, state, /*trainable=*/true);
   const auto writing = state_lock.writing();
   if (staged.with_state) allocate_optimizer_state();  // else it stays unallocated (zeros) or is reset
-  dg::apply_weights(staged, tensors, state, &step);
+  const dg::LoadResult result = dg::apply_weights(staged, tensors, state, &step);
+  return result;
 }
 
 void Model::save(const std::string& path) {

@@ -51,7 +51,7 @@ dg::NamedTensors<dg::Tensor<float>> weights_of(Model& model) {
 
 }  // namespace
 
-void Model::load(const std::string& path) {
+dg::LoadResult Model::load(const std::string& path) {
   const auto tensors = weights_of(*this);
   const decltype(tensors) state = optimizer_slots();
   // Read and check the whole file first: a bad one throws before anything changed.
@@ -59,8 +59,9 @@ void Model::load(const std::string& path) {
   const auto writing = state_lock.writing();
   if (staged.with_state) allocate_optimizer_state();  // else it stays unallocated (zeros) or is reset
   parameter_version.restore_plain();  // (again: a forward() before the lock may have freed one)
-  dg::apply_weights(staged, tensors, state, &step);
+  const dg::LoadResult result = dg::apply_weights(staged, tensors, state, &step);
   parameter_version.changed();
+  return result;
 }
 
 void Model::save(const std::string& path) {

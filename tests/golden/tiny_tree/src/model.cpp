@@ -45,15 +45,16 @@ dg::NamedTensors<dg::Tensor<float>> weights_of(Model& model) {
 
 }  // namespace
 
-void Model::load(const std::string& path) {
+dg::LoadResult Model::load(const std::string& path) {
   const auto tensors = weights_of(*this);
   const decltype(tensors) state = {};
   // Read and check the whole file first: a bad one throws before anything changed.
   const dg::StagedWeights staged = dg::stage_weights(path, tensors, state, /*trainable=*/false);
   const auto writing = state_lock.writing();
   parameter_version.restore_plain();  // (again: a forward() before the lock may have freed one)
-  dg::apply_weights(staged, tensors, state, /*step=*/nullptr);
+  const dg::LoadResult result = dg::apply_weights(staged, tensors, state, /*step=*/nullptr);
   parameter_version.changed();
+  return result;
 }
 
 void Model::save(const std::string& path) {

@@ -13,6 +13,7 @@
 #include "dg_guard.h"
 #include "dg_packed_weights.h"
 #include "dg_tensor.h"
+#include "dg_weights.h"
 
 namespace tiny_train {
 
@@ -123,10 +124,13 @@ class Model {
   // every parameter by name, the optimizer state as "optimizer/<param>/<slot>" and "optimizer/step".
   // load() checks the whole file (names, shapes, float dtypes, finite values)
   // before it changes anything: a bad file throws std::invalid_argument, one
-  // that cannot be read dg::FileError, and the model stays as it was. A file
-  // without optimizer state resets it.
-  // save() adds ".npz" to a path that does not end so, as numpy's savez does.
-  void load(const std::string& path);
+  // that cannot be read (a folder, a FIFO, a device: regular files only)
+  // dg::FileError, and the model stays as it was. A file without optimizer
+  // state resets it (zeros, step 0), as a new Model's; the result says whether
+  // that discarded state the model had (the Python module warns).
+  // save() adds ".npz" to a path that does not end so, as numpy's savez does;
+  // it writes a new file and renames it over the old one.
+  dg::LoadResult load(const std::string& path);
   void save(const std::string& path);
 
   // The last call's arena: planned size and measured high-water mark.

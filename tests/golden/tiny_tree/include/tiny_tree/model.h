@@ -11,6 +11,7 @@
 #include "dg_guard.h"
 #include "dg_packed_weights.h"
 #include "dg_tensor.h"
+#include "dg_weights.h"
 
 namespace tiny_tree {
 
@@ -67,9 +68,11 @@ class Model {
   // every parameter by name.
   // load() checks the whole file (names, shapes, float dtypes, finite values)
   // before it changes anything: a bad file throws std::invalid_argument, one
-  // that cannot be read dg::FileError, and the model stays as it was.
-  // save() adds ".npz" to a path that does not end so, as numpy's savez does.
-  void load(const std::string& path);
+  // that cannot be read (a folder, a FIFO, a device: regular files only)
+  // dg::FileError, and the model stays as it was.
+  // save() adds ".npz" to a path that does not end so, as numpy's savez does;
+  // it writes a new file and renames it over the old one.
+  dg::LoadResult load(const std::string& path);
   void save(const std::string& path);
 
   // The last call's arena: planned size and measured high-water mark.
