@@ -310,8 +310,198 @@ def test_cli_writes_a_loadable_model(tmp_path, capsys):
     want = np.tanh(x @ params["layer_0_weight"].T + params["layer_0_bias"])
     np.testing.assert_allclose(reference.run(graph, {"input": x}, params)["output"], want, rtol=1e-5, atol=1e-6)
     assert cli.main(["from-torch", f"{tmp_path / 'net.py'}:nothing", "-o", str(out), "--example-input",
-                     "input=2,6"]) == 1
+                     "input=2,6", "--force"]) == 1
     assert "has no function 'nothing'" in capsys.readouterr().err
     assert cli.main(["from-torch", f"{tmp_path / 'net.py'}:make", "-o", str(out), "--example-input", "input=2,6",
-                     "--example-input", "input=3,6"]) == 1
+                     "--example-input", "input=3,6", "--force"]) == 1
     assert "--example-input 'input=3,6': 'input' is given twice" in capsys.readouterr().err
+
+
+def test_cli_bad_example_sizes_are_one_line_errors_naming_the_argument(tmp_path, capsys):
+    """Huge sizes (torch's allocation error, or its int64 overflow with a C++ stack) and a dim
+    named by a keyword (a statement that is no Python) were internal errors."""
+    from generator.tools import cli
+
+    (tmp_path / "net.py").write_text(
+        "import torch\n\n\ndef make():\n    return torch.nn.Sequential(torch.nn.Linear(16, 3))\n")
+    out = tmp_path / "m.py"
+    for arg, says in (("input=100000000000,16", "size 100000000000 is larger than an example may be"),
+                      ("input=4,99999999999999999999", "size 99999999999999999999 is larger"),
+                      ("input=65536,65536,16", "more elements than an example may have"),
+                      ("input=4," + "9" * 5000, "(5000 digits)"),
+                      ("input=class=4,16", "dim name 'class' is reserved"),
+                      ("input=None=4,16", "dim name 'None' is reserved"),
+                      ("input=N=4,N=5", "dim N is 4 and 5"),
+                      ("input=input=4,16", "dim name 'input' is also an input's name"),
+                      ("input=\u0664,16", "is not a size")):  # an Arabic-Indic 4: str.isdigit() takes it
+        assert cli.main(["from-torch", f"{tmp_path / 'net.py'}:make", "-o", str(out), "--example-input", arg]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("deepgen from-torch: error: --example-input '") and says in err, (arg, err)
+        assert err.count("\n") == 1 and "internal" not in err and len(err) < 400, (arg, err)
+    assert not out.exists()
+
+
+def test_a_dim_name_that_is_no_name_is_an_error():
+    with pytest.raises(dg.DeepgenError, match=r"^dim name 'class' is reserved"):
+        dg.from_torch(nn.Sequential(nn.Linear(4, 2)), torch.zeros(3, 4), dims={"input": ("class", None)})
+    with pytest.raises(dg.DeepgenError, match=r"^dim name 'sequential' is already a name in the model"):
+        dg.from_torch(nn.Sequential(nn.Linear(4, 2)), torch.zeros(3, 4), dims={"input": ("sequential", None)})
+
+
+def _factory(folder, chdir_to=None):
+    """A factory file in folder; the factory chdirs into chdir_to (a folder) before returning."""
+    move = f"    os.chdir({str(chdir_to)!r})\n" if chdir_to else ""
+    path = folder / "nets.py"
+    path.write_text(f"import os\nimport torch\n\n\ndef make():\n{move}"
+                    "    return torch.nn.Sequential(torch.nn.Linear(6, 3))\n")
+    return path
+
+
+def test_cli_refuses_to_overwrite_without_force(tmp_path, capsys, monkeypatch):
+    from generator.tools import cli
+
+    monkeypatch.chdir(tmp_path)
+    factory = _factory(tmp_path)
+    args = ["from-torch", "nets.py:make", "--example-input", "input=2,6"]
+    (tmp_path / "m.py").write_text("# mine\n")
+    assert cli.main([*args, "-o", "m.py"]) == 1
+    assert capsys.readouterr().err == ("deepgen from-torch: error: m.py (the model file to write) exists; pass --force "
+                                       "to replace it\n")
+    assert (tmp_path / "m.py").read_text() == "# mine\n" and not (tmp_path / "m.npz").exists()
+    (tmp_path / "m.py").unlink()
+    (tmp_path / "m.npz").write_bytes(b"mine")
+    assert cli.main([*args, "-o", "m.py"]) == 1
+    assert "m.npz (the weights file to write) exists; pass --force" in capsys.readouterr().err
+    assert (tmp_path / "m.npz").read_bytes() == b"mine" and not (tmp_path / "m.py").exists()
+    assert cli.main([*args, "-o", "m.py", "--force"]) == 0
+    assert "dg.linear_t" in (tmp_path / "m.py").read_text()
+    with np.load(tmp_path / "m.npz") as f:
+        assert sorted(f.files) == ["layer_0_bias", "layer_0_weight"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.npz", "m.py", "nets.py"]  # no temporaries
+    source = factory.read_text()
+    for extra in ([], ["--force"]):  # the factory's own file, even with --force, and through a link
+        for target in (["-o", "nets.py"], ["-o", "x.py", "--weights", "nets.py"], ["-o", str(factory)]):
+            assert cli.main([*args, *target, *extra]) == 1
+            err = capsys.readouterr().err
+            assert "is the PyTorch source the module comes from" in err and err.count("\n") == 1, err
+    (tmp_path / "link.py").symlink_to("nets.py")
+    assert cli.main([*args, "-o", "link.py", "--force"]) == 1
+    assert "link.py (the model file to write) is the PyTorch source" in capsys.readouterr().err
+    assert factory.read_text() == source and not (tmp_path / "x.py").exists()
+    assert cli.main([*args, "-o", "w.npz"]) == 1  # the model file and the weights file are one file
+    assert "w.npz is both the model file and the weights file" in capsys.readouterr().err
+
+
+def test_cli_relative_output_is_where_the_user_ran_it_not_where_the_factory_chdirs(tmp_path, monkeypatch):
+    from generator.tools import cli
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    _factory(tmp_path, chdir_to=elsewhere)
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["from-torch", "nets.py:make", "-o", "out/m.py", "--weights", "w/m.npz",
+                     "--example-input", "input=2,6"]) == 0
+    assert (tmp_path / "out" / "m.py").is_file() and (tmp_path / "w" / "m.npz").is_file()  # folders made
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_cli_writes_both_files_or_neither(tmp_path, capsys, monkeypatch):
+    """The weights' rename fails: the model file is put back as it was (or removed), no
+    temporaries or made folders stay; also a weights folder that cannot be made."""
+    from generator import fileio
+    from generator.tools import cli
+
+    monkeypatch.chdir(tmp_path)
+    _factory(tmp_path)
+    args = ["from-torch", "nets.py:make", "--example-input", "input=2,6"]
+    commit = fileio.Staged.commit
+
+    def failing(self):
+        if self.target.suffix == ".npz":
+            raise OSError(28, "No space left on device")
+        commit(self)
+
+    monkeypatch.setattr(fileio.Staged, "commit", failing)
+    assert cli.main([*args, "-o", "m.py"]) == 1
+    assert "No space left on device" in capsys.readouterr().err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["nets.py"]
+    (tmp_path / "m.py").write_text("# mine\n")
+    (tmp_path / "m.npz").write_bytes(b"mine")
+    assert cli.main([*args, "-o", "m.py", "--force"]) == 1
+    assert (tmp_path / "m.py").read_text() == "# mine\n" and (tmp_path / "m.npz").read_bytes() == b"mine"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.npz", "m.py", "nets.py"]
+    assert cli.main([*args, "-o", "new/m.py", "--weights", "w/deep/m.npz"]) == 1  # folders made, then removed
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.npz", "m.py", "nets.py"]
+    assert capsys.readouterr().err == "deepgen from-torch: error: [Errno 28] No space left on device\n" * 2
+    monkeypatch.setattr(fileio.Staged, "commit", commit)
+    (tmp_path / "w").write_text("a file where the weights' folder should be\n")
+    assert cli.main([*args, "-o", "k.py", "--weights", "w/m.npz"]) == 1
+    assert capsys.readouterr().err == ("deepgen from-torch: error: w/m.npz (the weights file to write): "
+                                       f"{tmp_path / 'w'} is a file, not a folder\n")
+    assert not (tmp_path / "k.py").exists()
+
+
+class Tied(nn.Module):
+    """An output layer sharing the embedding's table (`out.weight = emb.weight`, as language models do)."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = nn.Embedding(20, 8)
+        self.mid = nn.Linear(8, 8)
+        self.out = nn.Linear(8, 20, bias=False)
+        self.out.weight = self.emb.weight
+
+    def forward(self, tokens):
+        return self.out(torch.tanh(self.mid(self.emb(tokens))))
+
+
+def test_tied_weights_are_one_parameter(tmp_path):
+    module = _randomize(Tied(), 9)
+    tokens = np.random.default_rng(9).integers(0, 20, (3, 5)).astype(np.int64)
+    graph, params, source = _reference_matches(module, {"tokens": tokens}, tmp_path, "tied")
+    assert sorted(params) == ["emb_weight", "mid_bias", "mid_weight"]
+    assert [p.name for p in graph.params] == ["emb_weight", "mid_weight", "mid_bias"]
+    assert source.count('dg.param("emb_weight"') == 1 and "dg.linear_t(tanh, emb_weight)" in source
+    assert "`out.weight` is `emb.weight` (`emb_weight`)." in source  # the docstring maps both keys
+    assert "# out.weight is emb.weight (tied weights: one parameter, emb_weight)" in source
+    # Trained as one parameter: its gradient is the sum over both uses, as PyTorch's.
+    target = np.random.default_rng(10).normal(size=(3, 5, 20)).astype(np.float32)
+    trained = source.replace('    return {"output": out_1}',
+                             '    target = dg.input("target", (N, T, 20))\n'
+                             '    dg.train(dg.mse(out_1, target))\n    return {"output": out_1}')
+    assert trained != source
+    (tmp_path / "tied_train.py").write_text(trained)
+    _, grads = reference.gradients(load_model(str(tmp_path / "tied_train.py")).build(),
+                                   {"tokens": tokens, "target": target}, params)
+    module.zero_grad()
+    F.mse_loss(module(torch.as_tensor(tokens)), torch.as_tensor(target)).backward()
+    np.testing.assert_allclose(grads["emb_weight"], module.emb.weight.grad.numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_generated_tied_model_matches_torch(tmp_path, builds):
+    module = _randomize(Tied(), 11)
+    tokens = np.random.default_rng(11).integers(0, 20, (4, 6)).astype(np.int64)
+    source, weights = dg.from_torch(module, torch.as_tensor(tokens), name="from_torch_tied")
+    model_path, weights_path = write_model(source, weights, str(tmp_path / "tied.py"))
+    compiled, _ = builds.module(load_model(model_path).build())
+    model = compiled.Model()
+    model.load(weights_path)
+    with torch.no_grad():
+        want = module(torch.as_tensor(tokens)).numpy()
+    for _ in range(2):  # a second call: no packed copy of the table may stand in for it wrongly
+        np.testing.assert_allclose(model.forward(tokens=tokens)["output"], want, rtol=1e-4, atol=1e-4)
+
+
+def test_a_tie_a_layer_helper_cannot_hold_is_an_error():
+    class TiedConv(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c1, self.c2 = nn.Conv2d(2, 2, 3, padding=1), nn.Conv2d(2, 2, 3, padding=1)
+            self.c2.weight = self.c1.weight
+
+        def forward(self, x):
+            return self.c2(self.c1(x))
+
+    with pytest.raises(dg.DeepgenError, match=r"self\.c1\.weight is the same tensor as self\.c2\.weight \(tied "
+                                              r"weights\); deepgen ties weights of Linear, .* not of Conv2d"):
+        dg.from_torch(TiedConv(), torch.zeros(1, 2, 4, 4))

@@ -18,7 +18,7 @@ import sympy
 
 from ..errors import DeepgenError
 from ..frontend.builder import _ACTIVE, Builder, Tensor
-from ..ir.names import RESERVED, is_identifier
+from ..ir.names import RESERVED, is_identifier, problem_with
 
 
 class StatementError(DeepgenError):
@@ -45,11 +45,13 @@ class Emitter:
         import generator as dg
 
         self.builder = Builder(graph_name)
+        self.graph_name = graph_name
         self.ns = {"dg": dg}
         self.dims: dict[str, sympy.Symbol] = {}  # symbolic dims the inputs declared, in order
         self.inputs: list[str] = []  # dg.input statements
         self.body: list[tuple[str, str | None]] = []  # (statement, comment above it or None)
         self.taken = set(RESERVED) | set(dir(builtins)) | {"dg", "N", "T"}
+        self.locals: set[str] = set()  # the variables fresh() handed out
         self._count = 0
         self._comment: str | None = None
 
@@ -71,11 +73,20 @@ class Emitter:
         while name in self.taken or keyword.iskeyword(name) or not is_identifier(name):
             name, k = f"{base}_{k}", k + 1
         self.taken.add(name)
+        self.locals.add(name)
         return name
 
     def dim(self, name: str) -> sympy.Symbol:
         """The symbolic dim `name` (declared once at the file's top)."""
         if name not in self.dims:
+            # Checked before it becomes code: `class = ...` is no statement, and a dim must not
+            # share its name with the model function or a variable of it (a local there).
+            problem = problem_with(name) if isinstance(name, str) else f"{name!r} is not a name"
+            if problem is None and (name == self.graph_name or name in self.locals):
+                problem = f"name {name!r} is already a name in the model"
+            if problem:
+                raise DeepgenError(f"dim {problem}")
+            self.taken.add(name)
             self._run(f'{name} = dg.dim("{name}")')
             self.dims[name] = self.ns[name]
         return self.dims[name]
@@ -84,6 +95,10 @@ class Emitter:
     def comment(self, text: str | None):
         """A comment written above the next statement (the PyTorch line it comes from)."""
         self._comment = text
+
+    def note(self, text: str):
+        """A comment line added to the one written above the next statement."""
+        self._comment = f"{self._comment}\n{text}" if self._comment else text
 
     def declare_input(self, name: str, shape, dtype: str) -> Var:
         var = self.fresh(name)

@@ -51,7 +51,7 @@ def conv2d(imp, node, m, args, kwargs):
                                 ("bias", m.bias is not None, True)):
         if value != default:  # (bias=False must not pass as 0: False == 0 in Python)
             opts.append(f"{key}={code(value)}")
-    imp.take_state(base, m)
+    imp.take_state(base, m, node)
     return imp.em.assign(node.name, f'dg.conv2d_layer({code(x)}, {", ".join(opts)}, name="{base}")')
 
 
@@ -60,7 +60,7 @@ def batch_norm(imp, node, m, args, kwargs):
     _check(imp, node, m.affine and m.track_running_stats, "affine=False or track_running_stats=False")
     _check(imp, node, m.momentum is not None, "momentum=None (a cumulative average)")
     base = imp.base(node)
-    imp.take_state(base, m)
+    imp.take_state(base, m, node)
     return imp.em.assign(node.name, f'dg.batch_norm_layer({code(x)}, eps={m.eps!r}, momentum={m.momentum!r}, '
                                     f'name="{base}")')
 
@@ -150,7 +150,7 @@ def rnn(kind):
         _check(imp, node, m.batch_first, "batch_first=False (deepgen's sequences are [N, T, features])")
         _check(imp, node, m.bias and not getattr(m, "proj_size", 0), "bias=False or proj_size")
         base = imp.base(node)
-        imp.take_state(base, m)
+        imp.take_state(base, m, node)
         lengths = imp.lengths()
         opts = [code(x), code(lengths), str(m.hidden_size)]
         if m.num_layers != 1:
@@ -203,7 +203,7 @@ def _encoder_layer(imp, node, layer, x, base):
     if layer.norm_first:
         opts.append("norm_first=True")
     opts += [f"eps={layer.norm1.eps!r}", f'name="{base}"']
-    imp.take_state(base, layer)
+    imp.take_state(base, layer, node)
     return imp.em.assign(base, f"dg.transformer_encoder_layer({', '.join(opts)})")
 
 

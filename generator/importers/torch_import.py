@@ -17,6 +17,7 @@ import re
 import black
 import numpy as np
 
+from .. import fileio
 from ..errors import DeepgenError
 from ..ir.names import problem_with
 from ..ir.shapes import evaluate
@@ -51,14 +52,117 @@ def from_torch(module, example_inputs, name: str | None = None, dims: dict | Non
     return Importer(module, name).run(example_inputs, dims or {})
 
 
-def write_model(source: str, weights: dict, model_path: str, weights_path: str | None = None) -> tuple[str, str]:
-    """Write the model file and its weights (`.npz` next to it by default); returns both paths."""
+def write_model(source: str, weights: dict, model_path: str, weights_path: str | None = None, *,
+                replace: bool = True, protect=()) -> tuple[str, str]:
+    """Write the model file and its weights (`.npz` next to it by default); returns both paths.
+
+    Both files are written or neither: each is staged as a synced temporary beside its target
+    (folders made as needed), then both are renamed into place; should the second rename fail,
+    the first file is put back as it was. `replace=False` refuses a target that exists;
+    `protect` names files never to be written over (the PyTorch source the module came from)."""
     weights_path = weights_path or os.path.splitext(model_path)[0] + ".npz"
-    with open(model_path, "w", encoding="utf-8") as f:
-        f.write(source)
-    with open(weights_path, "wb") as f:
-        np.savez(f, **weights)
+    targets = check_targets(model_path, weights_path, replace=replace, protect=protect)
+    data = io.BytesIO()
+    np.savez(data, **weights)
+    made = _missing_folders(targets)
+    staged = []
+    try:
+        for target, content in zip(targets, (source.encode("utf-8"), data.getvalue())):
+            staged.append(fileio.stage(target, content))
+        check_targets(model_path, weights_path, replace=replace, protect=protect)  # (again: the import took time)
+        before = _saved(targets[0])
+        staged[0].commit()
+        try:
+            staged[1].commit()
+        except BaseException:
+            _restore(targets[0], before)
+            raise
+    except BaseException:
+        for s in staged:
+            s.discard()
+        for folder in reversed(made):  # folders this call made, when it wrote nothing into them
+            try:
+                os.rmdir(folder)
+            except OSError:
+                pass
+        raise
     return model_path, weights_path
+
+
+def check_targets(model_path: str, weights_path: str, *, replace: bool, protect=()) -> tuple[str, str]:
+    """The two targets as absolute paths, after checking that they may be written: not the same
+    file, no folder, not a file in `protect` (whatever `replace` says), and, unless `replace`,
+    not existing."""
+    targets = (os.path.abspath(model_path), os.path.abspath(weights_path))
+    if _same(*targets):
+        raise DeepgenError(f"{model_path} is both the model file and the weights file to write; name another "
+                           "--weights")
+    for given, target, what in zip((model_path, weights_path), targets, ("model file", "weights file")):
+        for kept in protect:
+            if _same(target, os.path.abspath(kept)):
+                raise DeepgenError(f"{given} (the {what} to write) is the PyTorch source the module comes from "
+                                   f"({kept}): deepgen never writes over it, not even with --force; name another file")
+        if os.path.isdir(target):
+            raise DeepgenError(f"{given} (the {what} to write) is a folder; name a file")
+        folder = os.path.dirname(target)
+        while not os.path.lexists(folder):
+            folder = os.path.dirname(folder)
+        if not os.path.isdir(folder):
+            raise DeepgenError(f"{given} (the {what} to write): {folder} is a file, not a folder")
+        if not replace and os.path.lexists(target):
+            raise DeepgenError(f"{given} (the {what} to write) exists; pass --force to replace it")
+    return targets
+
+
+def _same(a: str, b: str) -> bool:
+    """a and b are one file (the same path, or a link to it), existing or not."""
+    if os.path.realpath(a) == os.path.realpath(b):
+        return True
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _missing_folders(targets) -> list[str]:
+    """The folders above the targets that do not exist yet, outermost first."""
+    missing = []
+    for target in targets:
+        folder = os.path.dirname(target)
+        chain = []
+        while folder and not os.path.exists(folder) and folder not in missing:
+            chain.append(folder)
+            parent = os.path.dirname(folder)
+            if parent == folder:
+                break
+            folder = parent
+        missing += reversed(chain)
+    return missing
+
+
+def _saved(path: str):
+    """What is at path now, to put back: None (nothing), ("link", target) or ("file", bytes, mode)."""
+    if os.path.islink(path):
+        return ("link", os.readlink(path))
+    if not os.path.exists(path):
+        return None
+    with open(path, "rb") as f:
+        return ("file", f.read(), os.stat(path).st_mode & 0o7777)
+
+
+def _restore(path: str, before) -> None:
+    """Put back what `_saved` recorded (best effort: the error that made us restore comes first)."""
+    try:
+        if before is None:
+            os.unlink(path)
+        elif before[0] == "file":
+            fileio.write_atomic(path, before[1], before[2])
+        else:
+            temp = os.path.join(os.path.dirname(path), f"{fileio.TEMP_PREFIX}{os.getpid()}-link")
+            os.symlink(before[1], temp)
+            os.replace(temp, path)
+    except OSError:
+        pass
 
 
 def _snake(text: str) -> str:
@@ -77,6 +181,14 @@ class Importer:
         self.params: dict[str, Var] = {}  # parameter name -> its variable
         self._lengths: Var | None = None
         self.sizes: dict = {}  # symbolic dim -> its size in the example
+        # Tied weights (`out.weight = emb.weight`): one tensor under several state_dict keys. It
+        # becomes one parameter named after its first key (as module.parameters() lists it once).
+        keys: dict[int, list[str]] = {}
+        for key, tensor in [*module.named_parameters(remove_duplicate=False),
+                            *module.named_buffers(remove_duplicate=False)]:
+            keys.setdefault(id(tensor), []).append(key)
+        self.tied = {k: v for k, v in keys.items() if len(v) > 1}  # id(tensor) -> its keys
+        self.tie_uses: dict[str, list[str]] = {}  # first key -> the other keys read as it
 
     # -- helpers the converters use ---------------------------------------------------
     def fail(self, node, message: str) -> DeepgenError:
@@ -96,8 +208,16 @@ class Importer:
         return base + "_layer" if problem_with(base) else base
 
     def param(self, path: str, key: str, tensor) -> Var:
-        """The parameter `<path>_<key>` with the value of `tensor` (declared once)."""
-        full = self.base(f"{path}.{key}" if path else key)
+        """The parameter `<path>_<key>` with the value of `tensor` (declared once); a tied
+        tensor is one parameter, named after its first state_dict key."""
+        dotted = f"{path}.{key}" if path else key
+        keys = self.tied.get(id(tensor))
+        if keys and dotted != keys[0]:
+            uses = self.tie_uses.setdefault(keys[0], [])
+            if dotted not in uses:
+                uses.append(dotted)
+                self.em.note(f"{dotted} is {keys[0]} (tied weights: one parameter, {self.base(keys[0])})")
+        full = self.base(keys[0] if keys else dotted)
         if full not in self.params:
             self._store(full, tensor, path)
             var = self.em.fresh(full)
@@ -105,11 +225,30 @@ class Importer:
             self.params[full] = self.em.var(var)
         return self.params[full]
 
-    def take_state(self, base: str, module):
-        """The weights of a layer helper named `base`: its state_dict, keys prefixed."""
+    def take_state(self, base: str, module, node=None):
+        """The weights of a layer helper named `base`: its state_dict, keys prefixed. The helper
+        declares its own parameters, so a weight of it tied to another module's is an error."""
+        for key, tensor in [*module.named_parameters(remove_duplicate=False),
+                            *module.named_buffers(remove_duplicate=False)]:
+            keys = self.tied.get(id(tensor), ())
+            others = [k for k in keys if self._owner(k) is not self._owner_of(module, key)]
+            if others:
+                mine = next(k for k in keys if k not in others)
+                message = (f"self.{mine} is the same tensor as self.{others[0]} (tied weights); deepgen ties "
+                           f"weights of Linear, Embedding, LayerNorm, MultiheadAttention and bare parameters, "
+                           f"not of {type(self._owner(mine)).__name__}, and never imports them untied")
+                raise self.fail(node, message) if node is not None else DeepgenError(message)
         for key, tensor in module.state_dict().items():
             if not key.endswith("num_batches_tracked"):
                 self._store(f"{base}_{key.replace('.', '_')}", tensor, base)
+
+    def _owner(self, key: str):
+        """The module that holds the parameter or buffer `key` (a state_dict key)."""
+        return self.module.get_submodule(key.rpartition(".")[0])
+
+    def _owner_of(self, module, key: str):
+        """The module that holds `key` of `module` (a name relative to it)."""
+        return module.get_submodule(key.rpartition(".")[0])
 
     def _store(self, full: str, tensor, path: str):
         if full in self.weights:
@@ -295,13 +434,17 @@ class Importer:
         if self._lengths is not None:
             lines += ["", f"`{self._lengths.name}` (int64 [N], each in [1, T]): the length of each sequence; give T",
                       "for all of them to run the layers on the whole padded batch, as PyTorch does."]
+        if self.tie_uses:
+            lines += ["", "Tied weights are one parameter, named after the first state_dict key (the .npz holds",
+                      "one array for it; PyTorch's state_dict lists it under each key):"]
+            lines += [f"`{', '.join(others)}` {'is' if len(others) == 1 else 'are'} `{first}` "
+                      f"(`{self.base(first)}`)." for first, others in self.tie_uses.items()]
         lines += ['"""', "", "import generator as dg", ""]
         lines += [f'{d} = dg.dim("{d}")' for d in em.dims]
         lines += ["", "", "@dg.model", f"def {self.name}():"]
         lines += [f"    {s}" for s in em.inputs]
         for statement, comment in em.body:
-            if comment:
-                lines.append(f"    # {comment}")
+            lines += [f"    # {line}" for line in (comment.split("\n") if comment else ())]
             lines.append(f"    {statement}")
         returned = ", ".join(f'"{k}": {code(v)}' for k, v in outputs.items())
         lines.append(f"    return {{{returned}}}")
