@@ -64,6 +64,9 @@ UNARY = {
     "gelu": (lambda x: 0.5 * x * (1 + erf(x / np.sqrt(2))), -4, 4),
     "silu": (lambda x: x * _sigmoid(x), -6, 6),
     "softsign": (lambda x: x / (1 + np.abs(x)), -4, 4),
+    "relu6": (lambda x: np.clip(x, 0, 6), -2, 8),
+    "hardsigmoid": (lambda x: np.clip(x / 6 + 0.5, 0, 1), -5, 5),
+    "hardswish": (lambda x: x * np.clip(x / 6 + 0.5, 0, 1), -5, 5),
 }
 
 BINARY = {
@@ -224,16 +227,34 @@ def _conv_oracle(x, w, b=None, stride=(1, 1), padding=(0, 0), dilation=(1, 1), g
     return y
 
 
-def _pool_oracle(x, kernel, stride, padding, kind):
+def _pool_oracle(x, kernel, stride, padding, kind, ceil_mode=False):
     n, c, h, wd = x.shape
     (kh, kw), (sh, sw), (ph, pw) = kernel, stride, padding
-    oh, ow = (h + 2 * ph - kh) // sh + 1, (wd + 2 * pw - kw) // sw + 1
+
+    def size(length, k, s, p):  # PyTorch's pooling output length
+        out = (length + 2 * p - k + (s - 1 if ceil_mode else 0)) // s + 1
+        return out - 1 if ceil_mode and (out - 1) * s >= length + p else out
+
+    oh, ow = size(h, kh, sh, ph), size(wd, kw, sw, pw)
     y = np.zeros((n, c, oh, ow))
     for i in range(oh):
         for j in range(ow):
             r0, q0 = i * sh - ph, j * sw - pw
             window = x[:, :, max(r0, 0) : r0 + kh, max(q0, 0) : q0 + kw]
-            y[:, :, i, j] = window.max(axis=(2, 3)) if kind == "max" else window.sum(axis=(2, 3)) / (kh * kw)
+            taps = (min(r0 + kh, h + ph) - r0) * (min(q0 + kw, wd + pw) - q0)  # inside the padded input
+            y[:, :, i, j] = window.max(axis=(2, 3)) if kind == "max" else window.sum(axis=(2, 3)) / taps
+    return y
+
+
+def _adaptive_oracle(x, oh, ow):
+    """PyTorch's adaptive average pooling, written from its definition per output cell."""
+    n, c, h, w = x.shape
+    y = np.zeros((n, c, oh, ow))
+    for i in range(oh):
+        for j in range(ow):
+            r0, r1 = int(np.floor(i * h / oh)), int(np.ceil((i + 1) * h / oh))
+            q0, q1 = int(np.floor(j * w / ow)), int(np.ceil((j + 1) * w / ow))
+            y[:, :, i, j] = x[:, :, r0:r1, q0:q1].mean(axis=(2, 3))
     return y
 
 
@@ -258,6 +279,18 @@ def _conv_cases():
         Case("avg_pool2d", lambda t: dg.avg_pool2d(t["x"], (2, 3), stride=(1, 2), padding=(1, 1)),
              lambda a: _pool_oracle(a["x"], (2, 3), (1, 2), (1, 1), "avg"),
              {"x": _f((N, 2, 4, 5))}, ("avg_pool2d",), grad_ops=("avg_pool2d_grad",)),
+        Case("max_pool2d_ceil_mode", lambda t: dg.max_pool2d(t["x"], 3, stride=2, ceil_mode=True),
+             lambda a: _pool_oracle(a["x"], (3, 3), (2, 2), (0, 0), "max", ceil_mode=True),
+             {"x": _f((N, 2, 7, 6))}, ("max_pool2d",), grad_ops=("max_pool2d_grad",)),
+        Case("avg_pool2d_ceil_mode", lambda t: dg.avg_pool2d(t["x"], 3, stride=2, padding=1, ceil_mode=True),
+             lambda a: _pool_oracle(a["x"], (3, 3), (2, 2), (1, 1), "avg", ceil_mode=True),
+             {"x": _f((N, 2, 6, 5))}, ("avg_pool2d",), grad_ops=("avg_pool2d_grad",)),
+        Case("adaptive_avg_pool2d", lambda t: dg.adaptive_avg_pool2d(t["x"], (3, 2)),
+             lambda a: _adaptive_oracle(a["x"], 3, 2),
+             {"x": _f((N, 2, 5, 7))}, ("adaptive_avg_pool2d",), grad_ops=("adaptive_avg_pool2d_grad",)),
+        Case("adaptive_avg_pool2d_upsampled", lambda t: dg.adaptive_avg_pool2d(t["x"], (4, None)),
+             lambda a: _adaptive_oracle(a["x"], 4, 3),
+             {"x": _f((N, 1, 3, 3))}, ("adaptive_avg_pool2d",), grad_ops=("adaptive_avg_pool2d_grad",)),
         Case("global_avg_pool_flatten", lambda t: dg.flatten(dg.max_pool2d(t["x"], 2)) + dg.global_avg_pool(t["y"]),
              lambda a: _pool_oracle(a["x"], (2, 2), (2, 2), (0, 0), "max").reshape(len(a["x"]), -1)
              + a["y"].mean(axis=(2, 3)),

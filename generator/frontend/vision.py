@@ -22,7 +22,7 @@ from ..errors import ModelError, ShapeError
 from ..ir.shapes import fmt_shape
 from ..reference.rng import name_stream
 
-__all__ = ["conv2d", "max_pool2d", "avg_pool2d", "global_avg_pool", "flatten", "conv2d_layer", "batch_norm",
+__all__ = ["conv2d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "global_avg_pool", "flatten", "conv2d_layer", "batch_norm",
            "batch_norm_layer", "dropout"]
 
 
@@ -66,22 +66,49 @@ def conv2d(x, w, b=None, stride=1, padding=0, dilation=1, groups=1, name=None) -
     return current().add("conv2d", operands, attrs, name=name)[0]
 
 
-def _pool(op, x, kernel, stride, padding, name):
+def _pool(op, x, kernel, stride, padding, ceil_mode, name):
     x = _nchw(x, op)
     kernel = _pair(kernel, "kernel", op, 1)
     stride = kernel if stride is None else _pair(stride, "stride", op, 1)
+    if not isinstance(ceil_mode, bool):
+        raise ModelError(f"ceil_mode must be True or False, got {ceil_mode!r}", user_loc(), op)
     attrs = {"kernel": kernel, "stride": stride, "padding": _pair(padding, "padding", op), "dilation": (1, 1)}
+    if ceil_mode:
+        attrs["ceil_mode"] = True
     return current().add(op, [x], attrs, name=name)[0]
 
 
-def max_pool2d(x, kernel, stride=None, padding=0, name=None) -> Tensor:
-    """The maximum of each window; stride defaults to the kernel, padding is ignored."""
-    return _pool("max_pool2d", x, kernel, stride, padding, name)
+def max_pool2d(x, kernel, stride=None, padding=0, ceil_mode=False, name=None) -> Tensor:
+    """The maximum of each window; stride defaults to the kernel, padding positions
+    are ignored. ceil_mode rounds the output size up (a last window may be partial)."""
+    return _pool("max_pool2d", x, kernel, stride, padding, ceil_mode, name)
 
 
-def avg_pool2d(x, kernel, stride=None, padding=0, name=None) -> Tensor:
-    """The mean of each window, padding counted as zeros (PyTorch's default)."""
-    return _pool("avg_pool2d", x, kernel, stride, padding, name)
+def avg_pool2d(x, kernel, stride=None, padding=0, ceil_mode=False, name=None) -> Tensor:
+    """The mean of each window, padding counted as zeros (PyTorch's default); under
+    ceil_mode a window cut at the far edge divides by its taps inside the padded input."""
+    return _pool("avg_pool2d", x, kernel, stride, padding, ceil_mode, name)
+
+
+def adaptive_avg_pool2d(x, output_size, name=None) -> Tensor:
+    """torch.nn.functional.adaptive_avg_pool2d: [N, C, H, W] -> [N, C, OH, OW] for an
+    output_size OH (square), (OH, OW), or None in place of a size to keep. Output row
+    i averages input rows floor(i H / OH) to ceil((i + 1) H / OH); where the sizes
+    divide evenly that is a plain avg_pool2d, and that is what is made."""
+    x = _nchw(x, "adaptive_avg_pool2d")
+    sizes = (output_size, output_size) if not isinstance(output_size, (tuple, list)) else tuple(output_size)
+    if len(sizes) != 2 or not all(s is None or (isinstance(s, int) and not isinstance(s, bool) and s >= 1)
+                                  for s in sizes):
+        raise ModelError(f"output_size must be an int >= 1, a pair of them, or None for a size to keep, "
+                         f"got {output_size!r}", user_loc(), "adaptive_avg_pool2d")
+    if not all(isinstance(d, int) for d in x.shape[2:]):
+        raise ShapeError(f"input '{x.name}' {fmt_shape(x.shape)}: height and width must be concrete",
+                         user_loc(), "adaptive_avg_pool2d")
+    H, W = x.shape[2:]
+    OH, OW = (H if sizes[0] is None else sizes[0]), (W if sizes[1] is None else sizes[1])
+    if H % OH == 0 and W % OW == 0:
+        return _pool("avg_pool2d", x, (H // OH, W // OW), None, 0, False, name)
+    return current().add("adaptive_avg_pool2d", [x], {"output_size": (OH, OW)}, name=name)[0]
 
 
 def global_avg_pool(x, name=None) -> Tensor:

@@ -21,9 +21,15 @@ from .registry import OpDef, register, require_float
 GEOM = ("stride", "padding", "dilation")
 
 
-def out_size(size: int, kernel: int, stride: int, pad: int, dilation: int) -> int:
-    """Output length of a window sliding over `size` (PyTorch's formula, floor mode)."""
-    return (size + 2 * pad - dilation * (kernel - 1) - 1) // stride + 1
+def out_size(size: int, kernel: int, stride: int, pad: int, dilation: int, ceil_mode: bool = False) -> int:
+    """Output length of a window sliding over `size` (PyTorch's formula). ceil_mode
+    rounds up, so a last window may hang past the padded input, as long as it starts
+    inside the input or its left padding."""
+    span = size + 2 * pad - dilation * (kernel - 1) - 1
+    if not ceil_mode:
+        return span // stride + 1
+    out = -(-span // stride) + 1
+    return out - 1 if (out - 1) * stride >= size + pad else out
 
 
 def _spatial(x, what):
@@ -38,7 +44,8 @@ def _window(x, kernel, attrs, op):
     (sh, sw), (ph, pw), (dh, dw) = (attrs[k] for k in GEOM)
     H, W = x.shape[2:]
     KH, KW = kernel
-    OH, OW = out_size(H, KH, sh, ph, dh), out_size(W, KW, sw, pw, dw)
+    ceil = attrs.get("ceil_mode", False)
+    OH, OW = out_size(H, KH, sh, ph, dh, ceil), out_size(W, KW, sw, pw, dw, ceil)
     if OH < 1 or OW < 1:
         span = (dh * (KH - 1) + 1, dw * (KW - 1) + 1)
         raise ValueError(
@@ -112,7 +119,23 @@ def _conv_ref(x, w, attrs):
 
 def _ref_out(x_shape, kernel, attrs):
     (sh, sw), (ph, pw), (dh, dw) = (attrs[k] for k in GEOM)
-    return (out_size(x_shape[2], kernel[0], sh, ph, dh), out_size(x_shape[3], kernel[1], sw, pw, dw))
+    ceil = attrs.get("ceil_mode", False)
+    return (out_size(x_shape[2], kernel[0], sh, ph, dh, ceil), out_size(x_shape[3], kernel[1], sw, pw, dw, ceil))
+
+
+def _ceil_pad(x, attrs, out_hw, value=0.0):
+    """x padded (attrs' padding, `value`) and, under ceil_mode, extended at the far
+    edges so that every window fits; with the [OH, OW] count of each window's taps
+    inside the padded input (avg_pool2d's divisor, count_include_pad)."""
+    (ph, pw), (sh, sw) = attrs["padding"], attrs["stride"]
+    KH, KW = attrs["kernel"]
+    H, W = x.shape[2:]
+    need_h, need_w = (out_hw[0] - 1) * sh + KH, (out_hw[1] - 1) * sw + KW
+    extra_h, extra_w = max(0, need_h - (H + 2 * ph)), max(0, need_w - (W + 2 * pw))
+    xp = np.pad(x, ((0, 0), (0, 0), (ph, ph + extra_h), (pw, pw + extra_w)), constant_values=value)
+    rows = np.minimum(np.arange(out_hw[0]) * sh + KH, H + 2 * ph) - np.arange(out_hw[0]) * sh
+    cols = np.minimum(np.arange(out_hw[1]) * sw + KW, W + 2 * pw) - np.arange(out_hw[1]) * sw
+    return xp, np.outer(rows, cols).astype(x.dtype)
 
 
 @register
@@ -279,7 +302,7 @@ class MaxPool2d(_Pool):
     def reference(self, args, attrs, dims):
         (x,) = args
         out_hw = _ref_out(x.shape, attrs["kernel"], attrs)
-        xp = _pad(x, *attrs["padding"], value=-np.inf)
+        xp, _ = _ceil_pad(x, attrs, out_hw, value=-np.inf)
         y = np.full(x.shape[:2] + out_hw, -np.inf, dtype=x.dtype)
         for _, _, rows, cols in _taps(attrs, attrs["kernel"], out_hw):
             y = np.maximum(y, xp[:, :, rows, cols])  # NaN propagates
@@ -307,7 +330,7 @@ class MaxPool2dGrad(_Pool):
     def reference(self, args, attrs, dims):
         x, y, g = args
         ph, pw = attrs["padding"]
-        xp = _pad(x, ph, pw, value=-np.inf)
+        xp, _ = _ceil_pad(x, attrs, y.shape[2:], value=-np.inf)
         dxp = np.zeros_like(xp)
         taken = np.zeros(y.shape, dtype=bool)
         for _, _, rows, cols in _taps(attrs, attrs["kernel"], y.shape[2:]):
@@ -330,11 +353,11 @@ class AvgPool2d(_Pool):
     def reference(self, args, attrs, dims):
         (x,) = args
         out_hw = _ref_out(x.shape, attrs["kernel"], attrs)
-        xp = _pad(x, *attrs["padding"])
+        xp, counts = _ceil_pad(x, attrs, out_hw)
         y = np.zeros(x.shape[:2] + out_hw, dtype=x.dtype)
         for _, _, rows, cols in _taps(attrs, attrs["kernel"], out_hw):
             y += xp[:, :, rows, cols]
-        return [y / (attrs["kernel"][0] * attrs["kernel"][1])]
+        return [y / counts]
 
     def lower(self, node, ctx):
         x, y = node.inputs[0], node.outputs[0]
@@ -356,8 +379,8 @@ class AvgPool2dGrad(_Pool):
         (g,) = args
         ph, pw = attrs["padding"]
         H, W = attrs["input_hw"]
-        dxp = np.zeros(g.shape[:2] + (H + 2 * ph, W + 2 * pw), dtype=g.dtype)
-        share = g / (attrs["kernel"][0] * attrs["kernel"][1])
+        dxp, counts = _ceil_pad(np.zeros(g.shape[:2] + (H, W), dtype=g.dtype), attrs, g.shape[2:])
+        share = g / counts
         for _, _, rows, cols in _taps(attrs, attrs["kernel"], g.shape[2:]):
             dxp[:, :, rows, cols] += share
         return [_crop(dxp, ph, pw, H, W)]

@@ -28,6 +28,10 @@ def _softplus(x):
     return sympy.Max(x, 0) + log1p(sympy.exp(-sympy.Abs(x)))
 
 
+def _hardsigmoid(x):
+    return sympy.Min(sympy.Max(x / 6 + sympy.Rational(1, 2), 0), 1)
+
+
 # name -> (arity, function of sympy symbols returning the expression)
 SCALAR_FUNCS = {
     "add": (2, lambda a, b: a + b),
@@ -53,6 +57,10 @@ SCALAR_FUNCS = {
     "gelu": (1, lambda x: x / 2 * (1 + sympy.erf(x / sympy.sqrt(2)))),
     "silu": (1, lambda x: x * _sigmoid(x)),
     "softsign": (1, lambda x: x / (1 + sympy.Abs(x))),
+    # MobileNet's activations (PyTorch's ReLU6, Hardsigmoid, Hardswish): pieces of lines.
+    "relu6": (1, lambda x: sympy.Min(sympy.Max(x, 0), 6)),
+    "hardsigmoid": (1, lambda x: _hardsigmoid(x)),
+    "hardswish": (1, lambda x: x * _hardsigmoid(x)),
 }
 
 

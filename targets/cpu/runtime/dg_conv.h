@@ -545,6 +545,52 @@ inline void avg_pool2d_grad(const float* dy, float* dx, const Conv2dGeom& g) {
     });
 }
 
+// The adaptive window [start, end) of output position i of `out` over `size`
+// input positions (PyTorch's adaptive pooling): floor(i*size/out) to
+// ceil((i+1)*size/out).
+inline int64_t adaptive_start(int64_t i, int64_t size, int64_t out) { return i * size / out; }
+inline int64_t adaptive_end(int64_t i, int64_t size, int64_t out) { return ((i + 1) * size + out - 1) / out; }
+
+// y[planes, OH, OW] = the mean of each adaptive window of x[planes, H, W]
+// (adaptive_avg_pool2d).  y is overwritten.
+inline void adaptive_avg_pool2d(const float* x, float* y, int64_t planes, int64_t H, int64_t W, int64_t OH,
+                                int64_t OW) {
+    conv_detail::for_planes(planes, planes * H * W, [&](int64_t p) {
+        const float* xp = x + p * H * W;
+        float* yp = y + p * OH * OW;
+        for (int64_t oh = 0; oh < OH; ++oh) {
+            const int64_t h0 = adaptive_start(oh, H, OH), h1 = adaptive_end(oh, H, OH);
+            for (int64_t ow = 0; ow < OW; ++ow) {
+                const int64_t w0 = adaptive_start(ow, W, OW), w1 = adaptive_end(ow, W, OW);
+                float s = 0.0f;
+                for (int64_t h = h0; h < h1; ++h)
+                    for (int64_t w = w0; w < w1; ++w) s += xp[h * W + w];
+                yp[oh * OW + ow] = s / static_cast<float>((h1 - h0) * (w1 - w0));
+            }
+        }
+    });
+}
+
+// dx[planes, H, W] = the gradient of adaptive_avg_pool2d given dy: zeros, then
+// each dy / its window's size added over its window.  dx is overwritten.
+inline void adaptive_avg_pool2d_grad(const float* dy, float* dx, int64_t planes, int64_t H, int64_t W,
+                                     int64_t OH, int64_t OW) {
+    conv_detail::for_planes(planes, planes * H * W, [&](int64_t p) {
+        const float* gp = dy + p * OH * OW;
+        float* dxp = dx + p * H * W;
+        std::fill(dxp, dxp + H * W, 0.0f);
+        for (int64_t oh = 0; oh < OH; ++oh) {
+            const int64_t h0 = adaptive_start(oh, H, OH), h1 = adaptive_end(oh, H, OH);
+            for (int64_t ow = 0; ow < OW; ++ow) {
+                const int64_t w0 = adaptive_start(ow, W, OW), w1 = adaptive_end(ow, W, OW);
+                const float v = gp[oh * OW + ow] / static_cast<float>((h1 - h0) * (w1 - w0));
+                for (int64_t h = h0; h < h1; ++h)
+                    for (int64_t w = w0; w < w1; ++w) dxp[h * W + w] += v;
+            }
+        }
+    });
+}
+
 }  // namespace dg
 
 #undef DG_CONV_SIMD

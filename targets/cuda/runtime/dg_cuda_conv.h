@@ -699,4 +699,49 @@ inline void avg_pool2d_grad(const float* dy, float* dx, const Conv2dGeom& g) {
   });
 }
 
+// The adaptive window [start, end) of output position i of `out` over `size`
+// input positions (PyTorch's adaptive pooling): floor(i*size/out) to
+// ceil((i+1)*size/out).
+DG_HD inline int64_t adaptive_start(int64_t i, int64_t size, int64_t out) { return i * size / out; }
+DG_HD inline int64_t adaptive_end(int64_t i, int64_t size, int64_t out) { return ((i + 1) * size + out - 1) / out; }
+
+// y[planes, OH, OW] = the mean of each adaptive window of x[planes, H, W]
+// (adaptive_avg_pool2d). y is overwritten.
+inline void adaptive_avg_pool2d(const float* x, float* y, int64_t planes, int64_t H, int64_t W, int64_t OH,
+                                int64_t OW) {
+  for_each("adaptive_avg_pool2d", planes * OH * OW, [=] DG_HD(int64_t i) {
+    const int64_t ow = i % OW, oh = (i / OW) % OH, plane = i / (OW * OH);
+    const float* xp = x + plane * H * W;
+    const int64_t h0 = adaptive_start(oh, H, OH), h1 = adaptive_end(oh, H, OH);
+    const int64_t w0 = adaptive_start(ow, W, OW), w1 = adaptive_end(ow, W, OW);
+    float s = 0.0f;
+    for (int64_t h = h0; h < h1; ++h)
+      for (int64_t w = w0; w < w1; ++w) s += xp[h * W + w];
+    y[i] = s / static_cast<float>((h1 - h0) * (w1 - w0));
+  });
+}
+
+// dx[planes, H, W] = the gradient of adaptive_avg_pool2d given dy: each input
+// element gathers dy / (window size) from every window containing it. dx is
+// overwritten.
+inline void adaptive_avg_pool2d_grad(const float* dy, float* dx, int64_t planes, int64_t H, int64_t W,
+                                     int64_t OH, int64_t OW) {
+  for_each("adaptive_avg_pool2d_grad", planes * H * W, [=] DG_HD(int64_t i) {
+    const int64_t w = i % W, h = (i / W) % H, plane = i / (W * H);
+    const float* gp = dy + plane * OH * OW;
+    // Windows containing row h start at or before h: output rows from h*OH/H - 1 on cover every candidate.
+    const int64_t oh_lo = h * OH / H > 0 ? h * OH / H - 1 : 0, ow_lo = w * OW / W > 0 ? w * OW / W - 1 : 0;
+    float s = 0.0f;
+    for (int64_t oh = oh_lo; oh < OH && adaptive_start(oh, H, OH) <= h; ++oh) {
+      const int64_t h0 = adaptive_start(oh, H, OH), h1 = adaptive_end(oh, H, OH);
+      if (h < h0 || h >= h1) continue;
+      for (int64_t ow = ow_lo; ow < OW && adaptive_start(ow, W, OW) <= w; ++ow) {
+        const int64_t w0 = adaptive_start(ow, W, OW), w1 = adaptive_end(ow, W, OW);
+        if (w >= w0 && w < w1) s += gp[oh * OW + ow] / static_cast<float>((h1 - h0) * (w1 - w0));
+      }
+    }
+    dx[i] = s;
+  });
+}
+
 }  // namespace dg
