@@ -378,11 +378,11 @@ def test_huge_zip64_member_is_refused_by_its_header(built, tmp_path):
         module.Model().load(str(tmp_path / "huge.npz"))
 
 
-@pytest.mark.parametrize("case", ["negative", "descr", "after", "key"])
+@pytest.mark.parametrize("case", ["negative", "descr", "after", "key", "minor"])
 def test_npy_headers_are_parsed_strictly(built, tmp_path, case):
     """Negative sizes (read as positive ones before), junk after the dtype ('<f4xyz'
-    was read as '<f4'), bytes after the data and unknown keys (ignored before) are
-    refused: in a weights file naming the file and array, in an input file naming
+    was read as '<f4'), bytes after the data, unknown keys and a format version's minor
+    number (ignored before) are refused: in a weights file naming the file and array, in an input file naming
     the input."""
     _, module, where = built
     _trained(module).save(str(tmp_path / "w.npz"))
@@ -398,6 +398,7 @@ def test_npy_headers_are_parsed_strictly(built, tmp_path, case):
             "after": (image + bytes(4), f"4 bytes after the {array.nbytes} bytes of data its shape {list(array.shape)} needs"),
             "key": (_with_header(image, "'fortran_order'", "'fortran_order': False, 'extra'"),
                     "malformed .npy header (unknown key 'extra')"),
+            "minor": (image[:7] + b"\x01" + image[8:], ".npy format version 1.1 is not supported"),
         }[case]
 
     model = module.Model(seed=4)

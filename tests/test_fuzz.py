@@ -44,6 +44,12 @@ This file is the pytest side: it launches the children and asserts their verdict
 The rest is in tests/: fuzz_child.py (the child: the Fuzzer and its hypothesis tests),
 fuzz_inputs.py (inputs and their mutations), fuzz_oracle.py (the allowed outcomes) and
 fuzz_arrays.py (the value builders).
+
+The runtime's weights and input file reader (dg_npz.h, dg_inflate.h, dg_weights.h) is
+fuzzed too, at the end of this file: numpy's .npy and .npz files, mutated (random
+bytes, truncations, lying .npy headers and zip fields), go to tests/npz_fuzz_driver.cpp
+built with AddressSanitizer and UndefinedBehaviorSanitizer; tests/fuzz_files.py holds
+the files, the driver's client and the allowed outcomes.
 """
 
 from __future__ import annotations
@@ -186,3 +192,118 @@ def test_train_step_non_finite_loss_is_refused(builds, example):
     or a parameter set to inf) must raise NonFiniteLossError, a ValueError subclass, and
     change nothing. Fails until train_step does so; deliberately not xfail."""
     _verdict(builds, example, "non_finite")
+
+
+# -- the .npy/.npz reader of the runtime, under ASan and UBSan --------------------------
+#
+# tests/npz_fuzz_driver.cpp puts dg::read_npy, dg::read_npz and dg::stage_weights (what
+# load(), --weights and --input run) behind a line protocol; it is built with the
+# sanitizers of tests/test_sanitizers.py and sent numpy's own files, mutated (see
+# tests/fuzz_files.py). Allowed: the arrays numpy reads from the same file, or a
+# std::invalid_argument / dg::FileError / dg::OutOfMemory naming the file. Anything
+# else (another exception, a crash, a sanitizer report, an allocation over 64 MiB, a
+# hang) is a finding; numpy's unmutated files must be read.
+
+FILE_EXAMPLES = {"npy": 400, "npz": 300, "weights": 200}
+
+
+@pytest.fixture(scope="module")
+def npz_reader(tmp_path_factory):
+    import shutil
+
+    from conftest import _cache_root
+    from fuzz_files import Reader, build_reader, compiler_and_flags
+
+    cxx, flags = compiler_and_flags()
+    if cxx is None or shutil.which(cxx) is None:
+        pytest.skip("no g++ to build the reader with")
+    reader = Reader(build_reader(_cache_root(), cxx, flags), tmp_path_factory.mktemp("npz_fuzz"))
+    reader.instrumented = bool(flags)
+    yield reader
+    reader.close()
+
+
+def _fuzz_files(reader, target, body):
+    from datetime import timedelta
+
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from fuzz_files import Finding
+
+    stats: dict = {}
+
+    @settings(max_examples=FILE_EXAMPLES[target], derandomize=True, database=None, deadline=timedelta(seconds=30),
+              suppress_health_check=list(HealthCheck), print_blob=False)
+    @given(data=st.data())
+    def fuzz(data):
+        try:
+            body(data.draw, st, stats)
+        except Finding as e:
+            e.__traceback__ = None
+            raise
+
+    fuzz.__name__ = fuzz.__qualname__ = f"fuzz_{target}_files"
+    fuzz()
+    if os.environ.get("DEEPGEN_FUZZ_STATS"):
+        print(f"\n{target} ({'ASan+UBSan' if reader.instrumented else 'not instrumented'}):")
+        for what, count in sorted(stats.items(), key=lambda kv: -kv[1]):
+            print(f"  {count:5d}  {what}")
+
+
+def test_npy_reader_survives_fuzzed_files(npz_reader):
+    """dg::read_npy (the example program's --input) on .npy files: every numeric dtype,
+    byte order, layout and format version, mutated (lying headers among others)."""
+    from fuzz_files import arrays, check_npy, mutate, npy_image, npy_lie, write
+
+    def body(draw, st, stats):
+        a = draw(arrays(st), label="array")
+        image = npy_image(a, draw(st.sampled_from([None, (1, 0), (2, 0), (3, 0)]), label="version"))
+        data, expect = mutate(draw, st, image, npy_lie(st))
+        check_npy(npz_reader, write(npz_reader.tmp, data, ".npy"), expect, stats)
+
+    _fuzz_files(npz_reader, "npy", body)
+
+
+def _named_arrays(draw, st, **kwargs):
+    from fuzz_files import NAME_CHARS, arrays
+
+    names = draw(st.lists(st.text(NAME_CHARS, min_size=1, max_size=6), min_size=1, max_size=3, unique=True),
+                 label="names")
+    names = [n for n in names if not n.endswith(".npy") and n != "."] or ["a"]
+    return {n: draw(arrays(st, **kwargs), label=f"array {n}") for n in names}
+
+
+def test_npz_reader_survives_fuzzed_archives(npz_reader):
+    """dg::read_npz on archives as np.savez, np.savez_compressed and zipfile (stored,
+    deflate levels 0, 1, 9, zip64) write them, mutated: bytes, truncations, lying zip
+    fields, lying .npy headers inside members whose CRC is right."""
+    from fuzz_files import WRITERS, check_npz, mutate, npy_lie, npz_archive, write, zip_lie
+
+    def body(draw, st, stats):
+        named = _named_arrays(draw, st)
+        how = draw(st.sampled_from(WRITERS), label="writer")
+        lying_member = draw(st.booleans(), label="a lying member")
+        data, expect = npz_archive(draw, st, named, how, npy_lie(st) if lying_member else None)
+        data, expect = mutate(draw, st, data, zip_lie(st), expect)
+        check_npz(npz_reader, write(npz_reader.tmp, data, ".npz"), expect, stats)
+
+    _fuzz_files(npz_reader, "npz", body)
+
+
+def test_weights_loader_survives_fuzzed_archives(npz_reader):
+    """dg::stage_weights (every module's load() and --weights) on archives of float
+    arrays a model expects, mutated as above: it must load what numpy reads, or refuse
+    with an error naming the file."""
+    from fuzz_files import FLOATS, WRITERS, check_weights, mutate, npy_lie, npz_archive, write, zip_lie
+
+    def body(draw, st, stats):
+        named = _named_arrays(draw, st, dtypes=FLOATS, finite=True)
+        expected = {n: a.shape for n, a in named.items()}
+        how = draw(st.sampled_from(WRITERS), label="writer")
+        lying_member = draw(st.booleans(), label="a lying member")
+        data, expect = npz_archive(draw, st, named, how, npy_lie(st) if lying_member else None)
+        data, expect = mutate(draw, st, data, zip_lie(st), expect)
+        check_weights(npz_reader, write(npz_reader.tmp, data, ".npz"), expected, expect, stats)
+
+    _fuzz_files(npz_reader, "weights", body)

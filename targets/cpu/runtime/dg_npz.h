@@ -214,9 +214,10 @@ constexpr size_t kMaxNpyHeader = 65536;
 inline size_t npy_header_size(const uint8_t* data, size_t size, const std::string& what) {
   static const char kMagic[] = "\x93NUMPY";
   if (size < 8 || std::memcmp(data, kMagic, 6) != 0) throw std::invalid_argument(what + ": not a .npy array");
-  const int major = data[6];
-  if (major < 1 || major > 3)
-    throw std::invalid_argument(what + ": .npy format version " + std::to_string(major) + " is not supported (1 to 3 are)");
+  const int major = data[6], minor = data[7];
+  if (major < 1 || major > 3 || minor != 0)
+    throw std::invalid_argument(what + ": .npy format version " + std::to_string(major) + "." + std::to_string(minor) +
+                                " is not supported (1.0, 2.0 and 3.0 are)");
   const size_t prefix = major == 1 ? 10 : 12;
   if (size < prefix) throw std::invalid_argument(what + ": truncated .npy header");
   const uint64_t header_len = le(data + 8, major == 1 ? 2 : 4);
