@@ -309,6 +309,12 @@ def _conv_cases():
              ("batch_norm", "ewise", "matmul"), tol=1e-4, grad_ops=("batch_norm_grad", "batch_norm_apply")),
         Case("dropout", lambda t: dg.dropout(t["x"], 0.4), lambda a: _dropout_oracle(a["x"], 0.4, 0),
              {"x": _f((N, 6, 5))}, ("dropout",), grad_ops=("dropout_grad",)),
+        Case("stochastic_depth_row", lambda t: dg.stochastic_depth(t["x"], 0.5),
+             lambda a: _stochastic_depth_oracle(a["x"], 0.5, "row"),
+             {"x": _f((N, 3, 2, 2))}, ("stochastic_depth",), grad_ops=("stochastic_depth_grad",)),
+        Case("stochastic_depth_batch", lambda t: dg.stochastic_depth(t["x"], 0.3, mode="batch"),
+             lambda a: _stochastic_depth_oracle(a["x"], 0.3, "batch"),
+             {"x": _f((N, 4))}, ("stochastic_depth",), grad_ops=("stochastic_depth_grad",)),
     ]
 
 
@@ -325,6 +331,17 @@ def _dropout_oracle(x, p, index, seed=0, draw=0):
     from generator.reference.rng import dropout_keep, name_stream
 
     keep = dropout_keep(x.size, seed, name_stream(f"dropout{index}"), draw, p).reshape(x.shape)
+    return np.where(keep, x / (1 - p), 0.0)
+
+
+def _stochastic_depth_oracle(x, p, mode, seed=0, draw=0):
+    """torchvision's stochastic_depth in training mode, its draws taken from the shared RNG:
+    one per sample (row) or one for the batch, kept samples scaled by 1/(1-p)."""
+    from generator.reference.rng import dropout_keep, name_stream
+
+    draws = len(x) if mode == "row" else 1
+    keep = dropout_keep(draws, seed, name_stream("stochastic_depth0"), draw, p)
+    keep = np.repeat(keep, len(x) // draws).reshape((len(x),) + (1,) * (x.ndim - 1))
     return np.where(keep, x / (1 - p), 0.0)
 
 

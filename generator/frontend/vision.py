@@ -23,7 +23,7 @@ from ..ir.shapes import fmt_shape
 from ..reference.rng import name_stream
 
 __all__ = ["conv2d", "max_pool2d", "avg_pool2d", "adaptive_avg_pool2d", "global_avg_pool", "flatten", "conv2d_layer", "batch_norm",
-           "batch_norm_layer", "dropout"]
+           "batch_norm_layer", "dropout", "stochastic_depth"]
 
 
 def _pair(value, what, op, low=0):
@@ -213,3 +213,20 @@ def dropout(x, p=0.5, name=None) -> Tensor:
     index = sum(1 for n in b.graph.nodes if n.op == "dropout")
     attrs = {"p": p, "scale": 1.0 / (1.0 - p), "stream": name_stream(f"dropout{index}")}
     return b.add("dropout", [x, Tensor(b.mode())], attrs, name=name)[0]
+
+
+def stochastic_depth(x, p, mode="row", name=None) -> Tensor:
+    """torchvision.ops.stochastic_depth: in training mode the residual branch x is zeroed
+    with probability p per sample (mode "row") or for the whole batch ("batch"), and kept
+    ones are scaled by 1/(1-p), a new draw each call; in evaluation mode x itself."""
+    x = _tensor(x, "stochastic_depth")
+    p = _rate(p, "p", "stochastic_depth", 1.0)
+    if mode not in ("row", "batch"):
+        raise ModelError(f"mode must be 'row' or 'batch', got {mode!r}", user_loc(), "stochastic_depth")
+    if x.ndim < 1:
+        raise ShapeError(f"'{x.name}' is a scalar: stochastic depth drops samples along axis 0", user_loc(),
+                         "stochastic_depth")
+    b = current()
+    index = sum(1 for n in b.graph.nodes if n.op == "stochastic_depth")
+    attrs = {"p": p, "scale": 1.0 / (1.0 - p), "stream": name_stream(f"stochastic_depth{index}"), "mode": mode}
+    return b.add("stochastic_depth", [x, Tensor(b.mode())], attrs, name=name)[0]

@@ -217,6 +217,48 @@ class DropoutGrad(Dropout):
         raise NotImplementedError("second derivative of dropout")
 
 
+@register
+class StochasticDepth(Dropout):
+    """torchvision's stochastic_depth: a residual branch x dropped whole, with probability p,
+    per sample (mode "row": one draw for each index of axis 0) or for the whole batch
+    (mode "batch": one draw), the rest scaled by 1/(1-p); in evaluation x itself."""
+
+    name = "stochastic_depth"
+
+    def reference(self, args, attrs, dims):
+        x, mode = args
+        if not mode.training:
+            return [x.copy()]
+        draws = x.shape[0] if attrs["mode"] == "row" else 1
+        keep = dropout_keep(draws, mode.seed, attrs["stream"], mode.draw, attrs["p"])
+        keep = np.broadcast_to(keep.reshape((draws,) + (1,) * (x.ndim - 1)), x.shape)
+        return [np.where(keep, x * x.dtype.type(attrs["scale"]), 0).astype(x.dtype)]
+
+    def lower(self, node, ctx):
+        (x, mode), y = node.inputs, node.outputs[0]
+        group = numel(x.shape[1:]) if node.attrs["mode"] == "row" else numel(x.shape)
+        return [ctx.call("dg::stochastic_depth", ctx.read(x), ctx.write(y), Named("n", ctx.size(numel(x.shape))),
+                         Named("group", ctx.size(group)), *_dropout_args(node), ctx.read(mode))]
+
+    def grad(self, node, gouts, gb):
+        return [gb.op("stochastic_depth_grad", [gouts[0], node.inputs[1]], dict(node.attrs),
+                      f"d_{node.inputs[0].name}"), None]
+
+    def describe(self, node):
+        return (f"stochastic_depth({node.inputs[0].name}, p={node.attrs['p']:g}, mode={node.attrs['mode']}, "
+                f"{node.inputs[1].name})")
+
+
+@register
+class StochasticDepthGrad(StochasticDepth):
+    """dx = g where the branch was kept, times 1/(1-p): the same draws again."""
+
+    name = "stochastic_depth_grad"
+
+    def grad(self, node, gouts, gb):
+        raise NotImplementedError("second derivative of stochastic_depth")
+
+
 def _dropout_args(node):
     return [Named("p", _float(node.attrs["p"])), Named("scale", _float(node.attrs["scale"])),
             Named("stream", f"{node.attrs['stream']}ULL")]

@@ -147,4 +147,22 @@ inline void dropout(const float* x, float* y, int64_t n, float p, float scale, u
     for (int64_t i = 0; i < n; ++i) y[i] = dropout_keep(key, i, p) ? x[i] * scale : 0.0f;
 }
 
+// Stochastic depth (torchvision): y = x * scale where the mask keeps a whole
+// group of `group` consecutive elements (a sample's residual branch, or the whole
+// batch), probability 1 - p, else 0, in training mode; y = x in evaluation mode.
+// Group g draws as dropout's element g does.
+inline void stochastic_depth(const float* x, float* y, int64_t n, int64_t group, float p, float scale,
+                             uint64_t stream, const Mode& mode) {
+    if (!mode.training) {
+        for (int64_t i = 0; i < n; ++i) y[i] = x[i];
+        return;
+    }
+    const uint64_t key = dropout_key(mode, stream);
+    for (int64_t start = 0; start < n; start += group) {
+        const float k = dropout_keep(key, start / group, p) ? scale : 0.0f;
+        const int64_t end = start + group < n ? start + group : n;
+        for (int64_t i = start; i < end; ++i) y[i] = x[i] * k;
+    }
+}
+
 }  // namespace dg

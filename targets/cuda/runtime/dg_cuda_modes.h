@@ -123,4 +123,19 @@ inline void dropout(const float* x, float* y, int64_t n, float p, float scale, u
   for_each("dropout", n, [=] DG_HD(int64_t i) { y[i] = modes_detail::keep(key, i, p) ? x[i] * scale : 0.0f; });
 }
 
+// Stochastic depth (torchvision): whole groups of `group` consecutive elements
+// (a sample's residual branch, or the batch) kept or zeroed together; group g
+// draws as dropout's element g does.
+inline void stochastic_depth(const float* x, float* y, int64_t n, int64_t group, float p, float scale,
+                             uint64_t stream, const Mode& mode) {
+  if (!mode.training) {
+    for_each("stochastic_depth (eval)", n, [=] DG_HD(int64_t i) { y[i] = x[i]; });
+    return;
+  }
+  const uint64_t key = dropout_key(mode, stream);  // on the host
+  for_each("stochastic_depth", n, [=] DG_HD(int64_t i) {
+    y[i] = modes_detail::keep(key, i / group, p) ? x[i] * scale : 0.0f;
+  });
+}
+
 }  // namespace dg
