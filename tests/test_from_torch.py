@@ -455,6 +455,24 @@ class Tied(nn.Module):
         return self.out(torch.tanh(self.mid(self.emb(tokens))))
 
 
+def _trainable(source: str, lr: float = 0.1) -> str:
+    """The imported Tied model made trainable: mse against an input `target`, sgd(lr)."""
+    import re
+
+    out = re.search(r'\n    return \{"output": (\w+)\}\n', source).group(1)
+    return source.replace(f'    return {{"output": {out}}}', '    target = dg.input("target", (N, T, 20))\n'
+                          f'    dg.train(dg.mse({out}, target), dg.sgd({lr}))\n    return {{"output": {out}}}')
+
+
+def _torch_step(module, tokens, target, lr: float = 0.1):
+    """PyTorch's loss and gradient of the shared table, and the table after one sgd(lr) step."""
+    module.zero_grad()
+    loss = F.mse_loss(module(torch.as_tensor(tokens)), torch.as_tensor(target))
+    loss.backward()
+    grad = module.emb.weight.grad.numpy().copy()
+    return loss.item(), grad, module.emb.weight.detach().numpy() - lr * grad
+
+
 def test_tied_weights_are_one_parameter(tmp_path):
     module = _randomize(Tied(), 9)
     tokens = np.random.default_rng(9).integers(0, 20, (3, 5)).astype(np.int64)
@@ -466,30 +484,33 @@ def test_tied_weights_are_one_parameter(tmp_path):
     assert "# out.weight is emb.weight (tied weights: one parameter, emb_weight)" in source
     # Trained as one parameter: its gradient is the sum over both uses, as PyTorch's.
     target = np.random.default_rng(10).normal(size=(3, 5, 20)).astype(np.float32)
-    trained = source.replace('    return {"output": out_1}',
-                             '    target = dg.input("target", (N, T, 20))\n'
-                             '    dg.train(dg.mse(out_1, target))\n    return {"output": out_1}')
-    assert trained != source
-    (tmp_path / "tied_train.py").write_text(trained)
+    (tmp_path / "tied_train.py").write_text(_trainable(source))
     _, grads = reference.gradients(load_model(str(tmp_path / "tied_train.py")).build(),
                                    {"tokens": tokens, "target": target}, params)
-    module.zero_grad()
-    F.mse_loss(module(torch.as_tensor(tokens)), torch.as_tensor(target)).backward()
-    np.testing.assert_allclose(grads["emb_weight"], module.emb.weight.grad.numpy(), rtol=1e-4, atol=1e-5)
+    _, want, _ = _torch_step(module, tokens, target)
+    np.testing.assert_allclose(grads["emb_weight"], want, rtol=1e-4, atol=1e-5)
 
 
 def test_generated_tied_model_matches_torch(tmp_path, builds):
+    """Compiled: the forward pass, and a train step whose update of the one table waits for both
+    of its gradients (the output layer's product and the embedding's scatter)."""
     module = _randomize(Tied(), 11)
-    tokens = np.random.default_rng(11).integers(0, 20, (4, 6)).astype(np.int64)
+    rng = np.random.default_rng(11)
+    tokens = rng.integers(0, 20, (4, 6)).astype(np.int64)
+    target = rng.normal(size=(4, 6, 20)).astype(np.float32)
     source, weights = dg.from_torch(module, torch.as_tensor(tokens), name="from_torch_tied")
-    model_path, weights_path = write_model(source, weights, str(tmp_path / "tied.py"))
+    model_path, weights_path = write_model(_trainable(source), weights, str(tmp_path / "tied.py"))
     compiled, _ = builds.module(load_model(model_path).build())
     model = compiled.Model()
     model.load(weights_path)
+    assert sorted(model.parameters()) == ["emb_weight", "mid_bias", "mid_weight"]
     with torch.no_grad():
         want = module(torch.as_tensor(tokens)).numpy()
     for _ in range(2):  # a second call: no packed copy of the table may stand in for it wrongly
         np.testing.assert_allclose(model.forward(tokens=tokens)["output"], want, rtol=1e-4, atol=1e-4)
+    loss, _, table = _torch_step(module, tokens, target)
+    np.testing.assert_allclose(model.train_step(tokens=tokens, target=target), loss, rtol=1e-5)
+    np.testing.assert_allclose(model.parameters()["emb_weight"], table, rtol=1e-4, atol=1e-5)
 
 
 def test_a_tie_a_layer_helper_cannot_hold_is_an_error():
