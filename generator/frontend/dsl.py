@@ -30,7 +30,7 @@ from .source import user_loc
 
 __all__ = [
     "input", "param", "elementwise", "leaky_relu", "elu", "matmul", "bmm", "sum", "mean", "max",
-    "softmax", "log_softmax", "reshape", "transpose", "concat", "split", "slice_axis",
+    "softmax", "log_softmax", "reshape", "expand", "transpose", "concat", "split", "slice_axis",
     "gather", "dense", "linear", "embedding", "add", "sub", "mul", "div", "pow",
     "maximum", "minimum", "from_torch",
 ]
@@ -242,6 +242,34 @@ def softmax(x, axis=-1, mask=None, name=None):
 
 def log_softmax(x, axis=-1, name=None):
     return _axis_op("log_softmax", x, axis, name)
+
+
+def expand(x, shape, name=None):
+    """torch.Tensor.expand: x broadcast to `shape` (a new tensor; numpy's rules): sizes 1
+    stretch, new axes come in front, -1 keeps a size. Its gradient sums over the
+    stretched axes."""
+    x = _tensor(x, "expand")
+    shape = tuple(shape) if isinstance(shape, (tuple, list)) else (shape,)
+    loc = user_loc()
+    lead = len(shape) - x.ndim
+    if lead < 0:
+        raise ShapeError(f"cannot expand '{x.name}' {fmt_shape(x.shape)} to {len(shape)} dimensions", loc, "expand")
+    try:
+        out = []
+        for i, d in enumerate(shape):
+            if isinstance(d, int) and not isinstance(d, bool) and d == -1:
+                if i < lead:
+                    raise ShapeError(f"-1 at position {i} of {shape}: a new leading axis needs a size", loc, "expand")
+                d = x.shape[i - lead]
+            out.append(norm_dim(d))
+    except TypeError as e:
+        raise ModelError(str(e), loc, "expand") from None
+    for i, d in enumerate(x.shape):
+        if d != 1 and d != out[lead + i]:
+            raise ShapeError(f"'{x.name}' {fmt_shape(x.shape)} cannot expand to {fmt_shape(tuple(out))}: axis {i} "
+                             f"has size {d}, not 1", loc, "expand")
+    return current().add("ewise", [x], {"fn": "expand", "expr": ARGS[0], "shape": tuple(out)}, label="expand",
+                         name=name)[0]
 
 
 def reshape(x, shape, name=None):
