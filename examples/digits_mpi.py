@@ -70,18 +70,19 @@ def train(module, comm, epochs=30, batch=64, seed=0):
 
     train_set, test_set = load_data(seed)
     model = module.Model(seed=seed)
-    trainer = DataParallel(model)  # rank 0's parameters on every rank
     rng = np.random.default_rng(seed)  # the same order on every rank: each takes its shard
     count = len(train_set["labels"])
     log = print if comm.Get_rank() == 0 else (lambda *a: None)
     log(f"{comm.Get_size()} ranks, global batch {batch}")
-    for epoch in range(epochs):
-        order = rng.permutation(count)
-        losses = []
-        for start in range(0, count - comm.Get_size() + 1, batch):
-            pick = order[start : start + batch]
-            losses.append(trainer.train_step(pixels=train_set["pixels"][pick], labels=train_set["labels"][pick]))
-        log(f"epoch {epoch + 1:2d}  loss {np.mean(losses):.4f}")
+    # rank 0's parameters on every rank; leaving the block tells the others this rank is done
+    with DataParallel(model) as trainer:
+        for epoch in range(epochs):
+            order = rng.permutation(count)
+            losses = []
+            for start in range(0, count - comm.Get_size() + 1, batch):
+                pick = order[start : start + batch]
+                losses.append(trainer.train_step(pixels=train_set["pixels"][pick], labels=train_set["labels"][pick]))
+            log(f"epoch {epoch + 1:2d}  loss {np.mean(losses):.4f}")
     probs = model.forward(pixels=test_set["pixels"])["probs"]
     accuracy = float(np.mean(probs.argmax(axis=1) == test_set["labels"]))
     log(f"held-out accuracy {accuracy:.4f} on {len(test_set['labels'])} images")

@@ -1,6 +1,7 @@
 """Data-parallel training: compute_gradients / gradient_buffer / apply_update
 against train_step, and 2 MPI ranks against one process at the same global batch
-(SGD, momentum, Adam), a failing rank, an uncaught error (no hang)."""
+(SGD, momentum, Adam), a failing rank, an uncaught error, a rank that stops early,
+settings or batches that differ between ranks, a peer that never comes (no hang)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -115,14 +117,27 @@ def _mpirun():
 
 
 def _run_ranks(where, module, *args, timeout=180):
+    """Run tests/mpi_worker.py on 2 ranks: (exit status, stdout and stderr). Ranks still
+    running after `timeout` seconds are a hang: they are ended and the test fails."""
     command, why = _mpirun()
     if command is None:
         pytest.skip(why)
     env = dict(os.environ, OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", OMP_NUM_THREADS="1",
                OMPI_MCA_rmaps_base_oversubscribe="1")
-    run = subprocess.run(command + [sys.executable, str(WORKER), str(where / "build"), module.__name__, *map(str, args)],
-                         capture_output=True, text=True, timeout=timeout, env=env)
-    return run.returncode, run.stdout + run.stderr
+    run = subprocess.Popen(command + [sys.executable, str(WORKER), str(where / "build"), module.__name__,
+                                      *map(str, args)],
+                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        out, _ = run.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        run.terminate()  # mpirun passes SIGTERM on to the ranks (a SIGKILL would leave them running)
+        try:
+            out, _ = run.communicate(timeout=15)
+        except subprocess.TimeoutExpired:
+            run.kill()
+            out, _ = run.communicate()
+        pytest.fail(f"the ranks still ran after {timeout} s (a hang):\n{out}")
+    return run.returncode, out
 
 
 @pytest.mark.parametrize("overlap", ["1", "each", "0"])
@@ -150,6 +165,78 @@ def test_a_failing_rank_stops_every_rank(built, tmp_path):
         assert f"rank {rank} stopped: rank 1 failed: ValueError: input 'x'" in log, log
     rc, log = _run_ranks(where, module, 4, 8, "1", tmp_path / "x.npz", "uncaught", timeout=120)
     assert rc != 0 and "rank 1: uncaught RuntimeError; aborting every rank" in log, log
+
+
+def _sgd_only(built):
+    kind, module, where = built
+    if kind != "sgd":
+        pytest.skip("one optimizer is enough")
+    return module, where
+
+
+def test_a_rank_whose_program_ends_early_stops_the_others(built, tmp_path):
+    """Rank 1 trains 2 of 5 steps and its program ends without close(): its exit says
+    goodbye, so rank 0's step 3 raises DistributedError at once (the default timeout is
+    600 s), and so does any later step, without a collective."""
+    module, where = _sgd_only(built)
+    rc, log = _run_ranks(where, module, 5, 8, "1", tmp_path / "x.npz", "early-exit", timeout=60)
+    assert rc == 0, log
+    said = "rank 1 stopped training after step 2 (its program ended without close())"
+    assert f"s: {said}" in log and f"rank 0 again after 0.0" in log and f"DistributedError: {said}" in log, log
+    waited = float(log.split("rank 0 stopped after ")[1].split(" s")[0])
+    assert waited < 10, log
+    assert "finished every step" not in log, log
+
+
+def test_leaving_the_with_block_says_goodbye(built, tmp_path):
+    """Rank 1 leaves `with DataParallel(...)` after step 2 and lives on, waiting for rank 0:
+    rank 0's next step raises DistributedError, so rank 0 can send it the message it waits for."""
+    module, where = _sgd_only(built)
+    rc, log = _run_ranks(where, module, 5, 8, "1", tmp_path / "x.npz", "with-early", timeout=60)
+    assert rc == 0, log
+    assert "rank 0 stopped: rank 1 stopped training after step 2 (it left its `with DataParallel(...)` block)" in log
+    assert "rank 1 left its with-block; then got: rank 0 heard it" in log, log
+
+
+def test_settings_and_batches_that_differ_between_ranks_are_refused(built, tmp_path):
+    """reduce, bucket_bytes or overlap that differ between the ranks, different global
+    batches, and shares that do not add up to the global batch: every rank raises
+    DistributedError in that step (before any gradient is exchanged: no parameter
+    changes), and close() on both ranks ends each trainer cleanly."""
+    module, where = _sgd_only(built)
+    rc, log = _run_ranks(where, module, 1, 8, "1", tmp_path / "x.npz", "mismatch", timeout=60)
+    assert rc == 0, log
+    expected = {
+        "reduce": "rank 1: reduce='sum', overlap=True, bucket_bytes=1048576",
+        "bucket_bytes": "rank 1: reduce='mean', overlap=True, bucket_bytes=0",
+        "overlap": "rank 1: reduce='mean', overlap=False, bucket_bytes=1048576",
+        "global batch": "the ranks train on different global batches: rank 0: 8 examples, rank 1: 7 examples",
+        "global count": "the ranks train on different global batches: rank 0: 8 examples, rank 1: 14 examples",
+        "shares": "the ranks' shares add up to 7 examples, not to the global batch of 8: rank 0: 4, rank 1: 3",
+    }
+    for label, message in expected.items():
+        for rank in (0, 1):
+            assert f"{label}: rank {rank}: " in log and message in log, (label, log)
+            assert f"{label}: rank {rank} parameters unchanged" in log, (label, log)
+            assert f"{label}: rank {rank} trained" not in log, (label, log)
+    for label in ("reduce", "bucket_bytes", "overlap"):
+        assert f"{label}: rank 0: the ranks' DataParallel settings differ: rank 0: reduce='mean', overlap=True, " \
+               "bucket_bytes=1048576; " in log, log
+    assert "rank 0 trained after the mismatches" in log and "rank 1 trained after the mismatches" in log, log
+
+
+def test_a_peer_that_never_comes_times_out_and_aborts_the_job(built, tmp_path):
+    """Rank 1 leaves its loop without close() and waits in a barrier of its own: rank 0
+    (timeout=1) raises DistributedError after 1 s, at once on a second try, and its
+    process's end aborts the job instead of waiting in MPI_Finalize for rank 1."""
+    module, where = _sgd_only(built)
+    started = time.monotonic()
+    rc, log = _run_ranks(where, module, 5, 8, "1", tmp_path / "x.npz", "timeout", timeout=60)
+    assert rc != 0, log
+    assert "rank 0 stopped after 1." in log and "rank 0 waited 1 s at the start of step 2" in log, log
+    assert "rank 0 again after 0.0" in log, log
+    assert "aborting every rank" in log and "rank 1 passed its barrier" not in log, log
+    assert time.monotonic() - started < 30, log
 
 
 def test_digits_mpi_example_trains_like_one_process(builds):
