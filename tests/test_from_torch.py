@@ -12,7 +12,7 @@ import pytest
 
 import generator as dg
 from generator.frontend.loader import load_model
-from generator.importers import write_model
+from generator.importers import torch_keys, write_model
 from generator.reference import interpreter as reference
 
 torch = pytest.importorskip("torch")
@@ -95,7 +95,7 @@ def _import(module, example, tmp_path, name):
     model_path, weights_path = write_model(source, weights, str(tmp_path / f"{name}.py"))
     graph = load_model(model_path).build()
     with np.load(weights_path) as f:
-        params = {k: f[k] for k in f.files}
+        params = {k: f[k] for k in f.files if not k.startswith("meta/")}
     return graph, params, source
 
 
@@ -303,9 +303,10 @@ def test_cli_writes_a_loadable_model(tmp_path, capsys):
                      "--name", "net"]) == 0
     assert "wrote" in capsys.readouterr().out
     graph = load_model(str(out)).build()
-    with np.load(out.with_suffix(".npz")) as f:
-        assert sorted(f.files) == ["layer_0_bias", "layer_0_weight"]
-        params = {k: f[k] for k in f.files}
+    with np.load(out.with_suffix(".npz")) as f:  # the weights, and which state_dict key each one is
+        assert sorted(f.files) == ["layer_0_bias", "layer_0_weight", "meta/torch_state_dict_keys"]
+        assert torch_keys(f) == {"layer_0_bias": ["0.bias"], "layer_0_weight": ["0.weight"]}
+        params = {k: f[k] for k in f.files if not k.startswith("meta/")}
     x = np.ones((5, 6), np.float32)  # another batch size than the example's: N is symbolic
     want = np.tanh(x @ params["layer_0_weight"].T + params["layer_0_bias"])
     np.testing.assert_allclose(reference.run(graph, {"input": x}, params)["output"], want, rtol=1e-5, atol=1e-6)
@@ -376,7 +377,7 @@ def test_cli_refuses_to_overwrite_without_force(tmp_path, capsys, monkeypatch):
     assert cli.main([*args, "-o", "m.py", "--force"]) == 0
     assert "dg.linear_t" in (tmp_path / "m.py").read_text()
     with np.load(tmp_path / "m.npz") as f:
-        assert sorted(f.files) == ["layer_0_bias", "layer_0_weight"]
+        assert sorted(f.files) == ["layer_0_bias", "layer_0_weight", "meta/torch_state_dict_keys"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.npz", "m.py", "nets.py"]  # no temporaries
     source = factory.read_text()
     for extra in ([], ["--force"]):  # the factory's own file, even with --force, and through a link

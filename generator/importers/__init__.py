@@ -6,6 +6,6 @@ its nodes, emitter.py writes and checks the statements. torch is imported only
 when an import runs.
 """
 
-from .torch_import import from_torch, write_model
+from .torch_import import from_torch, torch_keys, write_model
 
-__all__ = ["from_torch", "write_model"]
+__all__ = ["from_torch", "torch_keys", "write_model"]

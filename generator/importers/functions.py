@@ -14,7 +14,12 @@ import sympy
 from .emitter import Var, code
 
 _BINARY = {"add": "+", "sub": "-", "mul": "*", "truediv": "/", "div": "/", "matmul": "@"}
-_UNARY = ("relu", "tanh", "sigmoid", "gelu", "silu", "exp", "log", "sqrt", "rsqrt", "abs")
+_UNARY = ("relu", "tanh", "sigmoid", "gelu", "silu", "exp", "log", "sqrt", "rsqrt", "abs", "relu6", "hardswish",
+          "hardsigmoid")
+_COMPARE = {"eq": operator.eq, "ne": operator.ne, "lt": operator.lt, "le": operator.le, "gt": operator.gt,
+            "ge": operator.ge}
+# Functions outside torch's namespaces that torch.fx records as calls (wrapped with torch.fx.wrap).
+_LIBRARY = {("torchvision.ops.stochastic_depth", "stochastic_depth"): "stochastic_depth"}
 
 
 def _get(args, kwargs, i, name, default=None):
@@ -38,6 +43,8 @@ def _canonical(node):
         elif getattr(target, "__module__", None) in ("_operator", "operator"):
             name = target.__name__
             name = name[1:] if name.startswith("i") and name[1:] in _BINARY else name  # x += y
+        elif (getattr(target, "__module__", None), getattr(target, "__name__", None)) in _LIBRARY:
+            name = _LIBRARY[target.__module__, target.__name__]
         else:
             key = getattr(target, "__name__", None)
             if key and any(getattr(namespace, key, None) is target for namespace in (torch, F, torch.Tensor)):
@@ -86,6 +93,87 @@ def unary(imp, node, name, args, kwargs):
     if kwargs.get("approximate", "none") != "none":
         raise imp.fail(node, f"{imp.kind(node)}: approximate={kwargs['approximate']!r} is not supported")
     return imp.em.assign(node.name, f"dg.{name}({code(x)})")
+
+
+def hardtanh(imp, node, name, args, kwargs):
+    x = _tensor(imp, node, args[0])
+    low, high = _get(args, kwargs, 1, "min_val", -1.0), _get(args, kwargs, 2, "max_val", 1.0)
+    if (low, high) != (0, 6):
+        raise imp.fail(node, f"{imp.kind(node)}: only min_val=0, max_val=6 (relu6) is supported, got {low}, {high}")
+    return imp.em.assign(node.name, f"dg.relu6({code(x)})")
+
+
+def compare(imp, node, name, args, kwargs):
+    """A comparison of sizes (`h == self.image_size`): a bool, or for symbolic sizes a sympy
+    relation `_assert` checks at the example sizes. Never a statement of the model."""
+    a, b = args[0], _get(args, kwargs, 1, "other")
+    if isinstance(a, Var) or isinstance(b, Var):
+        raise imp.fail(node, f"unsupported PyTorch operation {imp.kind(node)} on tensors")
+    if isinstance(a, sympy.Basic) or isinstance(b, sympy.Basic):
+        relation = {"eq": sympy.Eq, "ne": sympy.Ne, "lt": sympy.Lt, "le": sympy.Le, "gt": sympy.Gt,
+                    "ge": sympy.Ge}[name](a, b)
+        return bool(relation) if relation in (sympy.true, sympy.false) else relation
+    return _COMPARE[name](a, b)
+
+
+def check_assert(imp, node, name, args, kwargs):
+    """torch._assert(condition, message) on sizes: checked here, at the example sizes, and
+    dropped from the model (its sizes are fixed by the inputs' declarations)."""
+    condition, message = args[0], _get(args, kwargs, 1, "message", "")
+    if isinstance(condition, Var):
+        raise imp.fail(node, f"{imp.kind(node)} on a tensor's values is not supported (only on sizes)")
+    if isinstance(condition, sympy.Basic):
+        condition = condition.subs(imp.sizes)
+    if not bool(condition):
+        raise imp.fail(node, f"the module's assertion fails with the example inputs: {message}")
+    return None
+
+
+def expand(imp, node, name, args, kwargs):
+    x = _tensor(imp, node, args[0])
+    shape = _shape_args(args, kwargs, "size")
+    return imp.em.assign(node.name, f"dg.expand({code(x)}, {code(shape)})")
+
+
+def layer_norm(imp, node, name, args, kwargs):
+    x, shape, w, b, eps = (_get(args, kwargs, i, k, d) for i, (k, d) in enumerate(
+        (("input", None), ("normalized_shape", None), ("weight", None), ("bias", None), ("eps", 1e-5))))
+    x = _tensor(imp, node, x)
+    shape = tuple(shape) if isinstance(shape, (tuple, list)) else (shape,)
+    if len(shape) != 1 or not isinstance(w, Var) or not isinstance(b, Var):
+        raise imp.fail(node, f"{imp.kind(node)}: only over the last axis, with a weight and a bias")
+    return imp.em.assign(node.name, f"dg.layer_norm({code(x)}, {code(w)}, {code(b)}, eps={eps!r})")
+
+
+def adaptive_avg_pool(imp, node, name, args, kwargs):
+    from .modules import adaptive_pool_to
+
+    return adaptive_pool_to(imp, node, _tensor(imp, node, args[0]), _get(args, kwargs, 1, "output_size"))
+
+
+def pool(imp, node, name, args, kwargs):
+    from .modules import pool_args
+
+    x = _tensor(imp, node, args[0])
+    keys = ["kernel_size", "stride", "padding"] + (["dilation", "ceil_mode", "return_indices"] if name == "max_pool2d"
+                                                    else ["ceil_mode", "count_include_pad", "divisor_override"])
+    values = {k: _get(args, kwargs, i + 1, k) for i, k in enumerate(keys)}
+    if values.get("dilation") not in (None, 1, (1, 1), [1, 1]) or values.get("return_indices") or \
+            values.get("count_include_pad") is False or values.get("divisor_override") is not None:
+        raise imp.fail(node, f"{imp.kind(node)}: dilation, return_indices, count_include_pad=False or "
+                             "divisor_override is not supported")
+    opts = pool_args(values["kernel_size"], values["stride"], values["padding"] or 0, values["ceil_mode"])
+    return imp.em.assign(node.name, f"dg.{name}({code(x)}, {', '.join(opts)})")
+
+
+def stochastic_depth(imp, node, name, args, kwargs):
+    """torchvision.ops.stochastic_depth: dg.stochastic_depth, identity in eval mode (the
+    mode the module was traced in is not baked in: the model's own mode decides)."""
+    x = _tensor(imp, node, args[0])
+    p, mode = _get(args, kwargs, 1, "p"), _get(args, kwargs, 2, "mode")
+    if p == 0:
+        return x
+    return imp.em.assign(node.name, f'dg.stochastic_depth({code(x)}, p={p!r}, mode="{mode}")')
 
 
 def linear(imp, node, name, args, kwargs):
@@ -271,4 +359,7 @@ HANDLERS = {
     "view": reshape, "reshape": reshape, "flatten": flatten, "permute": permute, "transpose": transpose, "t": transpose,
     "cat": cat, "concat": cat, "split": split, "chunk": split,
     "softmax": softmax, "log_softmax": softmax, "mean": reduce, "sum": reduce,
+    "hardtanh": hardtanh, **{op: compare for op in _COMPARE}, "_assert": check_assert, "expand": expand,
+    "layer_norm": layer_norm, "adaptive_avg_pool2d": adaptive_avg_pool, "max_pool2d": pool, "avg_pool2d": pool,
+    "stochastic_depth": stochastic_depth,
 }

@@ -44,14 +44,13 @@ def conv2d(imp, node, m, args, kwargs):
     x = _arg(imp, node, args, kwargs)
     _check(imp, node, m.padding_mode == "zeros", f"padding_mode={m.padding_mode!r}")
     padding = (0, 0) if m.padding == "valid" else m.padding if isinstance(m.padding, str) else tuple(m.padding)
-    base = imp.base(node)
+    base = imp.layer(node, m)
     opts = [f"{m.out_channels}", code(tuple(m.kernel_size))]
     for key, value, default in (("stride", tuple(m.stride), (1, 1)), ("padding", padding, (0, 0)),
                                 ("dilation", tuple(m.dilation), (1, 1)), ("groups", m.groups, 1),
                                 ("bias", m.bias is not None, True)):
         if value != default:  # (bias=False must not pass as 0: False == 0 in Python)
             opts.append(f"{key}={code(value)}")
-    imp.take_state(base, m, node)
     return imp.em.assign(node.name, f'dg.conv2d_layer({code(x)}, {", ".join(opts)}, name="{base}")')
 
 
@@ -59,22 +58,26 @@ def batch_norm(imp, node, m, args, kwargs):
     x = _arg(imp, node, args, kwargs)
     _check(imp, node, m.affine and m.track_running_stats, "affine=False or track_running_stats=False")
     _check(imp, node, m.momentum is not None, "momentum=None (a cumulative average)")
-    base = imp.base(node)
-    imp.take_state(base, m, node)
+    base = imp.layer(node, m)
     return imp.em.assign(node.name, f'dg.batch_norm_layer({code(x)}, eps={m.eps!r}, momentum={m.momentum!r}, '
                                     f'name="{base}")')
 
 
-def _pool_args(imp, node, m):
-    kernel, stride, padding = (tuple(v) if isinstance(v, (tuple, list)) else v
-                               for v in (m.kernel_size, m.stride, m.padding))
-    _check(imp, node, not m.ceil_mode, "ceil_mode=True")
+def pool_args(kernel, stride, padding, ceil_mode) -> list[str]:
+    """The arguments of dg.max_pool2d / dg.avg_pool2d after x, defaults left out."""
+    kernel, stride, padding = (tuple(v) if isinstance(v, (tuple, list)) else v for v in (kernel, stride, padding))
     opts = [code(kernel)]
-    if stride is not None and stride != kernel:
+    if stride is not None and stride != kernel and stride != ():
         opts.append(f"stride={code(stride)}")
     if padding not in (0, (0, 0)):
         opts.append(f"padding={code(padding)}")
+    if ceil_mode:
+        opts.append("ceil_mode=True")
     return opts
+
+
+def _pool_args(imp, node, m):
+    return pool_args(m.kernel_size, m.stride, m.padding, m.ceil_mode)
 
 
 def max_pool(imp, node, m, args, kwargs):
@@ -92,8 +95,16 @@ def avg_pool(imp, node, m, args, kwargs):
 
 def adaptive_avg_pool(imp, node, m, args, kwargs):
     x = _arg(imp, node, args, kwargs)
-    _check(imp, node, m.output_size in (1, (1, 1)), f"output_size={m.output_size!r} (only 1)")
-    return imp.em.assign(node.name, f"dg.mean({code(x)}, axis=(2, 3), keepdims=True)")
+    return adaptive_pool_to(imp, node, x, m.output_size)
+
+
+def adaptive_pool_to(imp, node, x, size):
+    """adaptive average pooling of x to `size`: the mean over each plane for 1, else
+    dg.adaptive_avg_pool2d (a plain average pooling where the sizes divide)."""
+    size = tuple(size) if isinstance(size, (tuple, list)) else size
+    if size in (1, (1, 1)):
+        return imp.em.assign(node.name, f"dg.mean({code(x)}, axis=(2, 3), keepdims=True)")
+    return imp.em.assign(node.name, f"dg.adaptive_avg_pool2d({code(x)}, {code(size)})")
 
 
 def activation(fn):
@@ -149,8 +160,7 @@ def rnn(kind):
         x = _arg(imp, node, args, kwargs)
         _check(imp, node, m.batch_first, "batch_first=False (deepgen's sequences are [N, T, features])")
         _check(imp, node, m.bias and not getattr(m, "proj_size", 0), "bias=False or proj_size")
-        base = imp.base(node)
-        imp.take_state(base, m, node)
+        base = imp.layer(node, m)
         lengths = imp.lengths()
         opts = [code(x), code(lengths), str(m.hidden_size)]
         if m.num_layers != 1:
@@ -196,26 +206,26 @@ def _activation_name(imp, node, layer):
     raise imp.fail(node, f"{imp.kind(node)}: activation {act!r} is not supported (relu or gelu)")
 
 
-def _encoder_layer(imp, node, layer, x, base):
+def _encoder_layer(imp, node, layer, x, base, path):
     _check(imp, node, layer.self_attn.batch_first, "batch_first=False")
     opts = [code(x), "None", str(layer.self_attn.embed_dim), str(layer.self_attn.num_heads),
             str(layer.linear1.out_features), f'activation="{_activation_name(imp, node, layer)}"']
     if layer.norm_first:
         opts.append("norm_first=True")
     opts += [f"eps={layer.norm1.eps!r}", f'name="{base}"']
-    imp.take_state(base, layer, node)
+    imp.take_state(base, layer, node, path)
     return imp.em.assign(base, f"dg.transformer_encoder_layer({', '.join(opts)})")
 
 
 def transformer_encoder_layer(imp, node, m, args, kwargs):
-    return _encoder_layer(imp, node, m, _arg(imp, node, args, kwargs), imp.base(node))
+    return _encoder_layer(imp, node, m, _arg(imp, node, args, kwargs), imp.base(node), node.target)
 
 
 def transformer_encoder(imp, node, m, args, kwargs):
     x = _arg(imp, node, args, kwargs)
     base = imp.base(node)
     for i, layer in enumerate(m.layers):
-        x = _encoder_layer(imp, node, layer, x, f"{base}_layers_{i}")
+        x = _encoder_layer(imp, node, layer, x, imp.base(f"{node.target}.layers.{i}"), f"{node.target}.layers.{i}")
     if m.norm is not None:
         w, b = imp.param(node.target, "norm.weight", m.norm.weight), imp.param(node.target, "norm.bias", m.norm.bias)
         x = imp.em.assign(f"{base}_norm", f"dg.layer_norm({code(x)}, {code(w)}, {code(b)}, eps={m.norm.eps!r})")
@@ -226,7 +236,8 @@ CONVERTERS = {
     "Linear": linear, "Conv2d": conv2d, "BatchNorm1d": batch_norm, "BatchNorm2d": batch_norm,
     "MaxPool2d": max_pool, "AvgPool2d": avg_pool, "AdaptiveAvgPool2d": adaptive_avg_pool,
     "ReLU": activation("relu"), "GELU": activation("gelu"), "SiLU": activation("silu"),
-    "Tanh": activation("tanh"), "Sigmoid": activation("sigmoid"),
+    "Tanh": activation("tanh"), "Sigmoid": activation("sigmoid"), "ReLU6": activation("relu6"),
+    "Hardswish": activation("hardswish"), "Hardsigmoid": activation("hardsigmoid"),
     "Softmax": softmax, "LogSoftmax": softmax, "Dropout": dropout, "Identity": identity, "Flatten": flatten,
     "Embedding": embedding, "LayerNorm": layer_norm, "LSTM": rnn("lstm"), "GRU": rnn("gru"),
     "MultiheadAttention": multihead_attention, "TransformerEncoderLayer": transformer_encoder_layer,

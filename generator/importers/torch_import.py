@@ -55,6 +55,8 @@ def from_torch(module, example_inputs, name: str | None = None, dims: dict | Non
 def write_model(source: str, weights: dict, model_path: str, weights_path: str | None = None, *,
                 replace: bool = True, protect=()) -> tuple[str, str]:
     """Write the model file and its weights (`.npz` next to it by default); returns both paths.
+    Weights from `from_torch` carry their state_dict keys: the .npz keeps them as the uint8
+    member `meta/torch_state_dict_keys` (JSON; read back with `torch_keys(npz)`, skipped by load()).
 
     Both files are written or neither: each is staged as a synced temporary beside its target
     (folders made as needed), then both are renamed into place; should the second rename fail,
@@ -63,7 +65,8 @@ def write_model(source: str, weights: dict, model_path: str, weights_path: str |
     weights_path = weights_path or os.path.splitext(model_path)[0] + ".npz"
     targets = check_targets(model_path, weights_path, replace=replace, protect=protect)
     data = io.BytesIO()
-    np.savez(data, **weights)
+    keys = getattr(weights, "torch_keys", None)
+    np.savez(data, **weights, **({TORCH_KEYS: keys_array(keys)} if keys else {}))
     made = _missing_folders(targets)
     staged = []
     try:
@@ -165,6 +168,45 @@ def _restore(path: str, before) -> None:
         pass
 
 
+TORCH_KEYS = "meta/torch_state_dict_keys"
+
+
+class Weights(dict):
+    """{parameter name: float32 array}, and `torch_keys`: {parameter name: the state_dict
+    key(s) it holds} (a tied weight has several), which write_model keeps in the .npz."""
+
+    def __init__(self, arrays: dict, torch_keys: dict):
+        super().__init__(arrays)
+        self.torch_keys = dict(torch_keys)
+
+
+def keys_array(mapping: dict) -> np.ndarray:
+    """{parameter name: [state_dict keys]} as the .npz member TORCH_KEYS: UTF-8 JSON in a
+    uint8 array (a plain dtype every .npy reader takes; loaders skip `meta/` members)."""
+    import json
+
+    return np.frombuffer(json.dumps(mapping, sort_keys=True).encode("utf-8"), dtype=np.uint8).copy()
+
+
+def torch_keys(weights) -> dict:
+    """The {parameter name: [state_dict keys]} an import kept in its weights (a dict or an
+    open .npz); {} when there is none."""
+    import json
+
+    if TORCH_KEYS not in weights:
+        return {}
+    return json.loads(np.asarray(weights[TORCH_KEYS]).tobytes().decode("utf-8"))
+
+
+def identifier(path: str) -> str:
+    """A module path or state_dict key as an identifier: every character that is not a letter,
+    digit or underscore becomes `_`; one starting with a digit gets `layer_` in front; one the
+    DSL refuses (a keyword, a reserved name) gets `_layer` after."""
+    base = re.sub(r"\W", "_", path, flags=re.ASCII)
+    base = "layer_" + base if base[:1].isdigit() or not base else base
+    return base + "_layer" if problem_with(base) else base
+
+
 def _snake(text: str) -> str:
     """LSTMClassifier -> lstm_classifier."""
     return re.sub(r"(?<=[a-z0-9])(?=[A-Z])|(?<=[A-Z])(?=[A-Z][a-z])", "_", text).lower()
@@ -189,6 +231,9 @@ class Importer:
             keys.setdefault(id(tensor), []).append(key)
         self.tied = {k: v for k, v in keys.items() if len(v) > 1}  # id(tensor) -> its keys
         self.tie_uses: dict[str, list[str]] = {}  # first key -> the other keys read as it
+        self._bases: dict[str, str] = {}  # module path -> its name prefix
+        self._paths: dict[str, str] = {}  # name prefix -> its module path
+        self.torch_keys: dict[str, list[str]] = {}  # parameter name -> its state_dict key(s)
 
     # -- helpers the converters use ---------------------------------------------------
     def fail(self, node, message: str) -> DeepgenError:
@@ -201,11 +246,25 @@ class Importer:
         return describe(node)
 
     def base(self, node_or_path) -> str:
-        """The name prefix of a module's parameters: its path, dots as underscores."""
+        """The name prefix of a module's parameters: its path made an identifier (dots and any
+        other character no identifier has as underscores: `block1.block1-0` -> `block1_block1_0`).
+        Two paths that come out the same get numbered (`a_b`, `a_b_2`); a path always gets the
+        name it got first."""
         path = node_or_path if isinstance(node_or_path, str) else node_or_path.target
-        base = path.replace(".", "_")
-        base = "layer_" + base if base[:1].isdigit() else base
-        return base + "_layer" if problem_with(base) else base
+        if path in self._bases:
+            return self._bases[path]
+        base = identifier(path)
+        name, k = base, 1
+        while name in self._paths or name in self.weights or self._prefix_clash(name, path):
+            k += 1
+            name = f"{base}_{k}"
+        self._bases[path], self._paths[name] = name, path
+        return name
+
+    def _prefix_clash(self, name: str, path: str) -> bool:
+        """Some stored weight named `name_...` belongs to a module other than `path`'s."""
+        return any(w.startswith(name + "_") and not any(k == path or k.startswith(path + ".") for k in keys)
+                   for w, keys in self.torch_keys.items())
 
     def param(self, path: str, key: str, tensor) -> Var:
         """The parameter `<path>_<key>` with the value of `tensor` (declared once); a tied
@@ -216,16 +275,35 @@ class Importer:
             uses = self.tie_uses.setdefault(keys[0], [])
             if dotted not in uses:
                 uses.append(dotted)
-                self.em.note(f"{dotted} is {keys[0]} (tied weights: one parameter, {self.base(keys[0])})")
-        full = self.base(keys[0] if keys else dotted)
+                self.em.note(f"{dotted} is {keys[0]} (tied weights: one parameter, {self.key_name(keys[0])})")
+        first = keys[0] if keys else dotted
+        full = self.key_name(first)
         if full not in self.params:
-            self._store(full, tensor, path)
+            self._store(full, tensor, path, [first] + self.tie_uses.get(first, []))
             var = self.em.fresh(full)
             self.em.statement(f'{var} = dg.param("{full}", {code(tuple(tensor.shape))})')
             self.params[full] = self.em.var(var)
+        elif keys:
+            self.torch_keys[full] = [first] + self.tie_uses.get(first, [])
         return self.params[full]
 
-    def take_state(self, base: str, module, node=None):
+    def key_name(self, dotted: str) -> str:
+        """The parameter name of the state_dict key `dotted` (`fc.weight` -> `fc_weight`)."""
+        path, _, key = dotted.rpartition(".")
+        name = self.base(key) if not path else f"{self.base(path)}_{identifier(key)}"
+        given, k = name, 1
+        while name in self.torch_keys and dotted not in self.torch_keys[name]:  # another module's weight
+            k += 1
+            name = f"{given}_{k}"
+        return name
+
+    def layer(self, node, module) -> str:
+        """The name of the layer helper for `node`'s module, its weights stored."""
+        base = self.base(node)
+        self.take_state(base, module, node, node.target)
+        return base
+
+    def take_state(self, base: str, module, node=None, path: str | None = None):
         """The weights of a layer helper named `base`: its state_dict, keys prefixed. The helper
         declares its own parameters, so a weight of it tied to another module's is an error."""
         for key, tensor in [*module.named_parameters(remove_duplicate=False),
@@ -238,9 +316,10 @@ class Importer:
                            f"weights of Linear, Embedding, LayerNorm, MultiheadAttention and bare parameters, "
                            f"not of {type(self._owner(mine)).__name__}, and never imports them untied")
                 raise self.fail(node, message) if node is not None else DeepgenError(message)
+        prefix = f"{path}." if path else f"{base}."
         for key, tensor in module.state_dict().items():
             if not key.endswith("num_batches_tracked"):
-                self._store(f"{base}_{key.replace('.', '_')}", tensor, base)
+                self._store(f"{base}_{key.replace('.', '_')}", tensor, base, [prefix + key])
 
     def _owner(self, key: str):
         """The module that holds the parameter or buffer `key` (a state_dict key)."""
@@ -250,11 +329,12 @@ class Importer:
         """The module that holds `key` of `module` (a name relative to it)."""
         return module.get_submodule(key.rpartition(".")[0])
 
-    def _store(self, full: str, tensor, path: str):
+    def _store(self, full: str, tensor, path: str, keys: list[str]):
         if full in self.weights:
             raise DeepgenError(f"parameter name {full!r} (of self.{path}) is used twice: a layer module called "
                                "more than once, or two module paths that differ only in '.' and '_'")
         self.weights[full] = tensor.detach().cpu().numpy().astype(np.float32)
+        self.torch_keys[full] = list(keys)
 
     def lengths(self) -> Var:
         """The int64 [N] input of sequence lengths that dg.lstm / dg.gru take."""
@@ -293,7 +373,7 @@ class Importer:
                 self._check_shape(node, env.get(node))
         source = self._render(outputs)
         self._validate(source)
-        return source, self.weights
+        return source, Weights(self.weights, self.torch_keys)
 
     def _examples(self, placeholders, example_inputs) -> dict:
         import torch
@@ -438,7 +518,7 @@ class Importer:
             lines += ["", "Tied weights are one parameter, named after the first state_dict key (the .npz holds",
                       "one array for it; PyTorch's state_dict lists it under each key):"]
             lines += [f"`{', '.join(others)}` {'is' if len(others) == 1 else 'are'} `{first}` "
-                      f"(`{self.base(first)}`)." for first, others in self.tie_uses.items()]
+                      f"(`{self.key_name(first)}`)." for first, others in self.tie_uses.items()]
         lines += ['"""', "", "import generator as dg", ""]
         lines += [f'{d} = dg.dim("{d}")' for d in em.dims]
         lines += ["", "", "@dg.model", f"def {self.name}():"]

@@ -152,6 +152,7 @@ inline StagedWeights stage(const std::string& given, const std::vector<Expected>
   for (size_t i = 0; i < file.size(); ++i) {
     const std::string& key = file.name(i);
     if (known(key)) continue;
+    if (key.rfind("meta/", 0) == 0) continue;  // notes beside the weights (an importer's state_dict keys)
     const bool optimizer = key.rfind("optimizer/", 0) == 0;
     if (trainable && !staged.with_state && optimizer)
       throw std::invalid_argument(path + ": has optimizer state ('" + key + "') but no 'optimizer/step'");
