@@ -155,10 +155,8 @@ def test_two_ranks_equal_one_process(built, overlap, tmp_path):
         np.testing.assert_allclose(got[f"param/{name}"], value, rtol=1e-5, atol=1e-5, err_msg=f"{kind}: {name}")
 
 
-def test_a_failing_rank_stops_every_rank(built, tmp_path):
-    kind, module, where = built
-    if kind != "sgd":
-        pytest.skip("one optimizer is enough")
+def test_a_failing_rank_stops_every_rank(sgd, tmp_path):
+    module, where = sgd
     rc, log = _run_ranks(where, module, 4, 8, "1", tmp_path / "x.npz", "bad-input", timeout=120)
     assert rc != 0
     for rank in (0, 1):
@@ -167,18 +165,17 @@ def test_a_failing_rank_stops_every_rank(built, tmp_path):
     assert rc != 0 and "rank 1: uncaught RuntimeError; aborting every rank" in log, log
 
 
-def _sgd_only(built):
-    kind, module, where = built
-    if kind != "sgd":
-        pytest.skip("one optimizer is enough")
-    return module, where
+@pytest.fixture(scope="module")
+def sgd(builds):
+    """The SGD model alone (one optimizer is enough for the failure cases): (module, where)."""
+    return builds.module(_mlp("sgd"))
 
 
-def test_a_rank_whose_program_ends_early_stops_the_others(built, tmp_path):
+def test_a_rank_whose_program_ends_early_stops_the_others(sgd, tmp_path):
     """Rank 1 trains 2 of 5 steps and its program ends without close(): its exit says
     goodbye, so rank 0's step 3 raises DistributedError at once (the default timeout is
     600 s), and so does any later step, without a collective."""
-    module, where = _sgd_only(built)
+    module, where = sgd
     rc, log = _run_ranks(where, module, 5, 8, "1", tmp_path / "x.npz", "early-exit", timeout=60)
     assert rc == 0, log
     said = "rank 1 stopped training after step 2 (its program ended without close())"
@@ -188,22 +185,22 @@ def test_a_rank_whose_program_ends_early_stops_the_others(built, tmp_path):
     assert "finished every step" not in log, log
 
 
-def test_leaving_the_with_block_says_goodbye(built, tmp_path):
+def test_leaving_the_with_block_says_goodbye(sgd, tmp_path):
     """Rank 1 leaves `with DataParallel(...)` after step 2 and lives on, waiting for rank 0:
     rank 0's next step raises DistributedError, so rank 0 can send it the message it waits for."""
-    module, where = _sgd_only(built)
+    module, where = sgd
     rc, log = _run_ranks(where, module, 5, 8, "1", tmp_path / "x.npz", "with-early", timeout=60)
     assert rc == 0, log
     assert "rank 0 stopped: rank 1 stopped training after step 2 (it left its `with DataParallel(...)` block)" in log
     assert "rank 1 left its with-block; then got: rank 0 heard it" in log, log
 
 
-def test_settings_and_batches_that_differ_between_ranks_are_refused(built, tmp_path):
+def test_settings_and_batches_that_differ_between_ranks_are_refused(sgd, tmp_path):
     """reduce, bucket_bytes or overlap that differ between the ranks, different global
     batches, and shares that do not add up to the global batch: every rank raises
     DistributedError in that step (before any gradient is exchanged: no parameter
     changes), and close() on both ranks ends each trainer cleanly."""
-    module, where = _sgd_only(built)
+    module, where = sgd
     rc, log = _run_ranks(where, module, 1, 8, "1", tmp_path / "x.npz", "mismatch", timeout=60)
     assert rc == 0, log
     expected = {
@@ -225,11 +222,11 @@ def test_settings_and_batches_that_differ_between_ranks_are_refused(built, tmp_p
     assert "rank 0 trained after the mismatches" in log and "rank 1 trained after the mismatches" in log, log
 
 
-def test_a_peer_that_never_comes_times_out_and_aborts_the_job(built, tmp_path):
+def test_a_peer_that_never_comes_times_out_and_aborts_the_job(sgd, tmp_path):
     """Rank 1 leaves its loop without close() and waits in a barrier of its own: rank 0
     (timeout=1) raises DistributedError after 1 s, at once on a second try, and its
     process's end aborts the job instead of waiting in MPI_Finalize for rank 1."""
-    module, where = _sgd_only(built)
+    module, where = sgd
     started = time.monotonic()
     rc, log = _run_ranks(where, module, 5, 8, "1", tmp_path / "x.npz", "timeout", timeout=60)
     assert rc != 0, log
