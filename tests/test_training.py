@@ -141,9 +141,10 @@ def test_optimizer_state_survives_save_and_load(trained, tmp_path):
         assert a.train_step(**batch) == b.train_step(**batch)
     for name, value in a.parameters().items():
         np.testing.assert_array_equal(value, b.parameters()[name])
-    # A file with parameters only resets the optimizer.
+    # A file with parameters only resets the optimizer, and says so.
     np.savez(tmp_path / "params.npz", **{k: np.array(v) for k, v in a.parameters().items()})
-    b.load(str(tmp_path / "params.npz"))
+    with pytest.warns(UserWarning, match="holds no optimizer state: the model's optimizer state and step were reset"):
+        b.load(str(tmp_path / "params.npz"))
     assert b.step == 0 and all(not v.any() for v in b.optimizer_state().values())
 
 
