@@ -1,4 +1,4 @@
-"""The `deepgen` command line: generate, build, check, ir, memory, from-torch."""
+"""The `deepgen` command line: generate, build, check, ir, memory, from-torch, from-onnx."""
 
 from __future__ import annotations
 
@@ -206,6 +206,12 @@ def cmd_from_torch(args):
     print(f"next: deepgen generate {args.output} -o {os.path.splitext(os.path.basename(args.output))[0]}_project")
 
 
+def cmd_from_onnx(args):
+    from ..importers.onnx_import import command
+
+    command(args)
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="deepgen", description="Compile a Python DSL model into a readable C++ project.")
     sub = p.add_subparsers(dest="command", required=True)
@@ -266,6 +272,14 @@ def parser() -> argparse.ArgumentParser:
     ft.add_argument("--force", action="store_true",
                     help="replace a model or weights file that exists (never the PyTorch source of the module)")
     ft.set_defaults(func=cmd_from_torch)
+    fo = sub.add_parser("from-onnx", help="write a model file and its weights from an ONNX file")
+    fo.add_argument("model", help="the ONNX file (.onnx)")
+    fo.add_argument("-o", "--output", required=True, type=_path, help="the model file to write (.py)")
+    fo.add_argument("--weights", help="the weights file to write (default: the model file's name with .npz)")
+    fo.add_argument("--name", help="the model's name (default: the ONNX file's name, as an identifier)")
+    fo.add_argument("--outputs", metavar="NAME[,NAME...]", help="import these graph outputs only (default: all)")
+    fo.add_argument("--force", action="store_true", help="replace a model or weights file that exists (never the ONNX file)")
+    fo.set_defaults(func=cmd_from_onnx)
     for command in (g, c, mem, i):
         command.add_argument("--option", action="append", metavar="NAME=VALUE",
                              help="a keyword argument of the model function (repeatable), e.g. --option size=base")
