@@ -125,7 +125,8 @@ inline uint64_t most_inflated(size_t size) { return 1032 * static_cast<uint64_t>
 class Decoder {
  public:
   // Decodes up to `limit` bytes; with `prefix`, stopping there is success.
-  Decoder(const uint8_t* data, size_t size, size_t limit, bool prefix) : in_(data, size), limit_(limit), prefix_(prefix) {
+  Decoder(const uint8_t* data, size_t size, size_t limit, bool prefix)
+      : in_(data, size), limit_(limit), prefix_(prefix) {
     if (limit > most_inflated(size))
       fail("the archive says it holds " + std::to_string(limit) + " bytes, more than " + std::to_string(size) +
            " bytes of compressed data can hold");

@@ -216,8 +216,8 @@ inline size_t npy_header_size(const uint8_t* data, size_t size, const std::strin
   if (size < 8 || std::memcmp(data, kMagic, 6) != 0) throw std::invalid_argument(what + ": not a .npy array");
   const int major = data[6], minor = data[7];
   if (major < 1 || major > 3 || minor != 0)
-    throw std::invalid_argument(what + ": .npy format version " + std::to_string(major) + "." + std::to_string(minor) +
-                                " is not supported (1.0, 2.0 and 3.0 are)");
+    throw std::invalid_argument(what + ": .npy format version " + std::to_string(major) + "." +
+                                std::to_string(minor) + " is not supported (1.0, 2.0 and 3.0 are)");
   const size_t prefix = major == 1 ? 10 : 12;
   if (size < prefix) throw std::invalid_argument(what + ": truncated .npy header");
   const uint64_t header_len = le(data + 8, major == 1 ? 2 : 4);
@@ -240,7 +240,10 @@ class NpyHeaderDict {
       spaces();
       if (take('}')) break;
       const std::string key = quoted("a key");
-      bool* seen = key == "descr" ? &seen_descr : key == "fortran_order" ? &seen_fortran : key == "shape" ? &seen_shape : nullptr;
+      bool* seen = key == "descr"           ? &seen_descr
+                   : key == "fortran_order" ? &seen_fortran
+                   : key == "shape"         ? &seen_shape
+                                            : nullptr;
       if (seen == nullptr) bad("unknown key '" + printable(key) + "'");
       if (*seen) bad("key '" + key + "' given twice");
       *seen = true;
@@ -248,7 +251,8 @@ class NpyHeaderDict {
       expect(':');
       spaces();
       if (key == "descr") {
-        if (at() == '[') throw std::invalid_argument(what_ + ": has a structured dtype, expected a plain numeric array");
+        if (at() == '[')
+          throw std::invalid_argument(what_ + ": has a structured dtype, expected a plain numeric array");
         descr = quoted("'descr'");
       } else if (key == "fortran_order") {
         fortran_order = boolean();
@@ -291,7 +295,8 @@ class NpyHeaderDict {
   }
   void expect(char c) {
     if (!take(c))
-      bad(std::string("expected '") + c + "' at byte " + std::to_string(pos_) + ", found '" + printable(text_.substr(pos_, 12)) + "'");
+      bad(std::string("expected '") + c + "' at byte " + std::to_string(pos_) + ", found '" +
+          printable(text_.substr(pos_, 12)) + "'");
   }
   std::string quoted(const char* what) {
     const char quote = at();
@@ -389,10 +394,12 @@ inline NpyArray npy_array(const NpyHeader& h, const uint8_t* data, size_t size, 
   const uint64_t have = size - h.data_at;
   if (have < h.data_bytes)
     throw std::invalid_argument(what + ": truncated: its shape " + shape_str(a.shape) + " needs " +
-                                std::to_string(h.data_bytes) + " bytes of data, the file has " + std::to_string(have));
+                                std::to_string(h.data_bytes) + " bytes of data, the file has " +
+                                std::to_string(have));
   if (have > h.data_bytes)
     throw std::invalid_argument(what + ": " + std::to_string(have - h.data_bytes) + " bytes after the " +
-                                std::to_string(h.data_bytes) + " bytes of data its shape " + shape_str(a.shape) + " needs");
+                                std::to_string(h.data_bytes) + " bytes of data its shape " + shape_str(a.shape) +
+                                " needs");
   try {
     a.bytes.assign(data + h.data_at, data + size);
     if (h.big_endian && a.itemsize > 1)
@@ -491,12 +498,15 @@ inline std::vector<Member> zip_members(const std::vector<uint8_t>& file, const s
   return members;
 }
 
+// What is wrong with archive member `m`, as an error naming the file and member.
+inline std::invalid_argument member_error(const std::string& path, const Member& m, const std::string& why) {
+  return std::invalid_argument(path + ": not an .npz archive (member '" + m.name + "': " + why + ")");
+}
+
 // Where member `m`'s stored bytes start in the file (after its local header),
 // checked to lie inside it.
 inline const uint8_t* member_start(const std::vector<uint8_t>& file, const Member& m, const std::string& path) {
-  auto bad = [&](const std::string& why) {
-    return std::invalid_argument(path + ": not an .npz archive (member '" + m.name + "': " + why + ")");
-  };
+  auto bad = [&](const std::string& why) { return member_error(path, m, why); };
   const uint8_t* d = file.data();
   const size_t n = file.size();
   if (m.offset > n || n - m.offset < 30 || le(d + m.offset, 4) != 0x04034b50) throw bad("no local header");
@@ -518,7 +528,7 @@ inline std::vector<uint8_t> member_prefix(const std::vector<uint8_t>& file, cons
   try {
     return inflate_prefix(start, static_cast<size_t>(m.compressed), static_cast<size_t>(count));
   } catch (const std::invalid_argument& e) {
-    throw std::invalid_argument(path + ": not an .npz archive (member '" + m.name + "': " + e.what() + ")");
+    throw member_error(path, m, e.what());
   }
 }
 
@@ -534,11 +544,12 @@ inline NpyHeader member_header(const std::vector<uint8_t>& file, const Member& m
   const uint64_t have = m.size - h.data_at;
   if (have < h.data_bytes)
     throw std::invalid_argument(what + ": truncated: its shape " + shape_str(h.array.shape) + " needs " +
-                                std::to_string(h.data_bytes) + " bytes of data, the archive holds " + std::to_string(have));
+                                std::to_string(h.data_bytes) + " bytes of data, the archive holds " +
+                                std::to_string(have));
   if (have > h.data_bytes)
     throw std::invalid_argument(what + ": " + std::to_string(have - h.data_bytes) + " bytes after the " +
-                                std::to_string(h.data_bytes) + " bytes of data its shape " + shape_str(h.array.shape) +
-                                " needs");
+                                std::to_string(h.data_bytes) + " bytes of data its shape " +
+                                shape_str(h.array.shape) + " needs");
   return h;
 }
 
@@ -548,20 +559,19 @@ inline NpyArray member_array(const std::vector<uint8_t>& file, const Member& m, 
   const uint8_t* start = member_start(file, m, path);
   if (m.method == 0) {
     if (crc32(start, static_cast<size_t>(m.size)) != m.crc)
-      throw std::invalid_argument(path + ": not an .npz archive (member '" + m.name + "': CRC-32 mismatch: the data is corrupt)");
+      throw member_error(path, m, "CRC-32 mismatch: the data is corrupt");
     return npy_array(h, start, static_cast<size_t>(m.size), what);
   }
   std::vector<uint8_t> bytes;
   try {
     bytes = inflate(start, static_cast<size_t>(m.compressed), static_cast<size_t>(m.size));  // m.size: as h says
   } catch (const std::invalid_argument& e) {
-    throw std::invalid_argument(path + ": not an .npz archive (member '" + m.name + "': " + e.what() + ")");
+    throw member_error(path, m, e.what());
   } catch (const std::bad_alloc&) {
     throw OutOfMemory(what + ": its shape " + shape_str(h.array.shape) + " needs " + std::to_string(h.data_bytes) +
                       " bytes, more memory than is free");
   }
-  if (crc32(bytes.data(), bytes.size()) != m.crc)
-    throw std::invalid_argument(path + ": not an .npz archive (member '" + m.name + "': CRC-32 mismatch: the data is corrupt)");
+  if (crc32(bytes.data(), bytes.size()) != m.crc) throw member_error(path, m, "CRC-32 mismatch: the data is corrupt");
   return npy_array(h, bytes.data(), bytes.size(), what);
 }
 
@@ -593,11 +603,13 @@ inline void check_writable_path(const std::string& path) {
   if (!std::filesystem::path(path).has_filename()) throw FileError(path + ": names a folder, not a file", false);
   std::error_code ec;
   const auto status = std::filesystem::status(path, ec);  // symlinks followed
-  if (status.type() != std::filesystem::file_type::not_found && status.type() != std::filesystem::file_type::regular &&
-      !ec)
+  const bool other = status.type() != std::filesystem::file_type::not_found &&
+                     status.type() != std::filesystem::file_type::regular;
+  if (other && !ec)
     throw FileError(path + ": is " + kind_of(status) + ", not a regular file", false);
 }
 
+// The file's bytes on the disk (fsync where there is one), before it replaces the old file.
 inline bool sync_to_disk(std::FILE* file) {
 #if __has_include(<unistd.h>)
   return ::fsync(fileno(file)) == 0;
@@ -612,10 +624,10 @@ inline void write_file(const std::string& path, const std::vector<uint8_t>& data
   check_writable_path(path);
   std::string partial;
   std::FILE* out = nullptr;
-  std::random_device random;
+  std::random_device entropy;
   for (int attempt = 0; out == nullptr; ++attempt) {
     char name[32];
-    std::snprintf(name, sizeof name, ".deepgen-%08x.partial", static_cast<unsigned>(random()));
+    std::snprintf(name, sizeof name, ".deepgen-%08x.partial", static_cast<unsigned>(entropy()));
     partial = (std::filesystem::path(path).parent_path() / name).string();
     out = std::fopen(partial.c_str(), "wbx");  // "x": a new file, never one that is there
     if (out == nullptr && (errno != EEXIST || attempt == 100))

@@ -219,10 +219,11 @@ LoadResult apply_weights(const StagedWeights& staged, const NamedTensors<Tensor>
   result.optimizer_state_loaded = staged.with_state;
   if (!staged.with_state) {
     result.optimizer_state_discarded = step != nullptr && *step != 0;
+    auto nonzero = [](float v) { return v != 0; };
     for (const auto& [name, tensor] : state)
       if (tensor->size() > 0 && !result.optimizer_state_discarded) {
         const float* values = tensor->host();
-        result.optimizer_state_discarded = std::any_of(values, values + tensor->size(), [](float v) { return v != 0; });
+        result.optimizer_state_discarded = std::any_of(values, values + tensor->size(), nonzero);
       }
   }
   for (size_t i = 0; i < params.size(); ++i) weights_detail::copy_in(staged.arrays[i], params[i].second);
