@@ -165,6 +165,12 @@ def test_a_failing_rank_stops_every_rank(sgd, tmp_path):
     assert rc != 0 and "rank 1: uncaught RuntimeError; aborting every rank" in log, log
 
 
+def _seconds(log, before):
+    """The number of seconds the worker printed after `before` ("... after 0.01 s: ...")."""
+    assert before in log, log
+    return float(log.split(before)[1].split(" s")[0])
+
+
 @pytest.fixture(scope="module")
 def sgd(builds):
     """The SGD model alone (one optimizer is enough for the failure cases): (module, where)."""
@@ -179,9 +185,8 @@ def test_a_rank_whose_program_ends_early_stops_the_others(sgd, tmp_path):
     rc, log = _run_ranks(where, module, 5, 8, "1", tmp_path / "x.npz", "early-exit", timeout=60)
     assert rc == 0, log
     said = "rank 1 stopped training after step 2 (its program ended without close())"
-    assert f"s: {said}" in log and f"rank 0 again after 0.0" in log and f"DistributedError: {said}" in log, log
-    waited = float(log.split("rank 0 stopped after ")[1].split(" s")[0])
-    assert waited < 10, log
+    assert f"s: {said}" in log and f"DistributedError: {said}" in log, log
+    assert _seconds(log, "rank 0 stopped after ") < 10 and _seconds(log, "rank 0 again after ") < 1, log
     assert "finished every step" not in log, log
 
 
@@ -230,8 +235,8 @@ def test_a_peer_that_never_comes_times_out_and_aborts_the_job(sgd, tmp_path):
     started = time.monotonic()
     rc, log = _run_ranks(where, module, 5, 8, "1", tmp_path / "x.npz", "timeout", timeout=60)
     assert rc != 0, log
-    assert "rank 0 stopped after 1." in log and "rank 0 waited 1 s at the start of step 2" in log, log
-    assert "rank 0 again after 0.0" in log, log
+    assert "rank 0 waited 1 s at the start of step 2" in log, log
+    assert 1 <= _seconds(log, "rank 0 stopped after ") < 10 and _seconds(log, "rank 0 again after ") < 1, log
     assert "aborting every rank" in log and "rank 1 passed its barrier" not in log, log
     assert time.monotonic() - started < 30, log
 
