@@ -161,7 +161,7 @@ class OnnxImporter:
         self.em = Emitter(name)
         self.weights: dict[str, np.ndarray] = {}
         self.env: dict[str, Var | Const | None] = {}
-        self.params: dict[int, Var] = {}  # id(Const) -> the parameter made of it
+        self.params: dict[int, tuple] = {}  # id(Const) -> (the Const, the parameter made of it)
         self.renamed: dict[str, str] = {}  # ONNX input/output name -> the identifier used for it
         self.static_batch: dict = {}  # the batch symbol -> the size the file fixed axis 0 to
         self.absorbed: set[int] = set()  # id(node) of nodes another node's statement computes
@@ -194,18 +194,19 @@ class OnnxImporter:
     def fail(self, node, message: str) -> DeepgenError:
         return DeepgenError(f"ONNX {self.describe(node)}: {message}")
 
-    def layer(self, node) -> str:
+    def layer(self, node, op: str | None = None) -> str:
         """A name for what node computes: its module path (`layer1_0_conv1`), plus the op
-        (`layer_self_attn_matmul_1`) where its scope computes more than this one node."""
+        (`layer_self_attn_matmul_1`) where its scope computes more than this one node. `op`:
+        what to call the op instead (a pattern's, `gelu`)."""
         path = scope(node)
-        last = node.name.split("/")[-1] if node.name else ""
+        last = op or (node.name.split("/")[-1] if node.name else "")
         if path:
             base = identifier("_".join(path))
             count = self.scope_counts.get(tuple(path), 0)
             if count > 1 or count and node.op_type in _PLUMBING:
                 base += "_" + identifier(last or node.op_type).lower()
             return base
-        if last and node.op_type.lower() in last.lower():
+        if last and (op or node.op_type.lower() in last.lower()):
             return identifier(last).lower()
         out = node.output[0] if node.output else ""
         if out and not out.lstrip("0123456789_")[:1].isdigit() and out[:1].isalpha():  # a name, not a number
@@ -217,7 +218,7 @@ class OnnxImporter:
         anonymous one (`onnx::MatMul_215`, a Constant's output), the layer's name (default:
         the node's) + role."""
         own = const.name
-        if own and not own.startswith("onnx::") and own not in self.producer:
+        if own and not own.startswith("onnx::"):
             base = identifier(own)
         else:
             base = f"{layer or self.layer(node)}_{role}"
@@ -245,7 +246,7 @@ class OnnxImporter:
     def param(self, const: Const, node, role: str, layer: str | None = None) -> Var:
         """The parameter holding `const` (declared at its first use), a float32 array."""
         if id(const) in self.params:
-            return self.params[id(const)]
+            return self.params[id(const)][1]
         if const.symbolic or const.value.dtype.kind not in "fiu":
             raise self.fail(node, f"its {role} is a {self._kind(const)}, which deepgen cannot hold as a parameter")
         if const.value.dtype.kind != "f":
@@ -258,8 +259,8 @@ class OnnxImporter:
         if const.name and identifier(const.name) != full:
             self.em.note(f"{full}: ONNX initializer {const.name}")
         self.em.statement(f'{var} = dg.param("{full}", {code(shape)})')
-        self.params[id(const)] = self.em.var(var)
-        return self.params[id(const)]
+        self.params[id(const)] = (const, self.em.var(var))  # (the Const kept: its id stays its own)
+        return self.params[id(const)][1]
 
     def store(self, full: str, array) -> None:
         """A layer helper's parameter or state `full` (its name claimed by the helper)."""
@@ -282,6 +283,8 @@ class OnnxImporter:
         if name in self.initializers:
             return numpy_helper.to_array(self.initializers[name])
         node = self.producer.get(name)
+        if node is not None and node.op_type == "Identity" and node.domain in ("", "ai.onnx"):
+            return self.static_const(node.input[0])
         if node is not None and node.op_type == "Constant" and node.domain in ("", "ai.onnx"):
             for a in node.attribute:
                 if a.name == "value":

@@ -200,8 +200,14 @@ def _fold_constant_of_shape(imp, node, ins, attrs):
     return np.full([int(d) for d in shape.tolist()], fill.reshape(-1)[0], dtype=fill.dtype)
 
 
+class _Symbolic(Exception):
+    """A folder met a symbolic size it cannot make an array of: the converter writes the node."""
+
+
 def _fold_expand(imp, node, ins, attrs):
     x, shape = ins
+    if shape.dtype == object:
+        raise _Symbolic()
     target = np.broadcast_shapes(x.shape, tuple(int(d) for d in shape.tolist()))
     return np.broadcast_to(x, target).copy()
 
@@ -399,6 +405,9 @@ def _activation(imp, node) -> str | None:
     """The DSL function an activation node is (`dg.relu`), for conv2d_layer's act=; None
     when it is no single function of the DSL."""
     op, attrs = node.op_type, _attrs(node)
+    fused = imp.fused.get(id(node))
+    if fused:
+        return f"dg.{fused[1]}" if fused[0] == "unary" else None
     if op in ("Relu", "HardSwish", "Sigmoid", "Tanh"):
         return f"dg.{_UNARY[op]}"
     if op == "HardSigmoid" and _standard_hardsigmoid(attrs):
@@ -901,10 +910,13 @@ def expand(imp, node, ins, attrs):
 def convert(imp, node):
     """Give node's outputs their values in imp.env."""
     fused = imp.fused.get(id(node))
-    if fused and fused[0] == "gelu":
-        x = imp.env[fused[1]]
-        imp.env[node.output[0]] = _assign(imp, node, f"dg.gelu({_x(imp, node, x).name})",
-                                          identifier("_".join(scope(node))) if scope(node) else None)
+    if fused and fused[0] == "unary":  # an activation written as several nodes
+        fn, x = fused[1:]
+        imp.env[node.output[0]] = _assign(imp, node, f"dg.{fn}({_x(imp, node, imp.env[x]).name})",
+                                          imp.layer(node, fn))
+        return
+    if fused and fused[0] == "layer_norm":
+        imp.env[node.output[0]] = _layer_norm_pattern(imp, node, *fused[1:])
         return
     if node.domain not in ("", "ai.onnx"):
         raise Unsupported(f"unsupported ONNX op: {imp.describe(node)} (deepgen reads the standard ai.onnx domain)")
@@ -929,7 +941,10 @@ def convert(imp, node):
         else:
             result = Const(_shape_slice(sizes, attrs))
     elif any(v is not None for v in ins) and all(v is None or isinstance(v, Const) for v in ins):
-        result = _fold(imp, node, ins, attrs)
+        try:
+            result = _fold(imp, node, ins, attrs)
+        except _Symbolic:
+            result = CONVERTERS[op](imp, node, ins, attrs)
     else:
         fn = CONVERTERS.get(op)
         if fn is None:
@@ -986,15 +1001,29 @@ def plan(imp, nodes):
             return None
         return users[0]
 
-    for node in nodes:
-        if node.domain not in ("", "ai.onnx") or id(node) in imp.absorbed:
+    standard = [n for n in nodes if n.domain in ("", "ai.onnx")]
+    for node in standard:  # activations written as several nodes
+        if node.op_type == "Erf":
+            _plan_gelu(imp, node, only_consumer)
+        elif node.op_type in ("Sigmoid", "HardSigmoid"):
+            _plan_gated(imp, node, only_consumer)
+        elif node.op_type == "ReduceMean":
+            _plan_layer_norm(imp, node, only_consumer)
+    ends = {}  # what a multi-node activation reads -> the nodes that end one
+    for node in standard:
+        if imp.fused.get(id(node), ("",))[0] == "unary":
+            ends.setdefault(imp.fused[id(node)][2], []).append(node)
+    for node in standard:
+        if id(node) in imp.absorbed:
             continue
         if node.op_type == "Conv":
-            user = only_consumer(node.output[0])
+            user = _sole_activation(imp, node.output[0], needed, ends.get(node.output[0], []))
             act = _activation(imp, user) if user is not None else None
             if act:
                 imp.fused[id(node)] = ("act", user, act)
                 imp.absorbed.add(id(user))
+                for n in imp.consumers[node.output[0]]:  # (a gated activation's other node)
+                    imp.absorbed.add(id(n))
         elif node.op_type == "MatMul" and len(node.input) == 2:
             weight = imp.static_const(node.input[1])
             user = only_consumer(node.output[0])
@@ -1006,8 +1035,30 @@ def plan(imp, nodes):
                     and bias.size == weight.shape[1] and other[0] in imp.initializers):
                 imp.fused[id(node)] = ("bias", user, other[0])
                 imp.absorbed.add(id(user))
-        elif node.op_type == "Erf":
-            _plan_gelu(imp, node, only_consumer)
+
+
+def _sole_activation(imp, name, needed, ends):
+    """The node that alone reads `name` (or ends the multi-node activation that alone reads it)."""
+    users = imp.consumers.get(name, [])
+    if name in imp.graph_outputs or not users or any(id(u) not in needed for u in users):
+        return None
+    if len(users) == 1 and id(users[0]) not in imp.absorbed:
+        return users[0]
+    if len(ends) == 1 and all(u is ends[0] or id(u) in imp.absorbed for u in users):
+        return ends[0]
+    return None
+
+
+def _plan_gated(imp, gate, only_consumer):
+    """x * sigmoid(x) -> dg.silu(x); x * hardsigmoid(x) (the standard one) -> dg.hardswish(x)."""
+    if gate.op_type == "HardSigmoid" and not _standard_hardsigmoid(_attrs(gate)):
+        return
+    x = gate.input[0]
+    mul = only_consumer(gate.output[0])
+    if mul is None or mul.op_type != "Mul" or _other(mul, gate.output[0]) != x:
+        return
+    imp.absorbed.add(id(gate))
+    imp.fused[id(mul)] = ("unary", "silu" if gate.op_type == "Sigmoid" else "hardswish", x)
 
 
 def _near(value, target) -> bool:
@@ -1055,4 +1106,74 @@ def _plan_gelu(imp, erf, only_consumer):
     end = group[-1]
     for n in group[:-1]:
         imp.absorbed.add(id(n))
-    imp.fused[id(end)] = ("gelu", x)
+    imp.fused[id(end)] = ("unary", "gelu", x)
+
+
+def _reduced_axes(imp, node):
+    """The axes a ReduceMean node reduces, where known at import (None otherwise)."""
+    attrs = _attrs(node)
+    if imp.opset < 18:
+        return attrs.get("axes")
+    given = imp.static_const(node.input[1]) if len(node.input) > 1 and node.input[1] else None
+    return None if given is None else given.reshape(-1).tolist()
+
+
+def _plan_layer_norm(imp, mean, only_consumer):
+    """(x - mean(x)) / sqrt(mean((x - mean(x))^2) + eps) [* w] [+ b] over the last axis, as
+    exporters write layer norm before opset 17 -> dg.layer_norm (imp.fused: ("layer_norm", x,
+    eps, w, b), w and b initializer names or None)."""
+    x = mean.input[0]
+    axes = _reduced_axes(imp, mean)
+    if axes is None or len(axes) != 1 or _attrs(mean).get("keepdims", 1) != 1:
+        return
+    sub = only_consumer(mean.output[0])
+    if sub is None or sub.op_type != "Sub" or list(sub.input) != [x, mean.output[0]]:
+        return
+    users = imp.consumers.get(sub.output[0], [])
+    if len(users) != 2 or sub.output[0] in imp.graph_outputs:
+        return
+    square = next((u for u in users if u.op_type == "Pow" and _near(imp.static_const(u.input[1]), 2.0)), None)
+    div = next((u for u in users if u.op_type == "Div" and u.input[0] == sub.output[0]), None)
+    if square is None or div is None:
+        return
+    var = only_consumer(square.output[0])
+    if var is None or var.op_type != "ReduceMean" or _reduced_axes(imp, var) != axes:
+        return
+    add = only_consumer(var.output[0])
+    eps = imp.static_const(_other(add, var.output[0])) if add is not None and add.op_type == "Add" else None
+    if eps is None or eps.size != 1:
+        return
+    root = only_consumer(add.output[0])
+    if root is None or root.op_type != "Sqrt" or only_consumer(root.output[0]) is not div or div.input[1] != root.output[0]:
+        return
+    group, end, weight, bias = [mean, sub, square, var, add, root, div], div, None, None
+    mul = only_consumer(div.output[0])
+    if mul is not None and mul.op_type == "Mul" and _vector(imp, _other(mul, div.output[0])):
+        weight, end = _other(mul, div.output[0]), mul
+        group.append(mul)
+        plus = only_consumer(mul.output[0])
+        if plus is not None and plus.op_type == "Add" and _vector(imp, _other(plus, mul.output[0])):
+            bias, end = _other(plus, mul.output[0]), plus
+            group.append(plus)
+    for n in group[:-1]:
+        imp.absorbed.add(id(n))
+    imp.fused[id(end)] = ("layer_norm", x, float(eps.reshape(-1)[0]), weight, bias, axes[0])
+
+
+def _vector(imp, name) -> bool:
+    """name is a 1-D float constant (an initializer, or one behind Identity nodes)."""
+    value = imp.static_const(name) if name else None
+    return value is not None and value.ndim == 1 and value.dtype.kind == "f"
+
+
+def _layer_norm_pattern(imp, node, x_name, eps, weight, bias, axis):
+    x = _x(imp, node, imp.env[x_name])
+    if _axis(imp, node, axis, x.tensor.ndim) != x.tensor.ndim - 1:
+        raise imp.fail(node, f"layer norm over axis {axis} is not supported (the last axis only)")
+    width = x.tensor.shape[-1]
+    layer = identifier("_".join(scope(node))) if scope(node) else imp.layer(node, "layer_norm")
+    w = imp.tensor(imp.env[weight], node, "weight", layer) if weight else \
+        imp.param(Const(np.ones(width, np.float32)), node, "weight", layer)
+    b = imp.tensor(imp.env[bias], node, "bias", layer) if bias else \
+        imp.param(Const(np.zeros(width, np.float32)), node, "bias", layer)
+    return imp.em.assign(layer, f"dg.layer_norm({x.name}, {w.name}, {b.name}, eps={number(eps)})")
