@@ -36,6 +36,12 @@ def _f(shape, low=-2.0, high=2.0):
 erf = np.vectorize(_erf)
 
 
+def _softmax_additive(x, mask):
+    z = x + mask
+    e = np.exp(z - z.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
 def _sigmoid(x):
     return 1 / (1 + np.exp(-x))
 
@@ -130,6 +136,15 @@ def _cases():
         Case("softmax_length_mask", lambda t: dg.softmax(t["x"], mask=dg.reshape(dg.length_mask(t["l"], 5), (-1, 1, 5))),
              lambda a: _masked_softmax(a["x"], a["l"]), {"x": _f((N, 2, 5), -5, 5), "l": ((N,), "int64", 1, 6)},
              ("length_mask", "softmax", "ewise", "reshape")),
+        Case("key_mask", lambda t: dg.key_mask(t["m"]),
+             lambda a: np.where(a["m"] != 0, 0.0, -np.inf), {"m": ((N, 5), "int64", 0, 3)}, ("key_mask",)),
+        Case("softmax_key_causal_mask",
+             lambda t: dg.softmax(t["x"], mask=dg.reshape(dg.key_mask(t["m"]), (-1, 1, T)) + dg.causal_mask(T)),
+             lambda a: _softmax_additive(a["x"], np.where(a["m"][:, None, :] != 0, 0.0, -np.inf)
+                                         + np.where(np.arange(a["x"].shape[2])[None, :, None]
+                                                    >= np.arange(a["x"].shape[2])[None, None, :], 0.0, -np.inf)),
+             {"x": _f((N, T, T), -5, 5), "m": ((N, T), "int32", 1, 2)}, ("key_mask", "causal_mask", "softmax", "ewise",
+                                                                          "reshape")),
         Case("sum_all", lambda t: dg.sum(t["x"]), lambda a: np.sum(a["x"]), {"x": _f((N, 4, 5))}, ("sum",), tol=1e-4),
         Case("sum_axis1_keep", lambda t: dg.sum(t["x"], axis=1, keepdims=True), lambda a: np.sum(a["x"], 1, keepdims=True),
              {"x": _f((N, 4, 5))}, ("sum",)),

@@ -26,7 +26,7 @@ from .source import user_loc
 from ..errors import ModelError, ShapeError
 from ..ir.shapes import fmt_shape, norm_dim
 
-__all__ = ["layer_norm", "length_mask", "linear_t", "multi_head_attention", "transformer_encoder_layer"]
+__all__ = ["layer_norm", "length_mask", "key_mask", "causal_mask", "linear_t", "multi_head_attention", "transformer_encoder_layer"]
 
 _ACTIVATIONS = {"relu": relu, "gelu": gelu}
 
@@ -62,6 +62,26 @@ def length_mask(lengths, length, name=None) -> Tensor:
         raise ModelError(f"length: {e}", user_loc(), "length_mask") from None
     what = f"lengths '{lengths.name}'" if lengths.value.kind == "input" else "lengths"
     return current().add("length_mask", [lengths], {"length": length, "what": what}, name=name)[0]
+
+
+def key_mask(mask, name=None) -> Tensor:
+    """The float32 [N, T] additive mask of a 0/1 integer mask [N, T] (Hugging Face's
+    attention_mask: 1 for a token to attend to, 0 for padding, anywhere in the row): 0
+    where mask is nonzero, -inf where it is 0, for dg.softmax(..., mask=). A row of only
+    zeros is a ValueError at run time naming the mask and the row."""
+    mask = _tensor(mask, "key_mask")
+    what = f"mask '{mask.name}'" if mask.value.kind == "input" else "mask"
+    return current().add("key_mask", [mask], {"what": what}, name=name)[0]
+
+
+def causal_mask(length, name=None) -> Tensor:
+    """The float32 [length, length] additive mask of causal attention: 0 where key k <= query
+    q, -inf above the diagonal. `length` is an int or a symbolic dim."""
+    try:
+        length = norm_dim(length)
+    except TypeError as e:
+        raise ModelError(f"length: {e}", user_loc(), "causal_mask") from None
+    return current().add("causal_mask", [], {"length": length}, name=name)[0]
 
 
 def linear_t(x, weight, bias=None, name=None) -> Tensor:

@@ -189,7 +189,7 @@ def multihead_attention(imp, node, m, args, kwargs):
            and m.bias_k is None, "batch_first=False, kdim/vdim, bias=False or add_bias_kv")
     w = [imp.param(node.target, key, t) for key, t in (
         ("in_proj_weight", m.in_proj_weight), ("in_proj_bias", m.in_proj_bias),
-        ("out_proj_weight", m.out_proj.weight), ("out_proj_bias", m.out_proj.bias))]
+        ("out_proj.weight", m.out_proj.weight), ("out_proj.bias", m.out_proj.bias))]
     out = imp.em.assign(node.name, f"dg.multi_head_attention({code(q)}, None, {', '.join(code(p) for p in w)}, "
                                    f"{m.num_heads})")
     return out, Unusable("the attention weights MultiheadAttention returns")

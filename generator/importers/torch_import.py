@@ -231,6 +231,7 @@ class Importer:
             keys.setdefault(id(tensor), []).append(key)
         self.tied = {k: v for k, v in keys.items() if len(v) > 1}  # id(tensor) -> its keys
         self.tie_uses: dict[str, list[str]] = {}  # first key -> the other keys read as it
+        self.front = "torch.fx"  # the front end that traced the module (torch.export when fx cannot)
         self._bases: dict[str, str] = {}  # module path -> its name prefix
         self._paths: dict[str, str] = {}  # name prefix -> its module path
         self.torch_keys: dict[str, list[str]] = {}  # parameter name -> its state_dict key(s)
@@ -344,7 +345,10 @@ class Importer:
 
     # -- the walk -------------------------------------------------------------------
     def run(self, example_inputs, dims: dict):
-        gm = trace(self.module)
+        try:
+            gm = trace(self.module)
+        except DeepgenError as fx_error:
+            return self._run_export(example_inputs, dims, fx_error)
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         examples = self._examples(placeholders, example_inputs)
         self._propagate(gm, placeholders, examples)
@@ -375,7 +379,53 @@ class Importer:
         self._validate(source)
         return source, Weights(self.weights, self.torch_keys)
 
-    def _examples(self, placeholders, example_inputs) -> dict:
+    def _run_export(self, example_inputs, dims: dict, fx_error):
+        """The torch.export front end (export.py), for modules torch.fx cannot trace."""
+        import inspect
+        import types
+
+        import torch
+
+        from .export import ExportWalk, export
+
+        names = [n for n, p in inspect.signature(self.module.forward).parameters.items()
+                 if p.kind not in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+        placeholders = [types.SimpleNamespace(target=n, args=()) for n in names]
+        given = self._examples(placeholders, example_inputs, require=False)
+        self.front = "torch.export"
+        named_dims = {}
+        with self.em:
+            inputs = {}
+            for name in names:
+                if name in given:
+                    example = given[name]
+                    dtype = _DTYPES.get(str(example.dtype), "float32")
+                    named_dims[name] = dims.get(name, self._default_dims(example, dtype))
+                    inputs[name] = self._input(types.SimpleNamespace(target=name, args=()), given, dims)
+            ep = export(self.module, (), given, named_dims)
+            walk = ExportWalk(self, ep, given, inputs)
+            results = walk.run()
+        with torch.no_grad():
+            eager = self.module(**given)
+        if isinstance(eager, dict):
+            keys = [k for k, v in eager.items() if torch.is_tensor(v)]
+        elif isinstance(eager, (tuple, list)):
+            keys = [f"output{i}" for i in range(len(eager))]
+        else:
+            keys = ["output"]
+        if len(keys) != len(results):
+            raise DeepgenError(f"internal: {len(results)} exported outputs for {len(keys)} of {type(self.module).__name__}")
+        outputs = {}
+        for key, value in zip(keys, results):
+            if not isinstance(value, Var):
+                raise DeepgenError(f"output {key!r} of {type(self.module).__name__} is not computed from its inputs' "
+                                   "float values (deepgen models return tensors they compute)")
+            outputs[key] = value
+        source = self._render(outputs)
+        self._validate(source)
+        return source, Weights(self.weights, self.torch_keys)
+
+    def _examples(self, placeholders, example_inputs, require: bool = True) -> dict:
         import torch
 
         names = [p.target for p in placeholders]
@@ -391,7 +441,7 @@ class Importer:
                 raise DeepgenError(f"{len(items)} example inputs for forward({', '.join(names)})")
             given = dict(zip(names, items))
         for p in placeholders:
-            if p.target not in given and not p.args:
+            if require and p.target not in given and not p.args:
                 raise DeepgenError(f"no example input for argument {p.target!r} of {type(self.module).__name__}.forward")
         return {k: torch.as_tensor(v) for k, v in given.items()}
 
@@ -441,7 +491,10 @@ class Importer:
         return self.em.declare_input(node.target, shape, dtype)
 
     def _default_dims(self, example, dtype):
-        sequences = any(type(m).__name__ in _SEQUENCE_MODULES for m in self.module.modules())
+        from torch import nn
+
+        kinds = tuple(getattr(nn, k) for k in _SEQUENCE_MODULES)  # (subclasses too: BART's embeddings)
+        sequences = any(isinstance(m, kinds) for m in self.module.modules())
         rank = example.dim()
         names = [None] * rank
         if rank >= 1:
@@ -506,7 +559,7 @@ class Importer:
     def _render(self, outputs: dict) -> str:
         em = self.em
         cls = type(self.module).__name__
-        lines = [f'"""{cls} imported from PyTorch by `deepgen from-torch` (torch.fx).', "",
+        lines = [f'"""{cls} imported from PyTorch by `deepgen from-torch` ({self.front}).', "",
                  "Parameters are named after the module's state_dict keys, dots as underscores",
                  "(`fc.weight` -> `fc_weight`). Load the weights the importer wrote (the .npz) and",
                  "switch to eval mode, as the module was traced (batch norm, dropout):",

@@ -63,3 +63,74 @@ class LengthMask(OpDef):
         values[:1] = T
         return {lengths.name: values.astype(lengths.dtype)}
 
+
+
+@register
+class KeyMask(OpDef):
+    """`key_mask(mask)`: a 0/1 integer mask [N, T] (Hugging Face's attention_mask: 1 for a
+    token to attend to, 0 for padding, anywhere in the row) as the float32 additive mask
+    [N, T]: 0 where the mask is nonzero, -inf where it is 0. A row with no nonzero entry
+    is a run-time error naming the mask and the row (its softmax would be NaN)."""
+
+    name = "key_mask"
+
+    def infer(self, inputs, attrs):
+        (mask,) = inputs
+        if mask.dtype not in _CPP_ID or mask.rank != 2:
+            raise ValueError(f"mask '{mask.name}' must be int32/int64 [N, T], got {mask.type_str()}")
+        return [("float32", tuple(mask.shape))]
+
+    def reference(self, args, attrs, dims):
+        (mask,) = args
+        empty = ~(mask != 0).any(axis=1)
+        if empty.any():
+            row = int(np.flatnonzero(empty)[0])
+            raise ValueError(f"key_mask of {attrs['what']}: row {row} keeps no position (all zeros)")
+        return [np.where(mask != 0, 0.0, -np.inf).astype(np.float32)]
+
+    def lower(self, node, ctx):
+        (mask,) = node.inputs
+        what = ctx.string(f"key_mask of {node.attrs['what']} ({node.loc.short if node.loc else ''})")
+        return [ctx.call("dg::key_mask", ctx.read(mask), ctx.write(node.outputs[0]),
+                         Named("N", ctx.size(mask.shape[0])), Named("T", ctx.size(mask.shape[1])), what,
+                         template=_CPP_ID[mask.dtype])]
+
+    def describe(self, node):
+        return f"key_mask({node.inputs[0].name})"
+
+    def grad(self, node, gouts, gb):
+        return [None]  # an integer mask: nothing to differentiate
+
+    def sample_inputs(self, node, rng, dims, graph) -> dict:
+        """A 0/1 mask of an input with the first position of each row kept."""
+        (mask,) = node.inputs
+        if mask.kind != "input":
+            return {}
+        shape = [d if isinstance(d, int) else int(sympy.sympify(d).subs(dims)) for d in mask.shape]
+        values = rng.integers(0, 2, shape)
+        values[:, 0] = 1
+        return {mask.name: values.astype(mask.dtype)}
+
+
+@register
+class CausalMask(OpDef):
+    """`causal_mask(length)`: the float32 [T, T] additive mask of causal attention (query
+    row q sees keys 0..q): 0 on and below the diagonal, -inf above it."""
+
+    name = "causal_mask"
+
+    def infer(self, inputs, attrs):
+        return [("float32", (attrs["length"], attrs["length"]))]
+
+    def reference(self, args, attrs, dims):
+        T = attrs["length"] if isinstance(attrs["length"], int) else int(sympy.sympify(attrs["length"]).subs(dims))
+        return [np.where(np.tril(np.ones((T, T), dtype=bool)), 0.0, -np.inf).astype(np.float32)]
+
+    def lower(self, node, ctx):
+        return [ctx.call("dg::causal_mask", ctx.write(node.outputs[0]), Named("T", ctx.size(node.attrs["length"])))]
+
+    def describe(self, node):
+        return f"causal_mask(T={fmt_dim(node.attrs['length'])})"
+
+    def grad(self, node, gouts, gb):
+        return []

@@ -327,6 +327,33 @@ void length_mask(const Id* lengths, float* mask, int64_t N, int64_t T, const cha
     }
 }
 
+// The additive mask of a 0/1 integer mask [N, T] (Hugging Face's attention_mask):
+// out[n, t] = 0 where mask[n, t] != 0, -inf where it is 0. The mask comes from a
+// model input, so a row that keeps no position is an error naming it (`what`):
+// its softmax would be NaN.
+template <typename Id>
+void key_mask(const Id* mask, float* out, int64_t N, int64_t T, const char* what) {
+    static_assert(std::is_integral<Id>::value, "key_mask masks must be integers");
+    for (int64_t n = 0; n < N; ++n) {
+        bool kept = false;
+        for (int64_t t = 0; t < T; ++t) {
+            const bool keep = mask[n * T + t] != 0;
+            out[n * T + t] = keep ? 0.0f : -std::numeric_limits<float>::infinity();
+            kept = kept || keep;
+        }
+        if (!kept) {
+            throw std::invalid_argument(std::string(what) + ": row " + std::to_string(n) +
+                                        " keeps no position (all zeros)");
+        }
+    }
+}
+
+// The additive mask of causal attention [T, T]: 0 where key k <= query q, -inf above.
+inline void causal_mask(float* out, int64_t T) {
+    for (int64_t q = 0; q < T; ++q)
+        for (int64_t k = 0; k < T; ++k) out[q * T + k] = k <= q ? 0.0f : -std::numeric_limits<float>::infinity();
+}
+
 // x[0..n) = value.
 inline void fill(float* x, int64_t n, float value) {
     for (int64_t i = 0; i < n; ++i) x[i] = value;

@@ -274,6 +274,30 @@ void length_mask(const Id* lengths, float* mask, int64_t N, int64_t T, const cha
   });
 }
 
+// The additive mask of a 0/1 integer mask [N, T] (Hugging Face's attention_mask):
+// out[n, t] = 0 where mask[n, t] != 0, -inf where it is 0. Each row is checked on
+// the host to keep a position (else std::invalid_argument with the CPU target's message).
+template <typename Id>
+void key_mask(const Id* mask, float* out, int64_t N, int64_t T, const char* what) {
+  static_assert(std::is_integral<Id>::value, "key_mask masks must be integers");
+  const std::vector<Id> host = host_values(mask, N * T);
+  for (int64_t n = 0; n < N; ++n) {
+    bool kept = false;
+    for (int64_t t = 0; t < T; ++t) kept = kept || host[static_cast<size_t>(n * T + t)] != 0;
+    if (!kept) {
+      throw std::invalid_argument(std::string(what) + ": row " + std::to_string(n) + " keeps no position (all zeros)");
+    }
+  }
+  const float minus_inf = -std::numeric_limits<float>::infinity();
+  for_each("key_mask", N * T, [=] DG_HD(int64_t j) { out[j] = mask[j] != 0 ? 0.0f : minus_inf; });
+}
+
+// The additive mask of causal attention [T, T]: 0 where key k <= query q, -inf above.
+inline void causal_mask(float* out, int64_t T) {
+  const float minus_inf = -std::numeric_limits<float>::infinity();
+  for_each("causal_mask", T * T, [=] DG_HD(int64_t j) { out[j] = j % T <= j / T ? 0.0f : minus_inf; });
+}
+
 // x[0..n) = value.
 inline void fill(float* x, int64_t n, float value) {
   for_each("fill", n, [=] DG_HD(int64_t i) { x[i] = value; });
