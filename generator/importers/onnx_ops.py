@@ -415,7 +415,7 @@ def _activation(imp, node) -> str | None:
     if op == "Gelu" and attrs.get("approximate", "none") == "none":
         return "dg.gelu"
     if op == "Clip":
-        ins = [imp.static_const(i) if i else None for i in node.input]
+        ins = [Const(imp.static_const(i)) if i and imp.static_const(i) is not None else None for i in node.input]
         if any(i and c is None for i, c in zip(node.input[1:], ins[1:])):
             return None
         try:
@@ -598,10 +598,12 @@ def gemm(imp, node, ins, attrs):
         if not isinstance(bm, Const):
             raise imp.fail(node, f"alpha={alpha} with a B computed at run time is not supported")
         bm = Const((bm.value * np.float32(alpha)).astype(np.float32), bm.name)
+        imp.em.note(f"{bm.name or 'B'} times alpha = {number(alpha)} (Gemm {node.name or node.output[0]})")
     if beta != 1.0 and c is not None:
         if not isinstance(c, Const):
             raise imp.fail(node, f"beta={beta} with a C computed at run time is not supported")
         c = Const((c.value * np.float32(beta)).astype(np.float32), c.name)
+        imp.em.note(f"{c.name or 'C'} times beta = {number(beta)} (Gemm {node.name or node.output[0]})")
     x = _x(imp, node, a)
     w = imp.tensor(bm, node, "weight")
     bias = _text(imp, node, c, "bias") if c is not None else None
