@@ -334,6 +334,9 @@ class OnnxImporter:
         for onnx_name in wanted:
             value = self.env.get(onnx_name)
             key = self._rename(onnx_name, "output")
+            if key in results:  # two ONNX names that make the same identifier
+                key = next(f"{key}_{k}" for k in range(2, len(results) + 3) if f"{key}_{k}" not in results)
+                self.renamed[onnx_name] = key
             if not isinstance(value, Var):
                 raise DeepgenError(f"ONNX output {onnx_name!r} is a constant; deepgen models return tensors computed "
                                    "from their inputs")
@@ -457,7 +460,10 @@ class OnnxImporter:
         if not isinstance(value, Var) or want is None:
             return
         ours = tuple(value.tensor.shape)
-        known = evaluate(ours, self.static_batch) if self.static_batch else ours
+        try:
+            known = evaluate(ours, self.static_batch) if self.static_batch else ours
+        except Exception:  # a symbolic dim other than the fixed batch: compare the concrete axes
+            known = ours
         mismatch = len(ours) != len(want) or any(
             w is not None and isinstance(o, int) and o != w for o, w in zip(known, want))
         if mismatch:
