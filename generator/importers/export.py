@@ -40,7 +40,7 @@ class LazyParam:
         self.key, self.tensor = key, tensor
 
 
-def export(module, args, kwargs, dims: dict):
+def export(module, args, kwargs, dims: dict, fx_error=None):
     """The ExportedProgram of module(*args, **kwargs) with the named axes dynamic."""
     import torch
     from torch.export import Dim
@@ -54,7 +54,8 @@ def export(module, args, kwargs, dims: dict):
     try:
         return torch.export.export(module, tuple(args), dict(kwargs), dynamic_shapes=shapes, strict=False)
     except Exception as e:
-        raise DeepgenError(f"neither torch.fx nor torch.export can trace {type(module).__name__}: "
+        first = f"{fx_error}; " if fx_error is not None else ""
+        raise DeepgenError(f"{first}torch.export cannot trace {type(module).__name__} either: "
                            f"{type(e).__name__}: {str(e).strip().splitlines()[0]}") from None
 
 

@@ -402,7 +402,7 @@ class Importer:
                     dtype = _DTYPES.get(str(example.dtype), "float32")
                     named_dims[name] = dims.get(name, self._default_dims(example, dtype))
                     inputs[name] = self._input(types.SimpleNamespace(target=name, args=()), given, dims)
-            ep = export(self.module, (), given, named_dims)
+            ep = export(self.module, (), given, named_dims, fx_error)
             walk = ExportWalk(self, ep, given, inputs)
             results = walk.run()
         with torch.no_grad():
