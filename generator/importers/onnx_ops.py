@@ -480,6 +480,17 @@ def identity(imp, node, ins, attrs):
     return ins[0]
 
 
+@converter("Pad")
+def pad(imp, node, ins, attrs):
+    """Padding by zero on every side (torchvision's Swin pads to a window multiple that the
+    sizes already are) is the tensor itself; anything else needs a pad op the DSL lacks."""
+    pads = attrs.get("pads") if imp.opset < 11 else _entries(imp, node, ins[1], "pads")
+    if pads is not None and all(isinstance(p, int) and p == 0 for p in pads):
+        return _x(imp, node, ins[0])
+    raise Unsupported(f"unsupported ONNX op: {imp.describe(node)} with pads {pads} (deepgen has no pad op; "
+                      "zero pads only)")
+
+
 @converter("Cast")
 def cast(imp, node, ins, attrs):
     x, target = ins[0], _onnx_dtype(attrs.get("to"))
