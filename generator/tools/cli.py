@@ -1,4 +1,4 @@
-"""The `deepgen` command line: generate, build, check, ir, memory, from-torch, from-onnx."""
+"""The `deepgen` command line: generate, build, check, ir, memory, from-torch, from-onnx, compare."""
 
 from __future__ import annotations
 
@@ -206,6 +206,13 @@ def cmd_from_torch(args):
     print(f"next: deepgen generate {args.output} -o {os.path.splitext(os.path.basename(args.output))[0]}_project")
 
 
+def cmd_compare(args):
+    from .compare import run_compare
+
+    first = run_compare(args.model, args.weights, args.torch, args.example_input, args.tolerance, args.build_dir)
+    return 0 if first is None else 1
+
+
 def cmd_from_onnx(args):
     from ..importers.onnx_import import command
 
@@ -280,6 +287,17 @@ def parser() -> argparse.ArgumentParser:
     fo.add_argument("--outputs", metavar="NAME[,NAME...]", help="import these graph outputs only (default: all)")
     fo.add_argument("--force", action="store_true", help="replace a model or weights file that exists (never the ONNX file)")
     fo.set_defaults(func=cmd_from_onnx)
+    cm = sub.add_parser("compare", help="run an imported model beside its PyTorch original and name the first "
+                                        "statement whose output differs")
+    cm.add_argument("model", help="the model file (from deepgen from-torch), FILE.py or FILE.py:NAME")
+    cm.add_argument("--weights", required=True, help="its weights (.npz)")
+    cm.add_argument("--torch", required=True, metavar="FILE.py:FACTORY", help="the PyTorch module it came from")
+    cm.add_argument("--example-input", action="append", metavar="NAME=SHAPE[:dtype]", required=True,
+                    help="an input of forward and its shape, as for from-torch (repeatable)")
+    cm.add_argument("--tolerance", type=float, default=1e-4, help="largest relative error taken as equal (default 1e-4)")
+    cm.add_argument("--build-dir", type=_path, help="keep the debug project and its build here (default: a "
+                                                     "temporary folder, removed afterwards)")
+    cm.set_defaults(func=cmd_compare)
     for command in (g, c, mem, i):
         command.add_argument("--option", action="append", metavar="NAME=VALUE",
                              help="a keyword argument of the model function (repeatable), e.g. --option size=base")
@@ -295,7 +313,7 @@ def main(argv=None) -> int:
         print("deepgen: interrupted", file=sys.stderr)
         return 130
     try:
-        args.func(args)
+        rc = args.func(args)
     except DeepgenError as e:
         if args.debug:
             traceback.print_exc()
@@ -315,7 +333,7 @@ def main(argv=None) -> int:
         print(f"deepgen {args.command}: internal error: {type(e).__name__}: {e} "
               "(run with --debug for the traceback, and please report it)", file=sys.stderr)
         return 1
-    return 0
+    return rc or 0
 
 
 if __name__ == "__main__":

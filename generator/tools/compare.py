@@ -1,0 +1,208 @@
+"""`deepgen compare`: where does an imported model stop agreeing with PyTorch?
+
+    deepgen compare MODEL.py --weights W.npz --torch FILE.py:FACTORY --example-input x=1,3,64,64
+
+The model is generated a second time as a debug project in which every DSL
+statement's value is an output too (`keep_values`: a generation option of the
+project, off in a normal `generate`, so it costs nothing there), built, loaded
+with the weights and run in evaluation mode. PyTorch runs the factory's module
+on the same inputs with a forward hook on every submodule. Each statement named
+after a module path (`layer2_0_conv1` for `layer2.0.conv1`; a module called
+again gives `..._1`, `..._2` as the importer names them) is compared with that
+module's output, in the order the statements run; the table shows the largest
+error per layer and the first statement past the tolerance is named with its
+line in the model file.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..errors import DeepgenError
+
+
+def statement_names(model_file: str) -> set:
+    """The names the model file assigns to (its statements' variables)."""
+    path = model_file.rpartition(":")[0] if model_file.count(":") and not os.path.exists(model_file) else model_file
+    try:
+        tree = ast.parse(Path(path).read_text(), path)
+    except (OSError, SyntaxError) as e:
+        raise DeepgenError(f"{path}: cannot read the model file ({e})") from None
+    names = set()
+    for node in ast.walk(tree):
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) else []
+        for target in targets:
+            for leaf in ast.walk(target):
+                if isinstance(leaf, ast.Name):
+                    names.add(leaf.id)
+    return names
+
+
+def keep_values(graph, names) -> dict:
+    """Make each float value of graph named in `names` an output as well (a debug
+    generation: every statement's value comes back from forward()); {statement name:
+    the output that returns it}, in schedule order (a value that already was an
+    output keeps its output's name)."""
+    taken = {name for name, _ in graph.outputs}
+    returned = {id(value): name for name, value in graph.outputs}
+    kept = {}
+    for node in graph.nodes:
+        for value in node.outputs:
+            if value.name not in names or value.dtype != "float32":
+                continue
+            if id(value) in returned:
+                kept[value.name] = returned[id(value)]
+            elif value.name not in taken:
+                graph.outputs.append((value.name, value))
+                taken.add(value.name)
+                returned[id(value)] = kept[value.name] = value.name
+    return kept
+
+
+@dataclass
+class Row:
+    statement: str
+    module: str
+    where: str
+    max_abs: float
+    rel: float
+    note: str = ""
+
+
+def _identifier(path: str) -> str:
+    from ..ir.names import safe_identifier
+
+    return safe_identifier(path.replace(".", "_"))
+
+
+def torch_values(module, examples: dict) -> dict:
+    """{statement name: output array} from forward hooks on every submodule of module,
+    named as the importer names a module's call (k-th call of a module: `_k`)."""
+    import torch
+
+    calls, hooks = {}, []
+
+    def hook(path):
+        def record(_, __, output):
+            if isinstance(output, torch.Tensor):
+                calls.setdefault(path, []).append(output.detach().float().numpy().copy())
+        return record
+
+    for path, sub in module.named_modules():
+        if path:
+            hooks.append(sub.register_forward_hook(hook(path)))
+    try:
+        with torch.no_grad():
+            final = module(**examples)
+    finally:
+        for h in hooks:
+            h.remove()
+    values = {}
+    for path, outputs in calls.items():
+        base = _identifier(path)
+        for k, out in enumerate(outputs):
+            values[(base if k == 0 else f"{base}_{k}", path)] = out
+    return values, final
+
+
+def compare_rows(graph, ours: dict, theirs: dict, tolerance: float) -> list:
+    """A Row per statement both sides have, in schedule order."""
+    by_name = {name: (name_path, out) for (name, name_path), out in theirs.items()}
+    locs = {v.name: n.loc for n in graph.nodes for v in n.outputs}
+    rows = []
+    for name, got in ours.items():
+        if name not in by_name:
+            continue
+        path, want = by_name[name]
+        where = str(locs.get(name) or "")
+        if tuple(got.shape) != tuple(want.shape):
+            if got.size == want.size:
+                got = got.reshape(want.shape)
+            else:
+                rows.append(Row(name, path, where, float("inf"), float("inf"),
+                                f"shape {list(got.shape)} vs PyTorch's {list(want.shape)}"))
+                continue
+        diff = np.abs(got.astype(np.float64) - want.astype(np.float64))
+        max_abs = float(diff.max()) if diff.size else 0.0
+        scale = float(np.abs(want).max()) if want.size else 0.0
+        rows.append(Row(name, path, where, max_abs, max_abs / max(scale, 1e-12)))
+    return rows
+
+
+def first_difference(rows: list, tolerance: float):
+    for row in rows:
+        if not row.rel <= tolerance:
+            return row
+    return None
+
+
+def build_debug(graph, build_dir: Path):
+    """Generate and build the debug project for graph in build_dir; its module."""
+    import importlib
+
+    from ..pipeline import generate
+    from .build import cmake_build
+
+    src, build = build_dir / "src", build_dir / "build"
+    generate(graph, src, force=True)
+    cmake_build(src, build)
+    sys.path.insert(0, str(build))
+    try:
+        sys.modules.pop(graph.name, None)
+        return importlib.import_module(graph.name)
+    finally:
+        sys.path.remove(str(build))
+
+
+def run_compare(model_file: str, weights: str, factory: str, example_items, tolerance: float = 1e-4,
+                build_dir: str | None = None, echo=print) -> Row | None:
+    """The whole `deepgen compare`; returns the first differing Row (None: all agree)."""
+    from ..frontend.loader import load_model
+    from ..importers.torch_cli import example_inputs, load_factory
+
+    if not Path(weights).is_file():
+        raise DeepgenError(f"--weights {weights}: no such file")
+    module = load_factory(factory)
+    examples, _ = example_inputs(example_items)
+    model = load_model(model_file)
+    graph = model.build(f"{model.name}_compare")
+    kept = keep_values(graph, statement_names(model_file))
+    inputs = {name: t.numpy() for name, t in examples.items()}
+    missing = [v.name for v in graph.inputs if v.name not in inputs]
+    if missing:
+        raise DeepgenError(f"--example-input: the model's input(s) {', '.join(missing)} have no example")
+    echo(f"building {graph.name} with {len(kept)} statement values kept as outputs ...")
+    with tempfile.TemporaryDirectory(prefix="deepgen-compare-") as tmp:
+        folder = Path(build_dir) if build_dir else Path(tmp)
+        generated = build_debug(graph, folder)
+        m = generated.Model()
+        m.load(weights)
+        if hasattr(m, "eval"):
+            m.eval()
+        ours = m.forward(**{v.name: inputs[v.name] for v in graph.inputs})
+    ours = {name: ours[output] for name, output in kept.items() if output in ours}
+    theirs, _ = torch_values(module, examples)
+    rows = compare_rows(graph, ours, theirs, tolerance)
+    if not rows:
+        raise DeepgenError("no statement of the model is named after a module of the PyTorch model: "
+                           "compare needs a model file written by `deepgen from-torch` (or named like one)")
+    width = max(len(r.statement) for r in rows)
+    echo(f"{'statement':<{width}}  {'max abs error':>13}  {'relative':>9}  module")
+    first = first_difference(rows, tolerance)
+    for row in rows:
+        mark = "  <- first difference" if row is first else ""
+        echo(f"{row.statement:<{width}}  {row.max_abs:>13.3g}  {row.rel:>9.2g}  {row.module}{mark}"
+             + (f" ({row.note})" if row.note else ""))
+    if first is None:
+        echo(f"all {len(rows)} compared statements agree with PyTorch within {tolerance:g} (relative)")
+    else:
+        echo(f"first difference: {first.statement} ({first.where}), module {first.module}: max error "
+             f"{first.max_abs:.3g}, relative {first.rel:.3g} > {tolerance:g}")
+    return first

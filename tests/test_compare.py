@@ -1,0 +1,114 @@
+"""`deepgen compare` (generator/tools/compare.py): an imported residual network run beside
+its PyTorch original agrees statement by statement; with one layer's weights planted
+wrong in the .npz, compare names that layer, its line and its module as the first
+difference and exits 1. One debug project is built (and rebuilt incrementally for
+nothing: the weights are not in the code)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from generator.tools import cli
+from generator.tools.compare import first_difference, keep_values, statement_names
+
+pytest.importorskip("torch")
+
+NET = '''
+import torch
+from torch import nn
+
+
+class Block(nn.Module):
+    def __init__(self, c, stride):
+        super().__init__()
+        self.conv1 = nn.Conv2d(c if stride == 1 else c // 2, c, 3, stride=stride, padding=1, bias=False)
+        self.bn1 = nn.BatchNorm2d(c)
+        self.relu = nn.ReLU()
+        self.conv2 = nn.Conv2d(c, c, 3, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(c)
+        self.down = nn.Conv2d(c // 2, c, 1, stride=stride) if stride > 1 else None
+
+    def forward(self, x):
+        out = self.relu(self.bn1(self.conv1(x)))
+        out = self.bn2(self.conv2(out))
+        return self.relu(out + (self.down(x) if self.down is not None else x))
+
+
+class TinyResNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.stem = nn.Conv2d(3, 4, 3, padding=1)
+        self.layer1 = Block(4, 1)
+        self.layer2 = Block(8, 2)
+        self.pool = nn.AdaptiveAvgPool2d(1)
+        self.fc = nn.Linear(8, 3)
+
+    def forward(self, x):
+        x = self.layer2(self.layer1(self.stem(x)))
+        return self.fc(torch.flatten(self.pool(x), 1))
+
+
+def make():
+    torch.manual_seed(0)
+    net = TinyResNet()
+    for m in net.modules():  # running statistics that are not the identity
+        if isinstance(m, nn.BatchNorm2d):
+            m.running_mean.uniform_(-0.5, 0.5)
+            m.running_var.uniform_(0.5, 2.0)
+    return net
+'''
+
+
+def test_compare_agrees_and_then_finds_a_planted_one_layer_error(tmp_path, capsys):
+    (tmp_path / "nets.py").write_text(NET)
+    model, weights = tmp_path / "tiny_resnet.py", tmp_path / "tiny_resnet.npz"
+    example = ["--example-input", "x=2,3,8,8"]
+    assert cli.main(["from-torch", f"{tmp_path / 'nets.py'}:make", "-o", str(model), *example]) == 0
+    args = ["compare", str(model), "--torch", f"{tmp_path / 'nets.py'}:make", *example, "--build-dir",
+            str(tmp_path / "debug")]
+    capsys.readouterr()
+    assert cli.main([*args, "--weights", str(weights)]) == 0
+    out = capsys.readouterr().out
+    assert "agree with PyTorch" in out and "layer2_conv1" in out and "layer1_relu_1" in out
+
+    planted = dict(np.load(weights))
+    planted["layer2_conv1_weight"] = planted["layer2_conv1_weight"] * 1.5
+    np.savez(tmp_path / "planted.npz", **planted)
+    assert cli.main([*args, "--weights", str(tmp_path / "planted.npz")]) == 1
+    out = capsys.readouterr().out
+    first = [line for line in out.splitlines() if line.startswith("first difference")]
+    assert len(first) == 1 and first[0].startswith("first difference: layer2_conv1 (")
+    assert "tiny_resnet.py:" in first[0] and "module layer2.conv1" in first[0]
+    # Every statement before it agreed.
+    table = out.splitlines()
+    at = next(i for i, line in enumerate(table) if "<- first difference" in line)
+    assert at > 3 and all("first difference" not in line for line in table[:at])
+
+
+def test_keep_values_makes_statements_outputs():
+    import generator as dg
+
+    @dg.model
+    def net():
+        x = dg.input("x", (dg.dim("N"), 3))
+        hidden = dg.relu(x * 2.0)
+        out = hidden + 1.0
+        return {"y": out}
+
+    graph = net.build()
+    kept = keep_values(graph, {"hidden", "out", "x"})
+    assert kept == {"hidden": "hidden", "out": "y"} and [name for name, _ in graph.outputs] == ["y", "hidden"]
+
+
+def test_statement_names_and_first_difference(tmp_path):
+    (tmp_path / "m.py").write_text("a = 1\nb, (c, d) = 2, (3, 4)\ne: int = 5\n")
+    assert statement_names(str(tmp_path / "m.py")) == {"a", "b", "c", "d", "e"}
+    assert statement_names(f"{tmp_path / 'm.py'}:net") == {"a", "b", "c", "d", "e"}
+
+    class Row:
+        def __init__(self, rel):
+            self.rel = rel
+
+    rows = [Row(1e-7), Row(float("nan")), Row(1.0)]
+    assert first_difference(rows, 1e-4) is rows[1]  # NaN is a difference
