@@ -71,10 +71,10 @@ def _selected():
             for m in models]
 
 
-def _import(module, x):
+def _import(module, x, name="net"):
     import generator as dg
 
-    source, weights = dg.from_torch(module, (x,), name="net")
+    source, weights = dg.from_torch(module, (x,), name=name)
     namespace: dict = {}
     exec(compile(source, "<imported>", "exec"), namespace)
     graph = next(v for v in namespace.values() if isinstance(v, ModelDef)).build()
@@ -149,7 +149,7 @@ def test_generated_matches_torch(name, tmp_path, builds):
 
     module = make(name)
     x = torch.randn(3, 3, 32, 32, generator=torch.Generator().manual_seed(3))
-    source, weights, _ = _import(module, x[:2])
+    source, weights, _ = _import(module, x[:2], name=f"tv_{name}")  # (one Python module name per model)
     model_path, weights_path = write_model(source, weights, str(tmp_path / f"{name}.py"))
     compiled, _ = builds.module(load_model(model_path).build())
     model = compiled.Model()
