@@ -175,8 +175,8 @@ def vectors_outside_arena(cpp: str) -> list:
     `dg::Scratch<T> name(size);` (a recursive op's per-call buffers) in the
     generated model.cpp: the buffers that do not live in the arena."""
     found = []
-    for ctype, name, size in re.findall(r"(?:std::vector|dg::Scratch)<(\w+)>\s+(\w+)\(([^;{}]+)\);", cpp):
-        found.append((ctype, name, " ".join(size.split())))
+    for ctype, name, size in re.findall(r"(?:std::vector|dg::Scratch)<([\w:]+)>\s+(\w+)\(([^;{}]+)\);", cpp):
+        found.append((ctype.removeprefix("std::"), name, " ".join(size.split())))
     return found
 
 

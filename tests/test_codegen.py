@@ -81,12 +81,12 @@ def test_generated_code_names_come_from_the_user():
     assert "// tiny.py:11  h = dg.dense(x, 4, act=dg.relu)" in model
     # -O2 folds the bias + relu into the GEMM: the epilogue is named after the user's h.
     assert "struct h_epilogue {" in files["src/kernels.h"].decode()
-    assert "dg::math::max_f(0.0F, acc[j] + h_b[col0 + j])" in files["src/kernels.h"].decode()
-    assert "float* h = arena.at(" in model
+    assert "dg::math::max_f(0.0F, _acc[_j] + h_b[_col0 + _j])" in files["src/kernels.h"].decode()
+    assert "float* h = _arena.at(" in model
     # Without fusion the matmul keeps its own buffer, named after the statement it serves.
     plain = project_files(_tiny(), opt="O0")
-    assert "float* h_matmul = arena.at(" in plain["src/model.cpp"].decode()
-    assert "h_add[4 * i0 + i1] = h_matmul[4 * i0 + i1] + h_b[i1];" in plain["src/kernels.cpp"].decode()
+    assert "float* h_matmul = _arena.at(" in plain["src/model.cpp"].decode()
+    assert "h_add[4 * _i0 + _i1] = h_matmul[4 * _i0 + _i1] + h_b[_i1];" in plain["src/kernels.cpp"].decode()
 
 
 def test_generated_cpp_is_formatted():

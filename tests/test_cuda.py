@@ -233,7 +233,7 @@ def test_generated_cuda_code_uses_device_buffers_and_launches():
     assert "std::vector<float>" not in model and "std::vector<int" not in model and "std::copy(" not in model
     assert "dg::DeviceInputs _on_device;" in model and "dg::to_host<float>(" in model
     assert "_call.finish();" in model
-    assert "dg::for_each(" in kernels and "[=] DG_HD(int64_t flat)" in kernels
+    assert "dg::for_each(" in kernels and "[=] DG_HD(std::int64_t _flat)" in kernels
     assert "_update(float* w, const float* g" in kernels  # the optimizer step
     assert "LANGUAGES CXX CUDA" in cmake and '"80-real;90"' in cmake and "--extended-lambda" in cmake
     header = files["src/kernels.h"].decode()
@@ -260,7 +260,7 @@ def test_cuda_printer_prints_only_c99_float_math():
         # dg::math::max_f/min_f are DG_HD (dg_cuda_compat.h): they keep NaN, as fmaxf does not
         assert "std::" not in text and "dg::" not in text.replace("dg::math::max_f", "").replace(
             "dg::math::min_f", ""), (fn, text)
-    assert CudaPrinter({x: "a[i]"}).doprint(sympy.exp(x) + sympy.tanh(x)) == "expf(a[i]) + tanhf(a[i])"
+    assert CudaPrinter({x: "a[i]"}).doprint(sympy.exp(x) + sympy.tanh(x)) == "::expf(a[i]) + ::tanhf(a[i])"
     assert CudaPrinter({x: "a[i]"}).doprint(sympy.Max(0, x)) == "dg::math::max_f(0.0F, a[i])"
 
 

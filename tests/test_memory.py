@@ -104,7 +104,7 @@ def test_without_kept_gradients_one_gradient_for_two_parameters(builds):
         return {"logits": logits}
 
     module, where = builds.module(dg.model(tied).build())
-    assert "if (gradients_kept) {" in (where / "src_tree" / "src" / "model.cpp").read_text()
+    assert "if (_gradients_kept) {" in (where / "src_tree" / "src" / "model.cpp").read_text()
     rng = np.random.default_rng(0)
     kept, freed = module.Model(seed=1), module.Model(seed=1)
     freed.keep_gradients = False
@@ -171,7 +171,7 @@ def test_elementwise_in_place_when_the_input_dies():
     graph = load_example("bow").build()
     model = lowered(graph)  # -O0: no fusion, so the add stays a node
     code = "\n".join(str(line) for s in model.statements for line in s.lines)
-    assert "float* hidden_add = arena.at(" in code
+    assert "float* hidden_add = _arena.at(" in code
     buffers = {b.name: b for b in model.memory["buffers"]}
     assert buffers["hidden_add"].inplace_of is buffers["hidden_matmul"]
 
@@ -211,18 +211,18 @@ def test_parameter_updates_are_scheduled_as_soon_as_possible():
     from generator.pipeline import project_files
 
     text = project_files(load_example("mlp").build())["src/model.cpp"].decode()
-    model = text[text.index("float Model::run("):]  # train_step's pass (apply_update() updates them all)
+    model = text[text.index("float Network::_run("):]  # train_step's pass (apply_update() updates them all)
     update = model.index("kernels::momentum_update(logits_b.ptr()")
-    assert "dg::gradient_ready(*gradients_only, 5);" in model[update:]  # or compute_gradients reports it
+    assert "dg::gradient_ready(*_gradients_only, 5);" in model[update:]  # or compute_gradients reports it
     assert update < model.index("gradient of mlp.py:14")  # and before the earlier layers' gradients
     # Each weight's update runs inside the product that makes its gradient (pass
     # weight_grads_last put that product after the input gradient's read of the weight).
     for i, (w, x, g) in enumerate([("h1_w", "x", "d_h1_matmul"), ("h2_w", "h1", "d_h2_matmul"),
                                    ("logits_w", "h2", "d_logits")]):
         product = model.index(f"dg::matmul_tn({x}, {g}, d_{w},")
-        assert model.index(f"kernels::momentum_update_serial({w}.ptr() + at, g,", product) < model.index(";\n", product)
+        assert model.index(f"kernels::momentum_update_serial({w}.ptr() + _at, _g,", product) < model.index(";\n", product)
         assert f"kernels::momentum_update({w}.ptr()" not in model
-        assert f"if (gradients_only != nullptr) dg::gradient_ready(*gradients_only, {2 * i});" in model[product:]
+        assert f"if (_gradients_only != nullptr) dg::gradient_ready(*_gradients_only, {2 * i});" in model[product:]
         if w != "h1_w":  # the input gradient reads the weight before
             assert model.index(f"dg::matmul_nt({g}, {w}.ptr()") < product
     cuda = project_files(load_example("mlp").build(), target="cuda")["src/model.cu"].decode()

@@ -152,7 +152,7 @@ def test_epilogue_reads_rows_columns_and_full_operands():
 
 def test_cse_and_copyprop_and_dce():
     @dg.model
-    def dup():
+    def duplicates():  # (not dup: a model name may not be a global C name, and unistd.h declares dup)
         x = dg.input("x", (2, 3))
         a = dg.tanh(x)
         b = dg.tanh(x)  # the same as a
@@ -160,7 +160,7 @@ def test_cse_and_copyprop_and_dce():
         c = (a + b) * 1  # a copy
         return {"total": dg.sin(c)}
 
-    graph = optimize(dup.build(), "O1")
+    graph = optimize(duplicates.build(), "O1")
     ops = [n.attrs.get("fn", n.op) for n in graph.nodes]
     assert ops.count("tanh") == 1 and "exp" not in ops and "mul" not in ops, ops
 

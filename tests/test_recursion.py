@@ -159,7 +159,7 @@ def test_hoisting_is_visible_in_the_generated_code():
 
     files = project_files(load_example("childsum_treelstm").build())
     model = files["src/model.cpp"].decode()
-    loop = model.index("for (int64_t level = 1;")
+    loop = model.index("for (std::int64_t level = 1;")
     hoisted = model.index("// Hoisted out of the level loop")
     assert hoisted < loop
     assert "dg::matmul(wx_gather" in model[hoisted:loop] or "@ w" in model[hoisted:loop]
@@ -219,9 +219,9 @@ def test_states_are_written_once_in_node_order(builds):
     graph = placed_states.build()
     model = project_files(graph)["src/model.cpp"].decode()
     kernels = project_files(graph)["src/kernels.cpp"].decode()
-    loop = model.index("for (int64_t level = 1;")
+    loop = model.index("for (std::int64_t level = 1;")
     assert "in schedule order" not in model and not re.search(r"Scratch<float> \w+_rows\b", model)
-    assert "node_b[i1 + 4 * node_b_at[i0]] =" in kernels  # b: straight to its node's row
+    assert "node_b[_i1 + 4 * node_b_at[_i0]] =" in kernels  # b: straight to its node's row
     assert model.count("dg::unsort_rows") == 5  # leaves: x, t twice; levels: a (a GEMM), c (hoisted)
     assert "dg::unsort_rows" not in model[model.index('return {"b": b') :]  # nothing after the loop
     assert model[:loop].count("dg::gather_child_nodes") == 0

@@ -100,7 +100,8 @@ def ewise_kernel(node, names, comment: str, printer_cls=FloatPrinter, views=None
     out = node.outputs[0]
     k_out = len(node.inputs)
     extents = [(s, p) for s, p in _merged_axes(node, views) if s != 1]
-    loop_vars = [sympy.Symbol(f"i{j}") for j in range(len(extents))] or []
+    # The loop indices begin with '_': the kernel's arguments bear the user's names.
+    loop_vars = [sympy.Symbol(f"_i{j}") for j in range(len(extents))] or []
     loads = {}
     for k, v in enumerate(node.inputs):
         loads[ARGS[k]] = f"{names[v]}[{size_expr(_index(loop_vars, extents, k, views, row_maps))}]"
@@ -114,8 +115,8 @@ def ewise_kernel(node, names, comment: str, printer_cls=FloatPrinter, views=None
     dims = sorted({s for d in sizes for s in getattr(d, "free_symbols", ())}, key=str)
     args = [Arg("const float*", names[v]) for v in node.inputs]
     args.append(Arg("float*", names[out]))
-    args += [Arg("const int64_t*", m) for m in dict.fromkeys(row_maps[k] for k in sorted(row_maps))]
-    args += [Arg("int64_t", str(d)) for d in dims]
+    args += [Arg("const std::int64_t*", m) for m in dict.fromkeys(row_maps[k] for k in sorted(row_maps))]
+    args += [Arg("std::int64_t", str(d)) for d in dims]
     return Kernel(
         name=names[out],
         comment=comment,
@@ -184,14 +185,16 @@ def epilogue_kernel(node, names, comment: str, printer_cls=FloatPrinter) -> Kern
     """The epilogue functor of a matmul node with attrs["epilogue"] (see
     passes.epilogue): acc[j] = expr(acc[j], extras...) for the n finished
     elements of C[row, col0 : col0 + n]. x0 is the accumulated value; each other
-    operand is read by its role (ops.linalg.epilogue_role)."""
+    operand is read by its role (ops.linalg.epilogue_role). The functor's members
+    bear the user's names; its operator()'s own names begin with '_' (_row, _col0,
+    _acc, _n, _j: kernels.h.j2)."""
     from ..ops.linalg import epilogue_role
 
     out = node.outputs[0]
     width = out.shape[-1]
-    col = sympy.Symbol("col0") + sympy.Symbol("j")
-    row = sympy.Symbol("row")
-    loads = {ARGS[0]: "acc[j]"}
+    col = sympy.Symbol("_col0") + sympy.Symbol("_j")
+    row = sympy.Symbol("_row")
+    loads = {ARGS[0]: "_acc[_j]"}
     uses_row = uses_col = False
     for k, v in enumerate(node.inputs[2:], start=1):
         role = epilogue_role(v, out.shape)
@@ -207,14 +210,14 @@ def epilogue_kernel(node, names, comment: str, printer_cls=FloatPrinter) -> Kern
         temps.append(f"const float {sym} = {printer.doprint(sub)};")
     full = any(epilogue_role(v, out.shape) == "full" for v in node.inputs[2:])
     dims = sorted(getattr(width, "free_symbols", ()), key=str) if full else []  # the row stride
-    args = [Arg("const float*", names[v]) for v in node.inputs[2:]] + [Arg("int64_t", str(d)) for d in dims]
+    args = [Arg("const float*", names[v]) for v in node.inputs[2:]] + [Arg("std::int64_t", str(d)) for d in dims]
     return Kernel(
         name=f"{names[out]}_epilogue",
         comment=comment,
         args=args,
-        loops=[("j", "n")],
+        loops=[("_j", "_n")],
         temps=temps,
-        assign=f"acc[j] = {printer.doprint(expr)};",
+        assign=f"_acc[_j] = {printer.doprint(expr)};",
         kind="epilogue",
         uses_row=uses_row,
         uses_col=uses_col,

@@ -16,7 +16,7 @@ from dataclasses import replace
 import numpy as np
 
 from .. import __version__
-from ..ir.names import RESERVED, comment_text, cpp_string
+from ..ir.names import comment_text, cpp_string, is_reserved
 from ..ops import get_op
 from ..ir.printing import format_graph
 from ..ir.graph import Value
@@ -26,7 +26,8 @@ from .kernels import epilogue_kernel, ewise_kernel, update_kernel
 from .plan import ArenaDecl, GradientDecl, InputSpec, KeptPacking, OutputSpec, ParamSpec, ProjectPlan, Statement, TrainPlan, Update
 from .stmt import Alias, Call, Comment, Copy, Declare, Functor, Read, Write, place
 
-CTYPE = {"float32": "float", "int32": "int32_t", "int64": "int64_t"}
+# Qualified: a user value may be called int64_t (a local, or a kernel's argument).
+CTYPE = {"float32": "float", "int32": "std::int32_t", "int64": "std::int64_t"}
 
 
 def _shape_list(shape) -> str:
@@ -275,7 +276,8 @@ class LowerCtx:
             comment = self._fused_comment(fused, node.attrs["fused_fns"])
         views = {k: self.views[id(v)] for k, v in enumerate(node.inputs) if id(v) in self.views}
         maps, row_maps = {}, {}  # map expression -> its argument name; operand -> that name
-        taken = set(names.values())
+        taken = set(names.values()) | {str(s) for v in node.inputs + node.outputs for d in v.shape
+                                        for s in getattr(d, "free_symbols", ())}
         for k, v in enumerate(node.inputs + node.outputs[:1]):
             if id(v) in self.row_maps:  # rows placed by a map (a recursive op's state in node order)
                 views[k] = (1, numel(v.shape[1:]))
@@ -304,15 +306,15 @@ def _input_spec(v, dim_index) -> InputSpec:
     checks = []
     for axis, d in enumerate(v.shape):
         if isinstance(d, int):
-            checks.append(f"check.fixed({axis}, {d});")
+            checks.append(f"_check.fixed({axis}, {d});")
         else:
-            checks.append(f"check.symbolic({axis}, {dim_index[d]}, {cpp_string(str(d))});")
+            checks.append(f"_check.symbolic({axis}, {dim_index[d]}, {cpp_string(str(d))});")
     return InputSpec(v.name, CTYPE[v.dtype], v.dtype, fmt_shape(v.shape), checks, v.rank)
 
 
 def _param_spec(p) -> ParamSpec:
     prim = p.init.resolve(p.shape)
-    seed = f"{p.seed}u" if p.seed is not None else "seed"
+    seed = f"{p.seed}u" if p.seed is not None else "_seed"  # Network::_init's argument
     lit = [f"{np.float32(x)!r}".replace("np.float32(", "").rstrip(")") + "f" for x in prim[1:]]
     target = f"{p.name}.ptr(), {p.name}.size()"
     if prim[0] == "constant":
@@ -393,7 +395,7 @@ def _live_names(graph) -> set:
 def _member_name(graph, name: str, live: set) -> str:
     """`name` for a Model member (d_h1_b, h1_w_buf) unless a live value holds it; a
     name only a value the passes removed had is free again (no d_h1_b_1)."""
-    if name not in live and name not in RESERVED:
+    if name not in live and not is_reserved(name):
         graph.names.used.add(name)
         live.add(name)
         return name
@@ -440,10 +442,13 @@ def _lower_training(ctx, graph, dim_index, bound_dims, first: int) -> TrainPlan:
                         for _, g, member in copies], end)
     opt = spec.optimizer
     kernel = update_kernel(opt, ctx.target.printer_cls)
+    # kernels:: holds one function per value name: keep the update's (and its twin's) apart
+    taken = {k.name for k in ctx.kernels} | set(graph.names.used)
+    kernel.name = _fresh(kernel.name, taken)
     ctx.kernels.append(kernel)
     # Its twin without threads, for a GEMM's threads to call on their blocks of rows
     # (added to the kernels where the memory stage fuses an update into a product).
-    serial = replace(kernel, name=f"{kernel.name}_serial", work="",
+    serial = replace(kernel, name=_fresh(f"{kernel.name}_serial", taken), work="",
                      comment=f"{kernel.comment}\nOn one thread: the GEMM that makes a gradient calls it on each block\n"
                      "of its rows (dg::update_rows), from the thread that computed the block.")
     scalars = [a.name for a in kernel.args if a.ctype == "float"]
@@ -457,7 +462,7 @@ def _lower_training(ctx, graph, dim_index, bound_dims, first: int) -> TrainPlan:
     params = {p.name: p for p in graph.params}
     for index, (p, member, _) in enumerate(grads):
         rest = [f"{m}.ptr()" for _, m in slots[p]] + [f"{p}.size()"]
-        rest += [corrections[s] if s in corrections else f"hyper.{s}" for s in scalars]
+        rest += [corrections[s] if s in corrections else f"_model.hyper.{s}" for s in scalars]
         fn = f"kernels::{kernel.name}"
         # train_step() reads the gradient where the backward pass left it (kept or not);
         # apply_update() reads the member compute_gradients() filled.
@@ -467,7 +472,7 @@ def _lower_training(ctx, graph, dim_index, bound_dims, first: int) -> TrainPlan:
         # where the memory stage can fuse it (memory/liveness.py: place_updates).
         arrays = [f"{p}.ptr()"] + [f"{m}.ptr()" for _, m in slots[p]]
         rows_call = Call(f"kernels::{serial.name}",
-                         [f"{arrays[0]} + at", "g"] + [f"{a} + at" for a in arrays[1:]] + ["n"] + rest[len(arrays):])
+                         [f"{arrays[0]} + _at", "_g"] + [f"{a} + _at" for a in arrays[1:]] + ["_n"] + rest[len(arrays):])
         updates.append(Update(p, params[p], spec.grads[p], run_call, p in copied, index, apply_call, rows_call, arrays,
                               serial))
     # The gradients lie end to end in one buffer (gradient_buffer(): one allreduce for all).
@@ -524,7 +529,7 @@ def lower(graph, target) -> ProjectPlan:
     forward = [n for n in graph.nodes if n.phase == "forward"]
     statements = _statements(ctx, forward, 0)
     train = _lower_training(ctx, graph, dim_index, bound, len(forward)) if graph.train else None
-    outputs = _outputs(ctx, graph, "outputs->" if train else "outputs.")
+    outputs = _outputs(ctx, graph, "_outputs->")
 
     requirements = [(f"{ctx.size(expr)} >= 0", cpp_string(why)) for expr, why in graph.requirements]
     source = graph.loc.short.split(":")[0] if graph.loc else "model.py"
@@ -552,4 +557,12 @@ def lower(graph, target) -> ProjectPlan:
         trees=[helper for n in graph.nodes for helper in get_op(n.op).helpers(n)],
         kept=ctx.kept_packings(),
         param_floats=sum(int(np.prod(p.shape)) for p in graph.params if p.kind == "param"),
+        py_self=_stub_name("self", graph.inputs),
+        py_on_ready=_stub_name("on_ready", graph.inputs),
     )
+
+
+def _stub_name(name: str, inputs) -> str:
+    """`name` for a positional argument in the .pyi stub, or `_name` where an input
+    (a keyword argument of the same method) is called so."""
+    return f"_{name}" if any(v.name == name for v in inputs) else name

@@ -54,11 +54,11 @@ class ArenaDecl:
     at: int = -1
 
     def piece(self) -> str:
-        """arena.at(offset, size): where the plan put this buffer."""
+        """_arena.at(offset, size): where the plan put this buffer."""
         from .printer import size_expr
 
         offset = "/*not yet planned*/" if self.buffer.offset is None else size_expr(self.buffer.offset)
-        return f"arena.at({offset}, {self.size})"
+        return f"_arena.at({offset}, {self.size})"
 
     def __str__(self) -> str:
         return f"float* {self.buffer.name} = {self.piece()};"
@@ -74,13 +74,13 @@ class GradientDecl(ArenaDecl):
     member: str = ""  # the Model's gradient member: d_h1_w
 
     def __str__(self) -> str:
-        return f"float* {self.buffer.name} = gradients_kept ? this->{self.member}.ptr() : {self.piece()};"
+        return f"float* {self.buffer.name} = _gradients_kept ? this->{self.member}.ptr() : {self.piece()};"
 
 
 @dataclass(eq=False)
 class CellBlock:
     """A recursive op's cell over a block of rows: buffers declared before it
-    (sized for the most rows), then `const int64_t rows = count;` and the body."""
+    (sized for the most rows), then `const std::int64_t rows = count;` and the body."""
 
     decls: list  # typed lines (codegen/stmt.py): the block's buffers
     rows: str  # the row-count variable the body reads
@@ -293,3 +293,7 @@ class ProjectPlan:
     recording: Recording | None = None  # filled by the record stage
     kept: list = field(default_factory=list)  # [KeptPacking]: weights packed once, kept by the Model
     param_floats: int = 0  # floats of the trainable parameters, as stored
+    # The .pyi stub's names for a method's own positional arguments (self, compute_gradients'
+    # on_ready): an input called so would repeat the name, so it becomes _self, _on_ready.
+    py_self: str = "self"
+    py_on_ready: str = "on_ready"

@@ -71,6 +71,10 @@ class FloatPrinter(C99CodePrinter):
     # sympy function name -> the runtime function printed for it (dg_math.h)
     VECTOR_MATH = {"exp": "exp_f", "expm1": "expm1_f", "log": "log_f", "log1p": "log1p_f", "tanh": "tanh_f",
                    "erf": "erf_f"}
+    # <cmath>'s functions as ::sqrtf, ::powf: a kernel's arguments bear the names of the
+    # user's values, and one called sqrtf would hide the unqualified function.
+    _ns = "::"
+    _prec_funcs = set(C99CodePrinter._prec_funcs) | {"::" + f for f in C99CodePrinter._prec_funcs}
 
     def __init__(self, loads: dict | None = None):
         super().__init__({"type_aliases": {real: float32}})
@@ -132,7 +136,7 @@ class FloatPrinter(C99CodePrinter):
             prod = " * ".join([self.parenthesize(base, 50)] * abs(int(exp)))
             return f"({prod})" if exp > 0 else f"(1.0F / ({prod}))"
         if exp == sympy.Rational(-1, 2):
-            return f"(1.0F / sqrtf({self._print(base)}))"
+            return f"(1.0F / ::sqrtf({self._print(base)}))"
         return super()._print_Pow(expr)
 
     def _print_sign(self, expr):
@@ -162,7 +166,7 @@ class RowAt(sympy.Function):
 class SizePrinter(C99CodePrinter):
     """int64 size arithmetic: N*784, N - 1, N*N (no pow() on integers)."""
 
-    max_fn = "std::max<int64_t>"
+    max_fn = "std::max<std::int64_t>"
 
     def _print_RowAt(self, expr):
         return f"{expr.args[0]}[{self._print(expr.args[1])}]"

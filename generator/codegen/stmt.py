@@ -147,8 +147,8 @@ class UpdateRows:
     arrays: list
 
     def __str__(self) -> str:
-        body = f"[&](int64_t at, const float* g, int64_t n) {{ {self.call} }}"
-        return f"dg::update_rows(gradients_only == nullptr, /*ld=*/{self.ld}, {body}, {', '.join(self.arrays)})"
+        body = f"[&](std::int64_t _at, const float* _g, std::int64_t _n) {{ {self.call} }}"
+        return f"dg::update_rows(_gradients_only == nullptr, /*ld=*/{self.ld}, {body}, {', '.join(self.arrays)})"
 
 
 @dataclass(eq=False)
@@ -166,15 +166,15 @@ class EarlyUpdate:
 
     def __str__(self) -> str:
         if self.fused:
-            return f"if (gradients_only != nullptr) dg::gradient_ready(*gradients_only, {self.index});"
+            return f"if (_gradients_only != nullptr) dg::gradient_ready(*_gradients_only, {self.index});"
         if not self.report:
-            return f"if (gradients_only == nullptr) {self.call}"
-        return f"if (gradients_only == nullptr) {self.call} else dg::gradient_ready(*gradients_only, {self.index});"
+            return f"if (_gradients_only == nullptr) {self.call}"
+        return f"if (_gradients_only == nullptr) {self.call} else dg::gradient_ready(*_gradients_only, {self.index});"
 
 
 @dataclass(eq=False)
 class Scope:
-    """A braced block: its local arrays (`const int64_t shape[] = {...};`), then its lines."""
+    """A braced block: its local arrays (`const std::int64_t _shape[] = {...};`), then its lines."""
 
     arrays: list  # [(C++ element type, name, [items])]
     lines: list

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 
 from ..errors import DeepgenError, ModelError, ShapeError
 from ..ir.graph import DTYPES, Graph, Node, Value
-from ..ir.names import NameTable, problem_with
+from ..ir.names import NameTable, check_project_name, problem_with
 from ..ops import get_op
 from ..ir.shapes import MAX_PARAM_ELEMENTS, fmt_shape, norm_shape, size_problem
 from .source import Loc, assigned_names, describe_exception, error_site, in_return, user_loc
@@ -107,8 +107,8 @@ class Builder:
 
     def mode(self) -> Value:
         """The graph's train/eval mode value, made on first use (batch norm, dropout)."""
-        if self.graph.mode is None:
-            self.graph.mode = Value(self.names.unique("mode"), "mode", (), kind="mode")
+        if self.graph.mode is None:  # named in finish(), after every name the user gives
+            self.graph.mode = Value("mode", "mode", (), kind="mode")
         return self.graph.mode
 
     def default_name(self, loc, what: str, index: int = 0) -> str:
@@ -194,6 +194,8 @@ class Builder:
         _name_values(self.graph, self.names, preferred)
         for nodes, prefix in self.regions:  # the model's own names first, then the cells'
             _name_values(SimpleNamespace(nodes=nodes), self.names, {}, prefix)
+        if self.graph.mode is not None:  # the C++ local the mode-dependent ops read: no user's name
+            self.graph.mode.name = self.names.unique("mode")
         graph = self.graph
         taken = set()
         for key, tensor in outputs:
@@ -353,6 +355,10 @@ class ModelDef:
         problem = problem_with(name)
         if problem:
             raise ModelError(f"invalid model name: {problem}", self.loc)
+        try:  # it names a C++ namespace at global scope, a Python module and a CMake target too
+            check_project_name(name)
+        except ValueError as e:
+            raise ModelError(str(e).replace("invalid project name", "invalid model name"), self.loc) from None
         self._check_signature()
         self._check_options(options)
         builder = Builder(name)

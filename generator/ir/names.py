@@ -1,15 +1,31 @@
 """Identifiers in generated code.
 
-User strings become C++ and Python identifiers only through this module: a name
-must be an ASCII identifier, and must not be a keyword of either language or a
-name the generated code uses itself. Explicit names that break these rules are
-rejected with an error; inferred names are made safe by a numeric suffix.
+User strings become C++ and Python identifiers only through this module. A user
+name (an input, output, parameter, dim or node name, or a project name) is any
+ASCII identifier that does not start with '_', is not a keyword of C++ or Python,
+and is not a macro the generated C++ sees (a macro would replace the name
+wherever the code uses it). Explicit names that break these rules are rejected
+with an error; inferred names are made safe by a numeric suffix.
+
+The generated code never takes a name from the user: its own identifiers live
+where no user name can reach (docs/ARCHITECTURE.md, "Names"): deepgen's API in
+the Model class, the user's names in its `net` (a `Network`); a leading '_' for
+what the generated code declares beside user names (locals such as `_arena`,
+kernel loop indices, Network members such as `_run`); qualified names (`std::`,
+`dg::`, `kernels::`) for the rest. Names derived from user names (`d_h1_w`,
+`h1_w_packed`) come from the same NameTable as the user's, so they are unique.
+
+A project name is also a C++ namespace at global scope, a Python module, a CMake
+target and a folder: it may not be a global name of the C/C++ libraries the
+generated code includes (exp, read, std, dg), `main`, or a target name CMake
+reserves (test, install, ...).
 """
 
 from __future__ import annotations
 
 import keyword
 import re
+from pathlib import Path
 
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
@@ -25,25 +41,43 @@ CPP_KEYWORDS = frozenset(
     xor_eq final override import module""".split()
 )
 
-# Names the generated C++ and bindings use for their own purposes, plus common
-# macros and std names that would shadow or clash.
-GENERATED_NAMES = frozenset(
-    """dg std kernels Model Inputs Outputs Dims Tensor View in out seed dims self
-    model result check i j k n i0 i1 i2 i3 i4 i5 i6 i7 int8_t int16_t int32_t int64_t
-    uint8_t uint16_t uint32_t uint64_t size_t main NULL EOF assert errno stdin stdout
-    stderr PYBIND11_MODULE m py np numpy inputs outputs parameters forward save load
-    memory_stats train_step gradients expf logf log1pf expm1f fmaxf fminf fabsf tanhf
-    sqrtf cbrtf powf sinf cosf erff erfcf""".split()
-)
+
+def _name_list(file: str) -> frozenset:
+    """A list of names in this folder, one a line ('#' starts a comment line)."""
+    text = (Path(__file__).with_name(file)).read_text()
+    return frozenset(line.strip() for line in text.splitlines() if line.strip() and not line.startswith("#"))
+
+
+# Macros of the headers a generated project includes, as the compiler here sees them
+# (tests/platform_names.py writes the list and checks it), plus the ones the build
+# defines: NDEBUG, and (names_macro) the runtime's DG_* and CMake's <target>_EXPORTS.
+MACROS = _name_list("cpp_macros.txt") | {"NDEBUG", "linux", "unix"}
+# Names declared at global scope in the generated C++ (C and C++ libraries, Python's
+# C API, pybind11, the runtime's dg): a project name is a namespace there.
+CPP_GLOBALS = _name_list("cpp_globals.txt") | {"dg", "std", "pybind11", "main"}
+# Target names CMake reserves (a project name names its Python module's target).
+CMAKE_RESERVED = frozenset("""all clean help install test package package_source edit_cache rebuild_cache
+    list_install_components depend ALL_BUILD ZERO_CHECK RUN_TESTS INSTALL PACKAGE""".split())
 
 MAX_PROJECT_NAME = 100
 
-RESERVED = CPP_KEYWORDS | GENERATED_NAMES | frozenset(keyword.kwlist)
+KEYWORDS = CPP_KEYWORDS | frozenset(keyword.kwlist)
+RESERVED = KEYWORDS | MACROS  # what no user name may be (besides the patterns of names_macro)
 
 
 def is_identifier(name: str) -> bool:
-    # A leading underscore is left to generated code (kernel temporaries _t0, ...).
+    # A leading underscore is the generated code's (locals _arena, _check; kernel indices _i0, ...).
     return bool(_IDENT.match(name)) and not name.startswith("_")
+
+
+def names_macro(name: str) -> bool:
+    """Whether `name` is, or may be, a macro in the generated C++."""
+    return name in MACROS or name.startswith("DG_") or name.endswith("_EXPORTS")
+
+
+def is_reserved(name: str) -> bool:
+    """A keyword or a macro: what no user name may be."""
+    return name in KEYWORDS or names_macro(name)
 
 
 def problem_with(name: str) -> str | None:
@@ -55,16 +89,26 @@ def problem_with(name: str) -> str | None:
             f"name {name!r} is not a valid identifier "
             "(use ASCII letters, digits and '_', not starting with a digit or '_')"
         )
-    if name in RESERVED:
-        return f"name {name!r} is reserved in the generated C++/Python code; choose another"
+    if name in KEYWORDS:
+        return f"name {name!r} is reserved: a C++ or Python keyword; choose another"
+    if names_macro(name):
+        why = ("the runtime's macros begin DG_" if name.startswith("DG_") else
+               "CMake defines <target>_EXPORTS" if name.endswith("_EXPORTS") else "a macro of the C/C++ headers")
+        return f"name {name!r} is reserved in the generated C++ ({why}); choose another"
     return None
 
 
 def check_project_name(name: str) -> str:
-    """Validate a project/module name (it becomes a folder, a namespace and a module)."""
+    """Validate a project/module name (it becomes a folder, a namespace at global
+    scope, a Python module and a CMake target)."""
     problem = problem_with(name)
     if problem:
         raise ValueError(f"invalid project name: {problem}")
+    if name in CPP_GLOBALS:
+        raise ValueError(f"invalid project name: {name!r} is a global name in the generated C++ (of the C/C++ "
+                         "libraries, Python, pybind11 or deepgen's runtime), where the project's namespace goes")
+    if name in CMAKE_RESERVED:
+        raise ValueError(f"invalid project name: {name!r} is a target name CMake reserves")
     if len(name) > MAX_PROJECT_NAME:
         raise ValueError(f"invalid project name: {len(name)} characters, more than {MAX_PROJECT_NAME} (it names the "
                          "module file, folders and a C++ namespace; file systems allow 255 bytes per name)")
@@ -79,7 +123,7 @@ class NameTable:
 
     def claim(self, name: str) -> bool:
         """Take `name` exactly; False if it is taken or reserved."""
-        if name in self.used or name in RESERVED or not is_identifier(name):
+        if name in self.used or is_reserved(name) or not is_identifier(name):
             return False
         self.used.add(name)
         return True
@@ -104,7 +148,7 @@ class NameTable:
             k += 1
 
     def _free(self, name: str) -> bool:
-        return name not in self.used and name not in RESERVED and is_identifier(name)
+        return name not in self.used and not is_reserved(name) and is_identifier(name)
 
 
 def safe_identifier(text: str) -> str:

@@ -235,7 +235,7 @@ def _kept_or_freed(printer, kept, freed) -> str:
     """The train arena's size in C++: one expression, or a choice on `gradients_kept`."""
     if sympy.simplify(sympy.sympify(kept) - sympy.sympify(freed)) == 0:
         return printer(kept)
-    return f"gradients_kept ? {printer(kept)} : {printer(freed)}"
+    return f"_gradients_kept ? {printer(kept)} : {printer(freed)}"
 
 
 def plan_memory(project):
@@ -267,8 +267,8 @@ def plan_memory(project):
         raise DeepgenError("the training arena depends on sizes only training inputs determine; "
                            "declare them on a forward input too")
     if train:
-        size = f"outputs != nullptr ? {size_expr(forward)} : {_kept_or_freed(size_expr, everything, freed)}"
-        exact = f"outputs != nullptr ? {exact_size_expr(forward)} : {_kept_or_freed(exact_size_expr, everything, freed)}"
+        size = f"_outputs != nullptr ? {size_expr(forward)} : {_kept_or_freed(size_expr, everything, freed)}"
+        exact = f"_outputs != nullptr ? {exact_size_expr(forward)} : {_kept_or_freed(exact_size_expr, everything, freed)}"
     else:
         size, exact = size_expr(forward), exact_size_expr(forward)
     project.memory = {

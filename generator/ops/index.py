@@ -9,7 +9,7 @@ from ..ir.shapes import fmt_shape, numel
 from ..codegen.stmt import Named
 from .registry import OpDef, register
 
-_CPP_ID = {"int32": "int32_t", "int64": "int64_t"}
+_CPP_ID = {"int32": "std::int32_t", "int64": "std::int64_t"}
 
 
 @register

@@ -62,8 +62,8 @@ class Transpose(OpDef):
         (x,) = node.inputs
         dims = [ctx.size(d) for d in x.shape]
         perm = list(node.attrs["perm"])
-        call = ctx.call("dg::transpose", ctx.read(x), ctx.write(node.outputs[0]), Named("ndim", x.rank), "shape", "perm")
-        return [Scope([("int64_t", "shape", dims), ("int", "perm", perm)], [call])]
+        call = ctx.call("dg::transpose", ctx.read(x), ctx.write(node.outputs[0]), Named("ndim", x.rank), "_shape", "_perm")
+        return [Scope([("std::int64_t", "_shape", dims), ("int", "_perm", perm)], [call])]
 
     def grad(self, node, gouts, gb):
         perm = node.attrs["perm"]

@@ -345,7 +345,7 @@ def inspector_lines(ctx, node):
                                             Named("dag", "true" if spec.dag else "false"), what])
     return sched, f"{sorted_words}.data()", [
         Declare("const dg::LevelSchedule", sched, init=schedule),
-        Declare(f"{ctx.target.scratch_type}<int64_t>", sorted_words, [ctx.size(nodes)]),
+        Declare(f"{ctx.target.scratch_type}<std::int64_t>", sorted_words, [ctx.size(nodes)]),
         ctx.call("dg::permute_rows", ctx.read(words), f"{sched}.order.data()", Named("count", f"{sched}.rows()"),
                  f"{sorted_words}.data()"),
     ]

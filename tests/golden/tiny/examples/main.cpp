@@ -12,14 +12,16 @@
 #include "tiny/model.h"
 #include "dg_example.h"
 
+// In the model's namespace: its names are the example's, whatever sits at global scope.
+namespace tiny {
 namespace {
 
 const char kUsage[] = "usage: tiny_example [--weights W.npz] [--input NAME=FILE.npy ...] [--output OUT.npz]";
 
 int run(const dg::ExampleOptions& options) {
-  tiny::Model model(/*seed=*/0);
+  Model model(/*seed=*/0);
   if (!options.weights.empty()) model.load(options.weights);
-  tiny::Inputs inputs;
+  Inputs inputs;
   std::vector<float> x_data(6, 0);  // [N, 3] with N=2
   inputs.x = {x_data.data(), {2, 3}};
   for (const auto& [name, path] : options.inputs) {  // files replace the example's inputs
@@ -30,7 +32,7 @@ int run(const dg::ExampleOptions& options) {
                                   "' (its inputs: x)");
     }
   }
-  tiny::Outputs outputs = model.forward(inputs);
+  Outputs outputs = model.forward(inputs);
   double y_sum = 0;
   for (auto v : outputs.y.data)
     y_sum += static_cast<double>(v);
@@ -43,6 +45,7 @@ int run(const dg::ExampleOptions& options) {
 }
 
 }  // namespace
+}  // namespace tiny
 
 int main(int argc, char** argv) {
   dg::ExampleOptions options;
@@ -50,11 +53,11 @@ int main(int argc, char** argv) {
     options = dg::parse_example_args(argc, argv);
   } catch (const std::invalid_argument& e) {
     if (*e.what()) std::fprintf(stderr, "tiny_example: %s\n", e.what());
-    std::fprintf(stderr, "%s\n", kUsage);
+    std::fprintf(stderr, "%s\n", tiny::kUsage);
     return 2;
   }
   try {
-    return run(options);
+    return tiny::run(options);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "tiny_example: error: %s\n", e.what());
     return 1;

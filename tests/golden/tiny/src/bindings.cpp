@@ -14,25 +14,26 @@
 #include "dg_parallel.h"
 #include "dg_pybind.h"
 
-namespace py = pybind11;
-using tiny::Model;
+// Inside the model's namespace: Model, Inputs and Outputs are its own, whatever
+// names sit at global scope (the module's name, say).
+namespace tiny {
+namespace py = ::pybind11;
 
 namespace {
 
 // Views of the given arrays (no copies), after checking names, dtypes and contiguity;
 // `kept` holds the numpy views of inputs that were not numpy arrays (torch tensors, buffers).
-tiny::Inputs read_inputs(const py::kwargs& given, const std::vector<std::string>& required,
-                         dg::KeptInputs& kept) {
+Inputs read_inputs(const py::kwargs& given, const std::vector<std::string>& required, dg::KeptInputs& kept) {
   dg::check_input_names(given, required, {"x"});
-  tiny::Inputs inputs;
+  Inputs inputs;
   if (given.contains("x")) inputs.x = dg::input_view<float>(given, "x", "[N, 3]", kept);
   return inputs;
 }
 
 py::dict forward(const Model& model, const py::kwargs& given) {
   dg::KeptInputs kept;  // declared before `release`: freed with the GIL held
-  const tiny::Inputs inputs = read_inputs(given, {"x"}, kept);
-  tiny::Outputs outputs;
+  const Inputs inputs = read_inputs(given, {"x"}, kept);
+  Outputs outputs;
   {
     py::gil_scoped_release release;  // other Python threads run while we compute
     outputs = model.forward(inputs);
@@ -167,3 +168,5 @@ PYBIND11_MODULE(tiny, m) {
       .def("save", &save, py::arg("path"), "Save the parameters to a .npz file (path: str or os.PathLike)")
       .def("load", &load, py::arg("path"), "Load what save() wrote (shapes are checked first)");
 }
+
+}  // namespace tiny

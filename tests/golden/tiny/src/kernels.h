@@ -13,24 +13,24 @@ namespace kernels {
 
 // the GEMM's epilogue, fusing add, relu:
 // tiny.py:11  h = dg.dense(x, 4, act=dg.relu)
-// The GEMM calls it on C[row, col0 : col0 + n] once those sums are complete.
+// The GEMM calls it on C[_row, _col0 : _col0 + _n] once those sums are complete.
 struct h_epilogue {
   const float* h_b;
-  void operator()(int64_t /*row*/, int64_t col0, float* acc, int64_t n) const {
-    for (int64_t j = 0; j < n; ++j) {
-      acc[j] = dg::math::max_f(0.0F, acc[j] + h_b[col0 + j]);
+  void operator()(std::int64_t /*_row*/, std::int64_t _col0, float* _acc, std::int64_t _n) const {
+    for (std::int64_t _j = 0; _j < _n; ++_j) {
+      _acc[_j] = dg::math::max_f(0.0F, _acc[_j] + h_b[_col0 + _j]);
     }
   }
 };
 
 // the GEMM's epilogue, fusing add:
 // tiny.py:12  y = dg.dense(h, 2)
-// The GEMM calls it on C[row, col0 : col0 + n] once those sums are complete.
+// The GEMM calls it on C[_row, _col0 : _col0 + _n] once those sums are complete.
 struct y_epilogue {
   const float* y_b;
-  void operator()(int64_t /*row*/, int64_t col0, float* acc, int64_t n) const {
-    for (int64_t j = 0; j < n; ++j) {
-      acc[j] = acc[j] + y_b[col0 + j];
+  void operator()(std::int64_t /*_row*/, std::int64_t _col0, float* _acc, std::int64_t _n) const {
+    for (std::int64_t _j = 0; _j < _n; ++_j) {
+      _acc[_j] = _acc[_j] + y_b[_col0 + _j];
     }
   }
 };

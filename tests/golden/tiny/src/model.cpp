@@ -20,12 +20,16 @@
 namespace tiny {
 
 Model::Model(uint64_t seed) {
+  net._init(seed);
+}
+
+void Network::_init(std::uint64_t _seed) {
   // tiny.py:11  h = dg.dense(x, 4, act=dg.relu)
-  dg::init_uniform(h_w.ptr(), h_w.size(), seed, dg::name_stream("h_w"), -0.9258201f, 0.9258201f);
+  dg::init_uniform(h_w.ptr(), h_w.size(), _seed, dg::name_stream("h_w"), -0.9258201f, 0.9258201f);
   // tiny.py:11  h = dg.dense(x, 4, act=dg.relu)
   dg::init_constant(h_b.ptr(), h_b.size(), 0.0f);
   // tiny.py:12  y = dg.dense(h, 2)
-  dg::init_uniform(y_w.ptr(), y_w.size(), seed, dg::name_stream("y_w"), -1.0f, 1.0f);
+  dg::init_uniform(y_w.ptr(), y_w.size(), _seed, dg::name_stream("y_w"), -1.0f, 1.0f);
   // tiny.py:12  y = dg.dense(h, 2)
   dg::init_constant(y_b.ptr(), y_b.size(), 0.0f);
 }
@@ -34,10 +38,10 @@ std::vector<std::pair<std::string, dg::Tensor<float>*>> Model::parameters() {
   parameter_version.restore_plain();  // weights whose packings held their only copy are stored again
   parameter_version.changed();        // the caller may write through these
   return {
-      {"h_w", &h_w},
-      {"h_b", &h_b},
-      {"y_w", &y_w},
-      {"y_b", &y_b},
+      {"h_w", &net.h_w},
+      {"h_b", &net.h_b},
+      {"y_w", &net.y_w},
+      {"y_b", &net.y_b},
   };
 }
 
@@ -77,13 +81,13 @@ void Model::save(const std::string& path) {
 }
 
 int64_t Model::packed_weight_bytes() const {
-  return h_w_packed.bytes() + y_w_packed.bytes();
+  return net.h_w_packed.bytes() + net.y_w_packed.bytes();
 }
 
 void Model::release_packed_weights() {
   const auto writing = state_lock.writing();  // not while a forward() reads them
-  h_w_packed.release();
-  y_w_packed.release();
+  net.h_w_packed.release();
+  net.y_w_packed.release();
 }
 
 void Model::set_keep_plain_weights(bool keep) {
@@ -97,29 +101,35 @@ int64_t Model::parameter_bytes() const {
 
 Outputs Model::forward(const Inputs& inputs) const {
   const auto reading = state_lock.reading();
+  Outputs outputs;
+  net._run(*this, inputs, &outputs);
+  return outputs;
+}
+
+void Network::_run(const ::tiny::Model& _model, const ::tiny::Inputs& _inputs,
+                   ::tiny::Outputs* _outputs) const {
   // Check every input's shape and read the symbolic sizes off them.
-  dg::ShapeChecker check(1);
-  check.input("x", inputs.x.shape, 2, "[N, 3]", inputs.x.data != nullptr);
-  check.symbolic(0, 0, "N");
-  check.fixed(1, 3);
-  const int64_t N = check.dim(0);
-  const float* x = inputs.x.data;
+  dg::ShapeChecker _check(1);
+  _check.input("x", _inputs.x.shape, 2, "[N, 3]", _inputs.x.data != nullptr);
+  _check.symbolic(0, 0, "N");
+  _check.fixed(1, 3);
+  const std::int64_t N = _check.dim(0);
+  const float* x = _inputs.x.data;
   // Every intermediate lives in this arena, at an offset planned by deepgen (see README.md).
   dg::require_size(4.0 * static_cast<double>(N), "the arena");
-  dg::Arena arena(4 * N);
+  dg::Arena _arena(4 * N);
 
   // tiny.py:11  h = dg.dense(x, 4, act=dg.relu)
-  float* h = arena.at(0, 4 * N);
+  float* h = _arena.at(0, 4 * N);
   dg::matmul(x, h_w_packed, h, /*M=*/N, /*K=*/3, /*N=*/4, kernels::h_epilogue{h_b.ptr()});
 
   // tiny.py:12  y = dg.dense(h, 2)
   std::vector<float> y(2 * N);
   dg::matmul(h, y_w_packed, y.data(), /*M=*/N, /*K=*/4, /*N=*/2, kernels::y_epilogue{y_b.ptr()});
 
-  Outputs outputs;
-  outputs.y = dg::Tensor<float>({N, 2}, std::move(y));
-  memory.record(arena);
-  return outputs;
+  // forward(): hand over the outputs
+  _outputs->y = dg::Tensor<float>({N, 2}, std::move(y));
+  _model.memory.record(_arena);
 }
 
 }  // namespace tiny

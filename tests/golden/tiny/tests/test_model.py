@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-import tiny
+from tiny import Model  # (only Model: a module named np or Path would hide those names)
 
 EXPECTED = Path(__file__).with_name("expected.npz")
 
@@ -15,7 +15,7 @@ EXPECTED = Path(__file__).with_name("expected.npz")
 def test_forward_matches_reference():
     data = np.load(EXPECTED)
     inputs = {key[len("input/") :]: data[key] for key in data.files if key.startswith("input/")}
-    outputs = tiny.Model(seed=0).forward(**inputs)
+    outputs = Model(seed=0).forward(**inputs)
     np.testing.assert_allclose(outputs["y"], data["output/y"], rtol=1e-4, atol=1e-5)
 
 
@@ -25,7 +25,7 @@ def test_wrong_shape_is_a_value_error():
     name = "x"
     inputs[name] = np.zeros(inputs[name].shape + (2,), inputs[name].dtype)
     try:
-        tiny.Model(seed=0).forward(**inputs)
+        Model(seed=0).forward(**inputs)
     except ValueError as e:
         assert name in str(e)
     else:

@@ -12,15 +12,17 @@
 #include "tiny_cuda/model.h"
 #include "dg_example.h"
 
+// In the model's namespace: its names are the example's, whatever sits at global scope.
+namespace tiny_cuda {
 namespace {
 
 const char kUsage[] =
     "usage: tiny_cuda_example [--weights W.npz] [--input NAME=FILE.npy ...] [--output OUT.npz]";
 
 int run(const dg::ExampleOptions& options) {
-  tiny_cuda::Model model(/*seed=*/0);
+  Model model(/*seed=*/0);
   if (!options.weights.empty()) model.load(options.weights);
-  tiny_cuda::Inputs inputs;
+  Inputs inputs;
   std::vector<float> x_data(6, 0);  // [N, 3] with N=2
   inputs.x = {x_data.data(), {2, 3}};
   for (const auto& [name, path] : options.inputs) {  // files replace the example's inputs
@@ -31,7 +33,7 @@ int run(const dg::ExampleOptions& options) {
                                   "' (its inputs: x)");
     }
   }
-  tiny_cuda::Outputs outputs = model.forward(inputs);
+  Outputs outputs = model.forward(inputs);
   double logits_sum = 0;
   for (auto v : outputs.logits.data)
     logits_sum += static_cast<double>(v);
@@ -44,6 +46,7 @@ int run(const dg::ExampleOptions& options) {
 }
 
 }  // namespace
+}  // namespace tiny_cuda
 
 int main(int argc, char** argv) {
   dg::ExampleOptions options;
@@ -51,11 +54,11 @@ int main(int argc, char** argv) {
     options = dg::parse_example_args(argc, argv);
   } catch (const std::invalid_argument& e) {
     if (*e.what()) std::fprintf(stderr, "tiny_cuda_example: %s\n", e.what());
-    std::fprintf(stderr, "%s\n", kUsage);
+    std::fprintf(stderr, "%s\n", tiny_cuda::kUsage);
     return 2;
   }
   try {
-    return run(options);
+    return tiny_cuda::run(options);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "tiny_cuda_example: error: %s\n", e.what());
     return 1;

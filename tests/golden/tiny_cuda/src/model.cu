@@ -23,15 +23,19 @@
 namespace tiny_cuda {
 
 Model::Model(uint64_t seed) {
+  net._init(seed);
+}
+
+void Network::_init(std::uint64_t _seed) {
   // Drawn on the host (bit for bit what the reference draws), uploaded at the first call.
   // tiny.py:30  h = dg.dense(x, 4, act=dg.relu)
-  dg::init_uniform(h_w.host(), h_w.size(), seed, dg::name_stream("h_w"), -0.9258201f, 0.9258201f);
+  dg::init_uniform(h_w.host(), h_w.size(), _seed, dg::name_stream("h_w"), -0.9258201f, 0.9258201f);
   h_w.host_written();
   // tiny.py:30  h = dg.dense(x, 4, act=dg.relu)
   dg::init_constant(h_b.host(), h_b.size(), 0.0f);
   h_b.host_written();
   // tiny.py:31  logits = dg.dense(h, 2)
-  dg::init_uniform(logits_w.host(), logits_w.size(), seed, dg::name_stream("logits_w"), -1.0f, 1.0f);
+  dg::init_uniform(logits_w.host(), logits_w.size(), _seed, dg::name_stream("logits_w"), -1.0f, 1.0f);
   logits_w.host_written();
   // tiny.py:31  logits = dg.dense(h, 2)
   dg::init_constant(logits_b.host(), logits_b.size(), 0.0f);
@@ -40,10 +44,10 @@ Model::Model(uint64_t seed) {
 
 std::vector<std::pair<std::string, dg::DeviceTensor<float>*>> Model::parameters() {
   return {
-      {"h_w", &h_w},
-      {"h_b", &h_b},
-      {"logits_w", &logits_w},
-      {"logits_b", &logits_b},
+      {"h_w", &net.h_w},
+      {"h_b", &net.h_b},
+      {"logits_w", &net.logits_w},
+      {"logits_b", &net.logits_b},
   };
 }
 
@@ -80,24 +84,25 @@ void Model::save(const std::string& path) {
 }
 
 void Model::upload_host_changes() const {
-  h_w.before_device_use();
-  h_b.before_device_use();
-  logits_w.before_device_use();
-  logits_b.before_device_use();
-  d_h_w.before_device_use();
-  d_h_b.before_device_use();
-  d_logits_w.before_device_use();
-  d_logits_b.before_device_use();
-  h_w_buf.before_device_use();
-  h_b_buf.before_device_use();
-  logits_w_buf.before_device_use();
-  logits_b_buf.before_device_use();
+  net.h_w.before_device_use();
+  net.h_b.before_device_use();
+  net.logits_w.before_device_use();
+  net.logits_b.before_device_use();
+  net.d_h_w.before_device_use();
+  net.d_h_b.before_device_use();
+  net.d_logits_w.before_device_use();
+  net.d_logits_b.before_device_use();
+  net.h_w_buf.before_device_use();
+  net.h_b_buf.before_device_use();
+  net.logits_w_buf.before_device_use();
+  net.logits_b_buf.before_device_use();
 }
 
 Outputs Model::forward(const Inputs& inputs) const {
   const auto reading = state_lock.reading();  // exclusive on this target (see model.h)
   Outputs outputs;
-  const_cast<Model*>(this)->run(inputs, &outputs);  // run() changes the model only when training
+  Model& model = const_cast<Model&>(*this);  // the network changes the model only when training
+  model.net._run(model, inputs, &outputs, nullptr);
   return outputs;
 }
 
@@ -107,14 +112,14 @@ float Model::train_step(const Inputs& inputs) {
   if (keep_gradients) allocate_gradients();
   hyper.validate();
   dg::require_step(step);
-  return run(inputs, nullptr);
+  return net._run(*this, inputs, nullptr, nullptr);
 }
 
 float Model::compute_gradients(const Inputs& inputs, const GradientReady& ready) {
   const auto writing = state_lock.writing();
   allocate_gradients();
   allocate_optimizer_state();
-  return run(inputs, nullptr, &ready);
+  return net._run(*this, inputs, nullptr, &ready);
 }
 
 void Model::apply_update() {
@@ -123,19 +128,23 @@ void Model::apply_update() {
   allocate_optimizer_state();
   hyper.validate();
   dg::require_step(step);
+  net._apply_update(*this);
+}
+
+void Network::_apply_update(::tiny_cuda::Model& _model) {
   dg::CallScope _call;  // finish() waits for the device and reports errors found there
-  upload_host_changes();
-  ++step;
-  kernels::momentum_update(h_w.ptr(), d_h_w.ptr(), h_w_buf.ptr(), h_w.size(), hyper.lr, hyper.momentum,
-                           hyper.weight_decay);
-  kernels::momentum_update(h_b.ptr(), d_h_b.ptr(), h_b_buf.ptr(), h_b.size(), hyper.lr, hyper.momentum,
-                           hyper.weight_decay);
-  kernels::momentum_update(logits_w.ptr(), d_logits_w.ptr(), logits_w_buf.ptr(), logits_w.size(), hyper.lr,
-                           hyper.momentum, hyper.weight_decay);
-  kernels::momentum_update(logits_b.ptr(), d_logits_b.ptr(), logits_b_buf.ptr(), logits_b.size(), hyper.lr,
-                           hyper.momentum, hyper.weight_decay);
+  _model.upload_host_changes();
+  ++_model.step;
+  kernels::momentum_update(h_w.ptr(), d_h_w.ptr(), h_w_buf.ptr(), h_w.size(), _model.hyper.lr,
+                           _model.hyper.momentum, _model.hyper.weight_decay);
+  kernels::momentum_update(h_b.ptr(), d_h_b.ptr(), h_b_buf.ptr(), h_b.size(), _model.hyper.lr,
+                           _model.hyper.momentum, _model.hyper.weight_decay);
+  kernels::momentum_update(logits_w.ptr(), d_logits_w.ptr(), logits_w_buf.ptr(), logits_w.size(),
+                           _model.hyper.lr, _model.hyper.momentum, _model.hyper.weight_decay);
+  kernels::momentum_update(logits_b.ptr(), d_logits_b.ptr(), logits_b_buf.ptr(), logits_b.size(),
+                           _model.hyper.lr, _model.hyper.momentum, _model.hyper.weight_decay);
   _call.finish();
-  device_changed();
+  _model.device_changed();
 }
 
 void Model::Hyperparameters::validate() const {
@@ -147,19 +156,19 @@ void Model::Hyperparameters::validate() const {
 std::vector<std::pair<std::string, dg::DeviceTensor<float>*>> Model::gradients() {
   allocate_training_state();
   return {
-      {"h_w", &d_h_w},
-      {"h_b", &d_h_b},
-      {"logits_w", &d_logits_w},
-      {"logits_b", &d_logits_b},
+      {"h_w", &net.d_h_w},
+      {"h_b", &net.d_h_b},
+      {"logits_w", &net.d_logits_w},
+      {"logits_b", &net.d_logits_b},
   };
 }
 
 std::vector<std::pair<std::string, dg::DeviceTensor<float>*>> Model::optimizer_slots() {
   return {
-      {"h_w/buf", &h_w_buf},
-      {"h_b/buf", &h_b_buf},
-      {"logits_w/buf", &logits_w_buf},
-      {"logits_b/buf", &logits_b_buf},
+      {"h_w/buf", &net.h_w_buf},
+      {"h_b/buf", &net.h_b_buf},
+      {"logits_w/buf", &net.logits_w_buf},
+      {"logits_b/buf", &net.logits_b_buf},
   };
 }
 
@@ -179,67 +188,69 @@ void Model::allocate_training_state() {
 
 void Model::allocate_gradients() {
   std::call_once(gradients_allocated, [this] {
-    d_h_w.allocate();
-    d_h_b.allocate();
-    d_logits_w.allocate();
-    d_logits_b.allocate();
+    net.d_h_w.allocate();
+    net.d_h_b.allocate();
+    net.d_logits_w.allocate();
+    net.d_logits_b.allocate();
   });
 }
 
 void Model::allocate_optimizer_state() {
   std::call_once(optimizer_state_allocated, [this] {
-    h_w_buf.allocate();
-    h_b_buf.allocate();
-    logits_w_buf.allocate();
-    logits_b_buf.allocate();
+    net.h_w_buf.allocate();
+    net.h_b_buf.allocate();
+    net.logits_w_buf.allocate();
+    net.logits_b_buf.allocate();
   });
 }
 
 int64_t Model::training_state_bytes() const {
   const auto reading = state_lock.reading();  // not while a call allocates them
-  const int64_t floats = d_h_w.size() + d_h_b.size() + d_logits_w.size() + d_logits_b.size() +
-                         h_w_buf.size() + h_b_buf.size() + logits_w_buf.size() + logits_b_buf.size();
+  const int64_t floats = net.d_h_w.size() + net.d_h_b.size() + net.d_logits_w.size() + net.d_logits_b.size() +
+                         net.h_w_buf.size() + net.h_b_buf.size() + net.logits_w_buf.size() +
+                         net.logits_b_buf.size();
   return floats * static_cast<int64_t>(sizeof(float));
 }
 
 void Model::device_changed() {
-  h_w.after_device_write();
-  h_b.after_device_write();
-  logits_w.after_device_write();
-  logits_b.after_device_write();
-  d_h_w.after_device_write();
-  d_h_b.after_device_write();
-  d_logits_w.after_device_write();
-  d_logits_b.after_device_write();
-  h_w_buf.after_device_write();
-  h_b_buf.after_device_write();
-  logits_w_buf.after_device_write();
-  logits_b_buf.after_device_write();
+  net.h_w.after_device_write();
+  net.h_b.after_device_write();
+  net.logits_w.after_device_write();
+  net.logits_b.after_device_write();
+  net.d_h_w.after_device_write();
+  net.d_h_b.after_device_write();
+  net.d_logits_w.after_device_write();
+  net.d_logits_b.after_device_write();
+  net.h_w_buf.after_device_write();
+  net.h_b_buf.after_device_write();
+  net.logits_w_buf.after_device_write();
+  net.logits_b_buf.after_device_write();
 }
 
-float Model::run(const Inputs& inputs, Outputs* outputs, const GradientReady* gradients_only) {
+float Network::_run(::tiny_cuda::Model& _model, const ::tiny_cuda::Inputs& _inputs,
+                    ::tiny_cuda::Outputs* _outputs, const std::function<void(int)>* _gradients_only) {
   dg::CallScope _call;  // finish() waits for the device and reports errors found there
-  upload_host_changes();
+  _model.upload_host_changes();
   // Check every input's shape, read the symbolic sizes off them, copy them to the device.
-  dg::ShapeChecker check(1);
-  check.input("x", inputs.x.shape, 2, "[N, 3]", inputs.x.data != nullptr);
-  check.symbolic(0, 0, "N");
-  check.fixed(1, 3);
+  dg::ShapeChecker _check(1);
+  _check.input("x", _inputs.x.shape, 2, "[N, 3]", _inputs.x.data != nullptr);
+  _check.symbolic(0, 0, "N");
+  _check.fixed(1, 3);
   dg::DeviceInputs _on_device;
-  const int64_t N = check.dim(0);
-  const float* x = _on_device.add(inputs.x);
+  const std::int64_t N = _check.dim(0);
+  const float* x = _on_device.add(_inputs.x);
   // Each parameter gradient goes to gradients() when they are kept (compute_gradients(),
   // train_step() with keep_gradients set), else to the arena until its update has used it.
-  const bool gradients_kept = gradients_only != nullptr || keep_gradients;
+  const bool _gradients_kept = _gradients_only != nullptr || _model.keep_gradients;
   // Every intermediate lives in this device arena, at an offset planned by deepgen (see README.md).
-  dg::require_size(outputs != nullptr ? 4.0 * static_cast<double>(N)
-                   : gradients_kept   ? 10.0 * static_cast<double>(N)
-                                      : 10.0 * static_cast<double>(N) + 10.0,
+  dg::require_size(_outputs != nullptr ? 4.0 * static_cast<double>(N)
+                   : _gradients_kept   ? 10.0 * static_cast<double>(N)
+                                       : 10.0 * static_cast<double>(N) + 10.0,
                    "the arena");
-  dg::Arena arena(outputs != nullptr ? 4 * N : gradients_kept ? 10 * N : 10 * N + 10);
+  dg::Arena _arena(_outputs != nullptr ? 4 * N : _gradients_kept ? 10 * N : 10 * N + 10);
 
   // tiny.py:30  h = dg.dense(x, 4, act=dg.relu)
-  float* h = arena.at(0, 4 * N);
+  float* h = _arena.at(0, 4 * N);
   dg::matmul(x, h_w.ptr(), h, /*M=*/N, /*K=*/3, /*N=*/4, kernels::h_epilogue{h_b.ptr()});
 
   // tiny.py:31  logits = dg.dense(h, 2)
@@ -247,77 +258,77 @@ float Model::run(const Inputs& inputs, Outputs* outputs, const GradientReady* gr
   dg::matmul(h, logits_w.ptr(), logits.data(), /*M=*/N, /*K=*/4, /*N=*/2,
              kernels::logits_epilogue{logits_b.ptr()});
 
-  if (outputs != nullptr) {  // forward(): copy the outputs to the host
-    outputs->logits = dg::to_host<float>({N, 2}, logits.data());
+  if (_outputs != nullptr) {  // forward(): copy the outputs to the host
+    _outputs->logits = dg::to_host<float>({N, 2}, logits.data());
     _call.finish();
-    memory.record(arena);
+    _model.memory.record(_arena);
     return 0.0f;
   }
 
   // ---- train_step(): loss ----
-  check.input("labels", inputs.labels.shape, 1, "[N]", inputs.labels.data != nullptr);
-  check.symbolic(0, 0, "N");
-  const int64_t* labels = _on_device.add(inputs.labels);
+  _check.input("labels", _inputs.labels.shape, 1, "[N]", _inputs.labels.data != nullptr);
+  _check.symbolic(0, 0, "N");
+  const std::int64_t* labels = _on_device.add(_inputs.labels);
 
   // tiny.py:32  dg.train(dg.softmax_cross_entropy(logits, labels), dg.sgd(lr=0.1, momentum=0.9), weight_decay=1e-4)
   dg::DeviceVector<float> softmax_cross_entropy(1);
-  dg::softmax_xent<int64_t>(logits.data(), labels, softmax_cross_entropy.data(), /*rows=*/N, /*classes=*/2,
-                            "softmax_cross_entropy labels 'labels'");
+  dg::softmax_xent<std::int64_t>(logits.data(), labels, softmax_cross_entropy.data(), /*rows=*/N,
+                                 /*classes=*/2, "softmax_cross_entropy labels 'labels'");
 
   // Bad ids or labels fail the step here, before any parameter changes.
   _call.finish();
   dg::require_finite_loss(dg::to_host_scalar(&(softmax_cross_entropy.data()[0])),
-                          step + 1);  // else nothing is updated
+                          _model.step + 1);  // else nothing is updated
 
   // ---- train_step(): gradients, last statement first, and the momentum(lr=0.1, momentum=0.9) update
   // of each parameter as soon as its gradient is complete and it is not read again
   // (compute_gradients() makes the gradients only: the step is apply_update()'s) ----
-  if (gradients_only == nullptr) ++step;
+  if (_gradients_only == nullptr) ++_model.step;
 
   // gradient of tiny.py:32  dg.train(dg.softmax_cross_entropy(logits, labels), dg.sgd(lr=0.1, momentum=0.9), weight_decay=1e-4)
-  float* d_softmax_cross_entropy = arena.at(4 * N, 1);
+  float* d_softmax_cross_entropy = _arena.at(4 * N, 1);
   dg::fill(d_softmax_cross_entropy, /*n=*/1, /*value=*/1.0f);
-  float* d_logits = arena.at(8 * N, 2 * N);
-  dg::softmax_xent_grad<int64_t>(logits.data(), labels, d_softmax_cross_entropy, d_logits, /*rows=*/N,
-                                 /*classes=*/2);
+  float* d_logits = _arena.at(8 * N, 2 * N);
+  dg::softmax_xent_grad<std::int64_t>(logits.data(), labels, d_softmax_cross_entropy, d_logits, /*rows=*/N,
+                                      /*classes=*/2);
 
   // gradient of tiny.py:31  logits = dg.dense(h, 2)
-  float* d_logits_b = gradients_kept ? this->d_logits_b.ptr() : arena.at(10 * N + 8, 2);
+  float* d_logits_b = _gradients_kept ? this->d_logits_b.ptr() : _arena.at(10 * N + 8, 2);
   dg::reduce_sum(d_logits, d_logits_b, /*outer=*/1, /*len=*/N, /*inner=*/2);
-  float* d_h_matmul = arena.at(4 * N, 4 * N);
+  float* d_h_matmul = _arena.at(4 * N, 4 * N);
   dg::matmul_nt(d_logits, logits_w.ptr(), d_h_matmul, /*M=*/N, /*K=*/2, /*N=*/4,
                 kernels::d_h_matmul_epilogue{h});
-  float* d_logits_w = gradients_kept ? this->d_logits_w.ptr() : arena.at(10 * N, 8);
+  float* d_logits_w = _gradients_kept ? this->d_logits_w.ptr() : _arena.at(10 * N, 8);
   dg::matmul_tn(h, d_logits, d_logits_w, /*M=*/4, /*K=*/N, /*N=*/2);
   // logits_w: gradient complete and no longer read: update it now, or report it ready
-  if (gradients_only == nullptr)
-    kernels::momentum_update(logits_w.ptr(), d_logits_w, logits_w_buf.ptr(), logits_w.size(), hyper.lr,
-                             hyper.momentum, hyper.weight_decay);
+  if (_gradients_only == nullptr)
+    kernels::momentum_update(logits_w.ptr(), d_logits_w, logits_w_buf.ptr(), logits_w.size(), _model.hyper.lr,
+                             _model.hyper.momentum, _model.hyper.weight_decay);
   // logits_b: gradient complete and no longer read: update it now, or report it ready
-  if (gradients_only == nullptr)
-    kernels::momentum_update(logits_b.ptr(), d_logits_b, logits_b_buf.ptr(), logits_b.size(), hyper.lr,
-                             hyper.momentum, hyper.weight_decay);
+  if (_gradients_only == nullptr)
+    kernels::momentum_update(logits_b.ptr(), d_logits_b, logits_b_buf.ptr(), logits_b.size(), _model.hyper.lr,
+                             _model.hyper.momentum, _model.hyper.weight_decay);
 
   // gradient of tiny.py:30  h = dg.dense(x, 4, act=dg.relu)
-  float* d_h_b_sum = gradients_kept ? this->d_h_b.ptr() : arena.at(0, 4);
+  float* d_h_b_sum = _gradients_kept ? this->d_h_b.ptr() : _arena.at(0, 4);
   dg::reduce_sum(d_h_matmul, d_h_b_sum, /*outer=*/1, /*len=*/N, /*inner=*/4);
-  float* d_h_w = gradients_kept ? this->d_h_w.ptr() : arena.at(8 * N, 12);
+  float* d_h_w = _gradients_kept ? this->d_h_w.ptr() : _arena.at(8 * N, 12);
   dg::matmul_tn(x, d_h_matmul, d_h_w, /*M=*/3, /*K=*/N, /*N=*/4);
   // h_w: gradient complete and no longer read: update it now, or report it ready
-  if (gradients_only == nullptr)
-    kernels::momentum_update(h_w.ptr(), d_h_w, h_w_buf.ptr(), h_w.size(), hyper.lr, hyper.momentum,
-                             hyper.weight_decay);
+  if (_gradients_only == nullptr)
+    kernels::momentum_update(h_w.ptr(), d_h_w, h_w_buf.ptr(), h_w.size(), _model.hyper.lr,
+                             _model.hyper.momentum, _model.hyper.weight_decay);
   // h_b: gradient complete and no longer read: update it now, or report it ready
-  if (gradients_only == nullptr)
-    kernels::momentum_update(h_b.ptr(), d_h_b_sum, h_b_buf.ptr(), h_b.size(), hyper.lr, hyper.momentum,
-                             hyper.weight_decay);
+  if (_gradients_only == nullptr)
+    kernels::momentum_update(h_b.ptr(), d_h_b_sum, h_b_buf.ptr(), h_b.size(), _model.hyper.lr,
+                             _model.hyper.momentum, _model.hyper.weight_decay);
   const float _loss = dg::to_host_scalar(&(softmax_cross_entropy.data()[0]));  // waits for the device
   _call.finish();
-  device_changed();
-  memory.record(arena);
-  if (gradients_only != nullptr) {  // compute_gradients(): every gradient is complete now
-    for (int index = 0; index < 4; ++index)
-      dg::gradient_ready(*gradients_only, index);
+  _model.device_changed();
+  _model.memory.record(_arena);
+  if (_gradients_only != nullptr) {  // compute_gradients(): every gradient is complete now
+    for (int _index = 0; _index < 4; ++_index)
+      dg::gradient_ready(*_gradients_only, _index);
   }
   return _loss;
 }

@@ -14,26 +14,27 @@
 #include "dg_parallel.h"
 #include "dg_pybind.h"
 
-namespace py = pybind11;
-using tiny_train::Model;
+// Inside the model's namespace: Model, Inputs and Outputs are its own, whatever
+// names sit at global scope (the module's name, say).
+namespace tiny_train {
+namespace py = ::pybind11;
 
 namespace {
 
 // Views of the given arrays (no copies), after checking names, dtypes and contiguity;
 // `kept` holds the numpy views of inputs that were not numpy arrays (torch tensors, buffers).
-tiny_train::Inputs read_inputs(const py::kwargs& given, const std::vector<std::string>& required,
-                               dg::KeptInputs& kept) {
+Inputs read_inputs(const py::kwargs& given, const std::vector<std::string>& required, dg::KeptInputs& kept) {
   dg::check_input_names(given, required, {"x", "labels"});
-  tiny_train::Inputs inputs;
+  Inputs inputs;
   if (given.contains("x")) inputs.x = dg::input_view<float>(given, "x", "[N, 3]", kept);
-  if (given.contains("labels")) inputs.labels = dg::input_view<int64_t>(given, "labels", "[N]", kept);
+  if (given.contains("labels")) inputs.labels = dg::input_view<std::int64_t>(given, "labels", "[N]", kept);
   return inputs;
 }
 
 py::dict forward(const Model& model, const py::kwargs& given) {
   dg::KeptInputs kept;  // declared before `release`: freed with the GIL held
-  const tiny_train::Inputs inputs = read_inputs(given, {"x"}, kept);
-  tiny_train::Outputs outputs;
+  const Inputs inputs = read_inputs(given, {"x"}, kept);
+  Outputs outputs;
   {
     py::gil_scoped_release release;  // other Python threads run while we compute
     outputs = model.forward(inputs);
@@ -107,7 +108,7 @@ void load(Model& model, const py::object& path) {
 
 float train_step(Model& model, const py::kwargs& given) {
   dg::KeptInputs kept;  // declared before `release`: freed with the GIL held
-  const tiny_train::Inputs inputs = read_inputs(given, {"x", "labels"}, kept);
+  const Inputs inputs = read_inputs(given, {"x", "labels"}, kept);
   py::gil_scoped_release release;
   return model.train_step(inputs);  // holds the model's writer lock
 }
@@ -116,7 +117,7 @@ float train_step(Model& model, const py::kwargs& given) {
 // soon as that parameter's gradient is complete, while the backward pass goes on.
 float compute_gradients(Model& model, const py::object& on_ready, const py::kwargs& given) {
   dg::KeptInputs kept;  // declared before `release`: freed with the GIL held
-  const tiny_train::Inputs inputs = read_inputs(given, {"x", "labels"}, kept);
+  const Inputs inputs = read_inputs(given, {"x", "labels"}, kept);
   static const char* const names[] = {"h_w", "h_b", "logits_w", "logits_b"};
   Model::GradientReady ready;
   if (!on_ready.is_none()) {
@@ -304,3 +305,5 @@ PYBIND11_MODULE(tiny_train, m) {
            "Load what save() wrote (shapes are checked first); a file without optimizer state resets it, "
            "with a warning when that discards any");
 }
+
+}  // namespace tiny_train

@@ -14,7 +14,7 @@ namespace kernels {
 void momentum_update(float* w, const float* g, float* buf, int64_t n, float lr, float momentum,
                      float weight_decay) {
 #pragma omp parallel for if (dg::worth_threads(36 * n))
-  for (int64_t i = 0; i < n; ++i) {
+  for (std::int64_t i = 0; i < n; ++i) {
     const float new_buf = dg::math::flush_subnormal_f(buf[i] * momentum + g[i] + w[i] * weight_decay);
     buf[i] = new_buf;
     w[i] = -new_buf * lr + w[i];
@@ -26,7 +26,7 @@ void momentum_update(float* w, const float* g, float* buf, int64_t n, float lr, 
 // of its rows (dg::update_rows), from the thread that computed the block.
 void momentum_update_serial(float* w, const float* g, float* buf, int64_t n, float lr, float momentum,
                             float weight_decay) {
-  for (int64_t i = 0; i < n; ++i) {
+  for (std::int64_t i = 0; i < n; ++i) {
     const float new_buf = dg::math::flush_subnormal_f(buf[i] * momentum + g[i] + w[i] * weight_decay);
     buf[i] = new_buf;
     w[i] = -new_buf * lr + w[i];

@@ -20,12 +20,16 @@
 namespace tiny_train {
 
 Model::Model(uint64_t seed) {
+  net._init(seed);
+}
+
+void Network::_init(std::uint64_t _seed) {
   // tiny.py:30  h = dg.dense(x, 4, act=dg.relu)
-  dg::init_uniform(h_w.ptr(), h_w.size(), seed, dg::name_stream("h_w"), -0.9258201f, 0.9258201f);
+  dg::init_uniform(h_w.ptr(), h_w.size(), _seed, dg::name_stream("h_w"), -0.9258201f, 0.9258201f);
   // tiny.py:30  h = dg.dense(x, 4, act=dg.relu)
   dg::init_constant(h_b.ptr(), h_b.size(), 0.0f);
   // tiny.py:31  logits = dg.dense(h, 2)
-  dg::init_uniform(logits_w.ptr(), logits_w.size(), seed, dg::name_stream("logits_w"), -1.0f, 1.0f);
+  dg::init_uniform(logits_w.ptr(), logits_w.size(), _seed, dg::name_stream("logits_w"), -1.0f, 1.0f);
   // tiny.py:31  logits = dg.dense(h, 2)
   dg::init_constant(logits_b.ptr(), logits_b.size(), 0.0f);
 }
@@ -34,10 +38,10 @@ std::vector<std::pair<std::string, dg::Tensor<float>*>> Model::parameters() {
   parameter_version.restore_plain();  // weights whose packings held their only copy are stored again
   parameter_version.changed();        // the caller may write through these
   return {
-      {"h_w", &h_w},
-      {"h_b", &h_b},
-      {"logits_w", &logits_w},
-      {"logits_b", &logits_b},
+      {"h_w", &net.h_w},
+      {"h_b", &net.h_b},
+      {"logits_w", &net.logits_w},
+      {"logits_b", &net.logits_b},
   };
 }
 
@@ -78,13 +82,13 @@ void Model::save(const std::string& path) {
 }
 
 int64_t Model::packed_weight_bytes() const {
-  return h_w_packed.bytes() + logits_w_packed.bytes();
+  return net.h_w_packed.bytes() + net.logits_w_packed.bytes();
 }
 
 void Model::release_packed_weights() {
   const auto writing = state_lock.writing();  // not while a forward() reads them
-  h_w_packed.release();
-  logits_w_packed.release();
+  net.h_w_packed.release();
+  net.logits_w_packed.release();
 }
 
 void Model::set_keep_plain_weights(bool keep) {
@@ -99,7 +103,8 @@ int64_t Model::parameter_bytes() const {
 Outputs Model::forward(const Inputs& inputs) const {
   const auto reading = state_lock.reading();
   Outputs outputs;
-  const_cast<Model*>(this)->run(inputs, &outputs);  // run() changes the model only when training
+  Model& model = const_cast<Model&>(*this);  // the network changes the model only when training
+  model.net._run(model, inputs, &outputs, nullptr);
   return outputs;
 }
 
@@ -110,7 +115,7 @@ float Model::train_step(const Inputs& inputs) {
   const auto stepping = parameter_version.step_scope();  // the step updates the parameters
   hyper.validate();
   dg::require_step(step);
-  return run(inputs, nullptr);
+  return net._run(*this, inputs, nullptr, nullptr);
 }
 
 float Model::compute_gradients(const Inputs& inputs, const GradientReady& ready) {
@@ -118,7 +123,7 @@ float Model::compute_gradients(const Inputs& inputs, const GradientReady& ready)
   const auto stepping = parameter_version.step_scope();  // (apply_update() follows)
   allocate_gradients();
   allocate_optimizer_state();
-  return run(inputs, nullptr, &ready);
+  return net._run(*this, inputs, nullptr, &ready);
 }
 
 void Model::apply_update() {
@@ -128,15 +133,19 @@ void Model::apply_update() {
   const auto counted = parameter_version.change_on_exit();
   hyper.validate();
   dg::require_step(step);
-  ++step;
-  kernels::momentum_update(h_w.ptr(), d_h_w.ptr(), h_w_buf.ptr(), h_w.size(), hyper.lr, hyper.momentum,
-                           hyper.weight_decay);
-  kernels::momentum_update(h_b.ptr(), d_h_b.ptr(), h_b_buf.ptr(), h_b.size(), hyper.lr, hyper.momentum,
-                           hyper.weight_decay);
-  kernels::momentum_update(logits_w.ptr(), d_logits_w.ptr(), logits_w_buf.ptr(), logits_w.size(), hyper.lr,
-                           hyper.momentum, hyper.weight_decay);
-  kernels::momentum_update(logits_b.ptr(), d_logits_b.ptr(), logits_b_buf.ptr(), logits_b.size(), hyper.lr,
-                           hyper.momentum, hyper.weight_decay);
+  net._apply_update(*this);
+}
+
+void Network::_apply_update(::tiny_train::Model& _model) {
+  ++_model.step;
+  kernels::momentum_update(h_w.ptr(), d_h_w.ptr(), h_w_buf.ptr(), h_w.size(), _model.hyper.lr,
+                           _model.hyper.momentum, _model.hyper.weight_decay);
+  kernels::momentum_update(h_b.ptr(), d_h_b.ptr(), h_b_buf.ptr(), h_b.size(), _model.hyper.lr,
+                           _model.hyper.momentum, _model.hyper.weight_decay);
+  kernels::momentum_update(logits_w.ptr(), d_logits_w.ptr(), logits_w_buf.ptr(), logits_w.size(),
+                           _model.hyper.lr, _model.hyper.momentum, _model.hyper.weight_decay);
+  kernels::momentum_update(logits_b.ptr(), d_logits_b.ptr(), logits_b_buf.ptr(), logits_b.size(),
+                           _model.hyper.lr, _model.hyper.momentum, _model.hyper.weight_decay);
 }
 
 void Model::Hyperparameters::validate() const {
@@ -148,19 +157,19 @@ void Model::Hyperparameters::validate() const {
 std::vector<std::pair<std::string, dg::Slice<float>*>> Model::gradients() {
   allocate_training_state();
   return {
-      {"h_w", &d_h_w},
-      {"h_b", &d_h_b},
-      {"logits_w", &d_logits_w},
-      {"logits_b", &d_logits_b},
+      {"h_w", &net.d_h_w},
+      {"h_b", &net.d_h_b},
+      {"logits_w", &net.d_logits_w},
+      {"logits_b", &net.d_logits_b},
   };
 }
 
 std::vector<std::pair<std::string, dg::Tensor<float>*>> Model::optimizer_slots() {
   return {
-      {"h_w/buf", &h_w_buf},
-      {"h_b/buf", &h_b_buf},
-      {"logits_w/buf", &logits_w_buf},
-      {"logits_b/buf", &logits_b_buf},
+      {"h_w/buf", &net.h_w_buf},
+      {"h_b/buf", &net.h_b_buf},
+      {"logits_w/buf", &net.logits_w_buf},
+      {"logits_b/buf", &net.logits_b_buf},
   };
 }
 
@@ -181,49 +190,50 @@ void Model::allocate_training_state() {
 void Model::allocate_gradients() {
   std::call_once(gradients_allocated, [this] {
     gradient_buffer.allocate();
-    d_h_w.data = gradient_buffer.ptr() + 0;
-    d_h_b.data = gradient_buffer.ptr() + 12;
-    d_logits_w.data = gradient_buffer.ptr() + 16;
-    d_logits_b.data = gradient_buffer.ptr() + 24;
+    net.d_h_w.data = gradient_buffer.ptr() + 0;
+    net.d_h_b.data = gradient_buffer.ptr() + 12;
+    net.d_logits_w.data = gradient_buffer.ptr() + 16;
+    net.d_logits_b.data = gradient_buffer.ptr() + 24;
   });
 }
 
 void Model::allocate_optimizer_state() {
   std::call_once(optimizer_state_allocated, [this] {
-    h_w_buf.allocate();
-    h_b_buf.allocate();
-    logits_w_buf.allocate();
-    logits_b_buf.allocate();
+    net.h_w_buf.allocate();
+    net.h_b_buf.allocate();
+    net.logits_w_buf.allocate();
+    net.logits_b_buf.allocate();
   });
 }
 
 int64_t Model::training_state_bytes() const {
   const auto reading = state_lock.reading();  // not while a call allocates them
-  const int64_t floats =
-      gradient_buffer.size() + h_w_buf.size() + h_b_buf.size() + logits_w_buf.size() + logits_b_buf.size();
+  const int64_t floats = gradient_buffer.size() + net.h_w_buf.size() + net.h_b_buf.size() +
+                         net.logits_w_buf.size() + net.logits_b_buf.size();
   return floats * static_cast<int64_t>(sizeof(float));
 }
 
-float Model::run(const Inputs& inputs, Outputs* outputs, const GradientReady* gradients_only) {
+float Network::_run(::tiny_train::Model& _model, const ::tiny_train::Inputs& _inputs,
+                    ::tiny_train::Outputs* _outputs, const std::function<void(int)>* _gradients_only) {
   // Check every input's shape and read the symbolic sizes off them.
-  dg::ShapeChecker check(1);
-  check.input("x", inputs.x.shape, 2, "[N, 3]", inputs.x.data != nullptr);
-  check.symbolic(0, 0, "N");
-  check.fixed(1, 3);
-  const int64_t N = check.dim(0);
-  const float* x = inputs.x.data;
+  dg::ShapeChecker _check(1);
+  _check.input("x", _inputs.x.shape, 2, "[N, 3]", _inputs.x.data != nullptr);
+  _check.symbolic(0, 0, "N");
+  _check.fixed(1, 3);
+  const std::int64_t N = _check.dim(0);
+  const float* x = _inputs.x.data;
   // Each parameter gradient goes to gradients() when they are kept (compute_gradients(),
   // train_step() with keep_gradients set), else to the arena until its update has used it.
-  const bool gradients_kept = gradients_only != nullptr || keep_gradients;
+  const bool _gradients_kept = _gradients_only != nullptr || _model.keep_gradients;
   // Every intermediate lives in this arena, at an offset planned by deepgen (see README.md).
-  dg::require_size(outputs != nullptr ? 4.0 * static_cast<double>(N)
-                   : gradients_kept   ? 10.0 * static_cast<double>(N)
-                                      : 10.0 * static_cast<double>(N) + 10.0,
+  dg::require_size(_outputs != nullptr ? 4.0 * static_cast<double>(N)
+                   : _gradients_kept   ? 10.0 * static_cast<double>(N)
+                                       : 10.0 * static_cast<double>(N) + 10.0,
                    "the arena");
-  dg::Arena arena(outputs != nullptr ? 4 * N : gradients_kept ? 10 * N : 10 * N + 10);
+  dg::Arena _arena(_outputs != nullptr ? 4 * N : _gradients_kept ? 10 * N : 10 * N + 10);
 
   // tiny.py:30  h = dg.dense(x, 4, act=dg.relu)
-  float* h = arena.at(0, 4 * N);
+  float* h = _arena.at(0, 4 * N);
   dg::matmul(x, h_w_packed, h, /*M=*/N, /*K=*/3, /*N=*/4, kernels::h_epilogue{h_b.ptr()});
 
   // tiny.py:31  logits = dg.dense(h, 2)
@@ -231,81 +241,83 @@ float Model::run(const Inputs& inputs, Outputs* outputs, const GradientReady* gr
   dg::matmul(h, logits_w_packed, logits.data(), /*M=*/N, /*K=*/4, /*N=*/2,
              kernels::logits_epilogue{logits_b.ptr()});
 
-  if (outputs != nullptr) {  // forward(): hand over the outputs
-    outputs->logits = dg::Tensor<float>({N, 2}, std::move(logits));
-    memory.record(arena);
+  if (_outputs != nullptr) {  // forward(): hand over the outputs
+    _outputs->logits = dg::Tensor<float>({N, 2}, std::move(logits));
+    _model.memory.record(_arena);
     return 0.0f;
   }
 
   // ---- train_step(): loss ----
-  check.input("labels", inputs.labels.shape, 1, "[N]", inputs.labels.data != nullptr);
-  check.symbolic(0, 0, "N");
-  const int64_t* labels = inputs.labels.data;
+  _check.input("labels", _inputs.labels.shape, 1, "[N]", _inputs.labels.data != nullptr);
+  _check.symbolic(0, 0, "N");
+  const std::int64_t* labels = _inputs.labels.data;
 
   // tiny.py:32  dg.train(dg.softmax_cross_entropy(logits, labels), dg.sgd(lr=0.1, momentum=0.9), weight_decay=1e-4)
   std::vector<float> softmax_cross_entropy(1);
-  dg::softmax_xent<int64_t>(logits.data(), labels, softmax_cross_entropy.data(), /*rows=*/N, /*classes=*/2,
-                            "softmax_cross_entropy labels 'labels'");
+  dg::softmax_xent<std::int64_t>(logits.data(), labels, softmax_cross_entropy.data(), /*rows=*/N,
+                                 /*classes=*/2, "softmax_cross_entropy labels 'labels'");
 
-  dg::require_finite_loss(softmax_cross_entropy.data()[0], step + 1);  // else nothing is updated
+  dg::require_finite_loss(softmax_cross_entropy.data()[0], _model.step + 1);  // else nothing is updated
 
   // ---- train_step(): gradients, last statement first, and the momentum(lr=0.1, momentum=0.9) update
   // of each parameter as soon as its gradient is complete and it is not read again
   // (compute_gradients() makes the gradients only: the step is apply_update()'s) ----
-  if (gradients_only == nullptr) ++step;
+  if (_gradients_only == nullptr) ++_model.step;
 
   // gradient of tiny.py:32  dg.train(dg.softmax_cross_entropy(logits, labels), dg.sgd(lr=0.1, momentum=0.9), weight_decay=1e-4)
-  float* d_softmax_cross_entropy = arena.at(4 * N, 1);
+  float* d_softmax_cross_entropy = _arena.at(4 * N, 1);
   dg::fill(d_softmax_cross_entropy, /*n=*/1, /*value=*/1.0f);
-  float* d_logits = arena.at(8 * N, 2 * N);
-  dg::softmax_xent_grad<int64_t>(logits.data(), labels, d_softmax_cross_entropy, d_logits, /*rows=*/N,
-                                 /*classes=*/2);
+  float* d_logits = _arena.at(8 * N, 2 * N);
+  dg::softmax_xent_grad<std::int64_t>(logits.data(), labels, d_softmax_cross_entropy, d_logits, /*rows=*/N,
+                                      /*classes=*/2);
 
   // gradient of tiny.py:31  logits = dg.dense(h, 2)
-  float* d_logits_b = gradients_kept ? this->d_logits_b.ptr() : arena.at(10 * N + 8, 2);
+  float* d_logits_b = _gradients_kept ? this->d_logits_b.ptr() : _arena.at(10 * N + 8, 2);
   dg::reduce_sum(d_logits, d_logits_b, /*outer=*/1, /*len=*/N, /*inner=*/2);
-  float* d_h_matmul = arena.at(4 * N, 4 * N);
+  float* d_h_matmul = _arena.at(4 * N, 4 * N);
   dg::matmul_nt(d_logits, logits_w.ptr(), d_h_matmul, /*M=*/N, /*K=*/2, /*N=*/4,
                 kernels::d_h_matmul_epilogue{h});
-  float* d_logits_w = gradients_kept ? this->d_logits_w.ptr() : arena.at(10 * N, 8);
+  float* d_logits_w = _gradients_kept ? this->d_logits_w.ptr() : _arena.at(10 * N, 8);
   // logits_w: gradient complete here and no longer read: the product updates it block by block
   dg::matmul_tn(h, d_logits, d_logits_w, /*M=*/4, /*K=*/N, /*N=*/2,
                 dg::update_rows(
-                    gradients_only == nullptr, /*ld=*/2,
-                    [&](int64_t at, const float* g, int64_t n) {
-                      kernels::momentum_update_serial(logits_w.ptr() + at, g, logits_w_buf.ptr() + at, n,
-                                                      hyper.lr, hyper.momentum, hyper.weight_decay);
+                    _gradients_only == nullptr, /*ld=*/2,
+                    [&](std::int64_t _at, const float* _g, std::int64_t _n) {
+                      kernels::momentum_update_serial(logits_w.ptr() + _at, _g, logits_w_buf.ptr() + _at, _n,
+                                                      _model.hyper.lr, _model.hyper.momentum,
+                                                      _model.hyper.weight_decay);
                     },
                     logits_w.ptr(), logits_w_buf.ptr()));
-  if (gradients_only != nullptr) dg::gradient_ready(*gradients_only, 2);
+  if (_gradients_only != nullptr) dg::gradient_ready(*_gradients_only, 2);
   // logits_b: gradient complete and no longer read: update it now, or report it ready
-  if (gradients_only == nullptr)
-    kernels::momentum_update(logits_b.ptr(), d_logits_b, logits_b_buf.ptr(), logits_b.size(), hyper.lr,
-                             hyper.momentum, hyper.weight_decay);
+  if (_gradients_only == nullptr)
+    kernels::momentum_update(logits_b.ptr(), d_logits_b, logits_b_buf.ptr(), logits_b.size(), _model.hyper.lr,
+                             _model.hyper.momentum, _model.hyper.weight_decay);
   else
-    dg::gradient_ready(*gradients_only, 3);
+    dg::gradient_ready(*_gradients_only, 3);
 
   // gradient of tiny.py:30  h = dg.dense(x, 4, act=dg.relu)
-  float* d_h_b_sum = gradients_kept ? this->d_h_b.ptr() : arena.at(0, 4);
+  float* d_h_b_sum = _gradients_kept ? this->d_h_b.ptr() : _arena.at(0, 4);
   dg::reduce_sum(d_h_matmul, d_h_b_sum, /*outer=*/1, /*len=*/N, /*inner=*/4);
-  float* d_h_w = gradients_kept ? this->d_h_w.ptr() : arena.at(8 * N, 12);
+  float* d_h_w = _gradients_kept ? this->d_h_w.ptr() : _arena.at(8 * N, 12);
   // h_w: gradient complete here and no longer read: the product updates it block by block
   dg::matmul_tn(x, d_h_matmul, d_h_w, /*M=*/3, /*K=*/N, /*N=*/4,
                 dg::update_rows(
-                    gradients_only == nullptr, /*ld=*/4,
-                    [&](int64_t at, const float* g, int64_t n) {
-                      kernels::momentum_update_serial(h_w.ptr() + at, g, h_w_buf.ptr() + at, n, hyper.lr,
-                                                      hyper.momentum, hyper.weight_decay);
+                    _gradients_only == nullptr, /*ld=*/4,
+                    [&](std::int64_t _at, const float* _g, std::int64_t _n) {
+                      kernels::momentum_update_serial(h_w.ptr() + _at, _g, h_w_buf.ptr() + _at, _n,
+                                                      _model.hyper.lr, _model.hyper.momentum,
+                                                      _model.hyper.weight_decay);
                     },
                     h_w.ptr(), h_w_buf.ptr()));
-  if (gradients_only != nullptr) dg::gradient_ready(*gradients_only, 0);
+  if (_gradients_only != nullptr) dg::gradient_ready(*_gradients_only, 0);
   // h_b: gradient complete and no longer read: update it now, or report it ready
-  if (gradients_only == nullptr)
-    kernels::momentum_update(h_b.ptr(), d_h_b_sum, h_b_buf.ptr(), h_b.size(), hyper.lr, hyper.momentum,
-                             hyper.weight_decay);
+  if (_gradients_only == nullptr)
+    kernels::momentum_update(h_b.ptr(), d_h_b_sum, h_b_buf.ptr(), h_b.size(), _model.hyper.lr,
+                             _model.hyper.momentum, _model.hyper.weight_decay);
   else
-    dg::gradient_ready(*gradients_only, 1);
-  memory.record(arena);
+    dg::gradient_ready(*_gradients_only, 1);
+  _model.memory.record(_arena);
   return softmax_cross_entropy.data()[0];
 }
 

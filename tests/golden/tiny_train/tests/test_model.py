@@ -7,7 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
-import tiny_train
+from tiny_train import Model  # (only Model: a module named np or Path would hide those names)
 
 EXPECTED = Path(__file__).with_name("expected.npz")
 
@@ -15,7 +15,7 @@ EXPECTED = Path(__file__).with_name("expected.npz")
 def test_forward_matches_reference():
     data = np.load(EXPECTED)
     inputs = {key[len("input/") :]: data[key] for key in data.files if key.startswith("input/")}
-    outputs = tiny_train.Model(seed=0).forward(**inputs)
+    outputs = Model(seed=0).forward(**inputs)
     np.testing.assert_allclose(outputs["logits"], data["output/logits"], rtol=1e-4, atol=1e-5)
 
 
@@ -25,7 +25,7 @@ def test_wrong_shape_is_a_value_error():
     name = "x"
     inputs[name] = np.zeros(inputs[name].shape + (2,), inputs[name].dtype)
     try:
-        tiny_train.Model(seed=0).forward(**inputs)
+        Model(seed=0).forward(**inputs)
     except ValueError as e:
         assert name in str(e)
     else:
@@ -36,7 +36,7 @@ def test_train_step_matches_reference():
     """One train_step (momentum(lr=0.1, momentum=0.9)): the loss, then the outputs after the update."""
     data = np.load(EXPECTED)
     inputs = {key[len("input/") :]: data[key] for key in data.files if key.startswith("input/")}
-    model = tiny_train.Model(seed=0)
+    model = Model(seed=0)
     loss = model.train_step(**inputs)
     np.testing.assert_allclose(loss, data["train/loss"], rtol=1e-4, atol=1e-6)
     outputs = model.forward(**inputs)

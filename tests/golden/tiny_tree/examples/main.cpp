@@ -12,23 +12,25 @@
 #include "tiny_tree/model.h"
 #include "dg_example.h"
 
+// In the model's namespace: its names are the example's, whatever sits at global scope.
+namespace tiny_tree {
 namespace {
 
 const char kUsage[] =
     "usage: tiny_tree_example [--weights W.npz] [--input NAME=FILE.npy ...] [--output OUT.npz]";
 
 int run(const dg::ExampleOptions& options) {
-  tiny_tree::Model model(/*seed=*/0);
+  Model model(/*seed=*/0);
   if (!options.weights.empty()) model.load(options.weights);
-  tiny_tree::Inputs inputs;
-  std::vector<int64_t> trees_children_data = {
+  Inputs inputs;
+  std::vector<std::int64_t> trees_children_data = {
       -1, -1, -1, -1, -1, -1, -1, -1, 3,  1,  4,  0,  5,  2,  -1, -1, -1, -1, -1, -1,
       9,  8,  10, 7,  -1, -1, -1, -1, -1, -1, -1, -1, 14, 13, 16, 12, 17, 15};  // [trees_nodes, 2] with trees_nodes=19
   inputs.trees_children = {trees_children_data.data(), {19, 2}};
-  std::vector<int64_t> trees_words_data = {8, 3, 4, 7, 1, 3, 1, 4, 9, 1,
-                                           3, 4, 9, 2, 5, 2, 0, 7, 0};  // [trees_nodes] with trees_nodes=19
+  std::vector<std::int64_t> trees_words_data = {
+      8, 3, 4, 7, 1, 3, 1, 4, 9, 1, 3, 4, 9, 2, 5, 2, 0, 7, 0};  // [trees_nodes] with trees_nodes=19
   inputs.trees_words = {trees_words_data.data(), {19}};
-  std::vector<int64_t> trees_roots_data = {6, 11, 18};  // [trees_count] with trees_count=3
+  std::vector<std::int64_t> trees_roots_data = {6, 11, 18};  // [trees_count] with trees_count=3
   inputs.trees_roots = {trees_roots_data.data(), {3}};
   for (const auto& [name, path] : options.inputs) {  // files replace the example's inputs
     if (name == "trees_children") {
@@ -42,7 +44,7 @@ int run(const dg::ExampleOptions& options) {
                                   "' (its inputs: trees_children, trees_words, trees_roots)");
     }
   }
-  tiny_tree::Outputs outputs = model.forward(inputs);
+  Outputs outputs = model.forward(inputs);
   double root_h_sum = 0;
   for (auto v : outputs.root_h.data)
     root_h_sum += static_cast<double>(v);
@@ -55,6 +57,7 @@ int run(const dg::ExampleOptions& options) {
 }
 
 }  // namespace
+}  // namespace tiny_tree
 
 int main(int argc, char** argv) {
   dg::ExampleOptions options;
@@ -62,11 +65,11 @@ int main(int argc, char** argv) {
     options = dg::parse_example_args(argc, argv);
   } catch (const std::invalid_argument& e) {
     if (*e.what()) std::fprintf(stderr, "tiny_tree_example: %s\n", e.what());
-    std::fprintf(stderr, "%s\n", kUsage);
+    std::fprintf(stderr, "%s\n", tiny_tree::kUsage);
     return 2;
   }
   try {
-    return run(options);
+    return tiny_tree::run(options);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "tiny_tree_example: error: %s\n", e.what());
     return 1;

@@ -14,30 +14,31 @@
 #include "dg_parallel.h"
 #include "dg_pybind.h"
 
-namespace py = pybind11;
-using tiny_tree::Model;
+// Inside the model's namespace: Model, Inputs and Outputs are its own, whatever
+// names sit at global scope (the module's name, say).
+namespace tiny_tree {
+namespace py = ::pybind11;
 
 namespace {
 
 // Views of the given arrays (no copies), after checking names, dtypes and contiguity;
 // `kept` holds the numpy views of inputs that were not numpy arrays (torch tensors, buffers).
-tiny_tree::Inputs read_inputs(const py::kwargs& given, const std::vector<std::string>& required,
-                              dg::KeptInputs& kept) {
+Inputs read_inputs(const py::kwargs& given, const std::vector<std::string>& required, dg::KeptInputs& kept) {
   dg::check_input_names(given, required, {"trees_children", "trees_words", "trees_roots"});
-  tiny_tree::Inputs inputs;
+  Inputs inputs;
   if (given.contains("trees_children"))
-    inputs.trees_children = dg::input_view<int64_t>(given, "trees_children", "[trees_nodes, 2]", kept);
+    inputs.trees_children = dg::input_view<std::int64_t>(given, "trees_children", "[trees_nodes, 2]", kept);
   if (given.contains("trees_words"))
-    inputs.trees_words = dg::input_view<int64_t>(given, "trees_words", "[trees_nodes]", kept);
+    inputs.trees_words = dg::input_view<std::int64_t>(given, "trees_words", "[trees_nodes]", kept);
   if (given.contains("trees_roots"))
-    inputs.trees_roots = dg::input_view<int64_t>(given, "trees_roots", "[trees_count]", kept);
+    inputs.trees_roots = dg::input_view<std::int64_t>(given, "trees_roots", "[trees_count]", kept);
   return inputs;
 }
 
 py::dict forward(const Model& model, const py::kwargs& given) {
   dg::KeptInputs kept;  // declared before `release`: freed with the GIL held
-  const tiny_tree::Inputs inputs = read_inputs(given, {"trees_children", "trees_words", "trees_roots"}, kept);
-  tiny_tree::Outputs outputs;
+  const Inputs inputs = read_inputs(given, {"trees_children", "trees_words", "trees_roots"}, kept);
+  Outputs outputs;
   {
     py::gil_scoped_release release;  // other Python threads run while we compute
     outputs = model.forward(inputs);
@@ -187,3 +188,5 @@ PYBIND11_MODULE(tiny_tree, m) {
       .def("save", &save, py::arg("path"), "Save the parameters to a .npz file (path: str or os.PathLike)")
       .def("load", &load, py::arg("path"), "Load what save() wrote (shapes are checked first)");
 }
+
+}  // namespace tiny_tree

@@ -20,18 +20,22 @@
 namespace tiny_tree {
 
 Model::Model(uint64_t seed) {
+  net._init(seed);
+}
+
+void Network::_init(std::uint64_t _seed) {
   // tiny.py:40  emb = dg.param("emb", (10, 4), init=dg.normal(0, 0.1))
-  dg::init_normal(emb.ptr(), emb.size(), seed, dg::name_stream("emb"), 0.0f, 0.1f);
+  dg::init_normal(emb.ptr(), emb.size(), _seed, dg::name_stream("emb"), 0.0f, 0.1f);
   // tiny.py:41  w = dg.param("w", (8, 4))
-  dg::init_uniform(w.ptr(), w.size(), seed, dg::name_stream("w"), -0.70710677f, 0.70710677f);
+  dg::init_uniform(w.ptr(), w.size(), _seed, dg::name_stream("w"), -0.70710677f, 0.70710677f);
 }
 
 std::vector<std::pair<std::string, dg::Tensor<float>*>> Model::parameters() {
   parameter_version.restore_plain();  // weights whose packings held their only copy are stored again
   parameter_version.changed();        // the caller may write through these
   return {
-      {"emb", &emb},
-      {"w", &w},
+      {"emb", &net.emb},
+      {"w", &net.w},
   };
 }
 
@@ -71,12 +75,12 @@ void Model::save(const std::string& path) {
 }
 
 int64_t Model::packed_weight_bytes() const {
-  return w_packed.bytes();
+  return net.w_packed.bytes();
 }
 
 void Model::release_packed_weights() {
   const auto writing = state_lock.writing();  // not while a forward() reads them
-  w_packed.release();
+  net.w_packed.release();
 }
 
 void Model::set_keep_plain_weights(bool keep) {
@@ -90,51 +94,58 @@ int64_t Model::parameter_bytes() const {
 
 Outputs Model::forward(const Inputs& inputs) const {
   const auto reading = state_lock.reading();
+  Outputs outputs;
+  net._run(*this, inputs, &outputs);
+  return outputs;
+}
+
+void Network::_run(const ::tiny_tree::Model& _model, const ::tiny_tree::Inputs& _inputs,
+                   ::tiny_tree::Outputs* _outputs) const {
   // Check every input's shape and read the symbolic sizes off them.
-  dg::ShapeChecker check(2);
-  check.input("trees_children", inputs.trees_children.shape, 2, "[trees_nodes, 2]",
-              inputs.trees_children.data != nullptr);
-  check.symbolic(0, 0, "trees_nodes");
-  check.fixed(1, 2);
-  check.input("trees_words", inputs.trees_words.shape, 1, "[trees_nodes]",
-              inputs.trees_words.data != nullptr);
-  check.symbolic(0, 0, "trees_nodes");
-  check.input("trees_roots", inputs.trees_roots.shape, 1, "[trees_count]",
-              inputs.trees_roots.data != nullptr);
-  check.symbolic(0, 1, "trees_count");
-  const int64_t trees_nodes = check.dim(0);
-  const int64_t trees_count = check.dim(1);
-  const int64_t* trees_children = inputs.trees_children.data;
-  const int64_t* trees_words = inputs.trees_words.data;
-  const int64_t* trees_roots = inputs.trees_roots.data;
+  dg::ShapeChecker _check(2);
+  _check.input("trees_children", _inputs.trees_children.shape, 2, "[trees_nodes, 2]",
+               _inputs.trees_children.data != nullptr);
+  _check.symbolic(0, 0, "trees_nodes");
+  _check.fixed(1, 2);
+  _check.input("trees_words", _inputs.trees_words.shape, 1, "[trees_nodes]",
+               _inputs.trees_words.data != nullptr);
+  _check.symbolic(0, 0, "trees_nodes");
+  _check.input("trees_roots", _inputs.trees_roots.shape, 1, "[trees_count]",
+               _inputs.trees_roots.data != nullptr);
+  _check.symbolic(0, 1, "trees_count");
+  const std::int64_t trees_nodes = _check.dim(0);
+  const std::int64_t trees_count = _check.dim(1);
+  const std::int64_t* trees_children = _inputs.trees_children.data;
+  const std::int64_t* trees_words = _inputs.trees_words.data;
+  const std::int64_t* trees_roots = _inputs.trees_roots.data;
   // Every intermediate lives in this arena, at an offset planned by deepgen (see README.md).
   dg::require_size(4.0 * static_cast<double>(trees_nodes), "the arena");
-  dg::Arena arena(4 * trees_nodes);
+  dg::Arena _arena(4 * trees_nodes);
 
   // tiny.py:50  h = dg.recurse(trees, leaf, internal, names=("h",))
-  float* h = arena.at(0, 4 * trees_nodes);
+  float* h = _arena.at(0, 4 * trees_nodes);
   // Inspector: check the batch and number its nodes by height, leaves first.
   const dg::LevelSchedule schedule = dg::schedule_levels(
       trees_children, /*nodes=*/trees_nodes, /*arity=*/2, trees_roots, /*num_roots=*/trees_count,
       /*dag=*/false, "recurse over 'trees_children' (tiny.py:50)");
-  dg::Scratch<int64_t> sorted_words(trees_nodes);
+  dg::Scratch<std::int64_t> sorted_words(trees_nodes);
   dg::permute_rows(trees_words, schedule.order.data(), /*count=*/schedule.rows(), sorted_words.data());
   // Leaves: all trees_children leaves at once.
-  const int64_t leaves = schedule.leaves();
+  const std::int64_t leaves = schedule.leaves();
   dg::Scratch<float> leaf_gather(4 * leaves);
   {
-    const int64_t rows = leaves;
+    const std::int64_t rows = leaves;
     // tiny.py:44  return (dg.gather(emb, words),)
-    dg::gather_rows<int64_t>(emb.ptr(), /*rows=*/10, /*width=*/4, sorted_words.data(), /*n=*/rows,
-                             leaf_gather.data(), "gather 'emb' by 'leaf_words' (tiny.py:44)");
+    dg::gather_rows<std::int64_t>(emb.ptr(), /*rows=*/10, /*width=*/4, sorted_words.data(), /*n=*/rows,
+                                  leaf_gather.data(), "gather 'emb' by 'leaf_words' (tiny.py:44)");
     dg::unsort_rows(leaf_gather.data(), schedule.order.data(), /*rows=*/rows, /*width=*/4, h);
   }
-  const int64_t max_rows = schedule.max_level_rows;
+  const std::int64_t max_rows = schedule.max_level_rows;
   dg::Scratch<float> node_concat(max_rows * 8);
   dg::Scratch<float> node_tanh(4 * max_rows);
   // Executor: one batched step per level, children before parents.
-  for (int64_t level = 1; level < schedule.levels(); ++level) {
-    const int64_t start = schedule.level_start[level];
+  for (std::int64_t level = 1; level < schedule.levels(); ++level) {
+    const std::int64_t start = schedule.level_start[level];
     dg::gather_child_nodes(h, /*width=*/4, schedule.order.data(), schedule.child_row.data() + start * 2,
                            /*arity=*/2, /*slot=*/0, /*rows=*/schedule.level_start[level + 1] - start,
                            node_concat.data(), /*out_stride=*/8);
@@ -142,7 +153,7 @@ Outputs Model::forward(const Inputs& inputs) const {
                            /*arity=*/2, /*slot=*/1, /*rows=*/schedule.level_start[level + 1] - start,
                            node_concat.data() + 4, /*out_stride=*/8);
     {
-      const int64_t rows = schedule.level_start[level + 1] - start;
+      const std::int64_t rows = schedule.level_start[level + 1] - start;
       // tiny.py:48  return (dg.tanh(dg.concat([h_l, h_r], axis=1) @ w),)
       // h_l, h_r: gathered straight into node_concat's columns
       dg::matmul(node_concat.data(), w_packed, node_tanh.data(), /*M=*/rows, /*K=*/8, /*N=*/4,
@@ -153,13 +164,12 @@ Outputs Model::forward(const Inputs& inputs) const {
 
   // tiny.py:51  return {"root_h": dg.roots(trees, h)}
   std::vector<float> root_h(4 * trees_count);
-  dg::gather_rows<int64_t>(h, /*rows=*/trees_nodes, /*width=*/4, trees_roots, /*n=*/trees_count,
-                           root_h.data(), "gather 'h' by 'trees_roots' (tiny.py:51)");
+  dg::gather_rows<std::int64_t>(h, /*rows=*/trees_nodes, /*width=*/4, trees_roots, /*n=*/trees_count,
+                                root_h.data(), "gather 'h' by 'trees_roots' (tiny.py:51)");
 
-  Outputs outputs;
-  outputs.root_h = dg::Tensor<float>({trees_count, 4}, std::move(root_h));
-  memory.record(arena);
-  return outputs;
+  // forward(): hand over the outputs
+  _outputs->root_h = dg::Tensor<float>({trees_count, 4}, std::move(root_h));
+  _model.memory.record(_arena);
 }
 
 }  // namespace tiny_tree

@@ -25,6 +25,35 @@ struct Outputs {
   dg::Tensor<float> y;  // float32 [N, 2]
 };
 
+class Model;
+
+// The network in tiny.py's names: its parameters and what the model makes of
+// them (running statistics, gradients, optimizer state, packed weights), public for
+// hand-written code, and the code that runs it (src/model.cpp). A Model holds one
+// as `net`. Every name deepgen declares here begins with '_', which no name in
+// tiny.py can: none of yours clashes with one of deepgen's.
+struct Network {
+  dg::ParameterVersion& _version;  // the Model's parameter_version
+
+  // Parameters.
+  dg::Tensor<float> h_w{std::vector<std::int64_t>{3, 4}};  // [3, 4]
+  dg::Tensor<float> h_b{std::vector<std::int64_t>{4}};     // [4]
+  dg::Tensor<float> y_w{std::vector<std::int64_t>{4, 2}};  // [4, 2]
+  dg::Tensor<float> y_b{std::vector<std::int64_t>{2}};     // [2]
+
+  // The weights as the forward pass's matrix products read them: packed by the
+  // first product that needs them and kept until a parameter changes
+  // (runtime/dg_packed_weights.h; the Model's parameter_version counts changes);
+  // tb: the product reads the weight transposed (x @ W^T).
+  dg::KeptPackedB h_w_packed{_version, h_w, /*tb=*/false, /*K=*/3, /*N=*/4, /*stands_in=*/true};
+  dg::KeptPackedB y_w_packed{_version, y_w, /*tb=*/false, /*K=*/4, /*N=*/2, /*stands_in=*/true};
+
+  // The parameters drawn from the seed (the Model's constructor).
+  void _init(std::uint64_t _seed);
+  // The network once through (forward()).
+  void _run(const ::tiny::Model& _model, const ::tiny::Inputs& _inputs, ::tiny::Outputs* _outputs) const;
+};
+
 class Model {
  public:
   // Parameters are drawn from `seed` exactly as deepgen's numpy reference draws them.
@@ -85,21 +114,14 @@ class Model {
   // parameters() and parameters_changed(), which take no lock, and no other method.
   dg::StateLock state_lock;
 
-  // Parameters: public, so hand-written code can read or set them.
-  dg::Tensor<float> h_w{std::vector<int64_t>{3, 4}};  // [3, 4]
-  dg::Tensor<float> h_b{std::vector<int64_t>{4}};     // [4]
-  dg::Tensor<float> y_w{std::vector<int64_t>{4, 2}};  // [4, 2]
-  dg::Tensor<float> y_b{std::vector<int64_t>{2}};     // [2]
-
-  // The weights as the forward pass's matrix products read them: packed by the
-  // first product that needs them and kept until a parameter changes
-  // (runtime/dg_packed_weights.h). train_step(), apply_update(), load() and
-  // parameters() count as changes, as does parameters_changed().
+  // Counts the changes of the parameters: the weights net keeps packed are packed
+  // again after one (runtime/dg_packed_weights.h). train_step(), apply_update(),
+  // load() and parameters() count as changes, as does parameters_changed().
   dg::ParameterVersion parameter_version;
-  dg::KeptPackedB h_w_packed{parameter_version, h_w, /*tb=*/false, /*K=*/3, /*N=*/4,
-                             /*stands_in=*/true};  // h_w
-  dg::KeptPackedB y_w_packed{parameter_version, y_w, /*tb=*/false, /*K=*/4, /*N=*/2,
-                             /*stands_in=*/true};  // y_w
+
+  // The network: the parameters
+  // by their names in tiny.py (model.net.h_w), and the code that runs it.
+  Network net{parameter_version};
 };
 
 }  // namespace tiny

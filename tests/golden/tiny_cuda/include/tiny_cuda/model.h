@@ -19,13 +19,50 @@ namespace tiny_cuda {
 // Inputs of forward() and train_step(): views of caller-owned, dense row-major host data
 // (copied to the device by each call).
 struct Inputs {
-  dg::View<float> x;         // float32 [N, 3]
-  dg::View<int64_t> labels;  // int64 [N]
+  dg::View<float> x;              // float32 [N, 3]
+  dg::View<std::int64_t> labels;  // int64 [N]
 };
 
 // Outputs of forward(), on the host, owned by the caller.
 struct Outputs {
   dg::Tensor<float> logits;  // float32 [N, 2]
+};
+
+class Model;
+
+// The network in tiny.py's names: its parameters and what the model makes of
+// them (running statistics, gradients, optimizer state, packed weights), public for
+// hand-written code, and the code that runs it (src/model.cpp). A Model holds one
+// as `net`. Every name deepgen declares here begins with '_', which no name in
+// tiny.py can: none of yours clashes with one of deepgen's.
+struct Network {
+  // Parameters, on the device: public, so hand-written code can read or set them
+  // (t.host() reads them on the host; after writing through it call t.host_written()).
+  dg::DeviceTensor<float> h_w{std::vector<std::int64_t>{3, 4}};       // [3, 4]
+  dg::DeviceTensor<float> h_b{std::vector<std::int64_t>{4}};          // [4]
+  dg::DeviceTensor<float> logits_w{std::vector<std::int64_t>{4, 2}};  // [4, 2]
+  dg::DeviceTensor<float> logits_b{std::vector<std::int64_t>{2}};     // [2]
+
+  // Gradients and optimizer state, on the device, allocated when training starts.
+  dg::DeviceTensor<float> d_h_w{std::vector<std::int64_t>{3, 4}, dg::unallocated};
+  dg::DeviceTensor<float> d_h_b{std::vector<std::int64_t>{4}, dg::unallocated};
+  dg::DeviceTensor<float> d_logits_w{std::vector<std::int64_t>{4, 2}, dg::unallocated};
+  dg::DeviceTensor<float> d_logits_b{std::vector<std::int64_t>{2}, dg::unallocated};
+  dg::DeviceTensor<float> h_w_buf{std::vector<std::int64_t>{3, 4}, dg::unallocated};
+  dg::DeviceTensor<float> h_b_buf{std::vector<std::int64_t>{4}, dg::unallocated};
+  dg::DeviceTensor<float> logits_w_buf{std::vector<std::int64_t>{4, 2}, dg::unallocated};
+  dg::DeviceTensor<float> logits_b_buf{std::vector<std::int64_t>{2}, dg::unallocated};
+
+  // The parameters drawn from the seed (the Model's constructor).
+  void _init(std::uint64_t _seed);
+  // The network once through, for `_model`: forward() passes `_outputs`;
+  // train_step() passes nullptr and goes on to the loss, the gradients and the
+  // update; compute_gradients() passes its callback as `_gradients_only` and
+  // stops before any update.
+  float _run(::tiny_cuda::Model& _model, const ::tiny_cuda::Inputs& _inputs, ::tiny_cuda::Outputs* _outputs,
+             const std::function<void(int)>* _gradients_only);
+  // apply_update()'s step from the gradients as they are.
+  void _apply_update(::tiny_cuda::Model& _model);
 };
 
 class Model {
@@ -120,24 +157,12 @@ class Model {
   // Hand-written code that changes the model from another thread does the same.
   dg::SerialStateLock state_lock;
 
-  // Parameters, on the device: public, so hand-written code can read or set them
-  // (t.host() reads them on the host; after writing through it call t.host_written()).
-  dg::DeviceTensor<float> h_w{std::vector<int64_t>{3, 4}};       // [3, 4]
-  dg::DeviceTensor<float> h_b{std::vector<int64_t>{4}};          // [4]
-  dg::DeviceTensor<float> logits_w{std::vector<int64_t>{4, 2}};  // [4, 2]
-  dg::DeviceTensor<float> logits_b{std::vector<int64_t>{2}};     // [2]
-
-  // Gradients and optimizer state, on the device, allocated by allocate_training_state().
-  dg::DeviceTensor<float> d_h_w{std::vector<int64_t>{3, 4}, dg::unallocated};
-  dg::DeviceTensor<float> d_h_b{std::vector<int64_t>{4}, dg::unallocated};
-  dg::DeviceTensor<float> d_logits_w{std::vector<int64_t>{4, 2}, dg::unallocated};
-  dg::DeviceTensor<float> d_logits_b{std::vector<int64_t>{2}, dg::unallocated};
-  dg::DeviceTensor<float> h_w_buf{std::vector<int64_t>{3, 4}, dg::unallocated};
-  dg::DeviceTensor<float> h_b_buf{std::vector<int64_t>{4}, dg::unallocated};
-  dg::DeviceTensor<float> logits_w_buf{std::vector<int64_t>{4, 2}, dg::unallocated};
-  dg::DeviceTensor<float> logits_b_buf{std::vector<int64_t>{2}, dg::unallocated};
+  // The network: the parameters, their gradients and optimizer state
+  // by their names in tiny.py (model.net.h_w), and the code that runs it.
+  Network net;
 
  private:
+  friend struct Network;  // its code reads the model's state (step, hyper, memory, ...)
   // Before a call: values the host changed (load, numpy views) go to the device.
   void upload_host_changes() const;
   // After train_step: the device holds the new parameters, gradients and state.
@@ -147,11 +172,6 @@ class Model {
   void allocate_optimizer_state();
   // optimizer_state() without allocating it (save() and load() read its names and shapes).
   std::vector<std::pair<std::string, dg::DeviceTensor<float>*>> optimizer_slots();
-  // The network once through. forward() passes `outputs`; train_step() passes
-  // nullptr and goes on to the loss, the gradients and the update;
-  // compute_gradients() passes its callback as `gradients_only` and stops before
-  // any update.
-  float run(const Inputs& inputs, Outputs* outputs, const GradientReady* gradients_only = nullptr);
 };
 
 }  // namespace tiny_cuda

@@ -19,13 +19,60 @@ namespace tiny_train {
 
 // Inputs of forward() and train_step(): views of caller-owned, dense row-major data.
 struct Inputs {
-  dg::View<float> x;         // float32 [N, 3]
-  dg::View<int64_t> labels;  // int64 [N]
+  dg::View<float> x;              // float32 [N, 3]
+  dg::View<std::int64_t> labels;  // int64 [N]
 };
 
 // Outputs of forward(), owned by the caller.
 struct Outputs {
   dg::Tensor<float> logits;  // float32 [N, 2]
+};
+
+class Model;
+
+// The network in tiny.py's names: its parameters and what the model makes of
+// them (running statistics, gradients, optimizer state, packed weights), public for
+// hand-written code, and the code that runs it (src/model.cpp). A Model holds one
+// as `net`. Every name deepgen declares here begins with '_', which no name in
+// tiny.py can: none of yours clashes with one of deepgen's.
+struct Network {
+  dg::ParameterVersion& _version;  // the Model's parameter_version
+
+  // Parameters.
+  dg::Tensor<float> h_w{std::vector<std::int64_t>{3, 4}};       // [3, 4]
+  dg::Tensor<float> h_b{std::vector<std::int64_t>{4}};          // [4]
+  dg::Tensor<float> logits_w{std::vector<std::int64_t>{4, 2}};  // [4, 2]
+  dg::Tensor<float> logits_b{std::vector<std::int64_t>{2}};     // [2]
+
+  // The weights as the forward pass's matrix products read them: packed by the
+  // first product that needs them and kept until a parameter changes
+  // (runtime/dg_packed_weights.h; the Model's parameter_version counts changes);
+  // tb: the product reads the weight transposed (x @ W^T).
+  dg::KeptPackedB h_w_packed{_version, h_w, /*tb=*/false, /*K=*/3, /*N=*/4, /*stands_in=*/true};
+  dg::KeptPackedB logits_w_packed{_version, logits_w, /*tb=*/false, /*K=*/4, /*N=*/2, /*stands_in=*/true};
+
+  // Gradients: slices of the Model's gradient_buffer, allocated with it.
+  dg::Slice<float> d_h_w{std::vector<std::int64_t>{3, 4}, nullptr};
+  dg::Slice<float> d_h_b{std::vector<std::int64_t>{4}, nullptr};
+  dg::Slice<float> d_logits_w{std::vector<std::int64_t>{4, 2}, nullptr};
+  dg::Slice<float> d_logits_b{std::vector<std::int64_t>{2}, nullptr};
+
+  // Optimizer state, allocated when training starts.
+  dg::Tensor<float> h_w_buf{std::vector<std::int64_t>{3, 4}, dg::unallocated};
+  dg::Tensor<float> h_b_buf{std::vector<std::int64_t>{4}, dg::unallocated};
+  dg::Tensor<float> logits_w_buf{std::vector<std::int64_t>{4, 2}, dg::unallocated};
+  dg::Tensor<float> logits_b_buf{std::vector<std::int64_t>{2}, dg::unallocated};
+
+  // The parameters drawn from the seed (the Model's constructor).
+  void _init(std::uint64_t _seed);
+  // The network once through, for `_model`: forward() passes `_outputs`;
+  // train_step() passes nullptr and goes on to the loss, the gradients and the
+  // update; compute_gradients() passes its callback as `_gradients_only` and
+  // stops before any update.
+  float _run(::tiny_train::Model& _model, const ::tiny_train::Inputs& _inputs,
+             ::tiny_train::Outputs* _outputs, const std::function<void(int)>* _gradients_only);
+  // apply_update()'s step from the gradients as they are.
+  void _apply_update(::tiny_train::Model& _model);
 };
 
 class Model {
@@ -146,48 +193,27 @@ class Model {
   // parameters() and parameters_changed(), which take no lock, and no other method.
   dg::StateLock state_lock;
 
-  // Parameters: public, so hand-written code can read or set them.
-  dg::Tensor<float> h_w{std::vector<int64_t>{3, 4}};       // [3, 4]
-  dg::Tensor<float> h_b{std::vector<int64_t>{4}};          // [4]
-  dg::Tensor<float> logits_w{std::vector<int64_t>{4, 2}};  // [4, 2]
-  dg::Tensor<float> logits_b{std::vector<int64_t>{2}};     // [2]
-
-  // The weights as the forward pass's matrix products read them: packed by the
-  // first product that needs them and kept until a parameter changes
-  // (runtime/dg_packed_weights.h). train_step(), apply_update(), load() and
-  // parameters() count as changes, as does parameters_changed().
+  // Counts the changes of the parameters: the weights net keeps packed are packed
+  // again after one (runtime/dg_packed_weights.h). train_step(), apply_update(),
+  // load() and parameters() count as changes, as does parameters_changed().
   dg::ParameterVersion parameter_version;
-  dg::KeptPackedB h_w_packed{parameter_version, h_w, /*tb=*/false, /*K=*/3, /*N=*/4,
-                             /*stands_in=*/true};  // h_w
-  dg::KeptPackedB logits_w_packed{parameter_version, logits_w, /*tb=*/false, /*K=*/4, /*N=*/2,
-                                  /*stands_in=*/true};  // logits_w
 
   // Gradients: one contiguous buffer (26 floats, what an allreduce sends), and
-  // each parameter's gradient a slice of it, in gradients() order. Allocated by
-  // allocate_training_state(), as is the optimizer state below.
+  // each parameter's gradient (net.d_<name>) a slice of it, in gradients() order.
+  // Allocated by allocate_training_state(), as is the optimizer state.
   dg::Tensor<float> gradient_buffer{std::vector<int64_t>{26}, dg::unallocated};
-  dg::Slice<float> d_h_w{std::vector<int64_t>{3, 4}, nullptr};
-  dg::Slice<float> d_h_b{std::vector<int64_t>{4}, nullptr};
-  dg::Slice<float> d_logits_w{std::vector<int64_t>{4, 2}, nullptr};
-  dg::Slice<float> d_logits_b{std::vector<int64_t>{2}, nullptr};
 
-  // Optimizer state.
-  dg::Tensor<float> h_w_buf{std::vector<int64_t>{3, 4}, dg::unallocated};
-  dg::Tensor<float> h_b_buf{std::vector<int64_t>{4}, dg::unallocated};
-  dg::Tensor<float> logits_w_buf{std::vector<int64_t>{4, 2}, dg::unallocated};
-  dg::Tensor<float> logits_b_buf{std::vector<int64_t>{2}, dg::unallocated};
+  // The network: the parameters, their gradients and optimizer state
+  // by their names in tiny.py (model.net.h_w), and the code that runs it.
+  Network net{parameter_version};
 
  private:
+  friend struct Network;  // its code reads the model's state (step, hyper, memory, ...)
   std::once_flag gradients_allocated, optimizer_state_allocated;
   void allocate_gradients();
   void allocate_optimizer_state();
   // optimizer_state() without allocating it (save() and load() read its names and shapes).
   std::vector<std::pair<std::string, dg::Tensor<float>*>> optimizer_slots();
-  // The network once through. forward() passes `outputs`; train_step() passes
-  // nullptr and goes on to the loss, the gradients and the update;
-  // compute_gradients() passes its callback as `gradients_only` and stops before
-  // any update.
-  float run(const Inputs& inputs, Outputs* outputs, const GradientReady* gradients_only = nullptr);
 };
 
 }  // namespace tiny_train

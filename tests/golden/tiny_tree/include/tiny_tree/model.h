@@ -17,14 +17,41 @@ namespace tiny_tree {
 
 // Inputs of forward(): views of caller-owned, dense row-major data.
 struct Inputs {
-  dg::View<int64_t> trees_children;  // int64 [trees_nodes, 2]
-  dg::View<int64_t> trees_words;     // int64 [trees_nodes]
-  dg::View<int64_t> trees_roots;     // int64 [trees_count]
+  dg::View<std::int64_t> trees_children;  // int64 [trees_nodes, 2]
+  dg::View<std::int64_t> trees_words;     // int64 [trees_nodes]
+  dg::View<std::int64_t> trees_roots;     // int64 [trees_count]
 };
 
 // Outputs of forward(), owned by the caller.
 struct Outputs {
   dg::Tensor<float> root_h;  // float32 [trees_count, 4]
+};
+
+class Model;
+
+// The network in tiny.py's names: its parameters and what the model makes of
+// them (running statistics, gradients, optimizer state, packed weights), public for
+// hand-written code, and the code that runs it (src/model.cpp). A Model holds one
+// as `net`. Every name deepgen declares here begins with '_', which no name in
+// tiny.py can: none of yours clashes with one of deepgen's.
+struct Network {
+  dg::ParameterVersion& _version;  // the Model's parameter_version
+
+  // Parameters.
+  dg::Tensor<float> emb{std::vector<std::int64_t>{10, 4}};  // [10, 4]
+  dg::Tensor<float> w{std::vector<std::int64_t>{8, 4}};     // [8, 4]
+
+  // The weights as the forward pass's matrix products read them: packed by the
+  // first product that needs them and kept until a parameter changes
+  // (runtime/dg_packed_weights.h; the Model's parameter_version counts changes);
+  // tb: the product reads the weight transposed (x @ W^T).
+  dg::KeptPackedB w_packed{_version, w, /*tb=*/false, /*K=*/8, /*N=*/4, /*stands_in=*/true};
+
+  // The parameters drawn from the seed (the Model's constructor).
+  void _init(std::uint64_t _seed);
+  // The network once through (forward()).
+  void _run(const ::tiny_tree::Model& _model, const ::tiny_tree::Inputs& _inputs,
+            ::tiny_tree::Outputs* _outputs) const;
 };
 
 class Model {
@@ -87,17 +114,14 @@ class Model {
   // parameters() and parameters_changed(), which take no lock, and no other method.
   dg::StateLock state_lock;
 
-  // Parameters: public, so hand-written code can read or set them.
-  dg::Tensor<float> emb{std::vector<int64_t>{10, 4}};  // [10, 4]
-  dg::Tensor<float> w{std::vector<int64_t>{8, 4}};     // [8, 4]
-
-  // The weights as the forward pass's matrix products read them: packed by the
-  // first product that needs them and kept until a parameter changes
-  // (runtime/dg_packed_weights.h). train_step(), apply_update(), load() and
-  // parameters() count as changes, as does parameters_changed().
+  // Counts the changes of the parameters: the weights net keeps packed are packed
+  // again after one (runtime/dg_packed_weights.h). train_step(), apply_update(),
+  // load() and parameters() count as changes, as does parameters_changed().
   dg::ParameterVersion parameter_version;
-  dg::KeptPackedB w_packed{parameter_version, w, /*tb=*/false, /*K=*/8, /*N=*/4,
-                           /*stands_in=*/true};  // w
+
+  // The network: the parameters
+  // by their names in tiny.py (model.net.emb), and the code that runs it.
+  Network net{parameter_version};
 };
 
 }  // namespace tiny_tree
