@@ -8,6 +8,7 @@ so `from _common import ...` finds it both in the script and in its children.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import json
 import math
 import os
@@ -124,6 +125,33 @@ def set_threads(module, threads: int):
         return "default"
     setter(threads)
     return getter() if getter is not None else threads
+
+
+_TV_SCHEMAS = None  # the torch.library.Library that holds the torchvision::nms / qnms schemas we defined
+
+
+def import_torchvision():
+    """torchvision, or None when it is not installed. Beside a CPU-only torch its C++
+    extension does not load, yet torchvision registers fake (meta) kernels for the ops
+    `torchvision::nms` and `qnms` while it is imported, which fails unless their schemas
+    exist: they are defined here first (once per process; the real extension, when it
+    loaded, already has them). transformers imports torchvision too: call this before
+    importing transformers."""
+    global _TV_SCHEMAS
+    if importlib.util.find_spec("torchvision") is None:
+        return None
+    if "torchvision" not in sys.modules and _TV_SCHEMAS is None:
+        import torch
+
+        try:
+            torch.ops.torchvision.nms.default
+        except (AttributeError, RuntimeError):  # no schema yet: define both
+            _TV_SCHEMAS = torch.library.Library("torchvision", "DEF")
+            for op in ("nms", "qnms"):
+                _TV_SCHEMAS.define(f"{op}(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+    import torchvision
+
+    return torchvision
 
 
 # ----------------------------------------------------------------------------
