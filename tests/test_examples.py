@@ -41,6 +41,24 @@ def test_forward_matches_reference(example, size):
     check_forward(*example[:2], size)
 
 
+def test_every_module_has_pytorchs_mode_methods(example):
+    """train()/eval()/training on every module (#37), no-ops where no op reads the mode:
+    eval() changes no output of a model without batch norm or dropout."""
+    graph, module = example[:2]
+    m = module.Model(seed=0)
+    assert m.training is True and m.eval() is m and m.training is False
+    assert m.train() is m and m.training is True and m.train(False).training is False
+    m.training = True
+    if graph.mode is None:
+        from generator.reference.samples import sample_inputs
+
+        inputs = sample_inputs(graph)
+        first = m.forward(**inputs)
+        second = m.eval().forward(**inputs)
+        for name in first:
+            np.testing.assert_array_equal(first[name], second[name])
+
+
 def test_parameters_match_reference_init_exactly(example):
     check_init(*example[:2])
 

@@ -45,6 +45,13 @@ class Model:
         """Parameter name -> writable float32 view of the model's memory. While a view is alive
         the products read the weights unpacked (slower); drop views when done."""
 
+    def train(self, mode: bool = True) -> "Model":
+        """Training mode (no op of this model depends on the mode); returns the model."""
+
+    def eval(self) -> "Model":
+        """Evaluation mode; returns the model."""
+    training: bool
+
     def memory_stats(self) -> Dict[str, int]:
         """Arena bytes of the last call: peak_bytes, predicted_peak_bytes, calls; packed_weight_bytes: what the kept weight packings hold; parameter_bytes: what the parameters hold as stored."""
 

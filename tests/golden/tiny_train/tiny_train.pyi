@@ -49,6 +49,13 @@ class Model:
         """Parameter name -> writable float32 view of the model's memory. While a view is alive
         the products read the weights unpacked (slower); drop views when done."""
 
+    def train(self, mode: bool = True) -> "Model":
+        """Training mode (no op of this model depends on the mode); returns the model."""
+
+    def eval(self) -> "Model":
+        """Evaluation mode; returns the model."""
+    training: bool
+
     def train_step(self, *, x: ArrayLike, labels: ArrayLike) -> float:
         """One step of momentum(lr=0.1, momentum=0.9); returns the loss before the update.
 

@@ -106,6 +106,12 @@ void load(Model& model, const py::object& path) {
              "as a new Model's");
 }
 
+void set_training(Model& model, bool training) {
+  py::gil_scoped_release release;
+  const auto writing = model.state_lock.writing();  // not while a call runs
+  model.training = training;
+}
+
 float train_step(Model& model, const py::kwargs& given) {
   dg::KeptInputs kept;  // declared before `release`: freed with the GIL held
   const Inputs inputs = read_inputs(given, {"x", "labels"}, kept);
@@ -213,6 +219,24 @@ PYBIND11_MODULE(tiny_train, m) {
       .def("parameters", &parameter_views,
            "dict of parameter name -> writable numpy view of the model's memory (writes through it are not "
            "synchronized: make them while no other thread calls the model)")
+      .def(
+          "train",
+          [](py::object self, bool mode) {
+            set_training(self.cast<Model&>(), mode);
+            return self;
+          },
+          py::arg("mode") = true,
+          "Sets `training` (no op of this model depends on the mode); returns the model")
+      .def(
+          "eval",
+          [](py::object self) {
+            set_training(self.cast<Model&>(), false);
+            return self;
+          },
+          "Sets `training` to False (no op of this model depends on the mode); returns the model")
+      .def_property(
+          "training", [](const Model& m) { return read_locked(m, [&] { return m.training; }); },
+          &set_training, "True in training mode (as a new Model starts), False in evaluation mode")
       .def("train_step", &train_step,
            "train_step(**inputs) -> loss before the update (momentum(lr=0.1, momentum=0.9))")
       .def(

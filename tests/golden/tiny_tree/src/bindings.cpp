@@ -105,6 +105,12 @@ void load(Model& model, const py::object& path) {
   });
 }
 
+void set_training(Model& model, bool training) {
+  py::gil_scoped_release release;
+  const auto writing = model.state_lock.writing();  // not while a call runs
+  model.training = training;
+}
+
 }  // namespace
 
 PYBIND11_MODULE(tiny_tree, m) {
@@ -160,6 +166,24 @@ PYBIND11_MODULE(tiny_tree, m) {
       .def("parameters", &parameter_views,
            "dict of parameter name -> writable numpy view of the model's memory (writes through it are not "
            "synchronized: make them while no other thread calls the model)")
+      .def(
+          "train",
+          [](py::object self, bool mode) {
+            set_training(self.cast<Model&>(), mode);
+            return self;
+          },
+          py::arg("mode") = true,
+          "Sets `training` (no op of this model depends on the mode); returns the model")
+      .def(
+          "eval",
+          [](py::object self) {
+            set_training(self.cast<Model&>(), false);
+            return self;
+          },
+          "Sets `training` to False (no op of this model depends on the mode); returns the model")
+      .def_property(
+          "training", [](const Model& m) { return read_locked(m, [&] { return m.training; }); },
+          &set_training, "True in training mode (as a new Model starts), False in evaluation mode")
       .def(
           "memory_stats",
           [](const Model& m) {

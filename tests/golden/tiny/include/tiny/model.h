@@ -90,6 +90,10 @@ class Model {
   // Bytes the parameters hold as stored now (less while packings stand in for them).
   int64_t parameter_bytes() const;
 
+  // PyTorch's mode flag, kept for code written for PyTorch modules: no op of this
+  // model depends on the mode, so train() and eval() only set it.
+  bool training = true;
+
   // Weights files: numpy .npz archives, the same as the Python module's save()
   // and load() (np.savez and np.savez_compressed files load too). A file holds
   // every parameter by name.

@@ -78,6 +78,10 @@ class Model {
   // Every parameter by name, in declaration order.
   std::vector<std::pair<std::string, dg::DeviceTensor<float>*>> parameters();
 
+  // PyTorch's mode flag, kept for code written for PyTorch modules: no op of this
+  // model depends on the mode, so train() and eval() only set it.
+  bool training = true;
+
   // One step of training with momentum(lr=0.1, momentum=0.9): forward, loss, backward,
   // update. Returns the loss before the update. Needs every input (also labels).
   // A loss that is NaN or infinite throws dg::NonFiniteLoss and changes nothing;
