@@ -139,7 +139,9 @@ def _cases():
         Case("key_mask", lambda t: dg.key_mask(t["m"]),
              lambda a: np.where(a["m"] != 0, 0.0, -np.inf), {"m": ((N, 5), "int64", 0, 3)}, ("key_mask",)),
         Case("softmax_key_causal_mask",
-             lambda t: dg.softmax(t["x"], mask=dg.reshape(dg.key_mask(t["m"]), (-1, 1, T)) + dg.causal_mask(T)),
+             # sizes from the operand: the CUDA table builds the cases at concrete sizes
+             lambda t: dg.softmax(t["x"], mask=dg.reshape(dg.key_mask(t["m"]), (-1, 1, t["m"].shape[1]))
+                                  + dg.causal_mask(t["m"].shape[1])),
              lambda a: _softmax_additive(a["x"], np.where(a["m"][:, None, :] != 0, 0.0, -np.inf)
                                          + np.where(np.arange(a["x"].shape[2])[None, :, None]
                                                     >= np.arange(a["x"].shape[2])[None, None, :], 0.0, -np.inf)),

@@ -70,7 +70,9 @@ class Elementwise(OpDef):
         return [ctx.kernel(node)]
 
     def copy_of(self, node):
-        if len(node.inputs) == 1 and is_identity(node.attrs["expr"], ARGS[0]):
+        # An identity that broadcasts (dg.expand) makes a larger tensor: not a copy.
+        if (len(node.inputs) == 1 and tuple(node.inputs[0].shape) == tuple(node.outputs[0].shape)
+                and is_identity(node.attrs["expr"], ARGS[0])):
             return node.inputs[0]
         return None
 
