@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import sympy
 
+from ..ir.shapes import broadcast
 from ..ops import ARGS, get_op, make_constant
 from .remat import remat
 
@@ -185,6 +186,11 @@ def _merge(producer, consumer, k):
     names = producer.attrs.get("fused_fns", [producer.attrs["fn"]]) + consumer.attrs.get("fused_fns", [consumer.attrs["fn"]])
     consumer.inputs = inputs
     consumer.attrs = {**consumer.attrs, "expr": expr, "fn": "fused", "fused_from": fused_from, "fused_fns": names}
+    # A producer that broadcast up to its shape (dg.expand) leaves operands smaller than
+    # the output: the fused node then states its output shape, as the producer did.
+    out_shape = tuple(consumer.outputs[0].shape)
+    if tuple(broadcast([v.shape for v in inputs])) != out_shape:
+        consumer.attrs["shape"] = out_shape
 
 
 def epilogue(graph):
