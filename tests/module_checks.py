@@ -121,8 +121,9 @@ def state_of(model) -> dict:
     state = {k: np.array(v) for k, v in model.parameters().items()}
     if hasattr(model, "buffers"):
         state.update({f"buffer/{k}": np.array(v) for k, v in model.buffers().items()})
-    if hasattr(model, "training"):
-        state.update(training=model.training, draws=model.draws)
+    state["training"] = model.training  # every module has the flag (#37); draws only with dropout/batch norm
+    if hasattr(model, "draws"):
+        state["draws"] = model.draws
     if hasattr(model, "train_step"):
         state.update({f"optimizer/{k}": np.array(v) for k, v in model.optimizer_state().items()})
         state["step"] = model.step
