@@ -868,7 +868,8 @@ def test_output_list_with_non_tensor_names_the_position():
     assert re.search(r"\b1\b", e.value.detail), f"which output? {msg}"
 
 
-@pytest.mark.parametrize("key", ["a b", "1x", "_x", "../a", 'x; system("rm")', "float", "class", 3]  # "Model" is a name like any other since #38 (test_names.py))
+# ("Model" is a name like any other since #38: test_names.py holds that.)
+@pytest.mark.parametrize("key", ["a b", "1x", "_x", "../a", 'x; system("rm")', "float", "class", 3])
 def test_output_key_not_an_identifier(key):
     @dg.model  # @outkey_decorator
     def net():
