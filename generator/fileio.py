@@ -16,7 +16,7 @@ from pathlib import Path
 TEMP_PREFIX = ".deepgen-tmp-"  # temporaries beside their target; swept by `remove_temporaries`
 
 
-def _fsync_dir(folder: Path) -> None:
+def fsync_dir(folder: Path) -> None:
     """Make a rename in folder durable (best effort: some filesystems refuse a folder's fsync)."""
     try:
         fd = os.open(folder, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
@@ -39,7 +39,7 @@ class Staged:
     def commit(self) -> None:
         """Replace the target by the staged content (one atomic rename)."""
         os.replace(self.temp, self.target)
-        _fsync_dir(self.target.parent)
+        fsync_dir(self.target.parent)
 
     def discard(self) -> None:
         try:

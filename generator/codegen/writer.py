@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..errors import DeepgenError
-from ..fileio import remove_temporaries, write_atomic
+from ..fileio import fsync_dir, remove_temporaries, write_atomic
 from .merge import as_text, conflict_marker_line, merge_file
 
 MANIFEST = ".deepgen/manifest.json"
@@ -433,7 +433,7 @@ def _apply(root: Path, out_dir, notes: list | None = None) -> None:
                     path.unlink()
                     folders.add(path.parent)
             for folder in folders:
-                _fsync_dir(folder)
+                fsync_dir(folder)
         except (OSError, DeepgenError) as e:
             pending = [entry["to"] for entry in journal["moves"] if entry["to"] not in done]
             raise DeepgenError(
@@ -442,19 +442,6 @@ def _apply(root: Path, out_dir, notes: list | None = None) -> None:
                 f"  the next `deepgen generate` into {out_dir} completes it ({JOURNAL})") from None
         (root / JOURNAL).unlink()
         _drop_staging(root)
-
-
-def _fsync_dir(folder: Path) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 def complete_interrupted(root: Path) -> list:
