@@ -161,3 +161,40 @@ def code(value) -> str:
     if isinstance(value, list):
         return "[" + ", ".join(code(v) for v in value) + "]"
     raise TypeError(f"no source form for {type(value).__name__} {value!r}")
+
+
+def model_file(docstring_lines: list, em: "Emitter", name: str, outputs: dict) -> str:
+    """The text of an imported model file: its docstring, the dims, the model function
+    with each statement under its comment, the outputs returned; formatted by black."""
+    import black
+
+    lines = list(docstring_lines) + ['"""', "", "import generator as dg", ""]
+    lines += [f'{d} = dg.dim("{d}")' for d in em.dims]
+    lines += ["", "", "@dg.model", f"def {name}():"]
+    lines += [f"    {s}" for s in em.inputs]
+    for statement, comment in em.body:
+        lines += [f"    # {line}" for line in (comment.split("\n") if comment else ())]
+        lines.append(f"    {statement}")
+    returned = ", ".join(f'"{k}": {code(v)}' for k, v in outputs.items())
+    lines.append(f"    return {{{returned}}}")
+    return black.format_str("\n".join(lines) + "\n", mode=black.Mode(line_length=110))
+
+
+def validate_model_file(source: str, name: str, weights: dict, tool: str) -> None:
+    """Build the written file as `deepgen generate` will, and check its parameters
+    against the weights (`tool`: the command that wrote it, for the file's pseudo-name)."""
+    from ..frontend.builder import ModelDef
+
+    filename = os.path.abspath(f"<deepgen {tool} {name}.py>")
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    try:
+        namespace: dict = {"__name__": f"deepgen_{tool.replace('-', '_')}_{name}"}
+        exec(compile(source, filename, "exec"), namespace)
+        graph = next(v for v in namespace.values() if isinstance(v, ModelDef)).build()
+    finally:
+        linecache.cache.pop(filename, None)
+    declared = {p.name: tuple(p.shape) for p in graph.params}
+    stored = {k: tuple(v.shape) for k, v in weights.items()}
+    if declared != stored:
+        diff = sorted(set(declared.items()) ^ set(stored.items()))
+        raise DeepgenError(f"internal: the imported model's parameters differ from the weights: {diff[:6]}")

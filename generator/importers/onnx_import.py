@@ -20,13 +20,12 @@ import os
 import re
 from dataclasses import dataclass
 
-import black
 import numpy as np
 
 from ..errors import DeepgenError
 from ..ir.names import problem_with
 from ..ir.shapes import evaluate
-from .emitter import Emitter, StatementError, Var, code
+from .emitter import Emitter, StatementError, Var, code, model_file, validate_model_file
 
 MIN_OPSET = 9  # older opsets differ in broadcasting and attributes; onnx.version_converter updates them
 _DTYPES = {1: "float32", 6: "int32", 7: "int64"}  # ONNX elem_type -> deepgen input dtype
@@ -485,36 +484,10 @@ class OnnxImporter:
         if self.renamed:
             lines += ["", "ONNX names made identifiers: " + ", ".join(f"{k!r} -> `{v}`" for k, v in self.renamed.items())
                       + "."]
-        lines += ['"""', "", "import generator as dg", ""]
-        lines += [f'{d} = dg.dim("{d}")' for d in em.dims]
-        lines += ["", "", "@dg.model", f"def {self.name}():"]
-        lines += [f"    {s}" for s in em.inputs]
-        for statement, comment in em.body:
-            lines += [f"    # {line}" for line in (comment.split("\n") if comment else ())]
-            lines.append(f"    {statement}")
-        returned = ", ".join(f'"{k}": {code(v)}' for k, v in outputs.items())
-        lines.append(f"    return {{{returned}}}")
-        return black.format_str("\n".join(lines) + "\n", mode=black.Mode(line_length=110))
+        return model_file(lines, em, self.name, outputs)
 
     def _validate(self, source: str):
-        """Build the file as `deepgen generate` will, and check its parameters against the weights."""
-        import linecache
-
-        from ..frontend.builder import ModelDef
-
-        filename = os.path.abspath(f"<deepgen from-onnx {self.name}.py>")
-        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-        try:
-            namespace: dict = {"__name__": f"deepgen_from_onnx_{self.name}"}
-            exec(compile(source, filename, "exec"), namespace)
-            graph = next(v for v in namespace.values() if isinstance(v, ModelDef)).build()
-        finally:
-            linecache.cache.pop(filename, None)
-        declared = {p.name: tuple(p.shape) for p in graph.params}
-        stored = {k: tuple(v.shape) for k, v in self.weights.items()}
-        if declared != stored:
-            diff = sorted(set(declared.items()) ^ set(stored.items()))
-            raise DeepgenError(f"internal: the imported model's parameters differ from the weights: {diff[:6]}")
+        validate_model_file(source, self.name, self.weights, "from-onnx")
 
 
 def number(value) -> str:

@@ -14,14 +14,13 @@ import io
 import os
 import re
 
-import black
 import numpy as np
 
 from .. import fileio
 from ..errors import DeepgenError
 from ..ir.names import problem_with
 from ..ir.shapes import evaluate
-from .emitter import Emitter, StatementError, Var, code
+from .emitter import Emitter, StatementError, Var, code, model_file, validate_model_file
 from .functions import convert_call
 from .modules import Unusable, convert_module
 from .trace import describe, node_error, source_site, trace
@@ -572,36 +571,10 @@ class Importer:
                       "one array for it; PyTorch's state_dict lists it under each key):"]
             lines += [f"`{', '.join(others)}` {'is' if len(others) == 1 else 'are'} `{first}` "
                       f"(`{self.key_name(first)}`)." for first, others in self.tie_uses.items()]
-        lines += ['"""', "", "import generator as dg", ""]
-        lines += [f'{d} = dg.dim("{d}")' for d in em.dims]
-        lines += ["", "", "@dg.model", f"def {self.name}():"]
-        lines += [f"    {s}" for s in em.inputs]
-        for statement, comment in em.body:
-            lines += [f"    # {line}" for line in (comment.split("\n") if comment else ())]
-            lines.append(f"    {statement}")
-        returned = ", ".join(f'"{k}": {code(v)}' for k, v in outputs.items())
-        lines.append(f"    return {{{returned}}}")
-        return black.format_str("\n".join(lines) + "\n", mode=black.Mode(line_length=110))
+        return model_file(lines, em, self.name, outputs)
 
     def _validate(self, source: str):
-        """Build the file as `deepgen generate` will, and check its parameters against the weights."""
-        import linecache
-
-        from ..frontend.builder import ModelDef
-
-        filename = os.path.abspath(f"<deepgen from-torch {self.name}.py>")
-        linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
-        try:
-            namespace: dict = {"__name__": f"deepgen_from_torch_{self.name}"}
-            exec(compile(source, filename, "exec"), namespace)
-            graph = next(v for v in namespace.values() if isinstance(v, ModelDef)).build()
-        finally:
-            linecache.cache.pop(filename, None)
-        declared = {p.name: tuple(p.shape) for p in graph.params}
-        stored = {k: tuple(v.shape) for k, v in self.weights.items()}
-        if declared != stored:
-            diff = sorted(set(declared.items()) ^ set(stored.items()))
-            raise DeepgenError(f"internal: the imported model's parameters differ from the weights: {diff[:6]}")
+        validate_model_file(source, self.name, self.weights, "from-torch")
 
 
 def _has(get, target) -> bool:
