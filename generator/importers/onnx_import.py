@@ -10,8 +10,8 @@ is computed here on those symbolic sizes and written as the sizes it makes, not
 as statements. Initializers become parameters (the .npz), named after the
 initializer, or after the node that uses them when the exporter gave them no
 name of their own (`onnx::Conv_28` of node `/layer1/layer1.0/conv1/Conv` ->
-`layer1_0_conv1_weight`). The op converters are in onnx_ops.py. onnx is
-imported only when an import runs.
+`layer1_0_conv1_weight`). The op converters are in onnx_ops.py and the
+family modules it names. onnx is imported only when an import runs.
 """
 
 from __future__ import annotations
