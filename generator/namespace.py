@@ -17,6 +17,7 @@ from .frontend.recursion import recurse, roots, trees
 from .frontend.sequences import gru, lstm, scan
 from .frontend.vision import *  # noqa: F401,F403
 from .frontend.attention import *  # noqa: F401,F403
+from .frontend.windows import *  # noqa: F401,F403
 from .frontend.train import adam, bce_with_logits, mse, sgd, softmax_cross_entropy, train
 
 def model(fn=None, *, name: str | None = None):

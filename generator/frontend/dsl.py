@@ -460,7 +460,10 @@ def _getitem(self, index):
                 "slice",
             )
         if s.step not in (None, 1):
-            raise ModelError(f"slice step must be 1, got {s.step}", user_loc(), "slice")
+            from .windows import strided_slice  # (windows.py builds on this module)
+
+            y = strided_slice(y, axis, s.start, s.stop, s.step)
+            continue
         if s.start is None and s.stop is None:
             continue
         y = slice_axis(y, axis, s.start, s.stop)

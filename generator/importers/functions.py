@@ -363,3 +363,8 @@ HANDLERS = {
     "layer_norm": layer_norm, "adaptive_avg_pool2d": adaptive_avg_pool, "max_pool2d": pool, "avg_pool2d": pool,
     "stochastic_depth": stochastic_depth,
 }
+
+from .windows import HANDLERS as _WINDOW_HANDLERS, LIBRARY as _WINDOW_LIBRARY  # noqa: E402  (they use the helpers above)
+
+HANDLERS.update(_WINDOW_HANDLERS)
+_LIBRARY.update(_WINDOW_LIBRARY)

@@ -509,8 +509,14 @@ class Importer:
         if isinstance(value, torch.nn.Parameter):
             path, _, key = node.target.rpartition(".")
             return self.param(path, key, value)
-        raise self.fail(node, f"self.{node.target} is a buffer or constant tensor; deepgen imports parameters "
-                              "and the buffers of BatchNorm only")
+        if _has(self.module.get_buffer, node.target):
+            from .windows import constant_buffer
+
+            table = constant_buffer(self, node, self.module.get_buffer(node.target))
+            if table is not None:
+                return table
+        raise self.fail(node, f"self.{node.target} is a buffer or constant tensor; deepgen imports parameters, "
+                              "the buffers of BatchNorm and window attention's index and coordinate tables only")
 
     def _resolve(self, node, value, env):
         """fx arguments with earlier nodes replaced by what they became."""
