@@ -334,7 +334,7 @@ def _statements(ctx, nodes, first: int) -> list:
     for position, node in enumerate(nodes, first):
         loc = node.loc
         again = bool(node.attrs.get("recomputed"))  # made again for the gradient (transforms/remat.py)
-        k = (loc.filename, loc.stmt_line, loc.call_id, again) if loc else None
+        k = (loc.filename, loc.stmt_line, loc.call_id, loc.run, again) if loc else None
         if k != key or not statements:
             text = f"{loc.short}  {comment_text(loc.text)}" if loc else node.op
             if node.phase == "backward":

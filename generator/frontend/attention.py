@@ -18,6 +18,7 @@ computed (padded rows attend to the valid keys).
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 
 from . import initializers as inits
 from .builder import Tensor, current
@@ -25,10 +26,32 @@ from .dsl import _helper_param, _tensor, bmm, gelu, matmul, relu, reshape, softm
 from .source import user_loc
 from ..errors import ModelError, ShapeError
 from ..ir.shapes import fmt_shape, norm_dim
+from ..ops import get_op
 
 __all__ = ["layer_norm", "length_mask", "key_mask", "causal_mask", "linear_t", "multi_head_attention", "transformer_encoder_layer"]
 
 _ACTIVATIONS = {"relu": relu, "gelu": gelu}
+
+
+@contextmanager
+def _named(name):
+    """Names the values of the nodes a layer helper adds inside the block after the
+    layer's `name=`: the last node's result `<name>` (`enc0_scores`), the others
+    `<name>_<op>` (`enc0_scores_mul`); values an inner block named keep their names.
+    The names are preferences: a name already taken gets a numeric suffix. With
+    `name` None the user's variable names them, as for any DSL call."""
+    if name is None:
+        yield
+        return
+    b = current()
+    start = len(b.graph.nodes)
+    yield
+    nodes = b.graph.nodes[start:]
+    for node in nodes:
+        for i, v in enumerate(node.outputs):
+            if v.explicit or id(v) in b.layer_names or (i and get_op(node.op).output_hints):
+                continue  # a layer norm's mean and rstd: <its name>_mean
+            b.layer_names[id(v)] = name if node is nodes[-1] and i == 0 else f"{name}_{v.name}"
 
 
 def _positive(value, what, op):
@@ -91,28 +114,48 @@ def linear_t(x, weight, bias=None, name=None) -> Tensor:
     return y + bias if bias is not None else y
 
 
-def multi_head_attention(x, mask, in_proj_weight, in_proj_bias, out_proj_weight, out_proj_bias, nhead) -> Tensor:
+def multi_head_attention(x, mask, in_proj_weight, in_proj_bias, out_proj_weight, out_proj_bias, nhead,
+                         name=None) -> Tensor:
     """Self-attention as torch.nn.MultiheadAttention(batch_first=True) computes it: x [N, T, E]
     projected to q, k, v by in_proj ([3E, E]), split into `nhead` heads of E / nhead,
     softmax(q k^T / sqrt(E / nhead) + mask) v per head, the heads joined and projected by
-    out_proj. `mask` is an additive [N, T] key mask (dg.length_mask) or None."""
+    out_proj. `mask` is an additive [N, T] key mask (dg.length_mask) or None. With `name`,
+    every value it makes is named after it: `<name>_q`, `<name>_scores`, ..., `<name>`."""
     x = _tensor(x, "multi_head_attention")
     if x.ndim != 3 or not isinstance(x.shape[2], int) or x.shape[2] % nhead:
         raise ShapeError(f"input '{x.name}' {fmt_shape(x.shape)} must be [N, T, E] with E divisible by "
                          f"nhead={nhead}", user_loc(), "multi_head_attention")
+    return _attention(x, mask, in_proj_weight, in_proj_bias, out_proj_weight, out_proj_bias, nhead, name, name)
+
+
+def _attention(x, mask, in_proj_weight, in_proj_bias, out_proj_weight, out_proj_bias, nhead, prefix, result):
+    """multi_head_attention, its values named `<prefix>_q`, ... and its result `result`."""
     N, T, E = x.shape
     head = E // nhead
-    qkv = linear_t(x, in_proj_weight, in_proj_bias)  # [N, T, 3E]
+    part = (lambda what: _named(f"{prefix}_{what}")) if prefix is not None else (lambda what: _named(None))
+    with _named(result):
+        with part("qkv"):
+            qkv = linear_t(x, in_proj_weight, in_proj_bias)  # [N, T, 3E]
 
-    def heads(t):  # [N, T, E] -> [N, h, T, E/h]
-        return transpose(reshape(t, (N, T, nhead, head)), (0, 2, 1, 3))
+        def heads(t):  # [N, T, E] -> [N, h, T, E/h]
+            return transpose(reshape(t, (N, T, nhead, head)), (0, 2, 1, 3))
 
-    q, k, v = (heads(t) for t in split(qkv, 3, axis=2))
-    scores = bmm(q * (1.0 / math.sqrt(head)), k, tb=True)  # [N, h, T, T]: query by key
-    keys = reshape(mask, (N, 1, 1, T)) if mask is not None else None
-    weights = softmax(scores, axis=-1, mask=keys)
-    context = transpose(bmm(weights, v), (0, 2, 1, 3))  # [N, T, h, E/h]
-    return linear_t(reshape(context, (N, T, E)), out_proj_weight, out_proj_bias)
+        pieces = split(qkv, 3, axis=2)
+        with part("q"):
+            q = heads(pieces[0])
+        with part("k"):
+            k = heads(pieces[1])
+        with part("v"):
+            v = heads(pieces[2])
+        with part("scores"):
+            scores = bmm(q * (1.0 / math.sqrt(head)), k, tb=True)  # [N, h, T, T]: query by key
+        with part("keys"):
+            keys = reshape(mask, (N, 1, 1, T)) if mask is not None else None
+        with part("weights"):
+            weights = softmax(scores, axis=-1, mask=keys)
+        with part("context"):
+            context = transpose(bmm(weights, v), (0, 2, 1, 3))  # [N, T, h, E/h]
+        return linear_t(reshape(context, (N, T, E)), out_proj_weight, out_proj_bias)
 
 
 def transformer_encoder_layer(x, lengths, d_model, nhead, dim_feedforward, activation="relu", norm_first=False,
@@ -161,23 +204,37 @@ def transformer_encoder_layer(x, lengths, d_model, nhead, dim_feedforward, activ
         "n1_w": param("norm1_weight", (E,), inits.ones()), "n1_b": param("norm1_bias", (E,), inits.zeros()),
         "n2_w": param("norm2_weight", (E,), inits.ones()), "n2_b": param("norm2_bias", (E,), inits.zeros()),
     }
-    mask = length_mask(lengths, x.shape[1]) if lengths is not None else None
+    # With name=, every value is named after the layer: enc0_q, enc0_scores, enc0_norm1, ...
+    part = (lambda what: _named(f"{name}_{what}")) if name is not None else (lambda what: _named(None))
+    with part("mask"):
+        mask = length_mask(lengths, x.shape[1]) if lengths is not None else None
 
     def attend(t):
-        return multi_head_attention(t, mask, p["in_w"], p["in_b"], p["out_w"], p["out_b"], nhead)
+        result = f"{name}_self_attn" if name is not None else None
+        return _attention(t, mask, p["in_w"], p["in_b"], p["out_w"], p["out_b"], nhead, name, result)
 
     def feed_forward(t):
-        return linear_t(act(linear_t(t, p["w1"], p["b1"])), p["w2"], p["b2"])
+        with part("linear1"):
+            hidden = linear_t(t, p["w1"], p["b1"])
+        with part("activation"):
+            hidden = act(hidden)
+        with part("linear2"):
+            return linear_t(hidden, p["w2"], p["b2"])
 
-    def norm(t, which):
-        return layer_norm(t, p[f"{which}_w"], p[f"{which}_b"], eps)
+    def norm(t, which, label):
+        with part(label):
+            return layer_norm(t, p[f"{which}_w"], p[f"{which}_b"], eps)
 
-    if norm_first:
-        x = x + attend(norm(x, "n1"))
-        y = x + feed_forward(norm(x, "n2"))
-    else:
-        x = norm(x + attend(x), "n1")
-        y = norm(x + feed_forward(x), "n2")
-    if name is not None:
-        b.layer_names[id(y.value)] = name
+    with _named(name):
+        if norm_first:
+            with part("residual1"):
+                x = x + attend(norm(x, "n1", "norm1"))
+            y = x + feed_forward(norm(x, "n2", "norm2"))
+        else:
+            with part("residual1"):
+                r = x + attend(x)
+            x = norm(r, "n1", "norm1")
+            with part("residual2"):
+                r = x + feed_forward(x)
+            y = layer_norm(r, p["n2_w"], p["n2_b"], eps)  # named `name` itself
     return y

@@ -105,7 +105,19 @@ def backprop(gb, nodes, grads: dict, reaches: set, needed=None) -> dict:
     Value}, updated in place), asking each op's rule for its inputs' gradients;
     only inputs in `reaches` (ids of values that depend on what is differentiated
     for) get one, and only nodes whose inputs are `needed` (None: all) are
-    visited. The new nodes are in gb.nodes."""
+    visited. The new nodes are in gb.nodes. gb.loc and gb.reaches are as they
+    were on return: a rule that backpropagates through nodes of its own (a
+    recursion's cells) keeps the location of the node it differentiates for the
+    nodes it adds after."""
+    outer = gb.loc, gb.reaches
+    try:
+        _backprop(gb, nodes, grads, reaches, needed)
+    finally:
+        gb.loc, gb.reaches = outer
+    return grads
+
+
+def _backprop(gb, nodes, grads: dict, reaches: set, needed) -> None:
     for node in reversed(list(nodes)):
         if not any(id(v) in grads for v in node.outputs):
             continue
@@ -126,7 +138,6 @@ def backprop(gb, nodes, grads: dict, reaches: set, needed=None) -> dict:
                 a, b = ARGS[0], ARGS[1]
                 g = gb.ewise("add", a + b, [grads[id(v)], g], v.shape, f"d_{v.name}")
             grads[id(v)] = g
-    return grads
 
 
 def reaching(nodes, sources) -> set:
