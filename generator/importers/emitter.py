@@ -50,6 +50,10 @@ class Emitter:
         self.dims: dict[str, sympy.Symbol] = {}  # symbolic dims the inputs declared, in order
         self.inputs: list[str] = []  # dg.input statements
         self.body: list[tuple[str, str | None]] = []  # (statement, comment above it or None)
+        # The module paths (outermost first) of the layer call being written, and each body
+        # statement's: the importer sets `scope`; blocks.py makes repeated classes functions.
+        self.scope: tuple = ()
+        self.scopes: list[tuple] = []
         self.taken = set(RESERVED) | set(dir(builtins)) | {"dg", "N", "T"}
         self.locals: set[str] = set()  # the variables fresh() handed out
         self._count = 0
@@ -120,6 +124,7 @@ class Emitter:
     def statement(self, text: str):
         self._run(text)
         self.body.append((text, self._comment))
+        self.scopes.append(self.scope)
         self._comment = None
 
     def var(self, name: str) -> Var:
@@ -163,19 +168,29 @@ def code(value) -> str:
     raise TypeError(f"no source form for {type(value).__name__} {value!r}")
 
 
-def model_file(docstring_lines: list, em: "Emitter", name: str, outputs: dict) -> str:
+def model_file(docstring_lines: list, em: "Emitter", name: str, outputs: dict, module=None) -> str:
     """The text of an imported model file: its docstring, the dims, the model function
-    with each statement under its comment, the outputs returned; formatted by black."""
+    with each statement under its comment, the outputs returned; formatted by black.
+    With `module` (the nn.Module the statements' scopes name), the instances of a module
+    class used more than once are calls of one function each (blocks.py)."""
     import black
 
+    body, functions, renames = em.body, [], {}
+    if module is not None:
+        from .blocks import structure
+
+        returned = {k: code(v) for k, v in outputs.items()}
+        functions, body, renames = structure(em.body, em.scopes, module, returned, em.inputs, {*em.dims, "dg", name})
     lines = list(docstring_lines) + ['"""', "", "import generator as dg", ""]
     lines += [f'{d} = dg.dim("{d}")' for d in em.dims]
+    for function in functions:
+        lines += ["", "", function]
     lines += ["", "", "@dg.model", f"def {name}():"]
     lines += [f"    {s}" for s in em.inputs]
-    for statement, comment in em.body:
+    for statement, comment in body:
         lines += [f"    # {line}" for line in (comment.split("\n") if comment else ())]
         lines.append(f"    {statement}")
-    returned = ", ".join(f'"{k}": {code(v)}' for k, v in outputs.items())
+    returned = ", ".join(f'"{k}": {renames.get(code(v), code(v))}' for k, v in outputs.items())
     lines.append(f"    return {{{returned}}}")
     return black.format_str("\n".join(lines) + "\n", mode=black.Mode(line_length=110))
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import operator
 
 from ..errors import DeepgenError
+from .blocks import scope_of
 from .emitter import Var, code
 from .torch_import import identifier
 
@@ -129,6 +130,7 @@ class ExportWalk:
             if here and here != site:
                 site = here
                 em.comment(f"{os.path.basename(here[0])}:{here[1]}: {here[2]}")
+            em.scope = scope_of(node)
             try:
                 env[node] = self.convert(node, env)
             except DeepgenError as e:
@@ -418,7 +420,7 @@ class ExportWalk:
         T = q.tensor.shape[-2]
         key = ("causal", str(T))
         if key not in self.masks:
-            self.masks[key] = self.em.assign("causal_mask", f"dg.causal_mask({code(T)})")
+            self.masks[key] = self._model_level("causal_mask", f"dg.causal_mask({code(T)})")
         return self.masks[key]
 
     def mask(self, node, derived: Derived) -> Var:
@@ -463,18 +465,27 @@ class ExportWalk:
         if "pad" in kind:
             key = ("pad", source)
             if key not in self.masks:
-                self.masks[key] = self.em.assign(f"{source}_additive",
+                self.masks[key] = self._model_level(f"{source}_additive",
                                                  f"dg.reshape(dg.key_mask({code(mask_var)}), {code((N, 1, 1, T))})")
             parts.append(self.masks[key])
         if "causal" in kind:
             key = ("causal", str(T))
             if key not in self.masks:
-                self.masks[key] = self.em.assign("causal_mask", f"dg.causal_mask({code(T)})")
+                self.masks[key] = self._model_level("causal_mask", f"dg.causal_mask({code(T)})")
             parts.append(self.masks[key])
-        result = parts[0] if len(parts) == 1 else self.em.assign(f"{source}_causal",
+        result = parts[0] if len(parts) == 1 else self._model_level(f"{source}_causal",
                                                                   " + ".join(code(p) for p in parts))
         self.masks[name] = result
         return result
+
+    def _model_level(self, hint, expr):
+        """A statement of the model itself, though written at its first use (a mask the first
+        layer reads): blocks.py moves it before that layer's function call."""
+        scope, self.em.scope = self.em.scope, ()
+        try:
+            return self.em.assign(hint, expr)
+        finally:
+            self.em.scope = scope
 
     def _mask_input(self, node):
         """The integer user input a derived node reads (through derived nodes)."""

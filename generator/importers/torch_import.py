@@ -20,6 +20,7 @@ from .. import fileio
 from ..errors import DeepgenError
 from ..ir.names import problem_with
 from ..ir.shapes import evaluate
+from .blocks import scope_of
 from .emitter import Emitter, StatementError, Var, code, model_file, validate_model_file
 from .functions import convert_call
 from .modules import Unusable, convert_module
@@ -359,6 +360,7 @@ class Importer:
                     site = here
                     self.em.comment(f"{os.path.basename(here[0])}:{here[1]}: {here[2]}")
                 args, kwargs = self._resolve(node, node.args, env), self._resolve(node, node.kwargs, env)
+                self.em.scope = scope_of(node)
                 try:
                     if node.op == "placeholder":
                         env[node] = self._input(node, examples, dims)
@@ -577,7 +579,7 @@ class Importer:
                       "one array for it; PyTorch's state_dict lists it under each key):"]
             lines += [f"`{', '.join(others)}` {'is' if len(others) == 1 else 'are'} `{first}` "
                       f"(`{self.key_name(first)}`)." for first, others in self.tie_uses.items()]
-        return model_file(lines, em, self.name, outputs)
+        return model_file(lines, em, self.name, outputs, module=self.module)
 
     def _validate(self, source: str):
         validate_model_file(source, self.name, self.weights, "from-torch")

@@ -45,6 +45,62 @@ def statement_names(model_file: str) -> set:
     return names
 
 
+def name_block_values(graph) -> set:
+    """Rename each statement value made inside a function that the model file calls with
+    `name="<prefix>"` to `<prefix>_<variable>`: from-torch writes each instance of a repeated
+    module class as such a call (`layer1_1 = bottleneck(layer1_0, ..., name="layer1_1")`), and
+    `relu_1` inside it is then `layer1_1_relu_1`, the name compare matches to the second call
+    of module `layer1.1.relu`. A name another value has already is left alone. Returns the
+    names so made (a layer's value named `f"{name}_conv1"` has its name already)."""
+    from ..frontend.source import assigned_names
+
+    last = {}  # each call's statements: the last node (the statement's value)
+    for node in graph.nodes:
+        loc = node.loc
+        if loc is not None and loc.call is not None:
+            last[loc.filename, loc.stmt_line, loc.call.line, loc.call_id] = node
+    taken = {v.name for v in graph.values()}
+    trees: dict = {}
+    renamed = set()
+    for node in last.values():
+        prefix = _call_name(node.loc, trees)
+        targets = assigned_names(node.loc) or []
+        pairs = zip(node.outputs, targets) if len(targets) == len(node.outputs) else \
+            zip(node.outputs[:1], targets[:1])
+        for value, target in pairs:
+            name = f"{prefix}_{target}" if prefix else None
+            if name and name != value.name and name not in taken and graph.names.claim(name):
+                taken.add(name)
+                value.name = name
+            if name == value.name:
+                renamed.add(name)
+    return renamed
+
+
+def _call_name(loc, trees: dict):
+    """The `name=` string of the call at loc.call of the function that holds loc, or None."""
+    for path in (loc.filename, loc.call.filename):
+        if path not in trees:
+            try:
+                trees[path] = ast.parse(Path(path).read_text())
+            except (OSError, SyntaxError, ValueError):
+                trees[path] = None
+    if trees[loc.filename] is None or trees[loc.call.filename] is None:
+        return None
+    functions = [f for f in ast.walk(trees[loc.filename]) if isinstance(f, ast.FunctionDef)
+                 and f.lineno <= loc.line <= (f.end_lineno or f.lineno)]
+    if not functions:
+        return None
+    function = max(functions, key=lambda f: f.lineno).name
+    for call in ast.walk(trees[loc.call.filename]):
+        if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) and call.func.id == function \
+                and call.lineno <= loc.call.line <= (call.end_lineno or call.lineno):
+            for kw in call.keywords:
+                if kw.arg == "name" and isinstance(kw.value, ast.Constant) and isinstance(kw.value.value, str):
+                    return kw.value.value
+    return None
+
+
 def keep_values(graph, names) -> dict:
     """Make each float value of graph named in `names` an output as well (a debug
     generation: every statement's value comes back from forward()); {statement name:
@@ -173,7 +229,7 @@ def run_compare(model_file: str, weights: str, factory: str, example_items, tole
     examples, _ = example_inputs(example_items)
     model = load_model(model_file)
     graph = model.build(f"{model.name}_compare")
-    kept = keep_values(graph, statement_names(model_file))
+    kept = keep_values(graph, statement_names(model_file) | name_block_values(graph))
     inputs = {name: t.numpy() for name, t in examples.items()}
     missing = [v.name for v in graph.inputs if v.name not in inputs]
     if missing:
