@@ -5,7 +5,7 @@ Model files use this package as the DSL: `import generator as dg`.
 
 import importlib as _importlib
 
-__version__ = "0.1.0"
+from .version import __version__  # noqa: F401
 
 
 def __getattr__(name: str):

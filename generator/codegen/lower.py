@@ -15,7 +15,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from .. import __version__
+from ..version import __version__
 from ..ir.names import comment_text, cpp_string, is_reserved
 from ..ops import get_op
 from ..ir.printing import format_graph

@@ -13,6 +13,7 @@ import shutil
 import subprocess
 
 from ..errors import DeepgenError
+from ..ops.registry import get_op
 
 _INPUT = 'shape=ellipse, style=filled, fillcolor="#dbeafe"'
 _PARAM = 'shape=box, style="rounded,filled", fillcolor="#fef3c7"'
@@ -40,8 +41,6 @@ def _op_label(node, description: str) -> str:
 
 def to_dot(graph) -> str:
     """The DOT text of `graph` (see the module docstring)."""
-    from ..ops import get_op
-
     ids = {}  # id(Value) -> DOT node id
     lines = [f"digraph {quote(graph.name)} {{", "  rankdir=TB;",
              '  node [fontname="Helvetica", fontsize=10];', '  edge [fontname="Helvetica", fontsize=9];']

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 import sympy
 
+from .printing import format_graph
 from .shapes import fmt_shape
 
 DTYPES = ("float32", "int32", "int64")
@@ -106,8 +107,6 @@ class Graph:
         return out
 
     def __str__(self) -> str:
-        from .printing import format_graph
-
         return format_graph(self)
 
 

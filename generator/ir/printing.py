@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
+from ..ops.registry import get_op
+
 
 def format_node(node) -> str:
-    from ..ops import get_op
-
     lhs = ", ".join(f"{v.name}: {v.type_str()}" for v in node.outputs)
     rhs = get_op(node.op).describe(node)
     return f"{lhs} = {rhs}"

@@ -10,15 +10,15 @@ import math
 
 import sympy
 
+from ..errors import ModelError
+from ..frontend.source import user_loc
+from .names import problem_with
+
 Dim = "int | sympy.Expr"
 
 
 def dim(name: str) -> sympy.Symbol:
     """A symbolic dimension: `N = dg.dim("N")`."""
-    from ..errors import ModelError
-    from .names import problem_with
-    from ..frontend.source import user_loc
-
     problem = problem_with(name)
     if problem:
         raise ModelError(problem, user_loc(), "dg.dim")
