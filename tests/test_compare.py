@@ -112,3 +112,62 @@ def test_statement_names_and_first_difference(tmp_path):
 
     rows = [Row(1e-7), Row(float("nan")), Row(1.0)]
     assert first_difference(rows, 1e-4) is rows[1]  # NaN is a difference
+
+
+def test_compare_onnx_agrees_and_then_finds_a_planted_one_layer_error(tmp_path, capsys):
+    """`compare --onnx`: the same small network exported by torch.onnx.export and imported by
+    `deepgen from-onnx`; onnxruntime runs the file with the values the statements hold added
+    as outputs (the import recorded their ONNX names in the .npz)."""
+    pytest.importorskip("onnx")
+    pytest.importorskip("onnxruntime")
+    import io
+    import sys
+    import warnings
+
+    import torch
+
+    (tmp_path / "nets.py").write_text(NET)
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import nets
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("nets", None)
+    buffer = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(nets.make().eval(), (torch.randn(2, 3, 8, 8),), buffer, input_names=["x"], output_names=["y"],
+                          dynamic_axes={"x": {0: "batch"}}, dynamo=False)
+    (tmp_path / "tiny.onnx").write_bytes(buffer.getvalue())
+    model, weights = tmp_path / "tiny_onnx.py", tmp_path / "tiny_onnx.npz"
+    assert cli.main(["from-onnx", str(tmp_path / "tiny.onnx"), "-o", str(model)]) == 0
+    args = ["compare", str(model), "--onnx", str(tmp_path / "tiny.onnx"), "--example-input", "x=3,3,8,8",
+            "--build-dir", str(tmp_path / "debug")]
+    capsys.readouterr()
+    assert cli.main([*args, "--weights", str(weights)]) == 0
+    out = capsys.readouterr().out
+    assert "agree with onnxruntime" in out and "layer2_conv2" in out and "/layer2/conv2/Conv_output_0" in out
+    compared = int(out.split("all ")[1].split()[0])
+    assert compared >= 8  # every conv, add and the classifier
+
+    planted = dict(np.load(weights))
+    assert "meta/onnx_value_names" in planted
+    planted["layer2_conv1_weight"] = planted["layer2_conv1_weight"] * 1.5
+    np.savez(tmp_path / "planted.npz", **planted)
+    assert cli.main([*args, "--weights", str(tmp_path / "planted.npz")]) == 1
+    out = capsys.readouterr().out
+    first = [line for line in out.splitlines() if line.startswith("first difference")]
+    assert len(first) == 1 and first[0].startswith("first difference: layer2_conv1 (")
+    # (its statement holds the conv and the relu after it: the relu's value)
+    assert "tiny_onnx.py:" in first[0] and "ONNX value /layer2/relu/Relu_output_0:" in first[0]
+    table = out.splitlines()
+    at = next(i for i, line in enumerate(table) if "<- first difference" in line)
+    assert at > 3 and all("first difference" not in line for line in table[:at])
+
+    # --torch and --onnx exclude each other; weights without the recorded names are refused.
+    with pytest.raises(SystemExit):
+        cli.main([*args, "--weights", str(weights), "--torch", f"{tmp_path / 'nets.py'}:make"])
+    bare = {k: v for k, v in planted.items() if not k.startswith("meta/")}
+    np.savez(tmp_path / "bare.npz", **bare)
+    assert cli.main([*args, "--weights", str(tmp_path / "bare.npz")]) == 1
+    assert "holds no meta/onnx_value_names" in capsys.readouterr().err

@@ -53,7 +53,7 @@ def _import(model, tmp_path, name, outputs=None):
     model_path, weights_path = write_model(source, weights, str(tmp_path / f"{name}.py"))
     graph = load_model(model_path).build()
     with np.load(weights_path) as f:
-        params = {k: f[k] for k in f.files}
+        params = {k: f[k] for k in f.files if not k.startswith("meta/")}  # (the ONNX value names)
     return graph, params, source
 
 

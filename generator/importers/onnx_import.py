@@ -48,6 +48,16 @@ class Const:
         return self.value.dtype == object
 
 
+class Weights(dict):
+    """{parameter name: float32 array}, and `onnx_names`: {statement or input name of the
+    written file: the ONNX value it computes or is} (write_model keeps it in the .npz as
+    `meta/onnx_value_names`; `deepgen compare --onnx` reads it)."""
+
+    def __init__(self, arrays: dict, onnx_names: dict):
+        super().__init__(arrays)
+        self.onnx_names = dict(onnx_names)
+
+
 class Unsupported(DeepgenError):
     """An ONNX node deepgen cannot translate; the message names op, node and opset."""
 
@@ -342,7 +352,24 @@ class OnnxImporter:
             results[key] = value
         source = self._render(results)
         self._validate(source)
-        return source, self.weights
+        return source, Weights(self.weights, self._onnx_names(nodes))
+
+    def _onnx_names(self, nodes) -> dict:
+        """{variable of the file: the ONNX value it holds}: the inputs, and each statement's
+        value under the name of the last node output (in graph order) that it is (a Conv
+        written with its activation is the activation's output)."""
+        names = {}
+        for info in self.graph.input:
+            value = self.env.get(info.name)
+            if isinstance(value, Var):
+                names[value.name] = info.name
+        inputs = set(names)
+        for node in nodes:
+            for out in node.output:
+                value = self.env.get(out)
+                if isinstance(value, Var) and value.name not in inputs:
+                    names[value.name] = out
+        return names
 
     def _outputs(self, outputs) -> list[str]:
         names = [o.name for o in self.graph.output]

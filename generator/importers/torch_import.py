@@ -56,7 +56,8 @@ def write_model(source: str, weights: dict, model_path: str, weights_path: str |
                 replace: bool = True, protect=()) -> tuple[str, str]:
     """Write the model file and its weights (`.npz` next to it by default); returns both paths.
     Weights from `from_torch` carry their state_dict keys: the .npz keeps them as the uint8
-    member `meta/torch_state_dict_keys` (JSON; read back with `torch_keys(npz)`, skipped by load()).
+    member `meta/torch_state_dict_keys` (JSON; read back with `torch_keys(npz)`, skipped by load());
+    weights from `from_onnx` the ONNX value each statement computes (`meta/onnx_value_names`).
 
     Both files are written or neither: each is staged as a synced temporary beside its target
     (folders made as needed), then both are renamed into place; should the second rename fail,
@@ -66,7 +67,11 @@ def write_model(source: str, weights: dict, model_path: str, weights_path: str |
     targets = check_targets(model_path, weights_path, replace=replace, protect=protect)
     data = io.BytesIO()
     keys = getattr(weights, "torch_keys", None)
-    np.savez(data, **weights, **({TORCH_KEYS: keys_array(keys)} if keys else {}))
+    meta = {TORCH_KEYS: keys_array(keys)} if keys else {}
+    onnx_names = getattr(weights, "onnx_names", None)  # from_onnx's {statement or input: ONNX value name}
+    if onnx_names:
+        meta[ONNX_NAMES] = keys_array(onnx_names)
+    np.savez(data, **weights, **meta)
     made = _missing_folders(targets)
     staged = []
     try:
@@ -169,6 +174,7 @@ def _restore(path: str, before) -> None:
 
 
 TORCH_KEYS = "meta/torch_state_dict_keys"
+ONNX_NAMES = "meta/onnx_value_names"  # {statement or input name: the ONNX value it is}
 
 
 class Weights(dict):
@@ -188,14 +194,15 @@ def keys_array(mapping: dict) -> np.ndarray:
     return np.frombuffer(json.dumps(mapping, sort_keys=True).encode("utf-8"), dtype=np.uint8).copy()
 
 
-def torch_keys(weights) -> dict:
+def torch_keys(weights, member: str = TORCH_KEYS) -> dict:
     """The {parameter name: [state_dict keys]} an import kept in its weights (a dict or an
-    open .npz); {} when there is none."""
+    open .npz); {} when there is none. `member=ONNX_NAMES`: from_onnx's {statement or input
+    name: ONNX value name} instead."""
     import json
 
-    if TORCH_KEYS not in weights:
+    if member not in weights:
         return {}
-    return json.loads(np.asarray(weights[TORCH_KEYS]).tobytes().decode("utf-8"))
+    return json.loads(np.asarray(weights[member]).tobytes().decode("utf-8"))
 
 
 def identifier(path: str) -> str:

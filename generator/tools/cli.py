@@ -209,7 +209,8 @@ def cmd_from_torch(args):
 def cmd_compare(args):
     from .compare import run_compare
 
-    first = run_compare(args.model, args.weights, args.torch, args.example_input, args.tolerance, args.build_dir)
+    first = run_compare(args.model, args.weights, args.torch, args.example_input, args.tolerance, args.build_dir,
+                        onnx_file=args.onnx)
     return 0 if first is None else 1
 
 
@@ -287,11 +288,14 @@ def parser() -> argparse.ArgumentParser:
     fo.add_argument("--outputs", metavar="NAME[,NAME...]", help="import these graph outputs only (default: all)")
     fo.add_argument("--force", action="store_true", help="replace a model or weights file that exists (never the ONNX file)")
     fo.set_defaults(func=cmd_from_onnx)
-    cm = sub.add_parser("compare", help="run an imported model beside its PyTorch original and name the first "
-                                        "statement whose output differs")
-    cm.add_argument("model", help="the model file (from deepgen from-torch), FILE.py or FILE.py:NAME")
+    cm = sub.add_parser("compare", help="run an imported model beside its PyTorch or ONNX original and name the "
+                                        "first statement whose output differs")
+    cm.add_argument("model", help="the model file (from deepgen from-torch or from-onnx), FILE.py or FILE.py:NAME")
     cm.add_argument("--weights", required=True, help="its weights (.npz)")
-    cm.add_argument("--torch", required=True, metavar="FILE.py:FACTORY", help="the PyTorch module it came from")
+    original = cm.add_mutually_exclusive_group(required=True)
+    original.add_argument("--torch", metavar="FILE.py:FACTORY", help="the PyTorch module it came from")
+    original.add_argument("--onnx", metavar="FILE.onnx", type=_path,
+                          help="the ONNX file it came from (run by onnxruntime, which must be installed)")
     cm.add_argument("--example-input", action="append", metavar="NAME=SHAPE[:dtype]", required=True,
                     help="an input of forward and its shape, as for from-torch (repeatable)")
     cm.add_argument("--tolerance", type=float, default=1e-4, help="largest relative error taken as equal (default 1e-4)")

@@ -1,4 +1,4 @@
-"""`deepgen compare`: where does an imported model stop agreeing with PyTorch?
+"""`deepgen compare`: where does an imported model stop agreeing with PyTorch (or ONNX)?
 
     deepgen compare MODEL.py --weights W.npz --torch FILE.py:FACTORY --example-input x=1,3,64,64
 
@@ -12,6 +12,13 @@ again gives `..._1`, `..._2` as the importer names them) is compared with that
 module's output, in the order the statements run; the table shows the largest
 error per layer and the first statement past the tolerance is named with its
 line in the model file.
+
+    deepgen compare MODEL.py --weights W.npz --onnx FILE.onnx --example-input x=1,3,64,64
+
+compares a model `deepgen from-onnx` wrote with onnxruntime running the ONNX file
+(optional: imported only here): the import recorded which ONNX value each statement
+computes (`meta/onnx_value_names` in the .npz), and those values are added to the
+graph's outputs. Integer example inputs are ones there (no PyTorch is needed).
 """
 
 from __future__ import annotations
@@ -168,6 +175,62 @@ def torch_values(module, examples: dict) -> dict:
     return values, final
 
 
+def example_arrays(items) -> dict:
+    """{name: numpy array} from NAME=SHAPE[:dtype] items without PyTorch (compare --onnx):
+    floats drawn from a seeded normal, integers ones (ids valid for any vocabulary, attention
+    masks that keep every position)."""
+    from ..importers.torch_cli import _DTYPES, _shape, _short
+
+    rng = np.random.default_rng(0)
+    arrays = {}
+    for item in items or []:
+        name, sep, rest = item.partition("=")
+        shape_text, _, dtype = rest.partition(":")
+        dtype = dtype or "float32"
+        if not sep or not name.isidentifier() or dtype not in _DTYPES or not shape_text or name in arrays:
+            raise DeepgenError(f"--example-input {_short(item)}: expected NAME=SHAPE[:dtype] once per input, e.g. "
+                               f"x=4,784 (dtype one of {', '.join(_DTYPES)})")
+        shape, _ = _shape(item, shape_text)
+        arrays[name] = (rng.standard_normal(shape).astype(np.float32) if dtype == "float32"
+                        else np.ones(shape, dtype=dtype))
+    return arrays
+
+
+def onnx_values(onnx_file: str, names: dict, inputs: dict) -> tuple[dict, list]:
+    """({(statement, ONNX value name): array}, the graph's outputs) from onnxruntime running
+    onnx_file with every value in `names` ({statement or input of the written file: ONNX
+    value name}, as from_onnx recorded it) added as a graph output; graph optimizations off,
+    so each value is its node's own result."""
+    try:
+        import onnxruntime
+    except ImportError:
+        raise DeepgenError("deepgen compare --onnx needs onnxruntime (pip install onnxruntime)") from None
+    from onnx import TensorProto, helper
+
+    from ..importers.onnx_import import load
+
+    model = load(onnx_file)
+    graph_inputs = [i.name for i in model.graph.input if i.name not in {t.name for t in model.graph.initializer}]
+    by_onnx = {v: k for k, v in names.items()}
+    feeds = {}
+    for name in graph_inputs:
+        ours = by_onnx.get(name, name)
+        if ours not in inputs:
+            raise DeepgenError(f"--example-input: the ONNX input {name!r} (`{ours}` in the model file) has no example")
+        feeds[name] = inputs[ours]
+    outputs = [o.name for o in model.graph.output]
+    values = [v for v in dict.fromkeys(names.values()) if v not in graph_inputs]
+    for value in values:
+        if value not in outputs:
+            model.graph.output.append(helper.make_tensor_value_info(value, TensorProto.FLOAT, None))
+    options = onnxruntime.SessionOptions()
+    options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = onnxruntime.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    results = session.run(values, feeds)
+    theirs = {(by_onnx[v], v): np.asarray(r, dtype=np.float32) for v, r in zip(values, results)}
+    return theirs, outputs
+
+
 def compare_rows(graph, ours: dict, theirs: dict, tolerance: float) -> list:
     """A Row per statement both sides have, in schedule order."""
     by_name = {name: (name_path, out) for (name, name_path), out in theirs.items()}
@@ -183,7 +246,7 @@ def compare_rows(graph, ours: dict, theirs: dict, tolerance: float) -> list:
                 got = got.reshape(want.shape)
             else:
                 rows.append(Row(name, path, where, float("inf"), float("inf"),
-                                f"shape {list(got.shape)} vs PyTorch's {list(want.shape)}"))
+                                f"shape {list(got.shape)} vs the reference's {list(want.shape)}"))
                 continue
         diff = np.abs(got.astype(np.float64) - want.astype(np.float64))
         max_abs = float(diff.max()) if diff.size else 0.0
@@ -217,20 +280,30 @@ def build_debug(graph, build_dir: Path):
         sys.path.remove(str(build))
 
 
-def run_compare(model_file: str, weights: str, factory: str, example_items, tolerance: float = 1e-4,
-                build_dir: str | None = None, echo=print) -> Row | None:
-    """The whole `deepgen compare`; returns the first differing Row (None: all agree)."""
+def run_compare(model_file: str, weights: str, factory: str | None, example_items, tolerance: float = 1e-4,
+                build_dir: str | None = None, echo=print, onnx_file: str | None = None) -> Row | None:
+    """The whole `deepgen compare`; returns the first differing Row (None: all agree). The
+    reference is the PyTorch module `factory` makes, or onnxruntime running `onnx_file`."""
     from ..frontend.loader import load_model
     from ..importers.torch_cli import example_inputs, load_factory
+    from ..importers.torch_import import ONNX_NAMES, torch_keys
 
     if not Path(weights).is_file():
         raise DeepgenError(f"--weights {weights}: no such file")
-    module = load_factory(factory)
-    examples, _ = example_inputs(example_items)
+    if onnx_file is not None:
+        with np.load(weights) as stored:
+            names = torch_keys(stored, ONNX_NAMES)
+        if not names:
+            raise DeepgenError(f"--weights {weights} holds no {ONNX_NAMES} (the ONNX value each statement computes): "
+                               "compare --onnx needs the weights `deepgen from-onnx` wrote")
+        inputs = example_arrays(example_items)
+    else:
+        module = load_factory(factory)
+        examples, _ = example_inputs(example_items)
+        inputs = {name: t.numpy() for name, t in examples.items()}
     model = load_model(model_file)
     graph = model.build(f"{model.name}_compare")
     kept = keep_values(graph, statement_names(model_file) | name_block_values(graph))
-    inputs = {name: t.numpy() for name, t in examples.items()}
     missing = [v.name for v in graph.inputs if v.name not in inputs]
     if missing:
         raise DeepgenError(f"--example-input: the model's input(s) {', '.join(missing)} have no example")
@@ -244,21 +317,26 @@ def run_compare(model_file: str, weights: str, factory: str, example_items, tole
             m.eval()
         ours = m.forward(**{v.name: inputs[v.name] for v in graph.inputs})
     ours = {name: ours[output] for name, output in kept.items() if output in ours}
-    theirs, _ = torch_values(module, examples)
+    if onnx_file is not None:
+        theirs, _ = onnx_values(onnx_file, names, inputs)
+        against, column = "onnxruntime", "ONNX value"
+    else:
+        theirs, _ = torch_values(module, examples)
+        against, column = "PyTorch", "module"
     rows = compare_rows(graph, ours, theirs, tolerance)
     if not rows:
-        raise DeepgenError("no statement of the model is named after a module of the PyTorch model: "
-                           "compare needs a model file written by `deepgen from-torch` (or named like one)")
+        raise DeepgenError(f"no statement of the model is named after a {column} of the reference: compare needs a "
+                           f"model file written by `deepgen from-{'onnx' if onnx_file else 'torch'}` (or named like one)")
     width = max(len(r.statement) for r in rows)
-    echo(f"{'statement':<{width}}  {'max abs error':>13}  {'relative':>9}  module")
+    echo(f"{'statement':<{width}}  {'max abs error':>13}  {'relative':>9}  {column}")
     first = first_difference(rows, tolerance)
     for row in rows:
         mark = "  <- first difference" if row is first else ""
         echo(f"{row.statement:<{width}}  {row.max_abs:>13.3g}  {row.rel:>9.2g}  {row.module}{mark}"
              + (f" ({row.note})" if row.note else ""))
     if first is None:
-        echo(f"all {len(rows)} compared statements agree with PyTorch within {tolerance:g} (relative)")
+        echo(f"all {len(rows)} compared statements agree with {against} within {tolerance:g} (relative)")
     else:
-        echo(f"first difference: {first.statement} ({first.where}), module {first.module}: max error "
+        echo(f"first difference: {first.statement} ({first.where}), {column} {first.module}: max error "
              f"{first.max_abs:.3g}, relative {first.rel:.3g} > {tolerance:g}")
     return first
