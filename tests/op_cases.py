@@ -199,6 +199,7 @@ def _cases():
              {"table": _f((5, 2, 2)), "ids": ((N,), "int32", 0, 5)}, ("gather",)),
     ]
     cases += _conv_cases()
+    cases += _window_cases()
     cases.append(Case("scan_lengths", _scan_build, _scan_oracle,
                       {"x": _f((N, T, 3)), "lengths": ((N,), "int64", 1, T + 1)}, ("last_steps",)))
     return cases
@@ -376,6 +377,73 @@ def _softmax(x, axis):
     return e / e.sum(axis=axis, keepdims=True)
 
 
+def _window_cases():
+    """Padding, rolling, strided slices, normalize and the window tables (frontend/windows.py,
+    ops/windows.py), against numpy's pad / roll / slicing and the definitions written out as
+    loops (Swin's mask by its slice assignments, as torchvision builds it)."""
+    return [
+        Case("pad_constant", lambda t: dg.pad(t["x"], (1, 2, 0, 1), value=0.5),
+             lambda a: np.pad(a["x"], ((0, 0), (0, 1), (1, 2)), constant_values=0.5), {"x": _f((N, 3, 4))},
+             ("concat", "fill"), grad_ops=("slice",)),
+        Case("pad_crop", lambda t: dg.pad(t["x"], (-1, 2)), lambda a: np.pad(a["x"][:, 1:], ((0, 0), (0, 2))),
+             {"x": _f((N, 4))}, ("slice", "concat", "fill")),
+        Case("roll", lambda t: dg.roll(t["x"], (2, -1), (1, 2)), lambda a: np.roll(a["x"], (2, -1), (1, 2)),
+             {"x": _f((N, 5, 3))}, ("slice", "concat")),
+        Case("slice_step", lambda t: t["x"][:, 1::2, 0:5:3], lambda a: a["x"][:, 1::2, 0:5:3], {"x": _f((N, 5, 6))},
+             ("slice", "reshape", "concat", "fill")),
+        Case("normalize", lambda t: dg.normalize(t["x"], axis=-1),
+             lambda a: a["x"] / np.maximum(np.sqrt((a["x"].astype(np.float64) ** 2).sum(-1, keepdims=True)), 1e-12),
+             {"x": _f((N, 3, 4))}, ("ewise", "sum"), tol=1e-4),
+        Case("relative_position_index", lambda t: dg.gather(t["table"], dg.relative_position_index((2, 3))),
+             lambda a: a["table"][_relative_index(2, 3)], {"table": _f((15, N))},
+             ("relative_position_index", "gather"), grad_ops=("scatter_add",)),
+        Case("shifted_window_mask", lambda t: t["x"] + dg.shifted_window_mask((4, 6), (2, 3), (1, 2)),
+             lambda a: a["x"] + _swin_mask(4, 6, (2, 3), (1, 2)), {"x": _f((N, 4, 6, 6))},
+             ("shifted_window_mask", "ewise")),
+        Case("shifted_window_mask_one_axis", lambda t: t["x"] + dg.shifted_window_mask((4, 6), (2, 3), (0, 1)),
+             lambda a: a["x"] + _swin_mask(4, 6, (2, 3), (0, 1)), {"x": _f((N, 4, 6, 6))},
+             ("shifted_window_mask", "ewise")),
+        Case("relative_coords_table", lambda t: t["x"] * dg.relative_coords_table((2, 4)),
+             lambda a: a["x"] * _coords_table(2, 4), {"x": _f((N, 3, 7, 2))}, ("relative_coords_table", "ewise")),
+    ]
+
+
+def _relative_index(wh, ww):
+    """For each (query, key) pair of a window, row-major: the table row of their offset."""
+    index = []
+    for p in range(wh * ww):
+        for q in range(wh * ww):
+            dh, dw = p // ww - q // ww, p % ww - q % ww
+            index.append((dh + wh - 1) * (2 * ww - 1) + dw + ww - 1)
+    return np.array(index)
+
+
+def _swin_mask(H, W, window, shift):
+    """Label the regions of the map by slice assignment (torchvision's recipe), cut the map
+    into windows, -100 between pixels of different labels."""
+    labels, count = np.zeros((H, W)), 0
+    for h in ((0, -window[0]), (-window[0], -shift[0]), (-shift[0], None)):
+        for w in ((0, -window[1]), (-window[1], -shift[1]), (-shift[1], None)):
+            labels[h[0]:h[1], w[0]:w[1]] = count
+            count += 1
+    windows = []
+    for top in range(0, H, window[0]):
+        for left in range(0, W, window[1]):
+            windows.append(labels[top:top + window[0], left:left + window[1]].reshape(-1))
+    windows = np.array(windows)
+    return np.where(windows[:, :, None] != windows[:, None, :], -100.0, 0.0)
+
+
+def _coords_table(wh, ww):
+    table = np.zeros((2 * wh - 1, 2 * ww - 1, 2))
+    for i in range(2 * wh - 1):
+        for j in range(2 * ww - 1):
+            for k, (d, w) in enumerate(((i - wh + 1, wh), (j - ww + 1, ww))):
+                t = 8.0 * d / (w - 1)
+                table[i, j, k] = np.sign(t) * np.log2(abs(t) + 1) / 3
+    return table
+
+
 CASES = _cases()
 
 
@@ -404,3 +472,4 @@ def case_model(cases, name="optable"):
 
     fn.__name__ = name
     return dg.model(fn)
+

@@ -196,6 +196,10 @@ def getitem(imp, node, name, args, kwargs):
     x, index = args
     if not isinstance(x, Var):
         return x[index]  # a tuple of module results, or of sizes
+    if isinstance(index, Var):  # rows picked by an integer tensor
+        from .windows import take
+
+        return take(imp, node, x, index)
     return _index(imp, node, x, index if isinstance(index, tuple) else (index,))
 
 
@@ -209,9 +213,10 @@ def _index(imp, node, x, index):
     for i in index:
         if i is None:
             keep.append("new")
-        elif isinstance(i, slice) and i.step in (None, 1):
-            parts.append(f"{'' if i.start is None else code(i.start)}:{'' if i.stop is None else code(i.stop)}")
-            live.append(slice(i.start, i.stop))
+        elif isinstance(i, slice) and (i.step is None or isinstance(i.step, int) and i.step >= 1):
+            step = "" if i.step in (None, 1) else f":{i.step}"
+            parts.append(f"{'' if i.start is None else code(i.start)}:{'' if i.stop is None else code(i.stop)}{step}")
+            live.append(slice(i.start, i.stop, i.step))
             keep.append(True)
         elif isinstance(i, int) and not isinstance(i, bool):
             stop = None if i == -1 else i + 1
@@ -219,7 +224,7 @@ def _index(imp, node, x, index):
             live.append(slice(i, stop))
             keep.append(False)
         else:
-            raise imp.fail(node, f"indexing with {i!r} is not supported (slices with step 1, ints, None and ...)")
+            raise imp.fail(node, f"indexing with {i!r} is not supported (slices with positive steps, ints, None and ...)")
     while parts and parts[-1] == ":":
         parts.pop()
     text = f"{code(x)}[{', '.join(parts)}]" if parts else code(x)
@@ -268,6 +273,14 @@ def _shape_args(args, kwargs, key):
 def reshape(imp, node, name, args, kwargs):
     x = _tensor(imp, node, args[0])
     return imp.em.assign(node.name, f"dg.reshape({code(x)}, {code(_shape_args(args, kwargs, 'shape'))})")
+
+
+def unsqueeze(imp, node, name, args, kwargs):
+    x = _tensor(imp, node, args[0])
+    dim = _get(args, kwargs, 1, "dim")
+    shape = list(x.tensor.shape)
+    shape.insert(dim % (len(shape) + 1), 1)
+    return imp.em.assign(node.name, f"dg.reshape({code(x)}, {code(tuple(shape))})")
 
 
 def flatten(imp, node, name, args, kwargs):
@@ -357,6 +370,7 @@ HANDLERS = {
     **{op: unary for op in _UNARY}, "linear": linear, "dropout": dropout, "contiguous": identity,
     "getitem": getitem, "getattr": get_attribute, "size": size, "dim": ndim,
     "view": reshape, "reshape": reshape, "flatten": flatten, "permute": permute, "transpose": transpose, "t": transpose,
+    "swapaxes": transpose, "swapdims": transpose, "unsqueeze": unsqueeze,
     "cat": cat, "concat": cat, "split": split, "chunk": split,
     "softmax": softmax, "log_softmax": softmax, "mean": reduce, "sum": reduce,
     "hardtanh": hardtanh, **{op: compare for op in _COMPARE}, "_assert": check_assert, "expand": expand,

@@ -242,6 +242,7 @@ class Importer:
         self._bases: dict[str, str] = {}  # module path -> its name prefix
         self._paths: dict[str, str] = {}  # name prefix -> its module path
         self.torch_keys: dict[str, list[str]] = {}  # parameter name -> its state_dict key(s)
+        self.traced = None  # torch.fx's GraphModule (it holds the constants fx made: `_tensor_constant0`)
 
     # -- helpers the converters use ---------------------------------------------------
     def fail(self, node, message: str) -> DeepgenError:
@@ -356,6 +357,7 @@ class Importer:
             gm = trace(self.module)
         except DeepgenError as fx_error:
             return self._run_export(example_inputs, dims, fx_error)
+        self.traced = gm
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
         examples = self._examples(placeholders, example_inputs)
         self._propagate(gm, placeholders, examples)
@@ -518,10 +520,13 @@ class Importer:
         if isinstance(value, torch.nn.Parameter):
             path, _, key = node.target.rpartition(".")
             return self.param(path, key, value)
-        if _has(self.module.get_buffer, node.target):
+        # A buffer, or a constant fx made of one (`_tensor_constant0`, an attribute of the traced module).
+        tensor = (self.module.get_buffer(node.target) if _has(self.module.get_buffer, node.target)
+                  else getattr(self.traced, node.target, None))
+        if torch.is_tensor(tensor):
             from .windows import constant_buffer
 
-            table = constant_buffer(self, node, self.module.get_buffer(node.target))
+            table = constant_buffer(self, node, tensor)
             if table is not None:
                 return table
         raise self.fail(node, f"self.{node.target} is a buffer or constant tensor; deepgen imports parameters, "

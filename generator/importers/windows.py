@@ -59,6 +59,36 @@ def clamp(imp, node, name, args, kwargs):
     return imp.em.assign(node.name, text) if text != code(x) else x
 
 
+def take(imp, node, table, index):
+    """table[index] with an integer tensor: rows of the table (dg.gather)."""
+    if index.tensor.value.dtype not in ("int32", "int64"):
+        raise imp.fail(node, f"indexing with a {index.tensor.value.dtype} tensor is not supported (integer ids only)")
+    return imp.em.assign(node.name, f"dg.gather({code(table)}, {code(index)})")
+
+
+def einsum(imp, node, name, args, kwargs):
+    """A batched matrix product written as einsum ("b h i d, b h j d -> b h i j"): dg.bmm,
+    each operand's last two axes in either order; other equations are an error."""
+    equation, operands = args[0], args[1:]
+    if len(operands) == 1 and isinstance(operands[0], (tuple, list)):
+        operands = list(operands[0])
+    text = equation.replace(" ", "")
+    if len(operands) != 2 or "->" not in text or "." in text:
+        raise imp.fail(node, f"einsum {equation!r}: only two operands with an explicit output are supported")
+    a, b = (_tensor(imp, node, o) for o in operands)
+    (sa, sb), out = text.split("->")[0].split(","), text.split("->")[1]
+    batch = out[:-2]
+    i, j = out[-2], out[-1]
+    shared = [c for c in sa if c in sb and c not in out]
+    ok = len(shared) == 1 and sa[:-2] == batch and sb[:-2] == batch and sorted(sa[-2:]) == sorted(i + shared[0]) \
+        and sorted(sb[-2:]) == sorted(j + shared[0])
+    if not ok:
+        raise imp.fail(node, f"einsum {equation!r} is not a batched matrix product (batch axes first, one summed axis)")
+    k = shared[0]
+    flags = ("" if sa[-1] == k else ", ta=True") + ("" if sb[-2] == k else ", tb=True")
+    return imp.em.assign(node.name, f"dg.bmm({code(a)}, {code(b)}{flags})")
+
+
 def _tuple(value):
     return tuple(value) if isinstance(value, (tuple, list)) else (value,)
 
@@ -168,11 +198,12 @@ def constant_buffer(imp, node, tensor):
 
     values = tensor.detach().cpu().numpy()
     hint = node.target.replace(".", "_")
-    if values.dtype == np.int64 and values.ndim == 1:
+    if values.dtype == np.int64 and values.ndim in (1, 2):  # MaxViT keeps it [L, L]
         L = math.isqrt(values.size)
         for wh in (w for w in range(1, L + 1) if L * L == values.size and L % w == 0):
-            if np.array_equal(values, relative_position_index(wh, L // wh)):
-                return imp.em.assign(hint, f"dg.relative_position_index(({wh}, {L // wh}))")
+            if np.array_equal(values.reshape(-1), relative_position_index(wh, L // wh)):
+                text = f"dg.relative_position_index(({wh}, {L // wh}))"
+                return imp.em.assign(hint, text if values.ndim == 1 else f"dg.reshape({text}, ({L}, {L}))")
     if values.dtype == np.float32 and values.ndim == 4 and values.shape[0] == 1 and values.shape[3] == 2 \
             and values.shape[1] % 2 and values.shape[2] % 2 and min(values.shape[1:3]) >= 3:
         wh, ww = (values.shape[1] + 1) // 2, (values.shape[2] + 1) // 2
@@ -181,7 +212,7 @@ def constant_buffer(imp, node, tensor):
     return None
 
 
-HANDLERS = {"roll": roll, "pad": pad, "normalize": normalize, "clamp": clamp, "clip": clamp,
+HANDLERS = {"roll": roll, "pad": pad, "normalize": normalize, "clamp": clamp, "clip": clamp, "einsum": einsum,
             "swin_patch_merging_pad": patch_merging_pad, "swin_relative_position_bias": relative_position_bias,
             "swin_shifted_window_attention": shifted_window_attention}
 # torch.fx.wrap'ed functions of torchvision: (module, name) -> handler name.
