@@ -6,6 +6,7 @@ import numpy as np
 
 from ..errors import DeepgenError
 from .emitter import Var
+from .onnx_derived import Derived
 from .onnx_import import Const, Unsupported, number
 from .onnx_common import _assign, _attrs, _entries, _onnx_dtype, _text, _x, converter
 
@@ -41,6 +42,13 @@ _BINARY = {"Add": "+", "Sub": "-", "Mul": "*", "Div": "/", "Pow": "**"}
 @converter(*_BINARY)
 def binary(imp, node, ins, attrs):
     a, b = ins
+    if node.op_type == "Add" and any(isinstance(v, Derived) for v in ins):  # scores + an attention mask
+        from .onnx_derived import additive_mask
+
+        scores, mask = (a, b) if isinstance(b, Derived) else (b, a)
+        if isinstance(scores, Var) and scores.tensor.ndim >= 2:
+            mask_var = additive_mask(imp, node, mask, scores)
+            return _assign(imp, node, f"{scores.name} + {mask_var.name}")
     if node.op_type == "Pow" and isinstance(a, Var) and isinstance(b, Const) and imp.inline(b) is not None:
         exponent = float(b.value.reshape(-1)[0])
         if exponent == 1:

@@ -283,6 +283,12 @@ class OnnxImporter:
             return value
         if isinstance(value, Const):
             return self.param(value, node, role, layer)
+        from .onnx_derived import Derived
+
+        if isinstance(value, Derived):
+            raise self.fail(node, f"its {role} {value.name!r} is computed from the inputs' sizes and integer values "
+                                  "(no float value of the model); deepgen reads such values only as an attention mask "
+                                  "added to scores or as the ids of an embedding table")
         raise self.fail(node, f"its {role} is missing")
 
     def static_const(self, name: str):

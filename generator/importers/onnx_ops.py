@@ -25,7 +25,8 @@ import sympy
 
 from . import onnx_elementwise, onnx_layers, onnx_shapes  # noqa: F401 (they register their converters)
 from .onnx_common import CONVERTERS, _assign, _attrs, _normalize, _scalar, _sizes, _x
-from .onnx_fold import _constant, _fold, _shape_slice, _Symbolic
+from .onnx_derived import Derived, is_derived
+from .onnx_fold import FOLDERS, _constant, _fold, _shape_slice, _Symbolic
 from .emitter import Var
 from .onnx_import import Const, Unsupported
 from .onnx_layers import _layer_norm_pattern
@@ -47,6 +48,9 @@ def convert(imp, node):
         return
     if fused and fused[0] == "layer_norm":
         imp.env[node.output[0]] = _layer_norm_pattern(imp, node, *fused[1:])
+        return
+    if fused and fused[0] == "alias":  # where(isnan(softmax), 0, softmax): the softmax (onnx_patterns)
+        imp.env[node.output[0]] = imp.env[fused[1]]
         return
     if node.domain not in ("", "ai.onnx"):
         raise Unsupported(f"unsupported ONNX op: {imp.describe(node)} (deepgen reads the standard ai.onnx domain)")
@@ -71,10 +75,22 @@ def convert(imp, node):
         else:
             result = Const(_shape_slice(sizes, attrs))
     elif any(v is not None for v in ins) and all(v is None or isinstance(v, Const) for v in ins):
+        symbolic = any(v is not None and v.symbolic for v in ins)
         try:
+            if symbolic and op not in FOLDERS:
+                raise _Symbolic()
             result = _fold(imp, node, ins, attrs)
         except _Symbolic:
-            result = CONVERTERS[op](imp, node, ins, attrs)
+            if ins[0].value.dtype.kind == "f" and op in CONVERTERS:
+                result = CONVERTERS[op](imp, node, ins, attrs)
+            else:  # integer arithmetic on sizes that the numpy folders do not follow: known by value
+                result = tuple(Derived(out, node) for out in node.output)
+        except (TypeError, ValueError):
+            if not symbolic:
+                raise
+            result = tuple(Derived(out, node) for out in node.output)
+    elif is_derived(imp, node, ins):
+        result = tuple(Derived(out, node) for out in node.output)
     else:
         fn = CONVERTERS.get(op)
         if fn is None:

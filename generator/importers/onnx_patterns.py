@@ -31,6 +31,8 @@ def plan(imp, nodes):
             _plan_gated(imp, node, only_consumer)
         elif node.op_type == "ReduceMean":
             _plan_layer_norm(imp, node, only_consumer)
+        elif node.op_type == "IsNaN":
+            _plan_nan_guard(imp, node, only_consumer)
     ends = {}  # what a multi-node activation reads -> the nodes that end one
     for node in standard:
         if imp.fused.get(id(node), ("",))[0] == "unary":
@@ -186,3 +188,17 @@ def _vector(imp, name) -> bool:
     """name is a 1-D float constant (an initializer, or one behind Identity nodes)."""
     value = imp.static_const(name) if name else None
     return value is not None and value.ndim == 1 and value.dtype.kind == "f"
+
+
+def _plan_nan_guard(imp, isnan, only_consumer):
+    """where(isnan(p), 0, p) for p a softmax (transformers' guard against rows with no key
+    left) -> p: the DSL's key_mask refuses such a row at run time, so p is never NaN from it."""
+    p = isnan.input[0]
+    source = imp.producer.get(p)
+    where = only_consumer(isnan.output[0])
+    if source is None or source.op_type != "Softmax" or where is None or where.op_type != "Where":
+        return
+    if list(where.input[::2]) != [isnan.output[0], p] or not _near(imp.static_const(where.input[1]), 0.0):
+        return
+    imp.absorbed.add(id(isnan))
+    imp.fused[id(where)] = ("alias", p)
