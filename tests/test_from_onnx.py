@@ -1,6 +1,7 @@
 """Models from ONNX files (generator/importers/onnx_import.py): small PyTorch models exported
 with torch.onnx.export (a CNN with batch norm and pools, an MLP, a transformer encoder layer at
-two opsets, torchvision's ResNet-18 and MobileNet v3), a scikit-learn MLPClassifier through
+two opsets, torchvision's ResNet-18 and MobileNet v3, Hugging Face's BERT, DistilBERT, RoBERTa,
+GPT-2 and BART encoder with attention masks), a scikit-learn MLPClassifier through
 skl2onnx, and a hand-written graph of the ops those exporters do not write. Each written model
 file is loaded as `deepgen generate` loads it, and the numpy reference interpreter with the
 written weights gives the oracle's outputs (relative error <= 1e-4): onnxruntime where it is
@@ -238,6 +239,71 @@ def test_torchvision_classifiers(tmp_path, name):
     x = np.random.default_rng(9).normal(size=(2, 3, 32, 32)).astype(np.float32)
     graph, params, source = _matches(module, {"x": x}, tmp_path, name)
     assert "dg.conv2d_layer(" in source and "dg.linear_t(" in source
+
+
+# -- Hugging Face transformers (#37): masks and position ids from integer arithmetic ---------
+
+HF = ["bert", "distilbert", "roberta", "gpt2", "bart_encoder"]
+
+
+def _hf_export(kind):
+    """(module, ONNX bytes) for a config-built model of tests/test_hf_import.py exported with
+    input_ids and attention_mask as inputs (batch and sequence dynamic), last_hidden_state as y."""
+    pytest.importorskip("transformers")
+    import test_hf_import as hf  # (its config-built models, batches with padding)
+
+    module = hf.make(kind)
+
+    class Hidden(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.model = module
+
+        def forward(self, input_ids, attention_mask):
+            return self.model(input_ids=input_ids, attention_mask=attention_mask)[0]
+
+    example = tuple(hf.batch(2, 7, 2).values())
+    buffer = io.BytesIO()
+    names = ["input_ids", "attention_mask"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(Hidden().eval(), example, buffer, input_names=names, output_names=["y"], dynamo=False,
+                          dynamic_axes={n: {0: "batch", 1: "seq"} for n in names})
+    return module, hf.batch, buffer.getvalue()
+
+
+@pytest.mark.parametrize("kind", HF)
+def test_hugging_face_models(kind, tmp_path):
+    """The mask code (Range, Where, Equal, Expand, GatherElements, And, IsNaN, ...) becomes
+    dg.key_mask / dg.causal_mask, the position ids slices of their tables; checked against
+    onnxruntime (or onnx's reference evaluator) and PyTorch at the export's sizes and at
+    others (batch and seq stay symbolic), with padded rows."""
+    module, batch, data = _hf_export(kind)
+    graph, params, source = _import(onnx.load_from_string(data), tmp_path, kind)
+    assert "dg.key_mask(attention_mask)" in source and ("dg.causal_mask(seq)" in source) == (kind == "gpt2")
+    assert "Range" not in source and "dg.gather(" in source  # (the token embedding alone is a gather)
+    for n, t in ((2, 7), (3, 5)):
+        inputs = {k: v.numpy() for k, v in batch(n, t, 3 + n).items()}
+        got = _run(graph, params, inputs)["y"]
+        with torch.no_grad():
+            want = module(**{k: torch.as_tensor(v) for k, v in inputs.items()})[0].numpy()
+        assert got.shape == want.shape and _relative(got, want) <= TOL, (n, t)
+        assert _relative(got, _oracle(data, inputs, ["y"])[0]) <= TOL, (n, t)
+
+
+def test_integer_arithmetic_read_otherwise_is_an_error():
+    """A mask used as a float factor (not added to scores): one line naming op, node and opset."""
+
+    class Scaled(nn.Module):
+        def forward(self, x, mask):
+            return x * mask.unsqueeze(-1).float()
+
+    x, mask = torch.randn(2, 5, 4), torch.ones(2, 5, dtype=torch.int64)
+    data = _export(Scaled(), (x, mask), ["x", "mask"])
+    with pytest.raises(DeepgenError) as e:
+        from_onnx(onnx.load_from_string(data))
+    text = _one_line(e)
+    assert text.startswith("ONNX Mul node '/Mul' (opset ") and "computed from the inputs' sizes and integer" in text
 
 
 # -- another framework: scikit-learn through skl2onnx -------------------------------------
