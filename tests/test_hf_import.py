@@ -84,7 +84,8 @@ def test_imports_and_matches_torch(kind, tmp_path):
 
 def test_statements_are_named_after_module_paths_and_cite_the_source(tmp_path):
     _, source, _, weights, _ = _import("bert", tmp_path)
-    assert "encoder_layer_0_attention_self_query = dg.linear_t(" in source
+    # (inside bert_layer(x, ..., name="encoder_layer_0"): the path after the layer's prefix)
+    assert "attention_self_query = dg.linear_t(" in source and 'name="encoder_layer_0"' in source
     assert "# modeling_bert.py:" in source
     assert weights.torch_keys["encoder_layer_0_attention_self_query_weight"] == [
         "encoder.layer.0.attention.self.query.weight"]

@@ -292,7 +292,7 @@ def _functions(instances, taken, top) -> tuple:
     texts, calls = [], {}
     results = set(names.values())
     for (cls, _), insts in variants.items():
-        fname = names[cls, insts[0].key]
+        fname, what = names[cls, insts[0].key]
         first = insts[0]
         used = set(first.names) | {"name", "dg"} | set(top)
         ext_names = []
@@ -317,7 +317,7 @@ def _functions(instances, taken, top) -> tuple:
         stmts = [_Fill(ext_names, slot_code).visit(copy.deepcopy(s)) for s in first.stmts]
         params = ", ".join([*ext_names, *args, "name"])
         lines = [f"def {fname}({params}):",
-                 f'    """{_origin(cls)}{_which(fname, cls)}, called once per instance.', "",
+                 f'    """{_origin(cls)}{f" with {what}" if what else ""}, one call per instance.', "",
                  f'    `name`: the instance\'s module path as a name prefix ({first.path} -> "{first.prefix}")."""']
         for stmt, comment in zip(stmts, first.comments):
             lines += [f"    # {c}" for c in (comment.split("\n") if comment else ())]
@@ -355,13 +355,6 @@ def _alike(values) -> tuple:
     return tuple(repr(v) for v in values)
 
 
-def _which(fname, cls) -> str:
-    """` (the instances with downsample)` for a function named after what only its instances have."""
-    base = _snake(cls.__name__)
-    word = fname[len(base) + 1:] if fname.startswith(base + "_") else ""
-    return f" (the instances with {word})" if word and not word.isdigit() else ""
-
-
 def _free(base, used) -> str:
     name, k = base, 1
     while name in used:
@@ -371,9 +364,11 @@ def _free(base, used) -> str:
 
 
 def _variant_names(variants, taken) -> dict:
-    """{(class, key): function name}: the class in snake case; where a class has several
-    structures, the ones with submodules the others lack are named after them
-    (`bottleneck_downsample`), the rest numbered in order of first use."""
+    """{(class, key): (function name, what its instances have)}: the class in snake case;
+    where a class has several structures, the ones with submodules the others lack are
+    named after them (`bottleneck_downsample`), else the ones whose last statement reads
+    the block's input, where the others' does not, `_residual` (`_shortcut` where the class
+    says residual already); the rest are numbered in order of first use."""
     by_class: dict = {}
     for cls, key in variants:
         by_class.setdefault(cls, []).append(key)
@@ -382,11 +377,23 @@ def _variant_names(variants, taken) -> dict:
         base = _snake(cls.__name__)
         sets = [frozenset().union(*(i.subpaths for i in variants[cls, k])) for k in keys]
         common = frozenset.intersection(*sets)
-        for key, paths in zip(keys, sets):
+        sums = [_sums_input(variants[cls, k][0]) for k in keys]
+        for key, paths, adds in zip(keys, sets, sums):
             extra = sorted(p for p in paths - common if not any(p.startswith(q + ".") for q in paths - common))
-            word = "_".join(_identifier(p) for p in extra) if len(keys) > 1 and 1 <= len(extra) <= 2 else ""
-            names[cls, key] = _free(f"{base}_{word}" if word else base, used)
+            word, what = "", ""
+            if len(keys) > 1 and 1 <= len(extra) <= 2:
+                word = "_".join(_identifier(p) for p in extra)
+                what = " and ".join(f"`{p}`" for p in extra)
+            elif len(keys) > 1 and adds and not all(sums):
+                word = "shortcut" if "residual" in base else "residual"
+                what = "the sum with its input"
+            names[cls, key] = (_free(f"{base}_{word}" if word else base, used), what)
     return names
+
+
+def _sums_input(inst) -> bool:
+    """The instance's last statement reads its first input (a residual sum)."""
+    return "__ext0" in _reads(inst.stmts[-1])
 
 
 class _Fill(ast.NodeTransformer):
