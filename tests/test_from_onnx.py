@@ -306,6 +306,20 @@ def test_integer_arithmetic_read_otherwise_is_an_error():
     assert text.startswith("ONNX Mul node '/Mul' (opset ") and "computed from the inputs' sizes and integer" in text
 
 
+def test_torchvision_swin_t(tmp_path):
+    """Swin's window attention as the TorchScript exporter writes it: Pad by non-zero amounts to
+    whole windows, strided Slices (patch merging), Slice + Concat rolls; the exporter folds the
+    relative position bias and the shift mask into initializers."""
+    tv = _torchvision()
+    if tv is None:
+        pytest.skip("torchvision is not installed")
+    torch.manual_seed(0)
+    module = _randomize(tv.models.swin_t(), 8)
+    x = np.random.default_rng(9).normal(size=(2, 3, 32, 32)).astype(np.float32)
+    graph, params, source = _matches(module, {"x": x}, tmp_path, "swin_t")
+    assert "dg.pad(" in source and "0::2]" in source
+
+
 # -- another framework: scikit-learn through skl2onnx -------------------------------------
 
 

@@ -175,13 +175,31 @@ def identity(imp, node, ins, attrs):
 
 @converter("Pad")
 def pad(imp, node, ins, attrs):
-    """Padding by zero on every side (torchvision's Swin pads to a window multiple that the
-    sizes already are) is the tensor itself; anything else needs a pad op the DSL lacks."""
+    """Constant padding: dg.pad (pads [begin per axis..., end per axis...] become F.pad's
+    pairs, last axis first); none at all is the tensor itself."""
     pads = attrs.get("pads") if imp.opset < 11 else _entries(imp, node, ins[1], "pads")
     if pads is not None and all(isinstance(p, int) and p == 0 for p in pads):
         return _x(imp, node, ins[0])
-    raise Unsupported(f"unsupported ONNX op: {imp.describe(node)} with pads {pads} (deepgen has no pad op; "
-                      "zero pads only)")
+    x = _x(imp, node, ins[0])
+    mode = attrs.get("mode", b"constant")
+    mode = mode.decode() if isinstance(mode, bytes) else mode
+    value = attrs.get("value", 0.0) if imp.opset < 11 else (
+        float(np.asarray(ins[2].value)) if len(ins) > 2 and isinstance(ins[2], Const) else 0.0)
+    axes = _entries(imp, node, ins[3], "axes") if imp.opset >= 18 and len(ins) > 3 and ins[3] is not None else None
+    if mode != "constant" or pads is None or not all(isinstance(p, int) for p in pads) or \
+            (len(ins) > 2 and ins[2] is not None and not isinstance(ins[2], Const)):
+        raise Unsupported(f"unsupported ONNX op: {imp.describe(node)} with mode {mode!r} and pads {pads} (constant "
+                          "padding by known amounts only)")
+    rank = x.tensor.ndim
+    axes = [a % rank for a in axes] if axes is not None else list(range(rank))
+    begin = dict(zip(axes, pads[:len(axes)]))
+    end = dict(zip(axes, pads[len(axes):]))
+    pairs = []
+    for a in reversed(range(min(begin, default=rank), rank)):
+        pairs += [begin.get(a, 0), end.get(a, 0)]
+    while pairs[-2:] == [0, 0]:  # (leading axes not padded)
+        pairs = pairs[:-2]
+    return _assign(imp, node, f"dg.pad({x.name}, {tuple(pairs)}{f', value={value!r}' if value else ''})")
 
 
 @converter("Cast")

@@ -149,11 +149,18 @@ def slice_(imp, node, ins, attrs):
     steps = steps if steps is not None else [1] * len(starts)
     parts = {}
     for s, e, a, st in zip(starts, ends, axes, steps):
-        if st != 1:
-            raise imp.fail(node, f"a slice with step {st} is not supported (step 1 only)")
+        if not isinstance(st, int) or st < 1:
+            raise imp.fail(node, f"a slice with step {st} is not supported (positive steps only)")
         if not isinstance(s, int) or not isinstance(e, int):
             raise imp.fail(node, "slice bounds that involve a symbolic dim are not supported")
         a = _axis(imp, node, a, rank)
+        if st > 1:  # (Swin's patch merging: x[:, 0::2, 1::2])
+            length = x.tensor.shape[a]
+            if not isinstance(length, int):
+                raise imp.fail(node, f"a slice with step {st} of the symbolic axis {a} is not supported")
+            picked = range(*slice(s, min(e, length), st).indices(length))
+            parts[a] = f"{picked.start}:{picked.stop if picked.stop < length else ''}:{st}"
+            continue
         text = _slice_text(x.tensor.shape[a], s, e)
         if text is not None:
             parts[a] = text

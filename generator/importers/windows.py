@@ -191,19 +191,31 @@ def shifted_window_attention(imp, node, name, args, kwargs):
 # -- constant buffers ------------------------------------------------------------------------
 
 
+def window_index(values: np.ndarray) -> str | None:
+    """The DSL expression of an int array that is a relative position index ([L*L] or
+    [L, L]), else None."""
+    from ..ops.windows import relative_position_index
+
+    if values.dtype.kind not in "iu" or values.ndim not in (1, 2):
+        return None
+    L = math.isqrt(values.size)
+    for wh in (w for w in range(1, L + 1) if L * L == values.size and L % w == 0):
+        if np.array_equal(values.reshape(-1), relative_position_index(wh, L // wh)):
+            text = f"dg.relative_position_index(({wh}, {L // wh}))"
+            return text if values.ndim == 1 else f"dg.reshape({text}, ({L}, {L}))"
+    return None
+
+
 def constant_buffer(imp, node, tensor):
     """The DSL statement that computes the buffer `tensor` (self.<node.target>), as a Var,
     when its values are a window table deepgen has an op for; None otherwise."""
-    from ..ops.windows import relative_coords_table, relative_position_index
+    from ..ops.windows import relative_coords_table
 
     values = tensor.detach().cpu().numpy()
     hint = node.target.replace(".", "_")
-    if values.dtype == np.int64 and values.ndim in (1, 2):  # MaxViT keeps it [L, L]
-        L = math.isqrt(values.size)
-        for wh in (w for w in range(1, L + 1) if L * L == values.size and L % w == 0):
-            if np.array_equal(values.reshape(-1), relative_position_index(wh, L // wh)):
-                text = f"dg.relative_position_index(({wh}, {L // wh}))"
-                return imp.em.assign(hint, text if values.ndim == 1 else f"dg.reshape({text}, ({L}, {L}))")
+    index = window_index(values)  # (MaxViT keeps it [L, L])
+    if index is not None:
+        return imp.em.assign(hint, index)
     if values.dtype == np.float32 and values.ndim == 4 and values.shape[0] == 1 and values.shape[3] == 2 \
             and values.shape[1] % 2 and values.shape[2] % 2 and min(values.shape[1:3]) >= 3:
         wh, ww = (values.shape[1] + 1) // 2, (values.shape[2] + 1) // 2
