@@ -281,6 +281,52 @@ void check_tree() {
   }
 }
 
+// Windowed attention's tables (ops/windows.py) against their definitions: the bias-table row
+// of each (query, key) offset; Swin's mask from the regions its slice assignments label; the
+// log-spaced coordinates.
+void check_window_tables() {
+  const int64_t wh = 2, ww = 3, L = wh * ww;
+  std::vector<int64_t> index_want;
+  for (int64_t p = 0; p < L; ++p)
+    for (int64_t q = 0; q < L; ++q) index_want.push_back((p / ww - q / ww + wh - 1) * (2 * ww - 1) + p % ww - q % ww + ww - 1);
+  dg::DeviceVector<int64_t> index(L * L);
+  dg::relative_position_index(index.data(), wh, ww);
+  ++checks;
+  if (download(index) != index_want) {
+    std::printf("FAIL relative_position_index\n");
+    ++failures;
+  }
+  for (auto [sh, sw] : {std::array<int64_t, 2>{1, 2}, {0, 1}}) {
+    const int64_t H = 4, W = 6;
+    std::vector<int64_t> label(H * W, 0);
+    const int64_t hs[4] = {0, H - wh, H - sh, H}, ws[4] = {0, W - ww, W - sw, W};
+    for (int a = 0; a < 3; ++a)
+      for (int b = 0; b < 3; ++b)
+        for (int64_t y = hs[a]; y < hs[a + 1]; ++y)
+          for (int64_t x = ws[b]; x < ws[b + 1]; ++x) label[y * W + x] = (sh ? a : 0) * 3 + (sw ? b : 0);
+    std::vector<float> want;
+    for (int64_t top = 0; top < H; top += wh)
+      for (int64_t left = 0; left < W; left += ww)
+        for (int64_t p = 0; p < L; ++p)
+          for (int64_t q = 0; q < L; ++q)
+            want.push_back(label[(top + p / ww) * W + left + p % ww] != label[(top + q / ww) * W + left + q % ww]
+                               ? -100.0f : 0.0f);
+    dg::DeviceVector<float> mask(static_cast<int64_t>(want.size()));
+    dg::shifted_window_mask(mask.data(), H, W, wh, ww, sh, sw, -100.0f);
+    expect_close("shifted_window_mask", download(mask), want, 0.0f);
+  }
+  std::vector<float> coords_want;
+  for (int64_t i = 0; i < 2 * wh - 1; ++i)
+    for (int64_t j = 0; j < 2 * ww - 1; ++j)
+      for (auto [d, w] : {std::array<int64_t, 2>{i - wh + 1, wh}, {j - ww + 1, ww}}) {
+        const double t = 8.0 * static_cast<double>(d) / static_cast<double>(w - 1);
+        coords_want.push_back(static_cast<float>((t > 0) - (t < 0)) * static_cast<float>(std::log2(std::fabs(t) + 1.0) / 3.0));
+      }
+  dg::DeviceVector<float> coords(static_cast<int64_t>(coords_want.size()));
+  dg::relative_coords_table(coords.data(), wh, ww);
+  expect_close("relative_coords_table", download(coords), coords_want, 1e-6f);
+}
+
 }  // namespace
 
 int main() {
@@ -293,6 +339,7 @@ int main() {
     check_layout();
     check_gather_scatter_xent();
     check_tree();
+    check_window_tables();
     dg::synchronize();
   } catch (const std::exception& e) {
     std::printf("FAIL exception: %s\n", e.what());
