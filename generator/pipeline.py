@@ -96,13 +96,10 @@ def plan_text(plan) -> str:
         out.append(f"\n## {title}")
         for s in statements:
             out.append(f"// {s.comment}")
-            for line in s.lines:
-                if getattr(line, "kind", "") == "level_loop":
-                    out.extend(_level_loop_text(line))
-                elif getattr(line, "kind", "") == "reverse_level_loop":
-                    out.extend(_reverse_loop_text(line))
-                else:
-                    out.append(f"  @{line.at:<3} {line}")
+            for line in s.lines:  # a block (a recursion's loop) on lines of its own, indented
+                first, *rest = str(line).split("\n")
+                out.append(f"  @{line.at:<3} {first}")
+                out.extend(f"        {text}" for text in rest)
 
     block("forward", plan.statements)
     if plan.train is not None:
@@ -131,35 +128,3 @@ def _declared_buffers(plan) -> list:
     groups = [plan.statements] + ([plan.train.loss_statements, plan.train.backward_statements] if plan.train else [])
     return [line.buffer for group in groups for s in group for line in nested_lines(s.lines)
             if isinstance(line, ArenaDecl)]
-
-
-def _reverse_loop_text(loop) -> list:
-    """A ReverseLevelLoop's parts, labelled (the reverse_level_loop macro is the C++)."""
-    out = [f"    reverse level loop over {loop.batch}:"]
-    parts = [("inspector", loop.inspector)]
-    if loop.hoisted is not None:
-        parts.append(("hoisted block", loop.hoisted.decls + loop.hoisted.body))
-    parts += [("before the loop", loop.buffers + loop.packed + loop.body.decls), ("each level: gathers", loop.gathers),
-              ("each level: body", loop.body.body), ("each level: scatters", loop.scatters)]
-    for title, block in (("after the loop", loop.after), ("leaf block", loop.leaf)):
-        if block is not None:
-            parts.append((title, block.decls + block.body))
-    for title, lines in parts:
-        out.append(f"      {title}:")
-        out.extend(f"        {line}" for line in lines)
-    return out
-
-
-def _level_loop_text(loop) -> list:
-    """A LevelLoop's parts, labelled (the template's level_loop macro is the C++)."""
-    out = [f"    level loop over {loop.batch}:"]
-    parts = [("inspector", loop.inspector), ("leaf block", loop.leaf.decls + loop.leaf.body)]
-    if loop.hoisted is not None:
-        parts.append(("hoisted block", loop.hoisted.decls + loop.hoisted.body))
-    parts += [("before the loop", loop.child_buffers + loop.packed + loop.body.decls),
-              ("each level: gathers", loop.gathers), ("each level: body", loop.body.body)]
-    for title, lines in parts:
-        out.append(f"      {title}:")
-        out.extend(f"        {line}" for line in lines)
-    return out
-

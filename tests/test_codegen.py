@@ -167,13 +167,15 @@ def test_ir_stops_after_each_stage(capsys, stage, expect):
 
 def test_ir_prints_a_recursions_level_loops(capsys):
     """`deepgen ir --after lower` on a model that trains through recursion prints
-    the forward level loop and the gradient's reverse loop part by part."""
+    the forward level loop and the gradient's reverse loop as the C++ blocks they are."""
     from generator.tools.cli import main
 
     assert main(["ir", str(ROOT / "examples" / "treelstm_sentiment.py"), "--after", "lower"]) == 0
     out = capsys.readouterr().out
-    for part in ("level loop over trees_children:", "reverse level loop over trees_children:", "leaf block:",
-                 "each level: gathers:", "each level: body:", "each level: scatters:", "dg::gather_child_nodes("):
+    for part in ("// Leaves: all leaves at once.", "for (std::int64_t level = 1; level < schedule.levels(); ++level) {",
+                 "for (std::int64_t level = schedule.levels() - 1; level >= 1; --level) {",
+                 "const std::int64_t rows = schedule.level_start[level + 1] - start;",
+                 "dg::gather_child_nodes(", "dg::scatter_children_add("):
         assert part in out, part
 
 

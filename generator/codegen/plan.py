@@ -77,81 +77,10 @@ class GradientDecl(ArenaDecl):
         return f"float* {self.buffer.name} = _gradients_kept ? this->{self.member}.ptr() : {self.piece()};"
 
 
-@dataclass(eq=False)
-class CellBlock:
-    """A recursive op's cell over a block of rows: buffers declared before it
-    (sized for the most rows), then `const std::int64_t rows = count;` and the body."""
-
-    decls: list  # typed lines (codegen/stmt.py): the block's buffers
-    rows: str  # the row-count variable the body reads
-    count: str  # its value for this block
-    body: list  # typed lines, with the DSL comments
-
-
-@dataclass(eq=False)
-class LevelLoop:
-    """A typed statement: a recursive op lowered the Cortex way, rendered by the
-    `level_loop` macro of model.cpp.j2: the inspector; the leaves as one block;
-    the hoisted internal-cell work as one block; the buffers made once before the
-    loop; then per level the children's gathers and the cell's body."""
-
-    kind = "level_loop"
-    batch: str  # the children input, for the comments
-    schedule: str  # the dg::LevelSchedule variable
-    inspector: list  # typed lines: the schedule, sorted words, the states in schedule order
-    leaves: str  # the leaf-count variable
-    leaf: CellBlock
-    internal_rows: str  # the internal-row count expression (for the hoisted block)
-    hoisted: CellBlock | None
-    max_rows: str  # the largest level's row-count variable
-    child_buffers: list  # declarations of the children's state buffers
-    packed: list  # dg::PackedB declarations of the loop's weights
-    level: str  # the loop variable
-    start: str  # the level's first row variable
-    gathers: list  # per level: the children's states into the child buffers
-    body: CellBlock
-    at: int = -1
-    writes: list = field(default_factory=list)  # the states, in node order, and the values kept for the gradient (Write operands; written in the blocks)
-
-
-@dataclass(eq=False)
-class ReverseLevelLoop:
-    """A typed statement: the gradient of a recursive op (ops/recurse_grad.py),
-    rendered by the `reverse_level_loop` macro of model.cpp.j2: the inspector,
-    the states and their gradients in schedule order; the hoisted internal-cell
-    work made again; then per level, roots to leaves, the children's states
-    gathered, the cell made again and differentiated, and the children's state
-    gradients added into their rows; after the loop the rest of the internal
-    cell's gradient (the parameters') over all internal rows at once, then the
-    leaf cell's gradient."""
-
-    kind = "reverse_level_loop"
-    batch: str
-    schedule: str
-    inspector: list  # the schedule, sorted words, states and their gradients in schedule order
-    leaves: str
-    internal: str  # the internal-row count variable
-    internal_rows: str  # its value
-    hoisted: CellBlock | None
-    max_rows: str
-    buffers: list  # declarations before the loop: children's states, values kept for after it
-    packed: list
-    level: str
-    start: str
-    gathers: list
-    body: CellBlock
-    scatters: list  # per level, at the end of the body's scope: the children's state gradients added into their rows
-    after: CellBlock | None  # the internal cell's gradient pieces that need no loop, all rows at once
-    leaf: CellBlock | None
-    writes: list  # the outputs (Write operands: the blocks write them under the cells' names)
-    reads: list  # what the forward loop kept (Read operands: the blocks read them under the cells' names)
-    at: int = -1
-
-
 @dataclass
 class Statement:
     """The code for one DSL statement: a comment citing it, then its typed lines
-    (codegen/stmt.py, ArenaDecl, LevelLoop), each printing itself."""
+    (codegen/stmt.py, ArenaDecl; a loop is a stmt.Block and stmt.Loop), each printing itself."""
 
     comment: str
     lines: list = field(default_factory=list)

@@ -76,6 +76,17 @@ class Call:
 
 
 @dataclass(eq=False)
+class Gemm(Call):
+    """A matrix product by the runtime (`dg::matmul` and its layouts), printed as the
+    Call it is. `n` is its N argument (the row length of the product) and `epilogue`
+    whether it applies one already: the memory stage fuses a parameter's update into
+    a product that writes the whole gradient and has none (UpdateRows)."""
+
+    n: object = None
+    epilogue: bool = False
+
+
+@dataclass(eq=False)
 class Declare:
     """A local variable: `type name(args...);` or `type name = init;`, with an
     optional trailing note."""
@@ -183,6 +194,48 @@ class Scope:
     def __str__(self) -> str:
         body = [f"const {t} {name}[] = {{{', '.join(str(i) for i in items)}}};" for t, name, items in self.arrays]
         return "\n".join(["{"] + body + [str(line) for line in self.lines] + ["}"])
+
+
+def _comment_lines(text: str) -> list:
+    return [f"// {t}" for t in text.split("\n")] if text else []
+
+
+def _indented(lines) -> list:
+    return ["  " + t if t else t for line in lines for t in str(line).split("\n")]
+
+
+@dataclass(eq=False)
+class Block:
+    """A braced scope with a comment above it: the names its lines declare end
+    with it, so a block reuses the names of its siblings (a recursion's
+    `schedule`, `start`, a cell's `c_l`). `touches` holds the graph values its
+    lines reach under other names (a state written through a row map, a kept
+    value read at a level's rows): liveness reads them there."""
+
+    lines: list
+    comment: str = ""
+    touches: list = field(default_factory=list)  # Read and Write operands
+    at: int = -1
+
+    def __str__(self) -> str:
+        return "\n".join(_comment_lines(self.comment) + ["{"] + _indented(self.lines) + ["}"])
+
+
+@dataclass(eq=False)
+class Loop:
+    """`for (std::int64_t var = first; test; step) { lines }`, a comment above it."""
+
+    var: str
+    first: str
+    test: str
+    step: str
+    lines: list
+    comment: str = ""
+    at: int = -1
+
+    def __str__(self) -> str:
+        head = f"for (std::int64_t {self.var} = {self.first}; {self.test}; {self.step}) {{"
+        return "\n".join(_comment_lines(self.comment) + [head] + _indented(self.lines) + ["}"])
 
 
 def operands(obj):

@@ -126,7 +126,7 @@ class Concat(OpDef):
         for v in node.inputs:
             bounds.append((offset, _simplify(offset + v.shape[axis])))
             offset = bounds[-1][1]
-        pieces = gb.op("slice", [gouts[0]], {"axis": axis, "bounds": tuple(bounds)}, "d_concat")
+        pieces = gb.op("slice", [gouts[0]], {"axis": axis, "bounds": tuple(bounds)}, [f"d_{v.name}" for v in node.inputs])
         return pieces
 
 

@@ -26,7 +26,9 @@ import numpy as np
 import sympy
 
 from ..ir.shapes import numel
-from .recurse import _pack_loop_weights, batch_nodes, has_rows, hoistable, inspector_lines, reference_schedule
+from ..codegen.stmt import Block, Comment, Copy, Declare, Loop, Named
+from .recurse import batch_nodes, reference_schedule
+from .recurse_scope import LoopScope, has_rows, hoistable, inspector_lines, named_for_messages, pack_loop_weights, placed
 from .registry import OpDef, get_op, register
 
 
@@ -121,49 +123,50 @@ class RecurseGrad(OpDef):
         return "\n".join(lines)
 
     def lower(self, node, ctx):
-        return [_Lowering(node, ctx).loop()]
+        with named_for_messages(node, node.attrs["back"].cells):
+            return [_Lowering(node, ctx).block()]
 
 
 class _Lowering:
-    """The reverse level loop of one recurse_grad node (see the module docstring)."""
+    """The reverse level loop of one recurse_grad node (see the module docstring),
+    as one Block of structured lines (codegen/stmt.py)."""
 
     def __init__(self, node, ctx):
         self.node, self.ctx = node, ctx
         self.spec, self.back = node.attrs["spec"], node.attrs["back"]
-        self.names = ctx.graph.names
+        self.scope = LoopScope(ctx, node, self.back.cells, self.back.numbered)
+        self.words = self.scope.words
+        self.rows = str(self.spec.rows)
         self.widths = [numel(shape) for _, shape in self.spec.state]
 
     def width(self, v) -> str:
         """Floats per row of the block: a value of [k * rows, ...] (a reshape) has k rows of its own per node."""
         return self.ctx.size(per_row(v, self.spec.rows))
 
-    def loop(self):
-        from ..codegen.plan import ReverseLevelLoop
-        from ..codegen.stmt import Declare, Named
-
-        ctx, spec, names = self.ctx, self.spec, self.names
+    def block(self) -> Block:
+        ctx, spec, scope, words = self.ctx, self.spec, self.scope, self.words
         nodes = ctx.size(batch_nodes(spec, self.node.inputs))
         _, states, dstates, kept_inputs = _split(self.node)
         scratch = ctx.target.scratch_type
-        sched, sorted_words, inspector = inspector_lines(ctx, self.node)
+        sched, sorted_words, lines = inspector_lines(ctx, self.node, scope)
+        lines.insert(0, Comment(words.inspector_again))
         # The forward states and the gradients arriving at them, in schedule order;
         # the gradient rows also collect what each node's parents send down.
         self.state_rows, self.grad_rows = [], []
         for (name, _), state, dstate, width in zip(spec.state, states, dstates, self.widths):
-            s, d = names.unique(f"{name}_rows"), names.unique(f"d_{name}_rows")
+            s, d = scope.name(f"{name}_sorted"), scope.name(f"d_{name}_sorted")
             for var, value in ((s, state), (d, dstate)):
-                inspector.append(Declare(f"{scratch}<float>", var, [f"{nodes} * {ctx.size(width)}"],
-                                         note="in schedule order"))
-                inspector.append(ctx.call("dg::sort_rows", ctx.read(value), f"{sched}.order.data()",
-                                          Named("rows", f"{sched}.rows()"), Named("width", ctx.size(width)), f"{var}.data()"))
+                lines.append(Declare(f"{scratch}<float>", var, [f"{nodes} * {ctx.size(width)}"], note="in schedule order"))
+                lines.append(ctx.call("dg::sort_rows", ctx.read(value), f"{sched}.order.data()",
+                                      Named("rows", f"{sched}.rows()"), Named("width", ctx.size(width)), f"{var}.data()"))
             self.state_rows.append(s)
             self.grad_rows.append(d)
         # Outputs: arena buffers the blocks write the parameters' gradients into.
         outputs = {piece: out for piece, out in zip(self.node.attrs["pieces"], self.node.outputs)}
         writes = {piece: ctx.write(out) for piece, out in outputs.items()}
-        leaves, internal = names.unique("leaves"), names.unique("internal_rows")
-        most, level, start = names.unique("max_rows"), names.unique("level"), names.unique("start")
-        self.leaves, self.start = leaves, start
+        leaves, internal = scope.name(words.first), scope.name(words.later)
+        lines += [Declare("const std::int64_t", leaves, init=f"{sched}.leaves()"),
+                  Declare("const std::int64_t", internal, init=f"{sched}.rows() - {leaves}")]
         cell = self.back.internal
         rows = spec.rows
 
@@ -183,8 +186,9 @@ class _Lowering:
 
         sends = [v for slot in cell.d_children for v in slot if v is not None]
         looped_backward = [n for n in needed_nodes(backward, {id(v) for v in sends})]
+        looped = looped_forward + looped_backward
         after_nodes = [n for n in backward if n not in looped_backward]
-        made_in_loop = {id(v) for n in looped_forward + looped_backward for v in n.outputs}
+        made_in_loop = {id(v) for n in looped for v in n.outputs}
         read_after = {id(v): v for n in after_nodes for v in n.inputs}
         for piece, v in cell.d_free.items():
             read_after.setdefault(id(v), v)
@@ -196,120 +200,146 @@ class _Lowering:
                 raise ModelError(f"cannot differentiate the cell: '{v.name}' {v.type_str()} is not row by row "
                                  "(a cell must compute each node's row on its own)", v.loc, "recurse")
         kept_children = {key for key in read_after if any(key == id(v) for slot in cell.children for v in slot)}
-
         # What the forward loop kept (its level GEMMs' results), in schedule order:
         # complete before this loop starts, so work made again from them alone is hoisted.
-        loaded = [(v, ctx.read(k)) for (v, _), k in zip(cell.loaded, kept_inputs)]
-        for v, base in loaded:
-            ctx.place[id(v)] = f"{base.expr} + {leaves} * {self.width(v)}"
-        hoisted = None
-        if hoisted_nodes:
-            ctx.place[id(cell.words)] = f"{sorted_words} + {leaves}"
-            decls, body = ctx.lower_nodes(hoisted_nodes, {rows: sympy.Symbol(internal)})
-            hoisted = self._block(decls, str(rows), internal, body)
-        offset = f"({start} - {leaves})"
+        self.loaded = [(v, ctx.read(k)) for (v, _), k in zip(cell.loaded, kept_inputs)]
 
-        def at_level(v, base):
-            return f"{base}.data() + {offset} * {self.width(v)}"
+        if hoisted_nodes:
+            decls, body = self._cell_lines(cell, hoisted_nodes, internal, f"{sorted_words} + {leaves}", leaves)
+            lines += [Comment(words.hoisted_again)] + decls + [Block(body)]
+        most = scope.name("max_rows")
+        lines.append(Declare("const std::int64_t", most, init=f"{sched}.max_level_rows"))
+
+        # Before the loop: the children's state buffers (for all internal rows when
+        # the part after the loop reads them) and the rows kept for after the loop;
+        # in the loop, pointers to the level's rows of those made for all internal rows.
+        loop = scope.inner()
+        level, start = loop.name(words.level), loop.name("start")
+        child_rows = loop.name(words.child_rows)
+        head = [Declare("const std::int64_t", start, init=f"{sched}.level_start[{level}]"),
+                Declare("const std::int64_t", self.rows, init=f"{sched}.level_start[{level} + 1] - {start}"),
+                Declare("const std::int64_t*", child_rows, init=f"{sched}.child_row.data() + {start}"
+                        + ("" if spec.arity == 1 else f" * {spec.arity}"))]
+        offset = f"({start} - {leaves})"
+        read_in_loop = {id(v) for n in looped for v in n.inputs}
+        places = {}
+
+        def at_level(v, base, writable):
+            decl, places[v] = loop.pointer(v, f"{base}.data() + {offset} * {self.width(v)}", writable)
+            head.append(decl)
 
         for n in hoisted_nodes:
             for v in n.outputs:
-                if has_rows(v, rows):
-                    ctx.place[id(v)] = at_level(v, v.name)
-        # Before the loop: the children's state buffers (for all internal rows when
-        # the part after the loop reads them) and the rows kept for after the loop.
-        buffers = []
+                if has_rows(v, rows) and id(v) in read_in_loop:
+                    at_level(v, v.name, writable=False)
+        buffers, kept_at = [], {}
         for slot in cell.children:
             for v in slot:
                 full = id(v) in kept_children
-                buffers.append(Declare(f"{scratch}<float>", v.name,
-                                       [f"{internal if full else most} * {self.width(v)}"]))
-                ctx.place[id(v)] = at_level(v, v.name) if full else f"{v.name}.data()"
-        # A view (reshape) is a pointer the loop's scope declares: its rows are copied
-        # into a buffer of another name.
-        buf = {id(v): names.unique(f"{v.name}_rows") if get_op(v.producer.op).view else v.name for v in kept}
+                buffers.append(Declare(f"{scratch}<float>", v.name, [f"{internal if full else most} * {self.width(v)}"]))
+                ctx.place[id(v)] = f"{v.name}.data()"
+                if full:
+                    at_level(v, v.name, writable=True)
+        # A view (reshape) is a pointer the loop declares: its rows are copied into a buffer of another name.
+        buf = {id(v): scope.name(f"{v.name}_all") if get_op(v.producer.op).view else v.name for v in kept}
         for v in kept:
             buffers.append(Declare(f"{scratch}<float>", buf[id(v)], [f"{internal} * {self.width(v)}"],
                                    note="kept for the gradient after the loop"))
+            at_level(v, buf[id(v)], writable=True)
             if buf[id(v)] == v.name:
-                ctx.place[id(v)] = at_level(v, v.name)
-        for v, base in loaded:
-            ctx.place[id(v)] = f"{base.expr} + {start} * {self.width(v)}"
-        ctx.place[id(cell.words)] = f"{sorted_words} + {start}"
+                ctx.place[id(v)] = f"{v.name}.data()"
+            else:  # the view's own lines place it
+                kept_at[id(v)] = places.pop(v)
+        for v, base in self.loaded:
+            if id(v) in read_in_loop:
+                decl, places[v] = loop.pointer(v, f"{base.expr} + {start} * {self.width(v)}", writable=False)
+                head.append(decl)
         for j, d in enumerate(cell.d_out):
-            ctx.place[id(d)] = f"{self.grad_rows[j]}.data() + {start} * {ctx.size(self.widths[j])}"
-        packed = _pack_loop_weights(ctx, names, cell, looped_forward + looped_backward)
-        level_rows = f"{sched}.level_start[{level} + 1] - {start}"
-        decls, body = ctx.lower_nodes(looped_forward + looped_backward, {rows: sympy.Symbol(most)})
-        for v in kept:  # a view (reshape) names other data: copy it into the kept rows
-            target = at_level(v, buf[id(v)])
-            if ctx.place[id(v)] != target:
-                body.append(self._copy(v, target, str(rows)))
-                ctx.place[id(v)] = target
+            if id(d) in read_in_loop:
+                decl, places[d] = loop.pointer(d, f"{self.grad_rows[j]}.data() + {start} * {ctx.size(self.widths[j])}",
+                                               writable=False, name=loop.name(d.name))
+                head.append(decl)
+        places[cell.words] = f"{sorted_words} + {start}"
+        lines += buffers
+        packed = pack_loop_weights(ctx, scope, cell, looped)
+        if packed:
+            lines += [Comment(f"Weights the {words.loop_name} multiplies by, packed for the GEMM once (not per {words.level}).")]
+            lines += packed
+        with placed(ctx, places):
+            decls, body = ctx.lower_nodes(looped, {rows: sympy.Symbol(most)})
+            for v in kept:  # a view (reshape) names other data: copy it into the kept rows
+                if id(v) in kept_at:
+                    body.append(self._copy(v, kept_at[id(v)], self.rows))
+        for v in kept:
+            ctx.place[id(v)] = f"{buf[id(v)]}.data()"
         ctx.packed = {}
-        loop_body = self._block(decls, str(rows), level_rows, body)
         gathers = [
             ctx.call("dg::gather_children", f"{self.state_rows[j]}.data()", Named("width", ctx.size(self.widths[j])),
-                     f"{sched}.child_row.data() + {start} * {spec.arity}", Named("arity", spec.arity),
-                     Named("slot", k), Named("rows", level_rows), ctx.place[id(v)])
+                     child_rows, Named("arity", spec.arity), Named("slot", k), Named("rows", self.rows),
+                     places.get(v, ctx.place[id(v)]))
             for k, slot in enumerate(cell.children) for j, v in enumerate(slot)
         ]
         scatters = [
-            ctx.call("dg::scatter_children_add", ctx.read(d), Named("width", ctx.size(self.widths[j])),
-                     f"{sched}.child_row.data() + {start} * {spec.arity}", Named("arity", spec.arity),
-                     Named("slot", k), Named("rows", level_rows), f"{self.grad_rows[j]}.data()")
+            ctx.call("dg::scatter_children_add", ctx.read(d), Named("width", ctx.size(self.widths[j])), child_rows,
+                     Named("arity", spec.arity), Named("slot", k), Named("rows", self.rows),
+                     f"{self.grad_rows[j]}.data()")
             for k, slot in enumerate(cell.d_children) for j, d in enumerate(slot) if d is not None
         ]
-        # After the loop: every internal row at once.
-        for v, base in loaded:
-            ctx.place[id(v)] = f"{base.expr} + {leaves} * {self.width(v)}"
-        for v in kept:
-            ctx.place[id(v)] = f"{buf[id(v)]}.data()"
-        for slot in cell.children:
-            for v in slot:
-                if id(v) in kept_children:
-                    ctx.place[id(v)] = f"{v.name}.data()"
-        for n in hoisted_nodes:
-            for v in n.outputs:
-                if has_rows(v, rows):
-                    ctx.place[id(v)] = f"{v.name}.data()"
-        after = self._cell_block(cell, after_nodes, 1, internal, f"{sorted_words} + {leaves}", leaves, writes)
-        leaf = self._cell_block(self.back.leaf, self.back.leaf.nodes, 0, leaves, sorted_words, "0", writes)
-        return ReverseLevelLoop(
-            batch=self.node.inputs[0].name, schedule=sched, inspector=inspector, leaves=leaves, internal=internal,
-            internal_rows=f"{sched}.rows() - {leaves}", hoisted=hoisted, max_rows=most, buffers=buffers, packed=packed,
-            level=level, start=start, gathers=gathers, body=loop_body, scatters=scatters, after=after,
-            leaf=leaf, writes=list(writes.values()), reads=[base for _, base in loaded],
-        )
-
-    def _block(self, decls, rows, count, body):
-        from ..codegen.plan import CellBlock
-
-        return CellBlock(decls, rows, count, body)
+        lines += decls
+        lines.append(Loop(level, f"{sched}.levels() - 1", f"{level} >= 1", f"--{level}",
+                          head + gathers + body + [Comment(words.scatters)] + scatters, comment=words.loop_back))
+        # After the loop: every internal row at once, then the leaves.
+        for comment, block in ((words.after, self._cell_block(cell, after_nodes, 1, internal, f"{sorted_words} + {leaves}",
+                                                              leaves, writes)),
+                               (words.first_back, self._cell_block(self.back.leaf, self.back.leaf.nodes, 0, leaves,
+                                                                   sorted_words, "0", writes))):
+            if block is not None:
+                decls, body = block
+                lines += [Comment(comment)] + decls + [Block(body)]
+        return Block(lines, touches=list(writes.values()) + [base for _, base in self.loaded])
 
     def _copy(self, v, target, rows):
-        from ..codegen.stmt import Copy
-
         return Copy(self.ctx.target.copy_fn, self.ctx.read(v), f"{rows} * {self.width(v)}", target)
+
+    def _cell_lines(self, cell, nodes, count, words_ptr, first_row, places=None):
+        """`nodes` of a cell over `count` rows from `first_row` on: (the buffers to
+        declare before the block, its lines): `const rows = count;`, pointers to
+        the rows of what the forward loop kept, the nodes' lines."""
+        ctx = self.ctx
+        block = self.scope.inner()
+        places = dict(places or {})
+        places[cell.words] = words_ptr
+        lines = [Declare("const std::int64_t", self.rows, init=count)]
+        reads = {id(v) for n in nodes for v in n.inputs}
+        for v, base in self.loaded:
+            if id(v) in reads and cell is self.back.internal:
+                decl, places[v] = block.pointer(v, f"{base.expr} + {first_row} * {self.width(v)}", writable=False)
+                lines.append(decl)
+        for j, d in enumerate(cell.d_out):
+            if id(d) in reads:
+                at = f"{self.grad_rows[j]}.data()"
+                if first_row == "0":
+                    places[d] = at
+                else:
+                    decl, places[d] = block.pointer(d, f"{at} + {first_row} * {ctx.size(self.widths[j])}",
+                                                    writable=False, name=block.name(d.name))
+                    lines.append(decl)
+        with placed(ctx, places):
+            decls, body = ctx.lower_nodes(nodes, {self.spec.rows: sympy.Symbol(count)})
+        return decls, lines + body
 
     def _cell_block(self, cell, nodes, which, count, words_ptr, first_row, writes):
         """`nodes` of a cell over `count` rows starting at `first_row`, its
-        parameters' gradient pieces written into the outputs."""
-        from ..codegen.stmt import Copy
-
-        ctx, spec = self.ctx, self.spec
+        parameters' gradient pieces written into the outputs: (declarations, lines)."""
+        ctx = self.ctx
         if not nodes and not cell.d_free:
             return None
-        ctx.place[id(cell.words)] = words_ptr
-        for j, d in enumerate(cell.d_out):
-            start = f"{first_row} * {ctx.size(self.widths[j])}"
-            ctx.place[id(d)] = f"{self.grad_rows[j]}.data()" + ("" if first_row == "0" else f" + {start}")
         for i, v in cell.d_free.items():
             if ctx.claim_output(v):
                 ctx.place[id(v)] = writes[(which, i)].expr
-        decls, body = ctx.lower_nodes(nodes, {spec.rows: sympy.Symbol(count)})
+        decls, body = self._cell_lines(cell, nodes, count, words_ptr, first_row)
         for i, v in cell.d_free.items():
             out = writes[(which, i)]
             if ctx.place[id(v)] != out.expr:
                 body.append(Copy(ctx.target.copy_fn, ctx.read(v), ctx.size(numel(v.shape)), out.expr))
-        return self._block(decls, str(spec.rows), count, body)
+        return decls, body

@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..ir.graph import Node, Value
+from ..ir.names import NameTable, safe_identifier
 from ..ops import ARGS
 from .autodiff import GradBuilder, backprop, needed_nodes, reaching
 
@@ -42,10 +43,27 @@ class BackCell:
 class BackSpec:
     leaf: BackCell
     internal: BackCell
+    numbered: dict = field(default_factory=dict)  # a name the cells' naming numbered -> the name it asked for
 
     @property
     def cells(self):
         return (self.leaf, self.internal)
+
+
+class _ScopeNames(NameTable):
+    """The names of the gradient loop's scope: taken from the graph's, less the
+    forward cells' (free again there); remembers each name it had to number."""
+
+    def __init__(self, graph_names, forward: set):
+        super().__init__()
+        self.used = set(graph_names.used) - forward
+        self.numbered = {}
+
+    def unique(self, base: str) -> str:
+        name = super().unique(base)
+        if name != safe_identifier(base):
+            self.numbered[name] = safe_identifier(base)
+        return name
 
 
 def _placeholder(names, base, like):
@@ -133,6 +151,19 @@ def differentiate_cell(gb: GradBuilder, spec, cell, keep=(), wanted=None) -> Bac
 def differentiate_recursion(gb: GradBuilder, spec, keep: bool = True, wanted=None) -> BackSpec:
     """Both cells of a recursive op, differentiated; with `keep`, the internal
     cell reads its products' results where the forward loop kept them."""
-    internal = differentiate_cell(gb, spec, spec.internal, kept_candidates(spec.internal, spec.rows) if keep else (),
-                                  wanted)
-    return BackSpec(differentiate_cell(gb, spec, spec.leaf, wanted=wanted), internal)
+    # The backward cells live in the gradient loop's C++ scope, where the forward
+    # cells' names are free again: a cell made again keeps its names (node_c, not
+    # node_c_1). Names of the graph's own values stay taken.
+    # A name numbered here (the sum d_node_c_1 beside its part d_node_c) takes the
+    # name it asked for when lowered, if that is free by then (the fusion pass
+    # merged the part away): LoopScope.
+    from ..ops.recurse_scope import cell_values
+
+    graph_names = gb.graph.names
+    gb.graph.names = _ScopeNames(graph_names, {v.name for cell in (spec.leaf, spec.internal) for v in cell_values(cell)})
+    try:
+        internal = differentiate_cell(gb, spec, spec.internal,
+                                      kept_candidates(spec.internal, spec.rows) if keep else (), wanted)
+        return BackSpec(differentiate_cell(gb, spec, spec.leaf, wanted=wanted), internal, gb.graph.names.numbered)
+    finally:
+        gb.graph.names = graph_names

@@ -1,0 +1,255 @@
+"""What the lowering of a recursion (ops/recurse_lower.py, ops/recurse_grad.py)
+shares: the C++ scope of one loop (its names, its vocabulary), scoped placement,
+the inspector, and which of a cell's nodes run before the loop.
+
+A recursion lowers to one Block (codegen/stmt.py): everything it declares
+ends with it, so a gradient's loop reuses the forward loop's names (`schedule`,
+`start`, `c_l`) instead of numbering them, and a buffer's rows at the current
+level are one named pointer (`node_i_rows`) declared once per level.
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from ..ir.names import is_reserved
+from ..ir.shapes import numel
+from .registry import get_op
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """How the generated code speaks of a recursion: of trees (levels, leaves,
+    children) or of sequences (time steps, sequences, the previous step)."""
+
+    level: str  # the loop variable
+    loop_name: str
+    first: str  # the rows of the first batched step (leaves; the sequences' first steps)
+    later: str  # the rows after them (internal nodes; the later steps)
+    child_rows: str  # the pointer to a level's rows' child rows
+    inspector: str
+    first_block: str
+    hoisted: str
+    loop: str
+    inspector_again: str
+    hoisted_again: str
+    loop_back: str
+    scatters: str
+    after: str
+    first_back: str
+
+
+TREES = Vocabulary(
+    "level", "level loop", "leaves", "internal_rows", "child_rows",
+    "Inspector: check the batch and number its nodes by height, leaves first.",
+    "Leaves: all leaves at once.",
+    "Hoisted out of the level loop: internal-node work that does not read children, all internal nodes at once.",
+    "Executor: one batched step per level, children before parents.",
+    "Inspector again, for the gradient; the states and the gradients arriving at them in schedule order.",
+    "Made again for the gradient: internal-node work that does not read children, all internal nodes at once.",
+    "Backward executor: one batched step per level, parents before children (every\n"
+    "parent is on a higher level, so a level's gradient rows are complete when it runs).",
+    "The children's state gradients, added into their rows.",
+    "The rest of the internal cell's gradient (sums over rows), all internal nodes at once.",
+    "The leaf cell's gradient, all leaves at once.",
+)
+
+SEQUENCES = Vocabulary(
+    "step", "time loop", "sequences", "later_rows", "prev_rows",
+    "Schedule: check the lengths and give each (sequence, time step) a row, time step by time step.",
+    "The first time step of every sequence, all at once.",
+    "Hoisted out of the time loop: the later steps' work that does not read the previous step, all at once.",
+    "One batched step per time step, over the sequences still running.",
+    "Schedule again, for the gradient; the states and the gradients arriving at them in row order.",
+    "Made again for the gradient: the later steps' work that does not read the previous step, all at once.",
+    "Backward through time: one batched step per time step, in the reverse order of the forward\n"
+    "loop (a step's state gradients are complete when it runs: the step after it sent them).",
+    "The previous step's state gradients, added into its rows.",
+    "The rest of the later steps' gradient (sums over rows), all at once.",
+    "The first time step's gradient, all sequences at once.",
+)
+
+
+class LoopScope:
+    """The names of one recursion's C++ scope. A name is taken as asked unless
+    the function around the scope declares it (a graph value, a dim, a member
+    read unqualified), a cell value of this recursion bears it, or this scope
+    declared it already; then it is numbered."""
+
+    def __init__(self, ctx, node, cells, numbered=None):
+        self.ctx = ctx
+        self.spec = node.attrs["spec"]
+        self.words = SEQUENCES if self.spec.sequences else TREES
+        graph = ctx.graph
+        outer = {v.name for v in list(graph.inputs) + list(graph.params)} | {str(d) for d in graph.dims}
+        outer |= {v.name for n in graph.nodes for v in n.inputs + n.outputs}
+        outer |= {k.member for k in ctx.kept.values()}
+        self.taken = outer | {str(self.spec.rows)}
+        for cell in cells:  # a value the scope declares must not hide one of the function's: leaf_zeros
+            prefix = "node_" if cell.children else "leaf_"
+            for v in [u for slot in cell.children for u in slot] + [u for n in cell.nodes for u in n.outputs]:
+                if v.name in outer:
+                    v.name = self.name(prefix + v.name)
+        self.taken |= {v.name for cell in cells for v in cell_values(cell)}
+        for cell in cells:  # a numbered name (numbered: BackSpec): its base if free again, else leaf_<base>
+            prefix = "node_" if cell.children else "leaf_"
+            for v in [u for n in cell.nodes for u in n.outputs]:
+                base = (numbered or {}).get(v.name)
+                free = [b for b in (base, prefix + str(base)) if base and b not in self.taken and not is_reserved(b)]
+                if free:
+                    self.taken.add(free[0])
+                    v.name = free[0]
+
+    def inner(self) -> "LoopScope":
+        """The scope of a block inside this one: it sees this scope's names, and
+        its own end with it (a sibling block takes them again)."""
+        from copy import copy
+
+        sub = copy(self)
+        sub.taken = set(self.taken)
+        return sub
+
+    def name(self, base: str) -> str:
+        name, k = base, 0
+        while name in self.taken or is_reserved(name):
+            k += 1
+            name = f"{base}_{k}"
+        self.taken.add(name)
+        return name
+
+    def pointer(self, v, expr: str, writable: bool, name: str | None = None):
+        """A pointer to v's rows at `expr`, declared once: (its Declare, its name)."""
+        from ..codegen.lower import CTYPE
+        from ..codegen.stmt import Declare
+
+        name = name or self.name(f"{v.name}_rows")
+        return Declare(f"{'' if writable else 'const '}{CTYPE[v.dtype]}*", name, init=expr), name
+
+
+def cell_values(cell) -> list:
+    """Every value of a cell: its words, children, nodes' outputs."""
+    values = [cell.words] + [v for slot in cell.children for v in slot]
+    return values + [v for n in cell.nodes for v in n.outputs]
+
+
+@contextmanager
+def placed(ctx, places: dict):
+    """`with placed(ctx, {value: expr}):` the values are read and written at
+    those C++ expressions inside, and where they were before afterwards."""
+    saved = {id(v): ctx.place.get(id(v)) for v in places}
+    ctx.place.update({id(v): expr for v, expr in places.items()})
+    try:
+        yield
+    finally:
+        for key, expr in saved.items():
+            if expr is None:
+                ctx.place.pop(key, None)
+            else:
+                ctx.place[key] = expr
+
+
+@contextmanager
+def named_for_messages(node, cells):
+    """The cells' word ids named after the user's input while the cells lower
+    (a gather's error names them): a tree's words are `trees_words`' rows; a
+    sequence step's ids are its rows."""
+    spec = node.attrs["spec"]
+    name = "step_rows" if spec.sequences else node.inputs[1].name
+    saved = [(cell.words, cell.words.name) for cell in cells]
+    for cell in cells:
+        cell.words.name = name
+    try:
+        yield
+    finally:
+        for words, old in saved:
+            words.name = old
+
+
+def inspector_lines(ctx, node, scope):
+    """The inspector of a recursive op (or of its gradient): the schedule (the
+    batch checked, nodes numbered by height) and the word ids in row order.
+    Returns (schedule variable, a pointer to the words in row order, lines).
+    A sequence's step reads its node id as its word: the schedule's order."""
+    from ..codegen.stmt import Call, Declare, Named
+
+    spec = node.attrs["spec"]
+    sched = scope.name("schedule")
+    what = ctx.string(f"recurse over '{node.inputs[0].name}' ({node.loc.short if node.loc else ''})")
+    if spec.sequences:
+        lengths = node.inputs[0]
+        schedule = Call("dg::schedule_sequences", [ctx.read(lengths), Named("count", ctx.size(lengths.shape[0])),
+                                                   Named("steps", ctx.size(spec.steps)),
+                                                   Named("reverse", "true" if spec.reverse else "false"), what])
+        return sched, f"{sched}.order.data()", [Declare("const dg::LevelSchedule", sched, init=schedule)]
+    children, words, roots = node.inputs[:3]
+    nodes, count = children.shape[0], roots.shape[0]
+    sorted_words = scope.name("sorted_words")
+    schedule = Call("dg::schedule_levels", [ctx.read(children), Named("nodes", ctx.size(nodes)),
+                                            Named("arity", spec.arity), ctx.read(roots),
+                                            Named("num_roots", ctx.size(count)),
+                                            Named("dag", "true" if spec.dag else "false"), what])
+    return sched, f"{sorted_words}.data()", [
+        Declare("const dg::LevelSchedule", sched, init=schedule),
+        Declare(f"{ctx.target.scratch_type}<std::int64_t>", sorted_words, [ctx.size(nodes)]),
+        ctx.call("dg::permute_rows", ctx.read(words), f"{sched}.order.data()", Named("count", f"{sched}.rows()"),
+                 f"{sorted_words}.data()"),
+    ]
+
+
+def has_rows(v, rows) -> bool:
+    """Whether v's first dimension is the block's row count."""
+    return bool(v.rank) and not isinstance(v.shape[0], int) and v.shape[0] == rows
+
+
+def hoistable(nodes, tainted: set, rows) -> list:
+    """The nodes of an internal cell that can run once for all internal rows
+    before the level loop: they read no child (`tainted`: ids of values that do),
+    read no cell value made in the loop, are row-wise (their outputs have the rows
+    first, or no rows at all) and write data of their own (a view, a reshape, stays
+    in the loop: the loop reads hoisted values at the level's rows of their buffers)."""
+    made = {id(v) for n in nodes for v in n.outputs}
+    hoisted, done = [], set()
+    for n in nodes:
+        if (not any(id(v) in tainted for v in n.outputs) and not get_op(n.op).view
+                and all(id(v) not in made or id(v) in done for v in n.inputs)
+                and all(not isinstance(d, int) and d == rows or rows not in getattr(d, "free_symbols", ())
+                        for v in n.outputs for d in v.shape[:1])):
+            hoisted.append(n)
+            done.update(id(v) for v in n.outputs)
+    return hoisted
+
+
+def pack_loop_weights(ctx, scope, cell, looped) -> list:
+    """Code motion for the level loop's products: a matmul whose right operand is
+    defined before the loop (a weight) reads it packed once (dg::PackedB) instead
+    of packing it again at every level; a product by its transpose (the gradient
+    loop's d_gates @ u^T) gets a PackedB of the transpose. Only where the target's
+    runtime has it. Returns the declarations; ctx.packed holds them while the loop lowers."""
+    from ..codegen.stmt import Declare, Named
+
+    if not ctx.target.packs_weights:
+        return []
+    inside = {id(v) for n in cell.nodes for v in n.outputs}
+    inside |= {id(v) for slot in cell.children for v in slot} | {id(cell.words)}
+    lines = []  # each a PackedB declaration
+    for n in looped:
+        tb = bool(n.attrs.get("tb"))
+        if n.op != "matmul" or n.attrs.get("ta"):
+            continue
+        b = n.inputs[1]
+        key = (id(b), tb)
+        if id(b) in inside or key in ctx.packed or id(b) not in ctx.place or b.rank != 2 or ctx.keeps_packed(b):
+            continue  # (a parameter the Model keeps packed is read through that)
+        name = scope.name(f"{b.name}_t_packed" if tb else f"{b.name}_packed")
+        rows, cols = (ctx.size(d) for d in b.shape)
+        k, width = (cols, rows) if tb else (rows, cols)
+        lines.append(Declare("const dg::PackedB", name, [Named("tb", "true" if tb else "false"), Named("K", k),
+                                                          Named("N", width), ctx.read(b), Named("ldb", cols)]))
+        ctx.packed[key] = name
+    return lines
+
+
+def width(v) -> object:
+    """Floats per row of a [rows, ...] value."""
+    return numel(v.shape[1:])
