@@ -433,11 +433,27 @@ def test_unsupported_ops_name_op_node_and_opset():
         from_onnx(model)
     assert _one_line(e).startswith("unsupported ONNX op: com.microsoft.FusedGemm node 'fg' (opset 1)")
 
-    model = _graph_model([helper.make_node("Erf", ["x"], ["y"], name="erf")], [_info("x", ["n", 4])],
-                         [_info("y", ["n", 4])], opset=13)
-    with pytest.raises(DeepgenError) as e:
-        from_onnx(model)
-    assert _one_line(e).startswith("unsupported ONNX op: Erf node 'erf' (opset 13); deepgen reads Erf only inside")
+    # Ops on float tensors the DSL has no op for (comparisons, where, argmax).
+    for op, extra in (("ArgMax", {"axis": 1}), ("Greater", {})):
+        inputs = ["x"] if op == "ArgMax" else ["x", "x"]
+        model = _graph_model([helper.make_node(op, inputs, ["y"], name="n1", **extra)], [_info("x", ["n", 4])],
+                             [_info("y", ["n", 1], TensorProto.INT64)], opset=13)
+        with pytest.raises(DeepgenError) as e:
+            from_onnx(model)
+        assert _one_line(e) == f"unsupported ONNX op: {op} node 'n1' (opset 13)"
+
+
+def test_standalone_erf_is_an_elementwise_function(tmp_path):
+    """Erf outside GELU's pattern: dg.elementwise of sympy's erf, against onnxruntime (or the
+    reference evaluator)."""
+    model = _graph_model([helper.make_node("Mul", ["x", "k"], ["s"], name="scale"),
+                          helper.make_node("Erf", ["s"], ["y"], name="erf")], [_info("x", ["n", 4])],
+                         [_info("y", ["n", 4])], [("k", np.array([0.5, 1.0, 2.0, -3.0], np.float32))], opset=13)
+    graph, params, source = _import(model, tmp_path, "erf_model")
+    assert "import sympy" in source and 'dg.elementwise(lambda v: sympy.erf(v), "erf")(' in source
+    x = np.random.default_rng(3).normal(size=(5, 4)).astype(np.float32)
+    want = _oracle(model.SerializeToString(), {"x": x}, ["y"])[0]
+    assert _relative(_run(graph, params, {"x": x})["y"], want) <= TOL
 
 
 def test_unsupported_forms_and_files_are_one_line_errors(tmp_path):
@@ -483,6 +499,20 @@ def test_generated_cnn_loads_the_weights(tmp_path, builds):
         want = module(torch.as_tensor(x)).numpy()
     assert _relative(model.forward(x=x)["y"], want) <= TOL
     assert _relative(model.forward(x=x[:2])["y"], want[:2]) <= TOL  # another batch size
+
+
+def test_generated_gpt2_matches_onnxruntime(tmp_path, builds):
+    """GPT-2 (key padding and causal masks, position ids) compiled, the .npz loaded."""
+    module, batch, data = _hf_export("gpt2")
+    source, weights = from_onnx(onnx.load_from_string(data), name="from_onnx_gpt2")
+    model_path, weights_path = write_model(source, weights, str(tmp_path / "gpt2.py"))
+    compiled, _ = builds.module(load_model(model_path).build())
+    model = compiled.Model()
+    model.load(weights_path)
+    model.eval()
+    inputs = {k: v.numpy() for k, v in batch(3, 6, 5).items()}
+    want = _oracle(data, inputs, ["y"])[0]
+    assert _relative(model.forward(**inputs)["y"], want) <= TOL
 
 
 # -- the command line ----------------------------------------------------------------------

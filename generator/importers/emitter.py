@@ -47,6 +47,7 @@ class Emitter:
         self.builder = Builder(graph_name)
         self.graph_name = graph_name
         self.ns = {"dg": dg}
+        self.imports: set[str] = set()  # modules the statements use besides dg (use_module)
         self.dims: dict[str, sympy.Symbol] = {}  # symbolic dims the inputs declared, in order
         self.inputs: list[str] = []  # dg.input statements
         self.body: list[tuple[str, str | None]] = []  # (statement, comment above it or None)
@@ -94,6 +95,14 @@ class Emitter:
             self._run(f'{name} = dg.dim("{name}")')
             self.dims[name] = self.ns[name]
         return self.dims[name]
+
+    def use_module(self, module: str):
+        """Import `module` in the file (and here) for the statements that name it (`sympy`)."""
+        import importlib
+
+        self.imports.add(module)
+        self.taken.add(module)
+        self.ns[module] = importlib.import_module(module)
 
     # -- statements -----------------------------------------------------------------
     def comment(self, text: str | None):
@@ -181,7 +190,7 @@ def model_file(docstring_lines: list, em: "Emitter", name: str, outputs: dict, m
 
         returned = {k: code(v) for k, v in outputs.items()}
         functions, body, renames = structure(em.body, em.scopes, module, returned, em.inputs, {*em.dims, "dg", name})
-    lines = list(docstring_lines) + ['"""', "", "import generator as dg", ""]
+    lines = list(docstring_lines) + ['"""', "", *sorted(f"import {m}" for m in em.imports), "import generator as dg", ""]
     lines += [f'{d} = dg.dim("{d}")' for d in em.dims]
     for function in functions:
         lines += ["", "", function]

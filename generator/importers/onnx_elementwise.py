@@ -32,8 +32,10 @@ def reciprocal(imp, node, ins, attrs):
 
 @converter("Erf")
 def erf(imp, node, ins, attrs):
-    raise Unsupported(f"unsupported ONNX op: {imp.describe(node)}; deepgen reads Erf only inside GELU's pattern "
-                      "x * 0.5 * (1 + erf(x / sqrt(2)))")
+    """erf outside GELU's pattern: a DSL elementwise function of sympy's erf (the C++
+    printer's erf_f, the reference's lambdified erf)."""
+    imp.em.use_module("sympy")
+    return _assign(imp, node, f'dg.elementwise(lambda v: sympy.erf(v), "erf")({_x(imp, node, ins[0]).name})')
 
 
 _BINARY = {"Add": "+", "Sub": "-", "Mul": "*", "Div": "/", "Pow": "**"}

@@ -353,7 +353,8 @@ class OnnxImporter:
                 key = next(f"{key}_{k}" for k in range(2, len(results) + 3) if f"{key}_{k}" not in results)
                 self.renamed[onnx_name] = key
             if not isinstance(value, Var):
-                raise DeepgenError(f"ONNX output {onnx_name!r} is a constant; deepgen models return tensors computed "
+                what = "a constant" if isinstance(value, Const) else "computed from the inputs' sizes and integer values"
+                raise DeepgenError(f"ONNX output {onnx_name!r} is {what}; deepgen models return tensors computed "
                                    "from their inputs")
             results[key] = value
         source = self._render(results)
