@@ -19,6 +19,7 @@ from .frontend.vision import *  # noqa: F401,F403
 from .frontend.attention import *  # noqa: F401,F403
 from .frontend.windows import *  # noqa: F401,F403
 from .frontend.train import adam, bce_with_logits, mse, sgd, softmax_cross_entropy, train
+from .importers import from_torch  # noqa: F401  (torch is imported only when it runs)
 
 def model(fn=None, *, name: str | None = None):
     """Mark a function as a deepgen model: `@dg.model` or `@dg.model(name="net")`."""

@@ -19,22 +19,29 @@ plan_memory and prints what that stage made.
 
 from __future__ import annotations
 
+from .codegen.emit import render
+from .codegen.lower import lower as lower_graph
+from .codegen.plan import ArenaDecl
+from .codegen.record import record
+from .codegen.stmt import nested_lines
+from .codegen.targets import load_target
+from .codegen.writer import write_project
+from .memory.planner import plan_memory as place
+from .memory.report import report as memory_report
+from .transforms.autodiff import prepare_training
+from .transforms.passes import optimize as run_passes
+
 STAGES = ("load", "build", "optimize", "differentiate", "lower", "plan_memory", "record", "render", "write")
 
 
 def optimize(graph, opt: str = "O2", report=None):
     """Stage `optimize`: the passes of level `opt` over the forward graph."""
-    from .transforms.passes import optimize as run_passes
-
     return run_passes(graph, opt, report=report)
 
 
 def differentiate(graph, opt: str = "O2", report=None):
     """Stage `differentiate`: for a trainable model, the backward pass (autodiff),
     optimized with the same passes; other graphs pass through."""
-    from .transforms.autodiff import prepare_training
-    from .transforms.passes import optimize as run_passes
-
     if graph.train is not None and not graph.train.prepared:
         prepare_training(graph)
         run_passes(graph, opt, report=report)
@@ -48,16 +55,11 @@ def prepare(graph, opt: str = "O2", report=None):
 
 def lower(graph, target_name: str = "cpu"):
     """Stage `lower`: the graph as a ProjectPlan for a target (its buffers not yet placed)."""
-    from .codegen.lower import lower as lower_graph
-    from .codegen.targets import load_target
-
     return lower_graph(graph, load_target(target_name))
 
 
 def plan_memory(plan):
     """Stage `plan_memory`: in-place decisions and arena offsets (memory.plan_memory)."""
-    from .memory.planner import plan_memory as place
-
     return place(plan)
 
 
@@ -68,20 +70,20 @@ def lowered(graph, target_name: str = "cpu"):
 
 def project_files(graph, target: str = "cpu", opt: str = "O2", report=None) -> dict:
     """Every stage from optimize to render: the files of the project for `graph`."""
-    from .codegen.emit import render
-    from .codegen.record import record
-    from .codegen.targets import load_target
-
-    plan = record(graph, lowered(prepare(graph, opt, report), target))
+    plan = _recorded(graph, opt, report, target)
     return render(plan, load_target(target))
+
+
+def _recorded(graph, opt: str, report, target: str):
+    """optimize to record: the plan that rendering receives, with the memory report at batch 32."""
+    plan = lowered(prepare(graph, opt, report), target)
+    return record(graph, plan, memory_report(graph, plan, batch=32))
 
 
 def generate(graph, out_dir, target: str = "cpu", force: bool = False, opt: str = "O2", report=None,
              restore: bool = False):
     """Every stage from optimize to write: the project for `graph` in `out_dir`
     (a writer.WriteResult; hand edits are merged, see writer.write_project)."""
-    from .codegen.writer import write_project
-
     return write_project(out_dir, project_files(graph, target, opt, report), force, restore)
 
 
@@ -122,9 +124,6 @@ def plan_text(plan) -> str:
 
 def _declared_buffers(plan) -> list:
     """The arena buffers the lowered lines declare, in order (positions unknown yet)."""
-    from .codegen.plan import ArenaDecl
-    from .codegen.stmt import nested_lines
-
     groups = [plan.statements] + ([plan.train.loss_statements, plan.train.backward_statements] if plan.train else [])
     return [line.buffer for group in groups for s in group for line in nested_lines(s.lines)
             if isinstance(line, ArenaDecl)]

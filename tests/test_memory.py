@@ -10,7 +10,7 @@ import pytest
 import sympy
 
 from conftest import ROOT, build_example, load_example
-from generator.pipeline import lowered
+from generator.pipeline import lowered, prepare
 from generator.memory.planner import Buffer, dominates, plan
 from generator.reference.samples import sample_inputs
 
@@ -168,7 +168,7 @@ def test_planner_reuses_and_stacks_symbolic_blocks():
 
 
 def test_elementwise_in_place_when_the_input_dies():
-    graph = load_example("bow").build()
+    graph = prepare(load_example("bow").build(), "O0")
     model = lowered(graph)  # -O0: no fusion, so the add stays a node
     code = "\n".join(str(line) for s in model.statements for line in s.lines)
     assert "float* hidden_add = _arena.at(" in code

@@ -12,6 +12,7 @@ from __future__ import annotations
 import subprocess
 
 import black
+import clang_format
 import jinja2
 
 from ..errors import DeepgenError
@@ -36,8 +37,6 @@ def _environment(target) -> jinja2.Environment:
 
 
 def _clang_format(text: str, filename: str) -> str:
-    import clang_format
-
     style = resource_dir("templates") / "project" / "clang-format"
     exe = clang_format.get_executable("clang-format")
     proc = subprocess.run(

@@ -21,7 +21,9 @@ from __future__ import annotations
 
 import sympy
 
+from ..frontend.train import G, STEP_SYMBOLS, W
 from ..ops import ARGS
+from ..ops.linalg import epilogue_role
 from ..ir.shapes import numel as numel_of
 from .plan import Arg, Kernel
 from .printer import FloatPrinter, RowAt, size_expr
@@ -146,8 +148,6 @@ def update_kernel(optimizer, printer_cls=FloatPrinter) -> Kernel:
     """The optimizer's in-place update of one parameter, printed from its sympy
     update rules (generator.frontend.train.Optimizer.updates): a loop over the elements that
     updates the state slots first, then the weight from the new slot values."""
-    from ..frontend.train import G, STEP_SYMBOLS, W
-
     updates = optimizer.updates()
     loads = {W: "w[i]", G: "g[i]"}
     slots = [t for t, _ in updates if t != "w"]
@@ -188,8 +188,6 @@ def epilogue_kernel(node, names, comment: str, printer_cls=FloatPrinter) -> Kern
     operand is read by its role (ops.linalg.epilogue_role). The functor's members
     bear the user's names; its operator()'s own names begin with '_' (_row, _col0,
     _acc, _n, _j: kernels.h.j2)."""
-    from ..ops.linalg import epilogue_role
-
     out = node.outputs[0]
     width = out.shape[-1]
     col = sympy.Symbol("_col0") + sympy.Symbol("_j")

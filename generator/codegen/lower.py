@@ -15,14 +15,18 @@ from dataclasses import replace
 
 import numpy as np
 
+from ..frontend.train import HYPER_RANGES
 from ..version import __version__
 from ..ir.names import comment_text, cpp_string, is_reserved
 from ..ops import get_op
 from ..ir.printing import format_graph
 from ..ir.graph import Value
 from ..ir.shapes import fmt_shape, numel
-from ..transforms.autodiff import prepare_training, train_only_inputs
+from ..memory.buffer import Buffer
+from ..transforms.autodiff import train_only_inputs
+from ..transforms.passes import regions
 from .kernels import epilogue_kernel, ewise_kernel, update_kernel
+from .printer import size_expr
 from .plan import ArenaDecl, GradientDecl, InputSpec, KeptPacking, OutputSpec, ParamSpec, ProjectPlan, Statement, TrainPlan, Update
 from .stmt import Alias, Call, Comment, Copy, Declare, Functor, Read, Write, place
 
@@ -31,8 +35,6 @@ CTYPE = {"float32": "float", "int32": "std::int32_t", "int64": "std::int64_t"}
 
 
 def _shape_list(shape) -> str:
-    from .printer import size_expr
-
     return "{" + ", ".join(size_expr(d) for d in shape) + "}"
 
 
@@ -88,8 +90,6 @@ class LowerCtx:
         """v's data, to write: its buffer is declared on first use (an arena piece
         for a float intermediate, a local vector otherwise or inside a cell)."""
         if id(v) not in self.place and self.block is None and id(v) not in self.outputs and v.dtype == "float32":
-            from ..memory.planner import Buffer
-
             size = numel(v.shape)
             member = self.gradients.get(id(v))
             phase = "gradient" if member else self.phase
@@ -123,8 +123,6 @@ class LowerCtx:
         """(id(value) -> the nodes that read it, ids of values that must survive
         their region: outputs, the loss, gradients, a cell's results)."""
         if self._readers is None:
-            from ..transforms.passes import regions
-
             readers, keep = {}, set()
             for nodes, kept in regions(self.graph):
                 keep |= kept
@@ -242,8 +240,6 @@ class LowerCtx:
         self.place[id(v)] = v.name
 
     def size(self, d) -> str:
-        from .printer import size_expr
-
         return size_expr(d)
 
     def string(self, text: str) -> str:
@@ -380,8 +376,6 @@ def _outputs(ctx, graph, access: str) -> list:
 
 def _live_names(graph) -> set:
     """Names of the values the optimized graph still holds (and of its dims)."""
-    from ..ops import get_op
-
     names = {v.name for v in list(graph.inputs) + list(graph.params)} | {str(d) for d in graph.dims}
     nodes = list(graph.nodes)
     for node in graph.nodes:
@@ -481,8 +475,6 @@ def _lower_training(ctx, graph, dim_index, bound_dims, first: int) -> TrainPlan:
         offsets.append(total)
         total += int(np.prod(params[p].shape, dtype=np.int64))
     hyper = [(name, f"{np.float32(value)!r}".replace("np.float32(", "").rstrip(")") + "f") for name, value in spec.hyper]
-    from ..frontend.train import HYPER_RANGES
-
     hyper_checks = [(name, f"dg::{HYPER_RANGES[name]}") for name, _ in spec.hyper]
     loss = ctx.read(spec.loss)
     return TrainPlan(
@@ -509,8 +501,8 @@ def _lower_training(ctx, graph, dim_index, bound_dims, first: int) -> TrainPlan:
 
 
 def lower(graph, target) -> ProjectPlan:
-    if graph.train is not None:
-        prepare_training(graph)
+    if graph.train is not None and not graph.train.prepared:
+        raise ValueError(f"lower: graph {graph.name!r} trains but is not differentiated yet (pipeline.differentiate)")
     ctx = LowerCtx(graph, target)
     dims = graph.dims
     dim_index = {d: i for i, d in enumerate(dims)}

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .printer import size_expr
+
 
 @dataclass
 class Arg:
@@ -55,8 +57,6 @@ class ArenaDecl:
 
     def piece(self) -> str:
         """_arena.at(offset, size): where the plan put this buffer."""
-        from .printer import size_expr
-
         offset = "/*not yet planned*/" if self.buffer.offset is None else size_expr(self.buffer.offset)
         return f"_arena.at({offset}, {self.size})"
 

@@ -3,7 +3,8 @@ graph and its plan before rendering (so that rendering is pure): the reference
 outputs its test compares against (tests/expected.npz), the example inputs of
 examples/main.cpp and the README, parameter counts, and the memory report.
 
-Stage `record`: (Graph, ProjectPlan) -> ProjectPlan with `recording` filled in.
+Stage `record`: (Graph, ProjectPlan, memory report text) -> ProjectPlan with `recording`
+filled in (the pipeline makes the report: memory/report.py is a stage above this package).
 """
 
 from __future__ import annotations
@@ -19,10 +20,8 @@ from ..ir.shapes import evaluate
 from .plan import Recording
 
 
-def record(graph, plan):
+def record(graph, plan, memory_report: str):
     """Fill plan.recording from the graph (the numpy reference runs here)."""
-    from ..memory.report import report
-
     expected = _expected_npz(graph)
     examples, call, train_call = _examples(plan, graph)
     count = sum(math.prod(p.shape) for p in graph.params)
@@ -33,7 +32,7 @@ def record(graph, plan):
         example_train_call=train_call,
         param_count=f"{count:,}",
         param_bytes=f"{4 * count:,}",
-        memory_report=report(graph, plan, batch=32),
+        memory_report=memory_report,
     )
     return plan
 

@@ -25,6 +25,11 @@ A target is a folder targets/<name>/ with a target.json:
   K in a workspace of one group's weight gradient (CUDA, for parallel work), so the
   workspace the memory plan gives it holds that too; the CPU adds each image's
   product into the gradient in place and needs only the column matrix.
+- `update_rows`: the runtime's GEMM takes a row-block epilogue that updates the
+  parameter whose gradient it writes (`dg::update_rows`), so the memory stage may
+  fuse an update into that product (memory/liveness.py).
+- `early_ready`: compute_gradients() can report a gradient ready as soon as the
+  backward pass completes it (CUDA: a gradient is ready when the device is).
 """
 
 from __future__ import annotations
@@ -54,6 +59,8 @@ class Target:
     scratch_type: str = "std::vector"
     packs_weights: bool = False
     weight_grad_partials: bool = False
+    update_rows: bool = False
+    early_ready: bool = False
     copy_fn: str = "std::copy"
     names: dict = None  # template-facing names (see the module docstring)
 
@@ -92,5 +99,7 @@ def load_target(name: str) -> Target:
         scratch_type=conf.get("scratch", conf.get("vector", "std::vector")),
         packs_weights=bool(conf.get("packs_weights", False)),
         weight_grad_partials=bool(conf.get("weight_grad_partials", False)),
+        update_rows=bool(conf.get("update_rows", False)),
+        early_ready=bool(conf.get("early_ready", False)),
         copy_fn=conf.get("copy", "std::copy"),
     )

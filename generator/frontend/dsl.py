@@ -32,7 +32,7 @@ __all__ = [
     "input", "param", "elementwise", "leaky_relu", "elu", "matmul", "bmm", "sum", "mean", "max",
     "softmax", "log_softmax", "reshape", "expand", "transpose", "concat", "split", "slice_axis",
     "gather", "dense", "linear", "embedding", "add", "sub", "mul", "div", "pow",
-    "maximum", "minimum", "from_torch",
+    "maximum", "minimum",
 ]
 
 # -- declarations --------------------------------------------------------------
@@ -430,15 +430,6 @@ def _check_init(init, loc, op):
 def _helper_param(b, loc, name, shape, init):
     """A parameter of a helper (dense, embedding) whose name `derived_names` claimed."""
     return b.declare("param", name, shape, "float32", True, loc, claimed=True, init=init, seed=None)
-
-
-def from_torch(module, example_inputs, name: str | None = None, dims: dict | None = None):
-    """(model file text, {parameter name: array}) for a torch.nn.Module traced with
-    torch.fx: see generator/importers/torch_import.py. Write both with
-    generator.importers.write_model. torch is imported only when this runs."""
-    from ..importers import from_torch as run
-
-    return run(module, example_inputs, name=name, dims=dims)
 
 
 # -- Tensor operators ------------------------------------------------------------

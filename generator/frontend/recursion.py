@@ -15,9 +15,14 @@ batched step for all leaves and one per tree level.
 
 from __future__ import annotations
 
+import ast
+import inspect
+import textwrap
 from dataclasses import dataclass, field
+
 import sympy
 
+from . import dsl
 from .builder import Tensor, current
 from ..errors import ModelError
 from ..ir.graph import Value
@@ -41,8 +46,6 @@ def trees(name: str, arity: int, dag: bool = False, nodes=None, count=None) -> T
     """Declare a batch of trees: inputs `<name>_children` [nodes, arity],
     `<name>_words` [nodes] and `<name>_roots` [count] (int64). With dag=True a
     node may have several parents (DAG-RNN); cycles are errors either way."""
-    from . import dsl
-
     loc = user_loc()
     if not isinstance(arity, int) or isinstance(arity, bool) or arity < 1:
         raise ModelError(f"arity must be a positive int, got {arity!r}", loc, "trees")
@@ -122,10 +125,6 @@ def _children_names(fn, arity: int, count: int):
     """The names the internal cell unpacks its children into, when it does so in
     one statement `(h_l, c_l), (h_r, c_r) = children`: [[h_l, c_l], [h_r, c_r]];
     else None (the placeholders are then child0_h, ...)."""
-    import ast
-    import inspect
-    import textwrap
-
     try:
         tree = ast.parse(textwrap.dedent(inspect.getsource(fn)))
     except (OSError, TypeError, SyntaxError, IndentationError):
@@ -224,6 +223,4 @@ def build_recursion(batch_inputs, leaf, internal, names, loc, *, arity, dag=Fals
 
 def roots(trees: Trees, state, name=None):
     """The rows of `state` at each tree's root: [count, ...]."""
-    from . import dsl
-
     return dsl.gather(state, trees.roots, name=name)

@@ -13,6 +13,7 @@ import linecache
 import os
 import sys
 import tokenize
+import traceback
 from dataclasses import dataclass, field, replace
 
 # The package root (generator/): frames from any of its modules are deepgen's own.
@@ -170,8 +171,6 @@ def _statements(filename: str) -> tuple[ast.stmt, ...]:
 def error_site(exc: BaseException, filename: str) -> tuple:
     """('file:line', quoted source line) of the innermost traceback entry of `exc` in `filename` (the
     user's model file), else in any file outside deepgen; `filename` if none."""
-    import traceback
-
     entries = traceback.extract_tb(exc.__traceback__)
     target = os.path.abspath(filename)
     for pick in (lambda f: os.path.abspath(f) == target, lambda f: not os.path.abspath(f).startswith(_PACKAGE_DIR + os.sep)):

@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import sympy
+from sympy.codegen.cfunctions import log1p
 
+from . import dsl
 from .builder import Tensor, current
 from ..errors import ModelError
 from .source import user_loc
@@ -187,8 +189,6 @@ def softmax_cross_entropy(logits, labels, name=None, ignore_index=None):
 
 def mse(pred, target, name=None):
     """Mean squared error over all elements."""
-    from . import dsl
-
     diff = dsl.sub(pred, target)
     return dsl.mean(dsl.square(diff), name=name)
 
@@ -196,9 +196,6 @@ def mse(pred, target, name=None):
 def bce_with_logits(logits, targets, name=None):
     """Binary cross-entropy of sigmoid(logits) against targets in [0, 1], averaged;
     written as max(x, 0) - x t + log(1 + exp(-|x|)), which cannot overflow."""
-    from . import dsl
-    from sympy.codegen.cfunctions import log1p
-
     per_element = dsl.elementwise(
         lambda x, t: sympy.Max(x, 0) - x * t + log1p(sympy.exp(-sympy.Abs(x))), "bce_with_logits"
     )(logits, targets)

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 
 from ..ops import get_op
 from ..codegen.plan import ArenaDecl
-from ..codegen.stmt import Alias, Call, Comment, EarlyUpdate, Read, UpdateRows, Write, nested_lines, operands
+from ..codegen.targets import load_target
+from ..codegen.stmt import Alias, Comment, EarlyUpdate, Gemm, Read, UpdateRows, Write, nested_lines, operands
 
 
 @dataclass
@@ -93,6 +94,7 @@ def place_updates(plan, live: Liveness):
     is freed once its update has consumed it)."""
     if plan.train is None:
         return
+    target = load_target(plan.target)  # what its runtime can do, not its name
     backward = {id(s) for s in plan.train.backward_statements}
     remaining = []
     for u in plan.train.updates:
@@ -107,8 +109,8 @@ def place_updates(plan, live: Liveness):
         if held is not None:  # the update runs after the statement's other lines
             held.last = max(held.last, max(statement.positions))
         u.call.at = ready
-        product = _fuse_into_product(statement, u, plan.kernels) if plan.target == "cpu" else None
-        early = EarlyUpdate(u.index, u.call, report=plan.target != "cuda", at=ready, fused=product is not None)  # CUDA: ready when the device is
+        product = _fuse_into_product(statement, u, plan.kernels) if target.update_rows else None
+        early = EarlyUpdate(u.index, u.call, report=target.early_ready, at=ready, fused=product is not None)
         if product is None:
             statement.lines += [Comment(f"{u.param}: gradient complete and no longer read: update it now, or report it ready", ready), early]
         else:
@@ -116,9 +118,6 @@ def place_updates(plan, live: Liveness):
             statement.lines.insert(product, Comment(note, ready))
             statement.lines.append(early)
     plan.train.updates = remaining
-
-
-PRODUCTS = ("dg::matmul_tn", "dg::matmul", "dg::matmul_nt")
 
 
 def _fuse_into_product(statement, u, kernels):
@@ -130,7 +129,7 @@ def _fuse_into_product(statement, u, kernels):
     in the statement's lines, or None where it is not fused."""
     lines = statement.lines
     for i, line in enumerate(lines):
-        if not (isinstance(line, Call) and line.fn in PRODUCTS and len(line.args) == 6):
+        if not isinstance(line, Gemm) or line.epilogue:
             continue
         writes = [op for op in operands(line.args) if isinstance(op, Write)]
         if len(writes) != 1 or writes[0].value is not u.grad_value:
@@ -143,7 +142,7 @@ def _fuse_into_product(statement, u, kernels):
         later = [op.value for op in operands(lines[i + 1:])]
         if any(v is u.param_value or v is u.grad_value for v in later):
             return None
-        line.args.append(UpdateRows(str(line.args[5].arg), u.rows_call, u.arrays))
+        line.args.append(UpdateRows(str(line.n.arg), u.rows_call, u.arrays))
         if u.rows_kernel not in kernels:
             kernels.append(u.rows_kernel)
         return i

@@ -13,26 +13,15 @@ bytes at any statement. Sizes and offsets are counted in floats (4 bytes).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import sympy
 
+from ..codegen.printer import exact_size_expr, size_expr
+from ..errors import DeepgenError
+from .buffer import Buffer
+from .liveness import liveness, place_updates
 from .sizes import Size, from_expr
 
 FLOAT_BYTES = 4
-
-
-@dataclass(eq=False)
-class Buffer:
-    name: str
-    size: object  # floats, a sympy expression or int
-    first: int  # schedule position that writes it
-    last: int  # last position that reads it
-    phase: str  # forward | loss | backward | gradient (a parameter gradient train_step() may free)
-    inplace_of: "Buffer | None" = None  # shares this buffer's block (elementwise in place)
-    offset: object = None
-    label: str = ""  # the statement, for reports
-    shape: tuple = ()
 
 
 def _symbols(*exprs) -> tuple:
@@ -243,9 +232,6 @@ def plan_memory(project):
     the place of each parameter update, which elementwise results take their
     operand's block (in place), every buffer's offset (the ArenaDecl lines print
     it), and project.memory with the arena's size for forward() and train_step()."""
-    from ..errors import DeepgenError
-    from .liveness import liveness, place_updates
-    from ..codegen.printer import exact_size_expr, size_expr
 
     live = liveness(project)
     place_updates(project, live)

@@ -18,7 +18,7 @@ import numpy as np
 import sympy
 
 from ..ir.shapes import fmt_shape, numel, same
-from ..codegen.stmt import Named
+from ..codegen.stmt import Gemm, Named
 from .registry import OpDef, get_op, register, require_float
 from .scalar import ARGS
 
@@ -92,11 +92,12 @@ class MatMul(OpDef):
         # B packed before a loop (ops/recurse.py) is passed as the PackedB itself,
         # a parameter the Model keeps packed as that packing (which knows its B).
         b_args = (None if ta else ctx.packed_operand(b, tb)) or [ctx.read(b)]
-        args = [ctx.read(a), *b_args, ctx.write(node.outputs[0]),
-                Named("M", ctx.size(numel(sa[:-1]))), Named("K", ctx.size(sa[-1])), Named("N", ctx.size(sb[1]))]
+        n = Named("N", ctx.size(sb[1]))
+        args = [ctx.read(a), *b_args, ctx.write(node.outputs[0]), Named("M", ctx.size(numel(sa[:-1]))),
+                Named("K", ctx.size(sa[-1])), n]
         if "epilogue" in node.attrs:
             args.append(ctx.epilogue(node))
-        return [ctx.call(f"dg::{fn}", *args)]
+        return [Gemm(f"dg::{fn}", args, n=n, epilogue="epilogue" in node.attrs)]
 
     def describe(self, node):
         a, b = node.inputs[:2]

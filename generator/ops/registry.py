@@ -122,6 +122,16 @@ def get_op(name: str) -> OpDef:
         raise KeyError(f"unknown op {name!r}; registered ops: {', '.join(sorted(REGISTRY))}")
 
 
+def id_limit(graph, value) -> int:
+    """Ids for `value` must index every table it gathers from (labels: every class
+    count): the least limit any node states for it (OpDef.id_limit), else 10."""
+    limits = [get_op(n.op).id_limit(n, value) for n in graph.nodes]
+    # Ids reshaped first (a tagger's [N, T] tags flattened for the loss) have the reshape's limit.
+    limits += [id_limit(graph, n.outputs[0]) for n in graph.nodes if n.op == "reshape" and n.inputs[0] is value]
+    limits = [x for x in limits if x is not None]
+    return min(limits) if limits else 10
+
+
 def require_float(inputs, what="operand"):
     for i, v in enumerate(inputs):
         if v.dtype != "float32":

@@ -13,6 +13,7 @@ import numpy as np
 import sympy
 
 from ..codegen.stmt import Named
+from ..treebatch import check_lengths
 from .registry import OpDef, register
 
 
@@ -27,8 +28,6 @@ class LastSteps(OpDef):
         return [("int64", lengths.shape)]
 
     def reference(self, args, attrs, dims):
-        from ..treebatch import check_lengths
-
         (lengths,) = args
         steps = int(sympy.sympify(attrs["steps"]).subs(dims))
         check_lengths(lengths, steps, "last_steps")

@@ -15,6 +15,7 @@ from ..ir.graph import needed_for
 from ..ops import get_op
 from ..ops.modes import Mode
 from ..ir.shapes import bind_dims, evaluate, fmt_shape
+from ..transforms.autodiff import prepare_training
 
 
 def init_params(graph, seed: int = 0) -> dict:
@@ -103,8 +104,6 @@ def run(graph, inputs: dict, params: dict | None = None, seed: int = 0, float_dt
 def gradients(graph, inputs: dict, params: dict, float_dtype=np.float32, **mode):
     """(loss, {parameter name: gradient}) of a trainable model (dg.train); `mode`:
     run()'s training, seed and draw."""
-    from ..transforms.autodiff import prepare_training
-
     prepare_training(graph)
     spec = graph.train
     grads = list(spec.grads.items())

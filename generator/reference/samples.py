@@ -8,6 +8,8 @@ import sympy
 
 from . import rng
 from ..ir.shapes import evaluate
+from ..ops import get_op
+from ..ops.registry import id_limit
 
 
 def sample_dims(graph, start: int = 2) -> dict:
@@ -25,24 +27,10 @@ def sample_dims(graph, start: int = 2) -> dict:
     raise ValueError("no small sizes satisfy the model's requirements")
 
 
-def id_limit(graph, value) -> int:
-    """Ids for `value` must index every table it gathers from (labels: every class
-    count): the least limit any node states for it (OpDef.id_limit), else 10."""
-    from ..ops import get_op
-
-    limits = [get_op(n.op).id_limit(n, value) for n in graph.nodes]
-    # Ids reshaped first (a tagger's [N, T] tags flattened for the loss) have the reshape's limit.
-    limits += [id_limit(graph, n.outputs[0]) for n in graph.nodes if n.op == "reshape" and n.inputs[0] is value]
-    limits = [x for x in limits if x is not None]
-    return min(limits) if limits else 10
-
-
 def sample_inputs(graph, dims: dict | None = None, seed: int = 1, floats: bool = True) -> dict:
     """Inputs for `graph`; a recursive op's trees are a random batch (whose sizes
     then fix the node and tree counts). floats=False leaves out the float inputs
     (only the integer ones, ids and trees, are made)."""
-    from ..ops import get_op
-
     dims = dict(sample_dims(graph) if dims is None else dims)
     out = {}
     for n in graph.nodes:  # inputs an op makes together (a batch of trees) come first

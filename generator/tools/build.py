@@ -10,12 +10,15 @@ build log's own step markers; on failure the compiler's messages are shown.
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from ..codegen.writer import pending_generation
 from ..errors import BuildError
+from .installed import check_name_free
 
 # scikit-build-core's progress lines -> our step names
 _STEPS = [
@@ -42,9 +45,6 @@ def build_project(project_dir, echo=print, target_dir=None, replace_installed: b
     bare folder name is never looked up in a package index as a requirement, and
     refuses (unless replace_installed) a name that would replace an installed
     distribution or module (see installed.py)."""
-    from ..codegen.writer import pending_generation
-    from .installed import check_name_free
-
     root = Path(project_dir).resolve()
     if not (root / "pyproject.toml").is_file() or not (root / "CMakeLists.txt").is_file():
         raise BuildError(f"{project_dir} is not a generated project (no pyproject.toml / CMakeLists.txt)")
@@ -83,8 +83,6 @@ def cmake_build(project, build, jobs: int = 2, extra_args=()) -> None:
     and the benchmarks; raises BuildError with CMake's output on failure.
     `extra_args` go at the end of the configure command (e.g. `-D` settings, which
     override the defaults above)."""
-    import shutil
-
     gen = ["-G", "Ninja"] if shutil.which("ninja") else []
     configure = ["cmake", "-S", str(project), "-B", str(build), *gen, "-DCMAKE_BUILD_TYPE=Release",
                  f"-DPython_EXECUTABLE={sys.executable}", *extra_args]
@@ -97,8 +95,6 @@ def cmake_build(project, build, jobs: int = 2, extra_args=()) -> None:
 def build_if_changed(project, build, module: str, key: str, jobs: int = 2) -> bool:
     """cmake_build unless `build` already holds module `module` built from sources
     whose digest is `key` (a stamp file records it). Returns True if reused."""
-    from pathlib import Path
-
     build = Path(build)
     stamp = build / ".deepgen-build-key"
     built = list(build.glob(f"{module}*.so")) + list(build.glob(f"{module}*.pyd"))

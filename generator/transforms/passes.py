@@ -19,6 +19,8 @@ import sympy
 
 from ..ir.shapes import broadcast
 from ..ops import ARGS, get_op, make_constant
+from ..ops.linalg import epilogue_role
+from ..ops.scalar import _functions, simplified
 from .remat import remat
 
 LEVELS = {
@@ -201,8 +203,6 @@ def epilogue(graph):
     matmul's only reader, read it at full shape, and read every other operand per
     element of C (ops.linalg.epilogue_role). In a model that trains, this waits
     until the backward pass exists (the gradients come from the unfused nodes)."""
-    from ..ops.linalg import epilogue_role
-
     if graph.train is not None and not graph.train.prepared:
         return graph
     for nodes, keep in list(regions(graph)):
@@ -274,8 +274,6 @@ def weight_grads_last(graph):
 def simplify(graph):
     """sympy simplification of fused expressions, kept only when it is smaller and
     brings in no new functions (see ops.scalar.derivative for why)."""
-    from ..ops.scalar import _functions, simplified
-
     for nodes, _ in list(regions(graph)):
         for node in nodes:
             if node.op == "ewise" and node.attrs.get("fn") == "fused":

@@ -1,0 +1,20 @@
+"""A buffer of the arena: lowering declares one for each float intermediate (an
+`ArenaDecl` line holds it), the planner (planner.py) fills in its lifetime and its
+offset. A leaf module, so that lowering needs nothing else of the memory stage."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(eq=False)
+class Buffer:
+    name: str
+    size: object  # floats, a sympy expression or int
+    first: int  # schedule position that writes it
+    last: int  # last position that reads it
+    phase: str  # forward | loss | backward | gradient (a parameter gradient train_step() may free)
+    inplace_of: "Buffer | None" = None  # shares this buffer's block (elementwise in place)
+    offset: object = None
+    label: str = ""  # the statement, for reports
+    shape: tuple = ()
