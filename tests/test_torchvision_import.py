@@ -98,8 +98,13 @@ def test_imports_and_matches_torch(name):
     got = reference.run(graph, {"x": x.numpy()}, dict(weights), training=False)["output"]
     assert got.shape == want.shape
     assert _relative_error(got, want) <= 1e-4
-    # Every state_dict entry (but batch norm's counters) is one parameter, mapped back to its key.
-    state = {k for k in module.state_dict() if not k.endswith("num_batches_tracked")}
+    # Every state_dict entry (but batch norm's counters, and the window tables of Swin and MaxViT:
+    # constant buffers the model computes, dg.relative_position_index / relative_coords_table) is
+    # one parameter, mapped back to its key.
+    tables = ("relative_position_index", "relative_coords_table")
+    state = {k for k in module.state_dict() if not k.endswith(("num_batches_tracked",) + tables)}
+    for table in tables:
+        assert any(k.endswith(table) for k in module.state_dict()) == (f"dg.{table}(" in source)
     mapped = [k for keys in weights.torch_keys.values() for k in keys]
     assert sorted(mapped) == sorted(state) and sorted(weights.torch_keys) == sorted(weights)
 
