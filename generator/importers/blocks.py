@@ -67,25 +67,26 @@ def structure(body, scopes, module, outputs: dict, inputs, taken) -> tuple:
     input statements, `taken` every name the file uses at its top level (dims, dg, the
     model's name). Functions are source texts; renames map a variable of the main body
     to the call result that replaces it."""
-    classes = _classes(scopes, module)
     trees = [_parse(text) for text, _ in body]
     assigned = [_assigned(t) for t in trees]
     reads = [_reads(t) for t in trees]
     model_locals = set().union(*assigned, *(_assigned(_parse(s)) for s in inputs))
-    owner = [next((p for p in scope if p in classes), None) for scope in scopes]
-    order = _hoist(owner, scopes, assigned, reads)
-    body = [body[i] for i in order]
-    trees, assigned, reads = [trees[i] for i in order], [assigned[i] for i in order], [reads[i] for i in order]
-    owner, scopes = [owner[i] for i in order], [scopes[i] for i in order]
-
-    instances = []
-    for path in dict.fromkeys(p for p in owner if p is not None):
-        indices = [i for i, p in enumerate(owner) if p == path]
-        later = set().union(*reads[indices[-1] + 1:], outputs.values())
-        inst = Instance(path, classes[path], _identifier(path), indices)
-        inst.subpaths = frozenset(p[len(path) + 1:] for i in indices for p in scopes[i] if p.startswith(path + "."))
-        if _template(inst, [trees[i] for i in indices], [body[i][1] for i in indices], model_locals, later, taken):
-            instances.append(inst)
+    given = body, scopes, trees, assigned, reads
+    excluded: set = set()
+    while True:
+        classes = _classes(scopes, module, excluded)
+        body, scopes, trees, assigned, reads, instances = _instances(*given, classes, model_locals, outputs, taken)
+        # A class most of whose instances differ in structure (DenseNet's dense blocks of 6, 12,
+        # 24 and 16 layers) is no block: its instances stay inline, and a repeated class inside
+        # them (the dense layer) may be the outermost one instead.
+        variants: dict = {}
+        for inst in instances:
+            variants.setdefault(inst.cls, set()).add(inst.key)
+        count = {cls: sum(inst.cls is cls for inst in instances) for cls in variants}
+        scattered = {cls for cls, keys in variants.items() if len(keys) > max(2, count[cls] // 2)}
+        if not scattered:
+            break
+        excluded |= scattered
     functions, calls = _functions(instances, model_locals | set(taken), set(taken))
 
     renames, main = {}, []
@@ -94,8 +95,8 @@ def structure(body, scopes, module, outputs: dict, inputs, taken) -> tuple:
     for i, (text, comment) in enumerate(body):
         if i in first:
             inst = first[i]
-            result, fname, given = calls[inst.path]
-            args = [renames.get(e, e) for e in inst.externals] + given
+            result, fname, keywords = calls[inst.path]
+            args = [_argument(e, renames) for e in inst.externals] + keywords
             main.append((f"{result} = {fname}({', '.join(args)})", None))
             if len(inst.outputs) == 1 and result != inst.outputs[0][0]:
                 renames[inst.outputs[0][0]] = result
@@ -109,10 +110,27 @@ def structure(body, scopes, module, outputs: dict, inputs, taken) -> tuple:
 # -- which statements ----------------------------------------------------------------------
 
 
-def _classes(scopes, module) -> dict:
+def _instances(body, scopes, trees, assigned, reads, classes, model_locals, outputs, taken) -> tuple:
+    """The statements (hoisted: see _hoist) and their instances of the repeated `classes`."""
+    owner = [next((p for p in scope if p in classes), None) for scope in scopes]
+    order = _hoist(owner, scopes, assigned, reads)
+    body, trees, assigned, reads = ([x[i] for i in order] for x in (body, trees, assigned, reads))
+    owner, scopes = [owner[i] for i in order], [scopes[i] for i in order]
+    instances = []
+    for path in dict.fromkeys(p for p in owner if p is not None):
+        indices = [i for i, p in enumerate(owner) if p == path]
+        later = set().union(*reads[indices[-1] + 1:], outputs.values())
+        inst = Instance(path, classes[path], _identifier(path), indices)
+        inst.subpaths = frozenset(p[len(path) + 1:] for i in indices for p in scopes[i] if p.startswith(path + "."))
+        if _template(inst, [trees[i] for i in indices], [body[i][1] for i in indices], model_locals, later, taken):
+            instances.append(inst)
+    return body, scopes, trees, assigned, reads, instances
+
+
+def _classes(scopes, module, excluded=()) -> dict:
     """{module path: class} of the instances of repeated classes: classes defined outside
     torch.nn (a torch.nn module is one layer call; Sequential and ModuleList are containers)
-    with two instances or more that wrote statements."""
+    and not `excluded`, with two instances or more that wrote statements."""
     seen: dict = {}
     for scope in scopes:
         for path in scope:
@@ -123,7 +141,7 @@ def _classes(scopes, module) -> dict:
                     seen[path] = None
     count: dict = {}
     for path, cls in seen.items():
-        if cls is not None and not cls.__module__.startswith("torch.nn"):
+        if cls is not None and not cls.__module__.startswith("torch.nn") and cls not in excluded:
             count[cls] = count.get(cls, 0) + 1
     return {path: cls for path, cls in seen.items() if count.get(cls, 0) >= 2}
 
@@ -207,6 +225,14 @@ class _Template:
                 return ast.Call(ast.Name("__prefixed", ast.Load()), [ast.Constant(value[len(self.prefix):])], [])
             self.slots.append((node, ctx, self.target, default))
             return ast.Name(f"__slot{len(self.slots) - 1}", ast.Load())
+        if isinstance(node, (ast.List, ast.Tuple)) and node.elts and all(
+                isinstance(e, ast.Name) and e.id in self.model_locals and e.id not in self.local for e in node.elts):
+            # A list of outside values (DenseNet's concatenation of the features so far, longer
+            # in each layer) is one argument, so that the instances share a template.
+            names = tuple(e.id for e in node.elts)
+            if names not in self.externals:
+                self.externals.append(names)
+            return ast.Name(f"__ext{self.externals.index(names)}", ast.Load())
         if isinstance(node, ast.Name):
             if node.id in self.local:
                 return ast.Name(self.local[node.id], type(node.ctx)())
@@ -298,7 +324,8 @@ def _functions(instances, taken, top) -> tuple:
         ext_names = []
         for k in range(len(first.externals)):
             same = len(insts) > 1 and all(inst.externals[k] == first.externals[k] for inst in insts)
-            ext_names.append(_free(first.externals[k] if same else "x", used))
+            listed = isinstance(first.externals[k], tuple)
+            ext_names.append(_free("inputs" if listed else first.externals[k] if same else "x", used))
         args: dict = {}  # argument name -> (the DSL parameter it fills, its values instance by instance)
         slot_code = {}
         for j, (node, ctx, target, default) in enumerate(first.slots):
@@ -318,7 +345,7 @@ def _functions(instances, taken, top) -> tuple:
         params = ", ".join([*ext_names, *args, "name"])
         lines = [f"def {fname}({params}):",
                  f'    """{_origin(cls)}{f" with {what}" if what else ""}, one call per instance.', "",
-                 f'    `name`: the instance\'s module path as a name prefix ({first.path} -> "{first.prefix}")."""']
+                 f'    `name`: the instance\'s module path as the prefix of its names{_example(first)}."""']
         for stmt, comment in zip(stmts, first.comments):
             lines += [f"    # {c}" for c in (comment.split("\n") if comment else ())]
             lines.append(f"    {ast.unparse(stmt)}")
@@ -355,6 +382,17 @@ def _alike(values) -> tuple:
     return tuple(repr(v) for v in values)
 
 
+def _example(inst) -> str:
+    return f' ({inst.path} -> "{inst.prefix}")' if len(inst.path) + len(inst.prefix) <= 24 else ""
+
+
+def _argument(external, renames) -> str:
+    """A tensor argument of a call: a variable, or a list of them."""
+    if isinstance(external, tuple):
+        return f"[{', '.join(renames.get(e, e) for e in external)}]"
+    return renames.get(external, external)
+
+
 def _free(base, used) -> str:
     name, k = base, 1
     while name in used:
@@ -374,17 +412,19 @@ def _variant_names(variants, taken) -> dict:
         by_class.setdefault(cls, []).append(key)
     names, used = {}, set(taken)
     for cls, keys in by_class.items():
-        base = _snake(cls.__name__)
+        base = _snake(cls.__name__).lstrip("_") or "block"
         sets = [frozenset().union(*(i.subpaths for i in variants[cls, k])) for k in keys]
         common = frozenset.intersection(*sets)
         sums = [_sums_input(variants[cls, k][0]) for k in keys]
-        for key, paths, adds in zip(keys, sets, sums):
-            extra = sorted(p for p in paths - common if not any(p.startswith(q + ".") for q in paths - common))
+        extras = [sorted(p for p in paths - common if not any(p.startswith(q + ".") for q in paths - common))
+                  for paths in sets]
+        told = len(keys) > 1 and any(1 <= len(extra) <= 2 for extra in extras)  # by their submodules
+        for key, extra, adds in zip(keys, extras, sums):
             word, what = "", ""
-            if len(keys) > 1 and 1 <= len(extra) <= 2:
+            if told and 1 <= len(extra) <= 2:
                 word = "_".join(_identifier(p) for p in extra)
                 what = " and ".join(f"`{p}`" for p in extra)
-            elif len(keys) > 1 and adds and not all(sums):
+            elif len(keys) > 1 and not told and adds and not all(sums):
                 word = "shortcut" if "residual" in base else "residual"
                 what = "the sum with its input"
             names[cls, key] = (_free(f"{base}_{word}" if word else base, used), what)
