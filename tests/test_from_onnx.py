@@ -305,6 +305,31 @@ def test_integer_arithmetic_read_otherwise_is_an_error():
     text = _one_line(e)
     assert text.startswith("ONNX Mul node '/Mul' (opset ") and "computed from the inputs' sizes and integer" in text
 
+    class Hashed(nn.Module):  # embedding ids computed from the ids' values: neither an arange nor one id
+        def __init__(self):
+            super().__init__()
+            self.table = nn.Embedding(5, 4)
+
+        def forward(self, ids):
+            return self.table(ids % 5)
+
+    data = _export(Hashed(), (torch.zeros(2, 3, dtype=torch.int64),), ["ids"])
+    with pytest.raises(DeepgenError) as e:
+        from_onnx(onnx.load_from_string(data))
+    text = _one_line(e)
+    assert text.startswith("ONNX Gather node '/table/Gather' (opset ") and "no arange or single id" in text
+
+    class OldMask(nn.Module):  # (1 - mask) * -10000 added to scores: not an additive 0 / -inf mask
+        def forward(self, x, mask):
+            scores = x @ x.transpose(1, 2)
+            return torch.softmax(scores + (1.0 - mask[:, None, :].float()) * -10000.0, -1)
+
+    data = _export(OldMask(), (torch.randn(2, 5, 4), torch.ones(2, 5, dtype=torch.int64)), ["x", "mask"])
+    with pytest.raises(DeepgenError) as e:
+        from_onnx(onnx.load_from_string(data))
+    text = _one_line(e)
+    assert text.startswith("ONNX Add node '/Add' (opset ") and "not an additive mask (0 / -inf)" in text
+
 
 def test_torchvision_swin_t(tmp_path):
     """Swin's window attention as the TorchScript exporter writes it: Pad by non-zero amounts to
