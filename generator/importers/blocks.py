@@ -5,17 +5,19 @@ path it came from (`Emitter.scopes`). Here the statements of each instance of a
 repeated class (ResNet's Bottleneck, BERT's layer) are made one function, written
 as a person writes `basic_block` in examples/resnet18.py:
 
-    def bottleneck(x, out_channels, stride, name):
+    def bottleneck(x, out_channels, conv3_out_channels, name):
         conv1 = dg.conv2d_layer(x, out_channels, (1, 1), bias=False, name=f"{name}_conv1")
         ...
-    layer1_1 = bottleneck(layer1_0, out_channels=64, stride=(1, 1), name="layer1_1")
+    layer1_1 = bottleneck(layer1_0, out_channels=64, conv3_out_channels=256, name="layer1_1")
 
 Parameter and layer names are the same strings as before (`f"{name}_conv1"` with
 name="layer1_1" is "layer1_1_conv1"), so the weights and their state_dict keys do
 not change. Each instance is made a template: its variables renamed without the
 instance's prefix, the values it reads from outside numbered (the function's
 tensor arguments), strings starting with the prefix marked, and every other
-number, string or tuple of them a slot. Instances whose templates are equal share
+number, string or tuple of them a slot (a default the converter left out is written
+first, so that stride 1 and stride 2 are one template; a list of outside values, as
+DenseNet concatenates, is one argument). Instances whose templates are equal share
 a function; slots that differ between them (channels, stride) become its
 arguments, named after the DSL parameter they fill.
 
@@ -26,7 +28,8 @@ function stays straight-line code that reads like the module's forward for that
 case, and an `if` would have to merge statements whose operands differ (the sum
 reads the downsample's output or the block's input). Only the outermost repeated
 class is a function; repeated classes inside it (BERT's attention inside its
-layer) stay inline there. Classes used once stay inline.
+layer) stay inline there. Classes used once stay inline, and so do the instances of
+a class most of whose instances differ in structure (DenseNet's dense blocks).
 """
 
 from __future__ import annotations
@@ -53,7 +56,7 @@ class Instance:
     indices: list
     stmts: list = field(default_factory=list)  # templated ast statements
     comments: list = field(default_factory=list)
-    slots: list = field(default_factory=list)  # (literal ast node, context name, statement's variable)
+    slots: list = field(default_factory=list)  # (literal node, DSL parameter, statement's variable, default)
     externals: list = field(default_factory=list)  # the outside variables it reads, in order
     outputs: list = field(default_factory=list)  # (variable, canonical name) read after it
     subpaths: frozenset = frozenset()  # the paths of its submodules that wrote statements
@@ -75,7 +78,9 @@ def structure(body, scopes, module, outputs: dict, inputs, taken) -> tuple:
     excluded: set = set()
     while True:
         classes = _classes(scopes, module, excluded)
-        body, scopes, trees, assigned, reads, instances = _instances(*given, classes, model_locals, outputs, taken)
+        body, scopes, trees, assigned, reads, instances = _instances(
+            *given, classes, model_locals, outputs, taken
+        )
         # A class most of whose instances differ in structure (DenseNet's dense blocks of 6, 12,
         # 24 and 16 layers) is no block: its instances stay inline, and a repeated class inside
         # them (the dense layer) may be the outermost one instead.
@@ -87,7 +92,9 @@ def structure(body, scopes, module, outputs: dict, inputs, taken) -> tuple:
         if not scattered:
             break
         excluded |= scattered
-    functions, calls = _functions(instances, model_locals | set(taken), set(taken))
+    from .block_functions import argument, functions as write_functions
+
+    functions, calls = write_functions(instances, model_locals | set(taken), set(taken))
 
     renames, main = {}, []
     first = {inst.indices[0]: inst for inst in instances}
@@ -96,7 +103,7 @@ def structure(body, scopes, module, outputs: dict, inputs, taken) -> tuple:
         if i in first:
             inst = first[i]
             result, fname, keywords = calls[inst.path]
-            args = [_argument(e, renames) for e in inst.externals] + keywords
+            args = [argument(e, renames) for e in inst.externals] + keywords
             main.append((f"{result} = {fname}({', '.join(args)})", None))
             if len(inst.outputs) == 1 and result != inst.outputs[0][0]:
                 renames[inst.outputs[0][0]] = result
@@ -119,10 +126,14 @@ def _instances(body, scopes, trees, assigned, reads, classes, model_locals, outp
     instances = []
     for path in dict.fromkeys(p for p in owner if p is not None):
         indices = [i for i, p in enumerate(owner) if p == path]
-        later = set().union(*reads[indices[-1] + 1:], outputs.values())
+        later = set().union(*reads[indices[-1] + 1 :], outputs.values())
         inst = Instance(path, classes[path], _identifier(path), indices)
-        inst.subpaths = frozenset(p[len(path) + 1:] for i in indices for p in scopes[i] if p.startswith(path + "."))
-        if _template(inst, [trees[i] for i in indices], [body[i][1] for i in indices], model_locals, later, taken):
+        inst.subpaths = frozenset(
+            p[len(path) + 1 :] for i in indices for p in scopes[i] if p.startswith(path + ".")
+        )
+        if _template(
+            inst, [trees[i] for i in indices], [body[i][1] for i in indices], model_locals, later, taken
+        ):
             instances.append(inst)
     return body, scopes, trees, assigned, reads, instances
 
@@ -194,7 +205,7 @@ class _Template:
         # second call of `relu`): they are named first, the fx node names (`add_3`) after.
         for name in sorted(dict.fromkeys(targets), key=lambda n: not n.startswith(prefix + "_")):
             own = name.startswith(prefix + "_")
-            base = name[len(prefix) + 1:] if own else re.sub(r"_\d+$", "", name)
+            base = name[len(prefix) + 1 :] if own else re.sub(r"_\d+$", "", name)
             if not base.isidentifier() or keyword.iskeyword(base):
                 base = f"t_{base}" if base else "out"
             if base in avoid or problem_with(base):
@@ -222,11 +233,19 @@ class _Template:
         if literal is not None:
             value = literal[0]
             if isinstance(value, str) and (value == self.prefix or value.startswith(self.prefix + "_")):
-                return ast.Call(ast.Name("__prefixed", ast.Load()), [ast.Constant(value[len(self.prefix):])], [])
+                return ast.Call(
+                    ast.Name("__prefixed", ast.Load()), [ast.Constant(value[len(self.prefix) :])], []
+                )
             self.slots.append((node, ctx, self.target, default))
             return ast.Name(f"__slot{len(self.slots) - 1}", ast.Load())
-        if isinstance(node, (ast.List, ast.Tuple)) and node.elts and all(
-                isinstance(e, ast.Name) and e.id in self.model_locals and e.id not in self.local for e in node.elts):
+        if (
+            isinstance(node, (ast.List, ast.Tuple))
+            and node.elts
+            and all(
+                isinstance(e, ast.Name) and e.id in self.model_locals and e.id not in self.local
+                for e in node.elts
+            )
+        ):
             # A list of outside values (DenseNet's concatenation of the features so far, longer
             # in each layer) is one argument, so that the instances share a template.
             names = tuple(e.id for e in node.elts)
@@ -243,13 +262,18 @@ class _Template:
             return node
         if isinstance(node, ast.Call):
             params = _parameters(node.func)
-            node.args = [self.expr(a, params[i][0] if i < len(params) else ctx) for i, a in enumerate(node.args)]
+            node.args = [
+                self.expr(a, params[i][0] if i < len(params) else ctx) for i, a in enumerate(node.args)
+            ]
             # A default the converter left out is written as a keyword here, so that an
             # instance with stride 1 (left out) and one with stride 2 share one template;
             # the keyword is left out again where every instance has the default.
-            given = {kw.arg for kw in node.keywords} | {p for p, _ in params[:len(node.args)]}
-            node.keywords += [ast.keyword(p, ast.Constant(d) if not isinstance(d, tuple) else _tuple(d))
-                              for p, d in params[len(node.args):] if p not in given and _plain(d)]
+            given = {kw.arg for kw in node.keywords} | {p for p, _ in params[: len(node.args)]}
+            node.keywords += [
+                ast.keyword(p, ast.Constant(d) if not isinstance(d, tuple) else _tuple(d))
+                for p, d in params[len(node.args) :]
+                if p not in given and _plain(d)
+            ]
             rank = {p: k for k, (p, _) in enumerate(params)}
             node.keywords.sort(key=lambda kw: rank.get(kw.arg, len(rank)))
             defaults = {p: repr(d) for p, d in params if _plain(d)}
@@ -295,7 +319,9 @@ def _dg_parameters(fn: str) -> tuple:
         parameters = inspect.signature(getattr(dg, fn)).parameters.values()
     except (AttributeError, TypeError, ValueError):
         return ()
-    return tuple((p.name, p.default) for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+    return tuple(
+        (p.name, p.default) for p in parameters if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
+    )
 
 
 def _parameters(func) -> tuple:
@@ -303,168 +329,6 @@ def _parameters(func) -> tuple:
     if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name) and func.value.id == "dg":
         return _dg_parameters(func.attr)
     return ()
-
-
-# -- functions ------------------------------------------------------------------------------
-
-
-def _functions(instances, taken, top) -> tuple:
-    """(function texts, {path: (result variable(s), function name, the call's keyword arguments)});
-    `taken`: the names of the model function and the file's top level, `top`: the latter."""
-    variants: dict = {}  # (class, key) -> instances
-    for inst in instances:
-        variants.setdefault((inst.cls, inst.key), []).append(inst)
-    names = _variant_names(variants, taken)
-    texts, calls = [], {}
-    results = set(names.values())
-    for (cls, _), insts in variants.items():
-        fname, what = names[cls, insts[0].key]
-        first = insts[0]
-        used = set(first.names) | {"name", "dg"} | set(top)
-        ext_names = []
-        for k in range(len(first.externals)):
-            same = len(insts) > 1 and all(inst.externals[k] == first.externals[k] for inst in insts)
-            listed = isinstance(first.externals[k], tuple)
-            ext_names.append(_free("inputs" if listed else first.externals[k] if same else "x", used))
-        args: dict = {}  # argument name -> (the DSL parameter it fills, its values instance by instance)
-        slot_code = {}
-        for j, (node, ctx, target, default) in enumerate(first.slots):
-            values = _alike([ast.literal_eval(inst.slots[j][0]) for inst in insts])
-            if len(set(values)) == 1:
-                # (None: a keyword whose value is the DSL's default in every instance, left out)
-                slot_code[j] = None if values[0] == default else copy.deepcopy(node)
-                continue
-            # One argument per DSL parameter and values: conv1's and conv2's channels are
-            # `out_channels`, conv3's (other values) `conv3_out_channels`.
-            name = next((a for a, (c, v) in args.items() if c == ctx and v == values), None)
-            if name is None:
-                name = _free(ctx if ctx.isidentifier() and ctx not in args else f"{target}_{ctx}", used)
-                args[name] = (ctx, values)
-            slot_code[j] = ast.Name(name, ast.Load())
-        stmts = [_Fill(ext_names, slot_code).visit(copy.deepcopy(s)) for s in first.stmts]
-        params = ", ".join([*ext_names, *args, "name"])
-        lines = [f"def {fname}({params}):",
-                 f'    """{_origin(cls)}{f" with {what}" if what else ""}, one call per instance.', "",
-                 f'    `name`: the instance\'s module path as the prefix of its names{_example(first)}."""']
-        for stmt, comment in zip(stmts, first.comments):
-            lines += [f"    # {c}" for c in (comment.split("\n") if comment else ())]
-            lines.append(f"    {ast.unparse(stmt)}")
-        lines.append(f"    return {', '.join(c for _, c in first.outputs)}")
-        texts.append("\n".join(lines))
-        for i, inst in enumerate(insts):
-            given = [f"{a}={values[i]}" for a, (_, values) in args.items()] + [f'name="{inst.prefix}"']
-            single = len(inst.outputs) == 1
-            result = inst.prefix if single and inst.prefix not in taken and inst.prefix not in results else \
-                ", ".join(v for v, _ in inst.outputs)
-            results.add(result)
-            calls[inst.path] = (result, fname, given)
-    return texts, calls
-
-
-def _origin(cls) -> str:
-    """`BasicBlock (resnet.py:59)`: the class and where it is defined, as statements cite lines."""
-    import os
-
-    try:
-        _, line = inspect.getsourcelines(cls)
-        return f"{cls.__qualname__} ({os.path.basename(inspect.getsourcefile(cls))}:{line})"
-    except (OSError, TypeError):
-        return f"{cls.__module__}.{cls.__qualname__}"
-
-
-def _alike(values) -> tuple:
-    """The values' reprs, an int written as a tuple where another instance has a tuple
-    (`stride=1` beside `stride=(2, 2)` is `(1, 1)`)."""
-    sizes = {len(v) for v in values if isinstance(v, tuple)}
-    if len(sizes) == 1:
-        size = sizes.pop()
-        values = [(v,) * size if isinstance(v, int) else v for v in values]
-    return tuple(repr(v) for v in values)
-
-
-def _example(inst) -> str:
-    return f' ({inst.path} -> "{inst.prefix}")' if len(inst.path) + len(inst.prefix) <= 24 else ""
-
-
-def _argument(external, renames) -> str:
-    """A tensor argument of a call: a variable, or a list of them."""
-    if isinstance(external, tuple):
-        return f"[{', '.join(renames.get(e, e) for e in external)}]"
-    return renames.get(external, external)
-
-
-def _free(base, used) -> str:
-    name, k = base, 1
-    while name in used:
-        name, k = f"{base}_{k}", k + 1
-    used.add(name)
-    return name
-
-
-def _variant_names(variants, taken) -> dict:
-    """{(class, key): (function name, what its instances have)}: the class in snake case;
-    where a class has several structures, the ones with submodules the others lack are
-    named after them (`bottleneck_downsample`), else the ones whose last statement reads
-    the block's input, where the others' does not, `_residual` (`_shortcut` where the class
-    says residual already); the rest are numbered in order of first use."""
-    by_class: dict = {}
-    for cls, key in variants:
-        by_class.setdefault(cls, []).append(key)
-    names, used = {}, set(taken)
-    for cls, keys in by_class.items():
-        base = _snake(cls.__name__).lstrip("_") or "block"
-        sets = [frozenset().union(*(i.subpaths for i in variants[cls, k])) for k in keys]
-        common = frozenset.intersection(*sets)
-        sums = [_sums_input(variants[cls, k][0]) for k in keys]
-        extras = [sorted(p for p in paths - common if not any(p.startswith(q + ".") for q in paths - common))
-                  for paths in sets]
-        told = len(keys) > 1 and any(1 <= len(extra) <= 2 for extra in extras)  # by their submodules
-        for key, extra, adds in zip(keys, extras, sums):
-            word, what = "", ""
-            if told and 1 <= len(extra) <= 2:
-                word = "_".join(_identifier(p) for p in extra)
-                what = " and ".join(f"`{p}`" for p in extra)
-            elif len(keys) > 1 and not told and adds and not all(sums):
-                word = "shortcut" if "residual" in base else "residual"
-                what = "the sum with its input"
-            names[cls, key] = (_free(f"{base}_{word}" if word else base, used), what)
-    return names
-
-
-def _sums_input(inst) -> bool:
-    """The instance's last statement reads its first input (a residual sum)."""
-    return "__ext0" in _reads(inst.stmts[-1])
-
-
-class _Fill(ast.NodeTransformer):
-    """A template's placeholders as the function's names, literals and f-strings."""
-
-    def __init__(self, ext_names, slot_code):
-        self.ext_names, self.slot_code = ext_names, slot_code
-
-    def visit_keyword(self, node):
-        value = node.value
-        if isinstance(value, ast.Name) and value.id.startswith("__slot") and self.slot_code[int(value.id[6:])] is None:
-            return None
-        self.generic_visit(node)
-        return node
-
-    def visit_Name(self, node):
-        if node.id.startswith("__ext"):
-            return ast.Name(self.ext_names[int(node.id[5:])], ast.Load())
-        if node.id.startswith("__slot"):
-            return copy.deepcopy(self.slot_code[int(node.id[6:])])
-        return node
-
-    def visit_Call(self, node):
-        if isinstance(node.func, ast.Name) and node.func.id == "__prefixed":
-            rest = node.args[0].value
-            name = ast.Name("name", ast.Load())
-            if not rest:
-                return name
-            return ast.JoinedStr([ast.FormattedValue(name, -1, None), ast.Constant(rest)])
-        self.generic_visit(node)
-        return node
 
 
 class _Rename(ast.NodeTransformer):
