@@ -65,9 +65,9 @@ def _attrs_to(node):
 # -- running the derived sub-graph ------------------------------------------------------------
 
 
-def evaluate(imp, names, probe: dict) -> list:
-    """The values of the derived ONNX values `names` when the inputs are `probe` ({ONNX input
-    name: array}); the constants they read with the probe's sizes."""
+def evaluate(imp, node, names, probe: dict) -> list:
+    """The values of the derived ONNX values `names` (read by `node`) when the inputs are
+    `probe` ({ONNX input name: array}); the constants they read with the probe's sizes."""
     from onnx import helper
 
     dims = _bind(imp, probe)
@@ -82,14 +82,14 @@ def evaluate(imp, names, probe: dict) -> list:
             feeds[name] = _concrete(value.value, dims)
         elif name in probe:
             feeds[name] = probe[name]
-        elif isinstance(value, Var) and value.tensor.dtype == "float32":
-            raise imp.fail(imp.producer[name], f"its value is read by integer / boolean arithmetic that deepgen reads "
-                                               f"only as an attention mask or position ids ({name!r})")
+        elif name not in imp.producer or isinstance(value, Var) and value.tensor.dtype == "float32":
+            raise imp.fail(node, f"it reads {name!r} through integer / boolean arithmetic, which deepgen reads only as "
+                                 "an attention mask or position ids")
         else:
-            node = imp.producer[name]
-            if id(node) not in {id(n) for n in nodes}:
-                nodes.append(node)
-                todo += list(node.input)
+            producer = imp.producer[name]
+            if id(producer) not in {id(n) for n in nodes}:
+                nodes.append(producer)
+                todo += list(producer.input)
     order = {id(n): i for i, n in enumerate(imp.graph.node)}
     nodes.sort(key=lambda n: order[id(n)])
     graph = helper.make_graph(
@@ -103,7 +103,7 @@ def evaluate(imp, names, probe: dict) -> list:
         return [np.asarray(r) for r in ReferenceEvaluator(model).run(list(names), feeds)]
     except Exception as e:
         first = str(e).strip().splitlines()[0][:160] if str(e).strip() else type(e).__name__
-        raise imp.fail(imp.producer[names[0]], f"running the integer arithmetic it reads failed: {first}") from None
+        raise imp.fail(node, f"running the integer arithmetic it reads failed: {first}") from None
 
 
 def _bind(imp, probe) -> dict:
@@ -183,15 +183,15 @@ def _kept(imp, node, value):
                          "deepgen reads such values only as attention masks")
 
 
-def additive_mask(imp, node, derived: Derived, scores: Var, keep_when=True) -> Var:
-    """The Var of the mask `derived` is when added to (or, as a condition, filling) `scores`
-    [..., T, T]: key padding, causal, or both; cached per kind."""
+def additive_mask(imp, node, derived: Derived, scores: Var) -> Var:
+    """The Var of the mask `derived` is when added to `scores` [..., T, T]: key padding,
+    causal, or both; one statement per kind (imp.masks)."""
     T = scores.tensor.shape[-1]
     sources = [n for n in _int_inputs(imp) if not _is_ids(imp, n)]
     kinds = {"pad": bool(sources), "pad+causal": bool(sources), "causal": True}
     for probe, sizes in probes(imp):
-        (value,) = evaluate(imp, [derived.name], probe)
-        kept = _kept(imp, node, value) if keep_when is True else ~value.astype(bool)
+        (value,) = evaluate(imp, node, [derived.name], probe)
+        kept = _kept(imp, node, value)
         t = int(sympy.sympify(T).subs(sizes)) if not isinstance(T, int) else T
         causal = np.tril(np.ones((t, t), bool))
         full = np.broadcast_to(kept, np.broadcast_shapes(kept.shape, (1,) * (kept.ndim - 2) + (t, t)))
@@ -206,7 +206,7 @@ def additive_mask(imp, node, derived: Derived, scores: Var, keep_when=True) -> V
     if kind is None:
         raise imp.fail(node, f"the attention mask it reads ({derived.name!r}) is neither a key padding mask of "
                              f"{' or '.join(map(repr, sources)) or 'an integer input'} nor a causal one (nor both)")
-    cache = imp.__dict__.setdefault("_masks", {})
+    cache = imp.masks
     parts = []
     if "pad" in kind:
         mask = imp.env[sources[0]]
@@ -231,9 +231,8 @@ def embedding_rows(imp, node, table: Var, ids: Derived) -> Var:
     """table gathered by derived ids: an arange from `first` (position ids) or one id (token
     type 0) along the last axis, on every probe; written as a slice of the table."""
     first, kind = None, None
-    T = None
     for probe, sizes in probes(imp, 2):
-        (value,) = evaluate(imp, [ids.name], probe)
+        (value,) = evaluate(imp, node, [ids.name], probe)
         rows = value.reshape(-1, value.shape[-1]) if value.ndim else value.reshape(1, 1)
         start = int(rows.flat[0])
         first = start if first is None else first
@@ -250,17 +249,17 @@ def embedding_rows(imp, node, table: Var, ids: Derived) -> Var:
     shape = _shape_of(imp, ids, node)
     width = table.tensor.shape[1]
     if any(n for n in _int_inputs(imp) if _is_ids(imp, n) and _reads(imp, ids.name, n)):
-        imp.em.note("position ids computed from the token ids' values are taken as an arange (exact while the "
-                    "ids hold no padding id)")
+        imp.em.note(f"{ids.name}: computed from the token ids' values; taken as it is when they hold no padding id "
+                    f"({'an arange' if kind == 'arange' else 'one id'})")
     if kind == "arange":
         T = shape[-1]
-        rows = f"{table.name}[{first or ''}:{code(sympy.sympify(T) + first) if first else code(T)}]"
+        picked = f"{table.name}[{first or ''}:{code(sympy.sympify(T) + first) if first else code(T)}]"
     else:
-        rows = f"{table.name}[{first}:{first + 1}]"
+        picked = f"{table.name}[{first}:{first + 1}]"
     target = tuple(shape) + (width,)
     if kind == "arange" and all(isinstance(d, int) and d == 1 for d in target[:-2]):
-        return imp.em.assign(imp.layer(node), f"dg.reshape({rows}, {code(target)})")
-    return imp.em.assign(imp.layer(node), f"dg.expand({rows}, {code(target)})")
+        return imp.em.assign(imp.layer(node), f"dg.reshape({picked}, {code(target)})")
+    return imp.em.assign(imp.layer(node), f"dg.expand({picked}, {code(target)})")
 
 
 def _reads(imp, name, source) -> bool:
@@ -282,7 +281,7 @@ def _shape_of(imp, ids: Derived, node) -> tuple:
     shapes = []
     settings = probes(imp, 2)
     for probe, sizes in settings:
-        (value,) = evaluate(imp, [ids.name], probe)
+        (value,) = evaluate(imp, node, [ids.name], probe)
         shapes.append((value.shape, sizes))
     (a, sa), (b, sb) = shapes
     if len(a) != len(b):

@@ -175,6 +175,7 @@ class OnnxImporter:
         self.static_batch: dict = {}  # the batch symbol -> the size the file fixed axis 0 to
         self.absorbed: set[int] = set()  # id(node) of nodes another node's statement computes
         self.fused: dict[int, object] = {}  # id(node) -> what a pattern makes of it (see onnx_ops.plan)
+        self.masks: dict = {}  # the attention masks written so far, by kind (onnx_derived.additive_mask)
         self.initializers = {t.name: t for t in self.graph.initializer}
         self.producer = {o: n for n in self.graph.node for o in n.output if o}
         self.consumers: dict[str, list] = {}
