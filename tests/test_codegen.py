@@ -182,11 +182,13 @@ def test_ir_prints_a_recursions_level_loops(capsys):
 def test_sigmoid_prints_as_one_function_where_its_tanh_is_not_shared():
     """The ops write sigmoid as (1 + tanh(x/2)) / 2; the CPU printer folds each such sum into
     dg::math::sigmoid_f (an identity: checked numerically), unless the tanh is read elsewhere too,
-    and serves sigmoid(v) and sigmoid(-v) with one evaluation. CUDA prints the tanh form."""
+    and serves sigmoid(v) and sigmoid(-v) with one evaluation; the sigmoid's derivative
+    (1 - tanh(x/2)^2) / 4 reads s (1 - s), with 1 - s evaluated as sigmoid(-x) (no
+    cancellation). CUDA prints the same calls."""
     import sympy
 
     from generator.codegen.cuda_printer import CudaPrinter
-    from generator.codegen.printer import FloatPrinter, Sigmoid
+    from generator.codegen.printer import FloatPrinter, Product, Sigmoid
 
     x, c, n, h = sympy.symbols("x c n h", real=True)
     t = sympy.tanh(x / 2)
@@ -199,15 +201,19 @@ def test_sigmoid_prints_as_one_function_where_its_tanh_is_not_shared():
         z + c: (1, 0),  # a sum of three terms (sympy flattens sigmoid(x) + c)
         sympy.Max(x, (1 + sympy.tanh(1)) / 2): (0, 1),  # a tanh of a number: left alone
         z + t**2: (0, 1),  # the tanh is read outside the sum: kept (one call, shared)
-        (1 - t**2) / 4: (0, 2),  # (a square prints as a product of two calls: one for the compiler)
+        (1 - t**2) / 4: (2, 0),  # the sigmoid's derivative: s * (1 - s), 1 - s as sigmoid(-x)
+        z * c + (1 - t**2) / 4: (2, 0),  # a sigmoid and its derivative: s shared
+        1 - sympy.tanh(x) ** 2: (0, 1),  # a tanh's derivative: 1 - t * t, one call
     }
     for expr, (sigmoids, tanhs) in cases.items():
         folded = FloatPrinter.fold(expr)
         temps, (body,) = sympy.cse([folded])  # as the kernels print it: shared calls once
         text = " ; ".join(FloatPrinter({}).doprint(e) for e in [*(v for _, v in temps), body])
         assert (text.count("sigmoid_f("), text.count("tanh_f(")) == (sigmoids, tanhs), (expr, text)
-        assert "sigmoid" not in CudaPrinter({}).doprint(CudaPrinter.fold(expr))
-        plain = folded.replace(lambda e: isinstance(e, Sigmoid), lambda e: 1 / (1 + sympy.exp(-e.args[0])))
+        cuda = CudaPrinter({}).doprint(CudaPrinter.fold(expr))
+        assert cuda.count("dg::math::sigmoid_f(") == FloatPrinter({}).doprint(folded).count("sigmoid_f("), cuda
+        plain = folded.replace(lambda e: isinstance(e, Product), lambda e: sympy.Mul(*e.args))
+        plain = plain.replace(lambda e: isinstance(e, Sigmoid), lambda e: 1 / (1 + sympy.exp(-e.args[0])))
         for value in (-30.0, -3.5, -0.25, 0.0, 0.7, 12.0):
             at = {x: value, c: 1.5, n: -2.0, h: 0.75}
             assert abs(float(plain.evalf(subs=at)) - float(expr.evalf(subs=at))) < 1e-12, (expr, value)

@@ -7,9 +7,11 @@ body: the same text runs in the GPU kernel and in a host loop (the CPU
 emulation and the tests of the kernel bodies).
 
 `CudaPrinter` is `FloatPrinter` (float literals, integer powers as products,
-constants as literals, operand loads) with every function printed the plain
-C99 way, whatever the CPU printer does for speed on the host (a CPU printer may
-call vectorizable host functions that device code does not have).
+constants as literals, operand loads, and its `fold`: sigmoid as
+`dg::math::sigmoid_f`, which dg_cuda_compat.h defines for both sides) with every
+other function printed the plain C99 way, whatever the CPU printer does for speed
+on the host (a CPU printer may call vectorizable host functions that device code
+does not have).
 """
 
 from __future__ import annotations
@@ -27,12 +29,9 @@ _KEEP = ("_print_Max", "_print_Min")
 _C99 = {name: method for name, method in vars(C99CodePrinter).items()
         if name.startswith("_print_") and name not in _KEEP}
 
-# No expression rewriting (sigmoid stays (1 + tanhf(x/2)) / 2: C99 has no sigmoid).
-_PLAIN = {"fold": staticmethod(lambda expr: expr)}
-
 CudaPrinter = type(
     "CudaPrinter",
     (FloatPrinter,),
-    {**_C99, **_PLAIN, "__doc__": "Single-precision C99 math, valid in CUDA device and host code.",
+    {**_C99, "__doc__": "Single-precision C99 math, valid in CUDA device and host code.",
      "__module__": __name__},
 )

@@ -29,6 +29,13 @@ namespace math {
 // numpy reference, the CPU target and PyTorch.
 DG_HD inline float max_f(float a, float b) { return a > b ? a : b; }
 DG_HD inline float min_f(float a, float b) { return a < b ? a : b; }
+// 1 / (1 + e^-x), written with e^-|x| so that it neither overflows nor loses the
+// small values below x = -10 (as the CPU's dg_math.h): the printer's form of the
+// ops' (1 + tanh(x/2)) / 2 and of its derivative's s (1 - s).
+DG_HD inline float sigmoid_f(float x) {
+  const float t = expf(-fabsf(x));
+  return (x < 0.0F ? t : 1.0F) / (1.0F + t);
+}
 // x, or +0 where x is subnormal: the optimizers' decaying state (as the CPU's dg_math.h).
 DG_HD inline float flush_subnormal_f(float x) { return fabsf(x) < 1.17549435e-38F ? 0.0F : x; }
 
