@@ -25,18 +25,13 @@ import numpy as np
 import sympy
 
 from .emitter import Var, code
-from .onnx_import import Const
+from .onnx_common import _onnx_dtype
+from .onnx_import import Const, Derived
+
+__all__ = ["Derived", "additive_mask", "embedding_rows", "is_derived"]
 
 _PROBE_ID = 1_000_003  # an input id no exporter compares with (a padding id is small)
 _PLUMBING = ("Reshape", "Unsqueeze", "Squeeze", "Flatten", "Identity", "Transpose", "Slice", "Concat")
-
-
-class Derived:
-    """An ONNX value computed from the inputs' sizes and integer inputs only: known by its
-    values on probes (`evaluate`), never written as a statement."""
-
-    def __init__(self, name: str, node):
-        self.name, self.node = name, node
 
 
 def is_derived(imp, node, ins) -> bool:
@@ -52,8 +47,6 @@ def is_derived(imp, node, ins) -> bool:
     if not ints or node.op_type in _PLUMBING:
         return False
     if node.op_type == "Cast":
-        from .onnx_common import _onnx_dtype
-
         return _onnx_dtype(_attrs_to(node)) not in (np.int64, np.int32)
     return True
 

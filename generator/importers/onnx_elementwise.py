@@ -6,7 +6,7 @@ import numpy as np
 
 from ..errors import DeepgenError
 from .emitter import Var
-from .onnx_derived import Derived
+from .onnx_derived import Derived, additive_mask
 from .onnx_import import Const, Unsupported, number
 from .onnx_common import _assign, _attrs, _entries, _onnx_dtype, _text, _x, converter
 
@@ -45,8 +45,6 @@ _BINARY = {"Add": "+", "Sub": "-", "Mul": "*", "Div": "/", "Pow": "**"}
 def binary(imp, node, ins, attrs):
     a, b = ins
     if node.op_type == "Add" and any(isinstance(v, Derived) for v in ins):  # scores + an attention mask
-        from .onnx_derived import additive_mask
-
         scores, mask = (a, b) if isinstance(b, Derived) else (b, a)
         if isinstance(scores, Var) and scores.tensor.ndim >= 2:
             mask_var = additive_mask(imp, node, mask, scores)

@@ -48,6 +48,14 @@ class Const:
         return self.value.dtype == object
 
 
+class Derived:
+    """A value computed from the inputs' sizes and integer inputs only (attention masks,
+    position ids): never a statement; known by its values on probes (onnx_derived.py)."""
+
+    def __init__(self, name: str, node):
+        self.name, self.node = name, node
+
+
 class Weights(dict):
     """{parameter name: float32 array}, and `onnx_names`: {statement or input name of the
     written file: the ONNX value it computes or is} (write_model keeps it in the .npz as
@@ -284,8 +292,6 @@ class OnnxImporter:
             return value
         if isinstance(value, Const):
             return self.param(value, node, role, layer)
-        from .onnx_derived import Derived
-
         if isinstance(value, Derived):
             raise self.fail(node, f"its {role} {value.name!r} is computed from the inputs' sizes and integer values "
                                   "(no float value of the model); deepgen reads such values only as an attention mask "

@@ -9,7 +9,7 @@ import numpy as np
 import sympy
 
 from .emitter import Var, code
-from .onnx_derived import Derived
+from .onnx_derived import Derived, embedding_rows
 from .onnx_import import Const
 from .onnx_common import _INT_MAX, _assign, _axis, _entries, _scalar, _x, converter
 
@@ -174,8 +174,6 @@ def gather(imp, node, ins, attrs):
     data, idx = ins
     axis = attrs.get("axis", 0)
     if isinstance(idx, Derived) and axis == 0:  # position ids, token types: rows of the table
-        from .onnx_derived import embedding_rows
-
         return embedding_rows(imp, node, imp.tensor(data, node, "weight"), idx)
     if isinstance(idx, Var):
         if axis != 0:
