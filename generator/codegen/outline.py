@@ -1,0 +1,536 @@
+"""Stage `outline` (after plan_memory): a function of the user's that the model calls
+more than once becomes one C++ function, called once per use.
+
+The forward statements of one call of a user's function (ResNet's `basic_block`, an
+encoder layer) come together in the plan, each group headed by the call. Calls of the
+same function whose lowered lines have the same shape, differing only in what each
+call gets (its input, its weights, its pieces of the arena, its sizes, the strings of
+its error messages), become one function: the first call's lines with those parts
+replaced by the function's parameters, and each call a line passing its own.
+
+Which parts are "per call" is read off the typed lines, never off printed C++:
+- a line's operands (`Read`/`Write`) of values made outside the call (its input,
+  its weights, the model's inputs) are always parameters, named after the user's
+  function parameter that received the value, else after the value without the call's
+  name prefix (`layer2_0_conv1_weight` -> `conv1_weight`);
+- each arena piece the call declares (`ArenaDecl`) is a pointer parameter; the caller
+  declares the pieces later code reads (the call's result, what the backward pass
+  keeps) and passes the others as `_arena.at(...)`;
+- every other leaf (a size, a string literal) that differs between the calls is a
+  parameter, one per distinct list of values; one that is the same in every call
+  stays in the body. Run-time sizes (`N`) and the mode a body reads are parameters too.
+Names the call declares lose the call's name prefix inside the function (the block's
+own names: `conv1`, `bn1_mean`, `out`). A group whose lines hold anything else (a
+recursion's level loop, a gradient's update) stays where it is, inline.
+Outlining moves code, never changes it: same operations, same order, same memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import keyword
+import re
+from dataclasses import dataclass, field
+
+from .plan import ArenaDecl, GradientDecl, Statement
+from .stmt import Alias, Call, Comment, Copy, Declare, Functor, Named, Operand, Read, Scope, Write
+
+_IDENT = re.compile(r"(?<![\w.:>])[A-Za-z_]\w*(?![\w(]|::)")
+_INT_EXPR = re.compile(r"^[\w\s+\-*/()]+$")
+_FLOAT = re.compile(r"^-?\d+(\.\d*)?(e[+-]?\d+)?f$")
+# Words a body may hold that are not values: C++ words and the runtime's.
+_CPP_WORDS = {"nullptr", "true", "false", "static_cast", "sizeof", "float", "double", "int", "const"}
+
+
+class _NotOutlined(Exception):
+    """A line outlining does not handle: the call stays inline."""
+
+
+@dataclass
+class Function:
+    """A typed line printed before `Network::_run`: the C++ function for one user's
+    function, its parameters and the first call's statements as its body."""
+
+    name: str
+    source: str  # "resnet18.py:17" where the user's function is, for the comment
+    params: list  # [(C++ type, name)]
+    body: list  # [Statement]
+
+    def __str__(self) -> str:
+        params = ", ".join(f"{t} {n}" for t, n in self.params)
+        out = [f"// {self.source}: the code of each call of `{self.name}` (the calls pass what differs).",
+               f"void {self.name}({params}) {{"]
+        for s in self.body:
+            if s.comment:
+                out += ["", f"  // {s.comment}"]
+            out += [f"  {line}" for line in s.lines]
+        out.append("}")
+        return "\n".join(out)
+
+
+@dataclass(eq=False)
+class CallLine:
+    """`basic_block(/*x=*/x, /*conv1_weight=*/layer1_0_conv1_weight.ptr(), ...);`."""
+
+    fn: str
+    args: list  # [Named]
+    at: int = -1
+
+    def __str__(self) -> str:
+        return f"{self.fn}({', '.join(str(a) for a in self.args)});"
+
+
+@dataclass
+class _Leaf:
+    kind: str  # "ext" operand from outside, "arena" piece, "text" leaf
+    payload: object  # the Operand, the ArenaDecl, or the (renamed) text
+    slot: str = ""  # where it sits, for names: the Named label or the local value name
+
+
+@dataclass
+class _Instance:
+    statements: list
+    loc: object  # the Loc of a node of the call (call_id, call_args, call_text)
+    renames: dict = field(default_factory=dict)  # declared name -> local name
+    leaves: list = field(default_factory=list)
+    shape: list = field(default_factory=list)  # the structure: what must be equal between calls
+
+
+def outline(plan, graph=None):
+    """Replace repeated calls' forward statements by calls of one function each
+    (`graph`'s name table gives the names the user asked for: `out`, not `out_1`)."""
+    bases = graph.names.bases if graph is not None else {}
+    instances = _instances(plan.statements)
+    taken = _taken_names(plan)
+    groups: dict = {}
+    for inst in instances:
+        try:
+            _read_instance(inst, bases)
+        except _NotOutlined:
+            continue
+        key = (inst.loc.filename, _function_name(inst.loc), tuple(map(repr, inst.shape)))
+        groups.setdefault(key, []).append(inst)
+    later_reads = _reads_after(plan)
+    replaced = {}
+    names = _variant_names(groups)
+    for key, group in groups.items():
+        if len(group) < 2:
+            continue
+        try:
+            function, calls = _make_function(group, plan, _fresh(names[key], taken), later_reads)
+        except _NotOutlined:
+            continue
+        taken.add(function.name)
+        plan.functions.append(function)
+        for inst, call_statement in zip(group, calls):
+            replaced[id(inst.statements[0])] = (inst, call_statement)
+    if replaced:
+        out, skip = [], set()
+        for s in plan.statements:
+            if id(s) in replaced:
+                inst, call_statement = replaced[id(s)]
+                out.append(call_statement)
+                skip.update(id(t) for t in inst.statements)
+            elif id(s) not in skip:
+                out.append(s)
+        plan.statements = out
+    return plan
+
+
+def _variant_names(groups) -> dict:
+    """A function's calls that lower to different code (a block with a shortcut branch
+    and one without) are different C++ functions: the most called one takes the user's
+    function's name, each other one says what it has that one lacks
+    (`basic_block_with_shortcut`), or lacks that it has."""
+    names, by_function = {}, {}
+    for key, group in groups.items():
+        by_function.setdefault(key[:2], []).append((key, group))
+    for variants in by_function.values():
+        main_key, main = max(variants, key=lambda kv: len(kv[1]))
+        fn = _function_name(main[0].loc)
+        base = set(main[0].renames.values())
+        for key, group in variants:
+            names[key] = fn
+            if key == main_key:
+                continue
+            own = list(group[0].renames.values())
+            extra = [n for n in own if n not in base]
+            missing = [n for n in main[0].renames.values() if n not in set(own)]
+            if extra or missing:
+                parts = (extra or missing)[0].split("_")  # shortcut_0_cols -> shortcut
+                word = "_".join(parts[: next((k for k, p in enumerate(parts) if p.isdigit()), len(parts))]) or parts[0]
+                names[key] = f"{fn}_{'with' if extra else 'without'}_{word}"
+    return names
+
+
+def _function_name(loc) -> str:
+    return loc.call_text.split("(", 1)[0] if loc.call_text else ""
+
+
+def _instances(statements) -> list:
+    """Runs of consecutive statements from one call of a user's function."""
+    out = []
+    for s in statements:
+        loc = s.call
+        if loc is None or not loc.call_text:
+            continue
+        if out and out[-1].loc.call_id == loc.call_id and out[-1].statements[-1] is _prev(statements, s):
+            out[-1].statements.append(s)
+        else:
+            out.append(_Instance([s], loc))
+    return out
+
+
+def _prev(statements, s):
+    k = statements.index(s)
+    return statements[k - 1] if k else None
+
+
+def _taken_names(plan) -> set:
+    names = {p.name for p in plan.params} | {i.name for i in plan.all_inputs} | _dim_names(plan)
+    for s in plan.statements:
+        for line in s.lines:
+            name = _declared(line)
+            if name:
+                names.add(name)
+    return names
+
+
+def _declared(line) -> str:
+    if isinstance(line, ArenaDecl):
+        return line.buffer.name
+    if isinstance(line, Declare):
+        return line.name
+    if isinstance(line, Alias):
+        return line.value.name
+    return ""
+
+
+# -- reading one call's lines ----------------------------------------------------------
+
+
+def _read_instance(inst: _Instance, bases: dict) -> None:
+    strings = [v for _, v in inst.loc.call_args if isinstance(v, str) and v.isidentifier()]
+    declared = []
+    for s in inst.statements:
+        for line in s.lines:
+            if isinstance(line, Scope):
+                declared += [name for _, name, _ in line.arrays]
+            name = _declared(line)
+            if name:
+                declared.append(name)
+    local = {}
+    for name in declared:
+        short = bases.get(name, name)
+        for prefix in strings:
+            if short.startswith(prefix + "_") and len(short) > len(prefix) + 1:
+                short = short[len(prefix) + 1 :]
+                break
+        if short[0].isdigit() or keyword.iskeyword(short):
+            short = name
+        local[name] = short
+    if len(set(local.values())) != len(local):  # two names would become one: keep them whole
+        counts = {}
+        for short in local.values():
+            counts[short] = counts.get(short, 0) + 1
+        local = {n: (s if counts[s] == 1 else n) for n, s in local.items()}
+    inst.renames = local
+    for s in inst.statements:
+        inst.shape.append(("statement", s.comment))
+        for line in s.lines:
+            _walk(line, inst)
+
+
+def _rename(text: str, renames: dict) -> str:
+    if text.startswith('"'):
+        return text
+    return _IDENT.sub(lambda m: renames.get(m.group(0), m.group(0)), text)
+
+
+def _walk(obj, inst: _Instance, slot: str = "") -> None:
+    """Record `obj`'s structure and leaves (in the order _rebuild visits them)."""
+    shape, leaves = inst.shape, inst.leaves
+    if isinstance(obj, GradientDecl):
+        raise _NotOutlined
+    if isinstance(obj, ArenaDecl):
+        local = inst.renames[obj.buffer.name]
+        shape.append(("arena", local))
+        leaves.append(_Leaf("arena", obj, local))
+    elif isinstance(obj, Operand):
+        words = set(_IDENT.findall(obj.expr))
+        if words and words <= set(inst.renames):  # data the call declares (at an offset, maybe)
+            shape.append((type(obj).__name__, "local", _rename(obj.expr, inst.renames)))
+        elif words & set(inst.renames):
+            raise _NotOutlined  # mixed: not a case lowering makes
+        else:
+            shape.append((type(obj).__name__, "ext"))
+            leaves.append(_Leaf("ext", obj, slot))
+    elif isinstance(obj, Named):
+        shape.append(("named", obj.name))
+        _walk(obj.arg, inst, obj.name)
+    elif isinstance(obj, Functor):
+        shape.append(("functor", obj.name, len(obj.members)))
+        for m in obj.members:
+            _walk(m, inst, slot)
+    elif isinstance(obj, Call):
+        shape.append(("call", obj.fn, obj.template, len(obj.args)))
+        # What the call writes names its other arguments (batch norm's label: `bn1_label`).
+        own = next((inst.renames[a.expr] for a in obj.args if isinstance(a, Write) and a.expr in inst.renames), slot)
+        for a in obj.args:
+            _walk(a, inst, slot if isinstance(a, Named) else own)
+    elif isinstance(obj, Declare):
+        shape.append(("declare", obj.type, inst.renames[obj.name], len(obj.args), obj.init is None, obj.note))
+        for a in obj.args:
+            _walk(a, inst, inst.renames[obj.name])
+        if obj.init is not None:
+            _walk(obj.init, inst, inst.renames[obj.name])
+    elif isinstance(obj, Alias):
+        shape.append(("alias", obj.ctype, inst.renames[obj.value.name], obj.shape, obj.note))
+        _walk(obj.src, inst, inst.renames[obj.value.name])
+    elif isinstance(obj, Copy):
+        shape.append(("copy", obj.fn))
+        _walk(obj.src, inst, slot)
+        _walk(obj.count, inst, "count")
+        _walk(obj.dst, inst, slot)
+    elif isinstance(obj, Comment):
+        shape.append(("comment", obj.text))
+    elif isinstance(obj, Scope):
+        shape.append(("scope", tuple((t, inst.renames[n], len(items)) for t, n, items in obj.arrays), len(obj.lines)))
+        for _, name, items in obj.arrays:
+            for item in items:
+                _walk(item, inst, inst.renames[name])
+        for line in obj.lines:
+            _walk(line, inst, slot)
+    elif obj is None:
+        shape.append(("none",))
+    elif isinstance(obj, (str, int, float)) or type(obj).__module__.startswith("sympy"):
+        text = _rename(str(obj), inst.renames)
+        shape.append(("text",))
+        leaves.append(_Leaf("text", text, slot))
+    else:
+        raise _NotOutlined  # a level loop, an update, anything else: not moved
+
+
+# -- making the function -----------------------------------------------------------------
+
+
+# The order of a function's parameters: the tensors the user passed, the weights and
+# other values from outside, sizes, labels, the arena pieces, then run-time sizes and the mode.
+_ORDER = ("argument", "outside", "size", "label", "arena", "run")
+
+
+def _make_function(group, plan, fn_name, later_reads):
+    first = group[0]
+    params = []  # [(order, C++ type, name, values across the calls)]
+    by_values: dict = {}  # (kind, values across calls) -> parameter name
+    replace = []  # per leaf of the first call: its text in the body
+    local_names = set(first.renames.values())
+    names = set(local_names)
+
+    def add_param(ctype, wanted, values, kind, order, exact=False):
+        key = (kind, tuple(values))
+        if key in by_values:
+            return by_values[key]
+        name = wanted if exact else _fresh(wanted, names)
+        names.add(name)
+        by_values[key] = name
+        params.append([_ORDER.index(order), ctype, name, values])
+        return name
+
+    hoisted = [[] for _ in group]
+    for k, leaf in enumerate(first.leaves):
+        leaves = [inst.leaves[k] for inst in group]
+        if leaf.kind == "ext":
+            op = leaf.payload
+            values = [lv.payload.expr for lv in leaves]
+            arg_names = {_argument_name(inst, lv.payload.value) for inst, lv in zip(group, leaves)}
+            given = arg_names.pop() if len(arg_names) == 1 else None
+            kind = "write" if isinstance(op, Write) else "read"
+            name = by_values.get(("write", tuple(values))) or by_values.get(("read", tuple(values)))
+            if name is None:
+                if getattr(op.value, "kind", "") == "mode":
+                    ctype = "const dg::Mode&"
+                else:
+                    ctype = f"{'' if kind == 'write' else 'const '}{_ctype(op.value)}*"
+                name = add_param(ctype, given or _strip(op.value.name, first), values, kind,
+                                 "argument" if given else "outside")
+            elif kind == "write":
+                _make_writable(params, name)
+            replace.append(name)
+        elif leaf.kind == "arena":
+            values = []
+            for j, (inst, lv) in enumerate(zip(group, leaves)):
+                decl = lv.payload
+                if decl.buffer.name in later_reads:
+                    hoisted[j].append(decl)
+                    values.append(decl.buffer.name)
+                else:
+                    values.append(decl.piece())
+            # One parameter per piece, even where two pieces are one (an in-place result).
+            replace.append(add_param("float*", leaf.slot, values, ("arena", leaf.slot), "arena", exact=True))
+        else:
+            values = [lv.payload for lv in leaves]
+            if len(set(values)) == 1:
+                replace.append(values[0])
+                continue
+            kept = {k.member for k in plan.kept}
+            if all(v in kept for v in values):  # a weight the Model keeps packed
+                replace.append(add_param("const dg::KeptPackedB&", _strip(values[0], first), values, "text", "outside"))
+                continue
+            ctype = _text_type(values)
+            label = ctype == "const char*"
+            wanted = f"{leaf.slot}_label" if label and leaf.slot else (leaf.slot or "size")
+            replace.append(add_param(ctype, wanted, values, "text", "label" if label else "size"))
+    # Free names the body reads: the run-time sizes and the mode.
+    body_text = re.sub(r'"(\\.|[^"\\])*"', " ", " ".join(str(r) for r in replace))
+    for word in sorted(set(_IDENT.findall(body_text)) - names - _CPP_WORDS):
+        if word in _dim_names(plan):
+            ctype = "const std::int64_t"
+        elif plan.mode and word == plan.mode:
+            ctype = "const dg::Mode&"
+        else:
+            raise _NotOutlined(f"reads {word}")
+        params.append([_ORDER.index("run"), ctype, word, [word] * len(group)])
+    params.sort(key=lambda p: p[0])  # stable: first use within each kind
+    body = _rebuild_body(first, replace)
+    function = Function(fn_name, first.loc.short.split(":")[0], [(t, n) for _, t, n, _ in params], body)
+    calls = []
+    for j, inst in enumerate(group):
+        head = inst.statements[0]
+        args = [Named(n, values[j]) for _, _, n, values in params]
+        lines = list(hoisted[j]) + [CallLine(fn_name, args, at=_first_at(inst))]
+        calls.append(Statement("", lines, [p for s in inst.statements for p in s.positions], head.header, head.call))
+    return function, calls
+
+
+def _argument_name(inst, value):
+    """The user's function parameter that received `value` in this call, if one did."""
+    for name, given in inst.loc.call_args:
+        if given is value:
+            return name
+    return None
+
+
+def _dim_names(plan) -> set:
+    names = {d for d, _ in plan.dims}
+    if plan.train is not None:
+        names |= {d for d, _ in plan.train.dims}
+    return names
+
+
+def _first_at(inst) -> int:
+    for s in inst.statements:
+        for line in s.lines:
+            if getattr(line, "at", -1) >= 0:
+                return line.at
+    return -1
+
+
+def _make_writable(params, name) -> None:
+    for p in params:
+        if p[2] == name and p[1].startswith("const "):
+            p[1] = p[1][len("const "):]
+
+
+def _ctype(value) -> str:
+    return {"float32": "float", "int32": "std::int32_t", "int64": "std::int64_t"}.get(getattr(value, "dtype", ""), "float")
+
+
+def _text_type(values) -> str:
+    if all(v.startswith('"') for v in values):
+        return "const char*"
+    if all(_FLOAT.match(v) for v in values):
+        return "const float"
+    if all(_INT_EXPR.match(v) for v in values):
+        return "const std::int64_t"
+    raise _NotOutlined
+
+
+def _strip(name: str, inst: _Instance) -> str:
+    for _, v in inst.loc.call_args:
+        if isinstance(v, str) and name.startswith(v + "_") and len(name) > len(v) + 1:
+            short = name[len(v) + 1 :]
+            if short.isidentifier() and not keyword.iskeyword(short):
+                return short
+    return name
+
+
+def _fresh(wanted: str, taken: set) -> str:
+    if wanted not in taken:
+        return wanted
+    k = 2
+    while f"{wanted}_{k}" in taken:
+        k += 1
+    return f"{wanted}_{k}"
+
+
+def _rebuild_body(inst: _Instance, replace: list) -> list:
+    it = iter(replace)
+    body = []
+    for s in inst.statements:
+        lines = [_rebuild(line, inst, it) for line in s.lines]
+        body.append(Statement(s.comment, [line for line in lines if line is not None]))
+    return body
+
+
+class _Name:
+    """A stand-in for a value where only its printed name matters (an Alias's)."""
+
+    def __init__(self, name):
+        self.name = name
+
+
+def _rebuild(obj, inst, it):
+    if isinstance(obj, ArenaDecl):
+        next(it)
+        return None  # a parameter of the function
+    if isinstance(obj, Operand):
+        words = set(_IDENT.findall(obj.expr))
+        if words and words <= set(inst.renames):
+            return type(obj)(obj.value, _rename(obj.expr, inst.renames))
+        return type(obj)(obj.value, next(it))
+    if isinstance(obj, Named):
+        return Named(obj.name, _rebuild(obj.arg, inst, it))
+    if isinstance(obj, Functor):
+        return Functor(obj.name, tuple(_rebuild(m, inst, it) for m in obj.members))
+    if isinstance(obj, Call):
+        return dataclasses.replace(obj, args=[_rebuild(a, inst, it) for a in obj.args])
+    if isinstance(obj, Declare):
+        args = [_rebuild(a, inst, it) for a in obj.args]
+        init = _rebuild(obj.init, inst, it) if obj.init is not None else None
+        return dataclasses.replace(obj, name=inst.renames[obj.name], args=args, init=init)
+    if isinstance(obj, Alias):
+        return dataclasses.replace(obj, value=_Name(inst.renames[obj.value.name]), src=_rebuild(obj.src, inst, it))
+    if isinstance(obj, Copy):
+        return dataclasses.replace(obj, src=_rebuild(obj.src, inst, it), count=_rebuild(obj.count, inst, it),
+                                   dst=_rebuild(obj.dst, inst, it))
+    if isinstance(obj, Comment) or obj is None:
+        return obj
+    if isinstance(obj, Scope):
+        arrays = [(t, inst.renames[n], [_rebuild(i, inst, it) for i in items]) for t, n, items in obj.arrays]
+        return dataclasses.replace(obj, arrays=arrays, lines=[_rebuild(line, inst, it) for line in obj.lines])
+    return next(it)  # a text leaf
+
+
+def _reads_after(plan) -> set:
+    """Names of arena buffers that lines outside their call read: those the caller
+    declares (the call's result, what the loss and the backward pass read)."""
+    from .stmt import operands
+
+    reads = {}
+    every = [(s, True) for s in plan.statements]
+    if plan.train is not None:
+        every += [(s, False) for s in list(plan.train.loss_statements) + list(plan.train.backward_statements)]
+    outputs = {o.data for o in plan.outputs} | {o.make for o in plan.outputs}
+    names = set()
+    for s, forward in every:
+        call = s.call.call_id if s.call is not None and forward else None  # the backward is outside every call
+        for line in s.lines:
+            for op in operands(line):
+                reads.setdefault(op.expr, set()).add(call)
+    for name, calls in reads.items():
+        if len(calls) > 1:
+            names.add(name)
+    for text in outputs:
+        names.update(_IDENT.findall(str(text)))
+    return names

@@ -1,0 +1,76 @@
+"""A function of the user's called more than once is one C++ function (codegen/outline.py).
+
+The built ResNet-18 (test_examples, test_memory, test_cuda's emulation) checks that the
+outlined code computes what the inline code did; these check the code's shape."""
+
+from __future__ import annotations
+
+import re
+
+from conftest import build_example
+from generator.frontend.loader import load_model
+from generator.pipeline import project_files
+
+BLOCKS = """\
+import generator as dg
+
+
+def block(x, scale, name):
+    w = dg.param(f"{name}_w", (3, 3))
+    h = dg.tanh(x @ w)
+    return dg.relu(h * scale + x)
+
+
+@dg.model
+def blocks(count=3):
+    x = dg.input("x", (2, 3))
+    for i in range(count):
+        x = block(x, 1.5, f"block_{i}")
+    return {"y": x @ dg.param("head", (3, 3))}
+"""
+
+
+def _model_cpp(tmp_path, source=BLOCKS, **options) -> str:
+    path = tmp_path / "blocks.py"
+    path.write_text(source)
+    return project_files(load_model(str(path)).build(**options))["src/model.cpp"].decode()
+
+
+def _run_body(text: str) -> str:
+    start = text.index("Network::_run(")
+    return text[start:]
+
+
+def test_a_function_called_in_a_loop_is_one_cpp_function_called_once_per_use(tmp_path):
+    text = _model_cpp(tmp_path)
+    assert len(re.findall(r"^void block\(", text, re.M)) == 1
+    calls = re.findall(r"^\s+block\(", _run_body(text), re.M)
+    assert len(calls) == 3
+    # Inside, the block's own names lose the call's prefix; each call passes its weight.
+    body = text[text.index("void block("): text.index("Network::_run(")]
+    assert "block_0" not in body
+    for i in range(3):
+        assert f"block_{i}_w" in _run_body(text)
+
+
+def test_one_call_stays_inline(tmp_path):
+    text = _model_cpp(tmp_path, count=1)
+    assert not re.search(r"^void block\(", text, re.M)
+
+
+def test_calls_whose_code_differs_are_variants_named_by_what_differs():
+    text = project_files(build_example("resnet18"))["src/model.cpp"].decode()
+    run = _run_body(text)
+    assert len(re.findall(r"^\s+basic_block\(", run, re.M)) == 5
+    assert len(re.findall(r"^\s+basic_block_with_shortcut\(", run, re.M)) == 3
+    for fn in ("basic_block", "basic_block_with_shortcut"):
+        start = text.index(f"\nvoid {fn}(")
+        body = text[start: text.index("\n}\n", start)]
+        assert "layer1_" not in body and "layer2_" not in body  # no call's own names inside
+        assert len(body.splitlines()) < 80
+
+
+def test_a_function_name_that_a_value_holds_is_not_taken(tmp_path):
+    source = BLOCKS.replace('dg.param("head"', 'dg.param("block"')  # a member of the Network
+    text = _model_cpp(tmp_path, source)
+    assert re.search(r"^void block_2\(", text, re.M) and not re.search(r"^void block\(", text, re.M)
