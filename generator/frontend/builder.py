@@ -18,7 +18,7 @@ from ..ir.graph import DTYPES, Graph, Node, Value
 from ..ir.names import NameTable, check_project_name, problem_with
 from ..ops import get_op
 from ..ir.shapes import MAX_PARAM_ELEMENTS, fmt_shape, norm_shape, size_problem
-from .source import Loc, assigned_names, describe_exception, error_site, in_return, user_loc
+from .source import Loc, assigned_names, describe_exception, error_site, forget_calls, in_return, user_loc
 
 _ACTIVE: list = []
 
@@ -372,6 +372,8 @@ class ModelDef:
             raise ModelError(f"{where}: {describe_exception(e)} (while building model '{name}'){text}") from e
         finally:
             _ACTIVE.pop()
+            if not _ACTIVE:
+                forget_calls()
         builder.graph.loc = self.loc
         return builder.finish(result, self.loc)
 

@@ -29,9 +29,14 @@ class Loc:
     stmt_line: int
     text: str
     # In a function of the user's called from another of theirs (a residual block
-    # built by `basic_block(x, ...)`): the line of that call, and which call it was.
+    # built by `basic_block(x, ...)`): the line of that call, which call it was (numbered
+    # in the order calls began), and the call with its arguments' values
+    # (`basic_block(x, channels=128, stride=2, name='layer2_0')`).
     call: "Loc | None" = field(default=None, compare=False)
     call_id: int = field(default=0, compare=False)
+    call_text: str = field(default="", compare=False)
+    # That call's arguments: ((parameter name, value), ...), a DSL Tensor as its IR value.
+    call_args: tuple = field(default=(), compare=False)
     # Which execution of the statement: a statement run again (a layer helper called in a
     # loop) starts a new one, so each call's code comes under a comment of its own.
     run: int = field(default=0, compare=False)
@@ -59,9 +64,10 @@ def user_loc() -> Loc | None:
 def _user_frame_loc(frame) -> Loc:
     caller = frame.f_back
     call = _frame_loc(caller) if caller is not None and _is_users(caller) and caller.f_back else None
-    # Calls in a loop run one after the other: the frame's address tells them apart
-    # from the call before (they are only compared, never printed).
-    return _frame_loc(frame, call, id(frame) if call else 0)
+    if call is None:
+        return _frame_loc(frame)
+    number, text, args = _call_of(frame)
+    return _frame_loc(frame, call, number, text, args)
 
 
 # The last DSL call seen: [the user's frame, the deepgen frame it called, the call's
@@ -83,15 +89,70 @@ def _run_of(frame, entry) -> int:
     return run
 
 
+# The calls of the user's functions seen while a model is built: id(frame) ->
+# (frame, number, evaluated call). The frame is held so that its address, the key,
+# is not reused by a later call (calls in a loop can get the same address); the
+# builder forgets them when the model is built.
+_CALLS: dict = {}
+
+
+def _call_of(frame) -> tuple:
+    entry = _CALLS.get(id(frame))
+    if entry is None or entry[0] is not frame:
+        entry = (frame, len(_CALLS) + 1, _evaluated_call(frame), _arguments(frame))
+        _CALLS[id(frame)] = entry
+    return entry[1:]
+
+
+def forget_calls() -> None:
+    _CALLS.clear()
+    _last_call[:] = [None, None, -1, 0]
+
+
+def _arguments(frame) -> tuple:
+    """((parameter name, value), ...) of the call `frame` runs; a DSL Tensor as its IR value."""
+    code = frame.f_code
+    names = code.co_varnames[: code.co_argcount + code.co_kwonlyargcount]
+    values = [frame.f_locals.get(name) for name in names]
+    return tuple((n, v.value if hasattr(v, "shape") and hasattr(v, "value") else v) for n, v in zip(names, values))
+
+
+def _evaluated_call(frame) -> str:
+    """`basic_block(x, channels=128, stride=2, name='layer2_0')`: the function's
+    parameters with the values they had at the first DSL call inside it (tensors by
+    the parameter's name, plain values by their repr, anything else by its type)."""
+    code = frame.f_code
+    count = code.co_argcount + code.co_kwonlyargcount
+    names = code.co_varnames[:count]
+    parts = []
+    for name in names:
+        value = frame.f_locals.get(name)
+        if hasattr(value, "shape") and hasattr(value, "value"):  # a DSL Tensor
+            parts.append(name)
+        else:
+            parts.append(f"{name}={_plain(value)}")
+    return f"{code.co_name}({', '.join(parts)})"
+
+
+def _plain(value) -> str:
+    if value is None or isinstance(value, (bool, int, float, str)):
+        text = repr(value)
+    elif isinstance(value, (tuple, list)) and all(isinstance(v, (bool, int, float, str)) for v in value):
+        text = repr(value)
+    else:
+        text = type(value).__name__
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
 def _is_users(frame) -> bool:
     return not os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE_DIR + os.sep)
 
 
-def _frame_loc(frame, call: Loc | None = None, call_id: int = 0) -> Loc:
+def _frame_loc(frame, call: Loc | None = None, call_id: int = 0, call_text: str = "", call_args: tuple = ()) -> Loc:
     filename, line = os.path.abspath(frame.f_code.co_filename), frame.f_lineno
     stmt = _statement_at(filename, line)
     stmt_line = stmt.lineno if stmt is not None else line
-    return Loc(filename, line, stmt_line, _call_text(filename, line), call, call_id)
+    return Loc(filename, line, stmt_line, _call_text(filename, line), call, call_id, call_text, call_args)
 
 
 def _call_text(filename: str, line: int) -> str:

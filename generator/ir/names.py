@@ -120,6 +120,7 @@ class NameTable:
 
     def __init__(self):
         self.used: set[str] = set()
+        self.bases: dict[str, str] = {}  # a name handed out with a suffix -> the name asked for
 
     def claim(self, name: str) -> bool:
         """Take `name` exactly; False if it is taken or reserved."""
@@ -142,8 +143,10 @@ class NameTable:
         while True:
             candidates = [f"{n}_{k}" if k else n for n in names]
             if len(set(candidates)) == len(candidates) and all(self._free(c) for c in candidates):
-                for c in candidates:
+                for c, n in zip(candidates, names):
                     self.used.add(c)
+                    if c != n:
+                        self.bases[c] = n
                 return candidates
             k += 1
 
