@@ -1,6 +1,7 @@
 """Emission, stage `render`: ProjectPlan + templates + runtime headers ->
-{path: bytes}, pure. (The last stage, `write`, is codegen/writer.py: those files
--> the project folder, merged with the user's edits.)
+{path: bytes}, pure. Only the runtime headers the project's code uses are
+included and copied (codegen/runtime_headers.py). (The last stage, `write`, is
+codegen/writer.py: those files -> the project folder, merged with the user's edits.)
 
 Output is byte-for-byte deterministic: no timestamps, no absolute paths, sorted
 where order would otherwise vary; C++ is formatted with clang-format, Python
@@ -17,6 +18,7 @@ import jinja2
 
 from ..errors import DeepgenError
 from ..resources import resource_dir
+from .runtime_headers import RuntimeHeaders
 
 
 def _environment(target) -> jinja2.Environment:
@@ -63,8 +65,12 @@ def render(plan, target) -> dict:
         "examples/main.cpp": "example_main.cpp.j2",
     }
     files = {}
+    runtime = RuntimeHeaders(target.runtime_sources())
     for path, template in cpp.items():
-        files[path] = _clang_format(env.get_template(template).render(p=plan, target=target.names), path).encode()
+        text = env.get_template(template).render(p=plan, target=target.names, includes=())
+        if path.startswith("src/model"):  # again, with the runtime headers its code uses
+            text = env.get_template(template).render(p=plan, target=target.names, includes=runtime.missing(text))
+        files[path] = _clang_format(text, path).encode()
     test = env.get_template("test_model.py.j2").render(p=plan, target=target.names)
     files["tests/test_model.py"] = black.format_str(test, mode=black.Mode(line_length=110)).encode()
     stub = env.get_template("module.pyi.j2").render(p=plan, target=target.names)  # for editors (CMake installs it)
@@ -76,6 +82,6 @@ def render(plan, target) -> dict:
         files[path] = env.get_template(template).render(p=plan, target=target.names).encode()
     files[".clang-format"] = (resource_dir("templates") / "project" / "clang-format").read_bytes()
     files[".gitignore"] = (resource_dir("templates") / "project" / "gitignore").read_bytes()
-    for header, source in target.runtime_sources().items():
+    for header, source in runtime.included(files[path].decode() for path in cpp).items():
         files[f"runtime/{header}"] = source.read_bytes()
     return dict(sorted(files.items()))

@@ -7,8 +7,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .printer import size_expr
-
 
 @dataclass
 class Arg:
@@ -57,7 +55,7 @@ class ArenaDecl:
 
     def piece(self) -> str:
         """_arena.at(offset, size): where the plan put this buffer."""
-        offset = "/*not yet planned*/" if self.buffer.offset is None else size_expr(self.buffer.offset)
+        offset = self.buffer.printed or "/*not yet planned*/"
         return f"_arena.at({offset}, {self.size})"
 
     def __str__(self) -> str:

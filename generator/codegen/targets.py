@@ -7,7 +7,8 @@ A target is a folder targets/<name>/ with a target.json:
 - `printer`: the sympy printer class for kernel expressions (named here);
 - `templates`: a template folder under templates/, or a list of them searched in
   order, so a target overrides only the templates that differ;
-- `runtime`: header files copied into the project's runtime/ folder, from the
+- `runtime`: the header files a project may get in its runtime/ folder (those its
+  code includes, and what they include: codegen/runtime_headers.py), from the
   target's own runtime/ folder, or `other:file.h` from another target's;
 - `vector`, `copy`: how lowered code declares an owned buffer (`std::vector<T>`)
   and copies between buffers (`std::copy(first, last, dest)`); the CUDA target

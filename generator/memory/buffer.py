@@ -17,4 +17,5 @@ class Buffer:
     inplace_of: "Buffer | None" = None  # shares this buffer's block (elementwise in place)
     offset: object = None
     label: str = ""  # the statement, for reports
+    printed: str = ""  # the offset in C++ (memory/bases.py: a named region's start + a constant)
     shape: tuple = ()

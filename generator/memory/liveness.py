@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from ..ops import get_op
 from ..codegen.plan import ArenaDecl
 from ..codegen.targets import load_target
-from ..codegen.stmt import Alias, Comment, EarlyUpdate, Gemm, Read, UpdateRows, Write, nested_lines, operands
+from ..codegen.stmt import Alias, EarlyUpdate, Gemm, Read, UpdateRows, Write, nested_lines, operands
 
 
 @dataclass
@@ -111,12 +111,7 @@ def place_updates(plan, live: Liveness):
         u.call.at = ready
         product = _fuse_into_product(statement, u, plan.kernels) if target.update_rows else None
         early = EarlyUpdate(u.index, u.call, report=target.early_ready, at=ready, fused=product is not None)
-        if product is None:
-            statement.lines += [Comment(f"{u.param}: gradient complete and no longer read: update it now, or report it ready", ready), early]
-        else:
-            note = f"{u.param}: gradient complete here and no longer read: the product updates it block by block"
-            statement.lines.insert(product, Comment(note, ready))
-            statement.lines.append(early)
+        statement.lines.append(early)  # train_step's comment says why it runs here
     plan.train.updates = remaining
 
 

@@ -13,9 +13,12 @@ bytes at any statement. Sizes and offsets are counted in floats (4 bytes).
 
 from __future__ import annotations
 
+import re
+
 import sympy
 
-from ..codegen.printer import exact_size_expr, size_expr
+from .bases import Bases
+from ..codegen.printer import exact_size_expr
 from ..errors import DeepgenError
 from .buffer import Buffer
 from .liveness import liveness, place_updates
@@ -220,11 +223,25 @@ def arena_size(buffers: list, phases) -> object:
     return top.expr()
 
 
-def _kept_or_freed(printer, kept, freed) -> str:
-    """The train arena's size in C++: one expression, or a choice on `gradients_kept`."""
-    if sympy.simplify(sympy.sympify(kept) - sympy.sympify(freed)) == 0:
-        return printer(kept)
-    return f"_gradients_kept ? {printer(kept)} : {printer(freed)}"
+def _arena_text(bases, train: bool, forward, kept, freed) -> str:
+    """The arena's size in C++ for the call: forward(), or train_step() with its
+    gradients kept or freed; equal sizes printed once."""
+    if not train:
+        return bases.size(forward, "arena_top")
+    texts = [bases.size(e, name) for e, name in ((forward, "forward_top"), (kept, "kept_top"), (freed, "freed_top"))]
+    if texts[1] == texts[2]:
+        return texts[0] if texts[0] == texts[1] else f"_outputs != nullptr ? {texts[0]} : {texts[1]}"
+    if texts[0] == texts[1]:
+        return f"_outputs != nullptr || _gradients_kept ? {texts[0]} : {texts[2]}"
+    return f"_outputs != nullptr ? {texts[0]} : _gradients_kept ? {texts[1]} : {texts[2]}"
+
+
+def _names_in(project) -> set:
+    """Every identifier the lowered lines of the call use (names a new local must avoid)."""
+    groups = [project.statements] + ([project.train.loss_statements, project.train.backward_statements,
+                                       project.train.copies, project.train.updates] if project.train else [])
+    text = " ".join(repr(group) for group in groups) + " " + repr(project.dims)
+    return set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", text))
 
 
 def plan_memory(project):
@@ -252,14 +269,19 @@ def plan_memory(project):
     if train and not sympy.sympify(freed).free_symbols <= project.bound:
         raise DeepgenError("the training arena depends on sizes only training inputs determine; "
                            "declare them on a forward input too")
-    if train:
-        size = f"_outputs != nullptr ? {size_expr(forward)} : {_kept_or_freed(size_expr, everything, freed)}"
-        exact = f"_outputs != nullptr ? {exact_size_expr(forward)} : {_kept_or_freed(exact_size_expr, everything, freed)}"
-    else:
-        size, exact = size_expr(forward), exact_size_expr(forward)
+    symbols = _symbols(*[e for b in ordered for e in (b.size, b.offset)])
+    bases = Bases(symbols, _names_in(project))
+    bases.place(ordered)
+    for b in ordered:
+        b.printed = bases.offset(b)
+    arena = _arena_text(bases, train, forward, everything, freed)
+    tops = [forward, everything, freed] if train else [forward]
+    bound = bases.bound([e for b in ordered for e in (b.offset, sympy.sympify(b.offset) + b.size)] + tops)
     project.memory = {
-        "arena": size,
-        "arena_exact": exact,  # the same in double, checked before int64 arithmetic could wrap
+        "arena": arena,
+        "bases": bases.declarations(),  # [(name, C++ value)]: the regions' starts, named once
+        # every offset and size computed in int64 is at most this, checked in double first
+        "arena_bound": exact_size_expr(bound),
         "arena_symbolic": bool(getattr(everything if train else forward, "free_symbols", ())),
         "buffers": ordered,
         "forward_floats": forward,

@@ -8,12 +8,12 @@
 #include <vector>
 
 #include "dg_arena.h"
-#include "dg_conv.h"
 #include "dg_guard.h"
-#include "dg_modes.h"
+#include "dg_npz.h"
 #include "dg_ops.h"
+#include "dg_packed_weights.h"
 #include "dg_rng.h"
-#include "dg_tree.h"
+#include "dg_tensor.h"
 #include "dg_weights.h"
 #include "kernels.h"
 

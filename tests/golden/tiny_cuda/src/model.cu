@@ -11,12 +11,12 @@
 #include <vector>
 
 #include "dg_cuda.h"
-#include "dg_cuda_conv.h"
-#include "dg_cuda_modes.h"
+#include "dg_cuda_gemm.h"
 #include "dg_cuda_ops.h"
-#include "dg_cuda_tree.h"
 #include "dg_guard.h"
+#include "dg_npz.h"
 #include "dg_rng.h"
+#include "dg_tensor.h"
 #include "dg_weights.h"
 #include "kernels.h"
 
@@ -243,10 +243,7 @@ float Network::_run(::tiny_cuda::Model& _model, const ::tiny_cuda::Inputs& _inpu
   // train_step() with keep_gradients set), else to the arena until its update has used it.
   const bool _gradients_kept = _gradients_only != nullptr || _model.keep_gradients;
   // Every intermediate lives in this device arena, at an offset planned by deepgen (see README.md).
-  dg::require_size(_outputs != nullptr ? 4.0 * static_cast<double>(N)
-                   : _gradients_kept   ? 10.0 * static_cast<double>(N)
-                                       : 10.0 * static_cast<double>(N) + 10.0,
-                   "the arena");
+  dg::require_size(10.0 * static_cast<double>(N) + 12.0, "the arena");
   dg::Arena _arena(_outputs != nullptr ? 4 * N : _gradients_kept ? 10 * N : 10 * N + 10);
 
   // tiny.py:30  h = dg.dense(x, 4, act=dg.relu)
@@ -281,7 +278,8 @@ float Network::_run(::tiny_cuda::Model& _model, const ::tiny_cuda::Inputs& _inpu
                           _model.step + 1);  // else nothing is updated
 
   // ---- train_step(): gradients, last statement first, and the momentum(lr=0.1, momentum=0.9) update
-  // of each parameter as soon as its gradient is complete and it is not read again
+  // of each parameter as soon as its gradient is complete and it is not read again (where the
+  // product that makes the gradient can, it runs the update itself, a block of rows at a time)
   // (compute_gradients() makes the gradients only: the step is apply_update()'s) ----
   if (_gradients_only == nullptr) ++_model.step;
 
@@ -300,11 +298,9 @@ float Network::_run(::tiny_cuda::Model& _model, const ::tiny_cuda::Inputs& _inpu
                 kernels::d_h_matmul_epilogue{h});
   float* d_logits_w = _gradients_kept ? this->d_logits_w.ptr() : _arena.at(10 * N, 8);
   dg::matmul_tn(h, d_logits, d_logits_w, /*M=*/4, /*K=*/N, /*N=*/2);
-  // logits_w: gradient complete and no longer read: update it now, or report it ready
   if (_gradients_only == nullptr)
     kernels::momentum_update(logits_w.ptr(), d_logits_w, logits_w_buf.ptr(), logits_w.size(), _model.hyper.lr,
                              _model.hyper.momentum, _model.hyper.weight_decay);
-  // logits_b: gradient complete and no longer read: update it now, or report it ready
   if (_gradients_only == nullptr)
     kernels::momentum_update(logits_b.ptr(), d_logits_b, logits_b_buf.ptr(), logits_b.size(), _model.hyper.lr,
                              _model.hyper.momentum, _model.hyper.weight_decay);
@@ -314,11 +310,9 @@ float Network::_run(::tiny_cuda::Model& _model, const ::tiny_cuda::Inputs& _inpu
   dg::reduce_sum(d_h_matmul, d_h_b_sum, /*outer=*/1, /*len=*/N, /*inner=*/4);
   float* d_h_w = _gradients_kept ? this->d_h_w.ptr() : _arena.at(8 * N, 12);
   dg::matmul_tn(x, d_h_matmul, d_h_w, /*M=*/3, /*K=*/N, /*N=*/4);
-  // h_w: gradient complete and no longer read: update it now, or report it ready
   if (_gradients_only == nullptr)
     kernels::momentum_update(h_w.ptr(), d_h_w, h_w_buf.ptr(), h_w.size(), _model.hyper.lr,
                              _model.hyper.momentum, _model.hyper.weight_decay);
-  // h_b: gradient complete and no longer read: update it now, or report it ready
   if (_gradients_only == nullptr)
     kernels::momentum_update(h_b.ptr(), d_h_b_sum, h_b_buf.ptr(), h_b.size(), _model.hyper.lr,
                              _model.hyper.momentum, _model.hyper.weight_decay);

@@ -8,11 +8,12 @@
 #include <vector>
 
 #include "dg_arena.h"
-#include "dg_conv.h"
 #include "dg_guard.h"
-#include "dg_modes.h"
+#include "dg_npz.h"
 #include "dg_ops.h"
+#include "dg_packed_weights.h"
 #include "dg_rng.h"
+#include "dg_tensor.h"
 #include "dg_tree.h"
 #include "dg_weights.h"
 #include "kernels.h"
@@ -124,41 +125,41 @@ void Network::_run(const ::tiny_tree::Model& _model, const ::tiny_tree::Inputs& 
 
   // tiny.py:50  h = dg.recurse(trees, leaf, internal, names=("h",))
   float* h = _arena.at(0, 4 * trees_nodes);
-  // Inspector: check the batch and number its nodes by height, leaves first.
-  const dg::LevelSchedule schedule = dg::schedule_levels(
-      trees_children, /*nodes=*/trees_nodes, /*arity=*/2, trees_roots, /*num_roots=*/trees_count,
-      /*dag=*/false, "recurse over 'trees_children' (tiny.py:50)");
-  dg::Scratch<std::int64_t> sorted_words(trees_nodes);
-  dg::permute_rows(trees_words, schedule.order.data(), /*count=*/schedule.rows(), sorted_words.data());
-  // Leaves: all trees_children leaves at once.
-  const std::int64_t leaves = schedule.leaves();
-  dg::Scratch<float> leaf_gather(4 * leaves);
   {
-    const std::int64_t rows = leaves;
-    // tiny.py:44  return (dg.gather(emb, words),)
-    dg::gather_rows<std::int64_t>(emb.ptr(), /*rows=*/10, /*width=*/4, sorted_words.data(), /*n=*/rows,
-                                  leaf_gather.data(), "gather 'emb' by 'leaf_words' (tiny.py:44)");
-    dg::unsort_rows(leaf_gather.data(), schedule.order.data(), /*rows=*/rows, /*width=*/4, h);
-  }
-  const std::int64_t max_rows = schedule.max_level_rows;
-  dg::Scratch<float> node_concat(max_rows * 8);
-  dg::Scratch<float> node_tanh(4 * max_rows);
-  // Executor: one batched step per level, children before parents.
-  for (std::int64_t level = 1; level < schedule.levels(); ++level) {
-    const std::int64_t start = schedule.level_start[level];
-    dg::gather_child_nodes(h, /*width=*/4, schedule.order.data(), schedule.child_row.data() + start * 2,
-                           /*arity=*/2, /*slot=*/0, /*rows=*/schedule.level_start[level + 1] - start,
-                           node_concat.data(), /*out_stride=*/8);
-    dg::gather_child_nodes(h, /*width=*/4, schedule.order.data(), schedule.child_row.data() + start * 2,
-                           /*arity=*/2, /*slot=*/1, /*rows=*/schedule.level_start[level + 1] - start,
-                           node_concat.data() + 4, /*out_stride=*/8);
+    // Inspector: check the batch and number its nodes by height, leaves first.
+    const dg::LevelSchedule schedule = dg::schedule_levels(
+        trees_children, /*nodes=*/trees_nodes, /*arity=*/2, trees_roots, /*num_roots=*/trees_count,
+        /*dag=*/false, "recurse over 'trees_children' (tiny.py:50)");
+    dg::Scratch<std::int64_t> sorted_words(trees_nodes);
+    dg::permute_rows(trees_words, schedule.order.data(), /*count=*/schedule.rows(), sorted_words.data());
+    const std::int64_t leaves = schedule.leaves();
+    // Leaves: all leaves at once.
+    dg::Scratch<float> leaf_gather(4 * leaves);
     {
+      const std::int64_t rows = leaves;
+      // tiny.py:44  return (dg.gather(emb, words),)
+      dg::gather_rows<std::int64_t>(emb.ptr(), /*rows=*/10, /*width=*/4, sorted_words.data(), /*n=*/rows,
+                                    leaf_gather.data(), "gather 'emb' by 'trees_words' (tiny.py:44)");
+      dg::unsort_rows(leaf_gather.data(), schedule.order.data(), /*rows=*/rows, /*width=*/4, h);
+    }
+    const std::int64_t max_rows = schedule.max_level_rows;
+    dg::Scratch<float> node_concat(max_rows * 8);
+    dg::Scratch<float> node_tanh(4 * max_rows);
+    // Executor: one batched step per level, children before parents.
+    for (std::int64_t level = 1; level < schedule.levels(); ++level) {
+      const std::int64_t start = schedule.level_start[level];
       const std::int64_t rows = schedule.level_start[level + 1] - start;
+      const std::int64_t* child_rows = schedule.child_row.data() + start * 2;
+      const std::int64_t* order = schedule.order.data() + start;
+      dg::gather_child_nodes(h, /*width=*/4, schedule.order.data(), child_rows, /*arity=*/2, /*slot=*/0,
+                             /*rows=*/rows, node_concat.data(), /*out_stride=*/8);
+      dg::gather_child_nodes(h, /*width=*/4, schedule.order.data(), child_rows, /*arity=*/2, /*slot=*/1,
+                             /*rows=*/rows, node_concat.data() + 4, /*out_stride=*/8);
       // tiny.py:48  return (dg.tanh(dg.concat([h_l, h_r], axis=1) @ w),)
       // h_l, h_r: gathered straight into node_concat's columns
       dg::matmul(node_concat.data(), w_packed, node_tanh.data(), /*M=*/rows, /*K=*/8, /*N=*/4,
                  kernels::node_tanh_epilogue{});
-      dg::unsort_rows(node_tanh.data(), schedule.order.data() + start, /*rows=*/rows, /*width=*/4, h);
+      dg::unsort_rows(node_tanh.data(), order, /*rows=*/rows, /*width=*/4, h);
     }
   }
 

@@ -1,0 +1,119 @@
+"""The generated code says each thing once and holds nothing dead (issue #39, 3 and 7):
+arena offsets are a named region's start plus a constant, no expression printed
+twice; only the runtime headers a project uses are copied and included; a model
+without optimizer state has no empty optimizer bodies; no comment repeats its line."""
+
+from __future__ import annotations
+
+import re
+
+import sympy
+
+from conftest import build_example
+from generator.codegen.stmt import nested_lines
+from generator.frontend.loader import load_model
+from generator.memory.bases import Bases
+from generator.memory.planner import Buffer
+from generator.pipeline import lowered, prepare, project_files
+
+N = sympy.Symbol("N", positive=True, integer=True)
+
+
+def _arena_lines(plan) -> list:
+    groups = [plan.statements, plan.train.loss_statements, plan.train.backward_statements]
+    return [str(line) for group in groups for s in group for line in nested_lines(s.lines) if "_arena.at(" in str(line)]
+
+
+def test_resnet_offsets_are_named_bases_plus_constants():
+    plan = lowered(prepare(build_example("resnet18")))
+    memory = plan.memory
+    lines = _arena_lines(plan)
+    assert lines and not [line for line in lines if "std::max" in line]
+    assert "std::max" not in memory["arena"] and "std::max" not in memory["arena_bound"]
+    names = [name for name, _ in memory["bases"]]
+    assert names and len(set(names)) == len(names)
+    # Batch norm's statistics sit above activations that grow differently with N: named once,
+    # each block that name plus a constant.
+    assert "bn1_mean_at" in names
+    assert any(re.fullmatch(r"float\* bn1_invstd = _arena.at\(bn1_mean_at \+ \d+, \d+\);", line) for line in lines)
+    # No polynomial of a maximum is printed twice: a region that holds another's names it.
+    values = " ".join(value for _, value in memory["bases"])
+    polys = re.findall(r"\d+\*N \+ \d+", values)
+    assert polys and len(polys) == len(set(polys))
+
+
+def test_bases_name_a_region_and_the_regions_inside_it():
+    def buffer(name, offset, phase="forward"):
+        b = Buffer(name, 4, 0, 1, phase)
+        b.offset = offset
+        return b
+
+    inner = sympy.Max(3 * N + 10, 2 * N + 20)
+    outer = sympy.Max(4 * N, inner + 8)
+    buffers = [buffer("a", inner), buffer("b", inner + 4), buffer("c", outer), buffer("d", 5 * N)]
+    bases = Bases((N,), taken={"a_at_unused"})
+    bases.place(buffers)
+    assert [bases.offset(b) for b in buffers] == ["a_at", "a_at + 4", "c_at", "5*N"]
+    assert bases.declarations() == [
+        ("a_at", "std::max<std::int64_t>({3*N + 10, 2*N + 20})"),
+        ("c_at", "std::max<std::int64_t>({4*N, a_at + 8})"),
+    ]
+    assert bases.size(outer + 16, "top") == "c_at + 16"
+    assert bases.size(6 * N, "top") == "6*N"
+    # Every polynomial computed in int64 is at most the bound that is checked in double first.
+    assert sympy.expand(bases.bound([inner + 4, outer + 16, 5 * N]) - (5 * N + 44)) == 0
+
+
+def test_a_base_name_avoids_the_names_of_the_function():
+    b = Buffer("x", 4, 0, 1, "forward")
+    b.offset = sympy.Max(3 * N + 1, 2 * N + 5)
+    bases = Bases((N,), taken={"x_at"})
+    bases.place([b])
+    assert bases.offset(b) == "x_at_2"
+
+
+def test_mlp_project_copies_and_includes_only_the_headers_it_uses():
+    files = project_files(build_example("mlp"))
+    runtime = {path.split("/", 1)[1] for path in files if path.startswith("runtime/")}
+    assert "dg_conv.h" not in runtime and "dg_tree.h" not in runtime and "dg_modes.h" not in runtime
+    model = files["src/model.cpp"].decode()
+    included = set(re.findall(r'#include "(dg_\w+\.h)"', model))
+    assert included <= runtime and "dg_ops.h" in included and "dg_conv.h" not in included
+    # Each copied header is included by a generated file or by another copied header.
+    texts = [v.decode() for k, v in files.items() if k.endswith((".h", ".cpp"))]
+    for header in runtime:
+        assert any(f'#include "{header}"' in text for text in texts), header
+
+
+PLAIN_SGD = '''import generator as dg
+
+N = dg.dim("N")
+
+
+@dg.model
+def plain():
+    x = dg.input("x", (N, 3))
+    labels = dg.input("labels", (N,), dtype="int64")
+    logits = dg.dense(dg.dense(x, 4, act=dg.relu), 2)
+    dg.train(dg.softmax_cross_entropy(logits, labels), dg.sgd(lr=0.1))
+    return {"logits": logits}
+'''
+
+
+def test_a_model_without_optimizer_state_prints_no_empty_bodies(tmp_path):
+    (tmp_path / "plain.py").write_text(PLAIN_SGD)
+    files = project_files(load_model(str(tmp_path / "plain.py")).build())
+    model, header = files["src/model.cpp"].decode(), files["include/plain/model.h"].decode()
+    for text in (model, header):
+        assert "optimizer_slots" not in text and "optimizer_state_allocated" not in text
+        assert "allocate_optimizer_state" not in text
+    assert "[this] {}" not in model and "return {};" not in model
+    # Python's optimizer_state() stays, as on every trainable module: an empty dict.
+    assert re.search(r'\.def\(\s*"optimizer_state"', files["src/bindings.cpp"].decode())
+
+
+def test_no_comment_repeats_the_update_beside_it(tmp_path):
+    (tmp_path / "plain.py").write_text(PLAIN_SGD)
+    model = project_files(load_model(str(tmp_path / "plain.py")).build())["src/model.cpp"].decode()
+    assert "kernels::sgd_update(" in model
+    assert not re.search(r"// \w+: gradient complete", model)
