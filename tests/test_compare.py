@@ -6,11 +6,13 @@ nothing: the weights are not in the code)."""
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 
 from generator.tools import cli
-from generator.tools.compare import first_difference, keep_values, statement_names
+from generator.tools.compare import compare_rows, first_difference, keep_values, statement_names
 
 pytest.importorskip("torch")
 
@@ -171,3 +173,37 @@ def test_compare_onnx_agrees_and_then_finds_a_planted_one_layer_error(tmp_path, 
     np.savez(tmp_path / "bare.npz", **bare)
     assert cli.main([*args, "--weights", str(tmp_path / "bare.npz")]) == 1
     assert "holds no meta/onnx_value_names" in capsys.readouterr().err
+
+
+def test_compare_onnx_without_onnxruntime_is_a_one_line_error(tmp_path, monkeypatch, capsys):
+    """onnxruntime is optional: without it compare --onnx says so before building anything."""
+    np.savez(tmp_path / "w.npz", a=np.zeros(1, np.float32))
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)  # (import onnxruntime raises ImportError)
+    argv = ["compare", str(tmp_path / "m.py"), "--weights", str(tmp_path / "w.npz"), "--onnx",
+            str(tmp_path / "m.onnx"), "--example-input", "x=1,2"]
+    assert cli.main(argv) == 1
+    # (m.py does not exist: the check comes before the model is even read)
+    assert capsys.readouterr().err.strip().endswith("deepgen compare --onnx needs onnxruntime (pip install onnxruntime)")
+
+
+def test_masked_scores_agree_and_stay_out_of_the_scale():
+    """Attention scores masked with -inf on one side and float32's lowest on the other agree;
+    a position masked on one side only, or NaN, does not."""
+    import generator as dg
+
+    @dg.model
+    def net():
+        x = dg.input("x", (dg.dim("N"), 2))
+        scores = x * 2.0
+        return {"y": scores}
+
+    graph = net.build()
+    low = np.finfo(np.float32).min
+    ours = {"scores": np.array([[1.0, -np.inf], [2.0, 3.0]], np.float32)}
+    (row,) = compare_rows(graph, ours, {("scores", "v"): np.array([[1.0, low], [2.0, 3.0]], np.float32)}, 1e-4)
+    assert row.max_abs == 0 and row.rel == 0
+    (row,) = compare_rows(graph, ours, {("scores", "v"): np.array([[1.0, 0.5], [2.0, 3.0]], np.float32)}, 1e-4)
+    assert row.max_abs == float("inf")
+    (row,) = compare_rows(graph, {"scores": np.array([[1.0, np.nan], [2.0, 3.0]], np.float32)},
+                          {("scores", "v"): np.array([[1.0, low], [2.0, 3.0]], np.float32)}, 1e-4)
+    assert first_difference([row], 1e-4) is row

@@ -196,15 +196,21 @@ def example_arrays(items) -> dict:
     return arrays
 
 
-def onnx_values(onnx_file: str, names: dict, inputs: dict) -> tuple[dict, list]:
-    """({(statement, ONNX value name): array}, the graph's outputs) from onnxruntime running
-    onnx_file with every value in `names` ({statement or input of the written file: ONNX
-    value name}, as from_onnx recorded it) added as a graph output; graph optimizations off,
-    so each value is its node's own result."""
+def _onnxruntime():
+    """The onnxruntime module, or a one-line error saying how to install it (it is optional)."""
     try:
         import onnxruntime
     except ImportError:
         raise DeepgenError("deepgen compare --onnx needs onnxruntime (pip install onnxruntime)") from None
+    return onnxruntime
+
+
+def onnx_values(onnx_file: str, names: dict, inputs: dict, wanted) -> tuple[dict, list]:
+    """({(statement, ONNX value name): array}, the graph's outputs) from onnxruntime running
+    onnx_file with the values of the statements in `wanted` (float32 values) added as graph
+    outputs; `names`: {statement or input of the written file: ONNX value name}, as from_onnx
+    recorded it. Graph optimizations off, so each value is its node's own result."""
+    onnxruntime = _onnxruntime()
     from onnx import TensorProto, helper
 
     from ..importers.onnx_import import load
@@ -219,16 +225,23 @@ def onnx_values(onnx_file: str, names: dict, inputs: dict) -> tuple[dict, list]:
             raise DeepgenError(f"--example-input: the ONNX input {name!r} (`{ours}` in the model file) has no example")
         feeds[name] = inputs[ours]
     outputs = [o.name for o in model.graph.output]
-    values = [v for v in dict.fromkeys(names.values()) if v not in graph_inputs]
+    values = [v for v in dict.fromkeys(names[k] for k in wanted if k in names) if v not in graph_inputs]
     for value in values:
         if value not in outputs:
             model.graph.output.append(helper.make_tensor_value_info(value, TensorProto.FLOAT, None))
     options = onnxruntime.SessionOptions()
     options.graph_optimization_level = onnxruntime.GraphOptimizationLevel.ORT_DISABLE_ALL
-    session = onnxruntime.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    results = session.run(values, feeds)
+    try:
+        session = onnxruntime.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        results = session.run(values, feeds)
+    except Exception as e:  # onnxruntime's own errors (an input of the wrong shape): its first line
+        first = str(e).strip().splitlines()[0][:300] if str(e).strip() else type(e).__name__
+        raise DeepgenError(f"onnxruntime cannot run {onnx_file} on the example inputs: {first}") from None
     theirs = {(by_onnx[v], v): np.asarray(r, dtype=np.float32) for v, r in zip(values, results)}
     return theirs, outputs
+
+
+_MASKED = float(np.finfo(np.float32).min) / 2  # at or below it on both sides: a masked position
 
 
 def compare_rows(graph, ours: dict, theirs: dict, tolerance: float) -> list:
@@ -248,7 +261,12 @@ def compare_rows(graph, ours: dict, theirs: dict, tolerance: float) -> list:
                 rows.append(Row(name, path, where, float("inf"), float("inf"),
                                 f"shape {list(got.shape)} vs the reference's {list(want.shape)}"))
                 continue
-        diff = np.abs(got.astype(np.float64) - want.astype(np.float64))
+        got, want = got.astype(np.float64), want.astype(np.float64)
+        # Masked attention scores: -inf here, the lowest float32 (or -inf) there; equal, and
+        # not part of the scale.
+        masked = (got <= _MASKED) & (want <= _MASKED)
+        got, want = np.where(masked, 0.0, got), np.where(masked, 0.0, want)
+        diff = np.abs(got - want)
         max_abs = float(diff.max()) if diff.size else 0.0
         scale = float(np.abs(want).max()) if want.size else 0.0
         rows.append(Row(name, path, where, max_abs, max_abs / max(scale, 1e-12)))
@@ -291,6 +309,7 @@ def run_compare(model_file: str, weights: str, factory: str | None, example_item
     if not Path(weights).is_file():
         raise DeepgenError(f"--weights {weights}: no such file")
     if onnx_file is not None:
+        _onnxruntime()  # (before the debug build, not after it)
         with np.load(weights) as stored:
             names = torch_keys(stored, ONNX_NAMES)
         if not names:
@@ -318,7 +337,7 @@ def run_compare(model_file: str, weights: str, factory: str | None, example_item
         ours = m.forward(**{v.name: inputs[v.name] for v in graph.inputs})
     ours = {name: ours[output] for name, output in kept.items() if output in ours}
     if onnx_file is not None:
-        theirs, _ = onnx_values(onnx_file, names, inputs)
+        theirs, _ = onnx_values(onnx_file, names, inputs, ours)
         against, column = "onnxruntime", "ONNX value"
     else:
         theirs, _ = torch_values(module, examples)
