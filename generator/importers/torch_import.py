@@ -16,7 +16,8 @@ import re
 
 import numpy as np
 
-from .. import fileio
+from ..fileio import TEMP_PREFIX, stage, write_atomic  # (not `from .. import fileio`: that asks
+# generator.__getattr__, which loads the DSL namespace, which imports this package: a cycle)
 from ..errors import DeepgenError
 from ..ir.names import problem_with
 from ..ir.shapes import evaluate
@@ -76,7 +77,7 @@ def write_model(source: str, weights: dict, model_path: str, weights_path: str |
     staged = []
     try:
         for target, content in zip(targets, (source.encode("utf-8"), data.getvalue())):
-            staged.append(fileio.stage(target, content))
+            staged.append(stage(target, content))
         check_targets(model_path, weights_path, replace=replace, protect=protect)  # (again: the import took time)
         before = _saved(targets[0])
         staged[0].commit()
@@ -164,9 +165,9 @@ def _restore(path: str, before) -> None:
         if before is None:
             os.unlink(path)
         elif before[0] == "file":
-            fileio.write_atomic(path, before[1], before[2])
+            write_atomic(path, before[1], before[2])
         else:
-            temp = os.path.join(os.path.dirname(path), f"{fileio.TEMP_PREFIX}{os.getpid()}-link")
+            temp = os.path.join(os.path.dirname(path), f"{TEMP_PREFIX}{os.getpid()}-link")
             os.symlink(before[1], temp)
             os.replace(temp, path)
     except OSError:
