@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import re
 
-from conftest import build_example
+from conftest import build_example, load_example
 from generator.frontend.loader import load_model
 from generator.pipeline import project_files
 
@@ -74,3 +74,17 @@ def test_a_function_name_that_a_value_holds_is_not_taken(tmp_path):
     source = BLOCKS.replace('dg.param("head"', 'dg.param("block"')  # a member of the Network
     text = _model_cpp(tmp_path, source)
     assert re.search(r"^void block_2\(", text, re.M) and not re.search(r"^void block\(", text, re.M)
+
+
+def test_a_layer_helper_called_in_a_loop_is_one_function_and_computes_the_same(builds):
+    """BERT's middle encoder layers (the first computes the mask the others read, the last
+    writes the output) are one `transformer_encoder_layer`; the built module equals the
+    numpy reference."""
+    from module_checks import check_forward
+
+    graph = load_example("bert_encoder").build("bert_outlined", layers=4)
+    text = project_files(graph)["src/model.cpp"].decode()
+    assert len(re.findall(r"^void transformer_encoder_layer\(", text, re.M)) == 1
+    assert len(re.findall(r"^\s+transformer_encoder_layer\(", _run_body(text), re.M)) == 2
+    module, _ = builds.module(graph)
+    check_forward(graph, module, 3)

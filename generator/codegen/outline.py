@@ -94,20 +94,24 @@ class _Instance:
     renames: dict = field(default_factory=dict)  # declared name -> local name
     leaves: list = field(default_factory=list)
     shape: list = field(default_factory=list)  # the structure: what must be equal between calls
+    first: object = None  # the plan's statement this call's lines were split from, if they were
 
 
 def outline(plan, graph=None):
     """Replace repeated calls' forward statements by calls of one function each
     (`graph`'s name table gives the names the user asked for: `out`, not `out_1`)."""
     bases = graph.names.bases if graph is not None else {}
-    instances = _instances(plan.statements)
+    instances = []
+    for inst in _instances(plan.statements):
+        try:
+            _read_instance(inst, bases)
+            instances.append(inst)
+        except _NotOutlined:
+            continue
+    kept_inline = _split_first_uses(instances, bases)
     taken = _taken_names(plan)
     groups: dict = {}
     for inst in instances:
-        try:
-            _read_instance(inst, bases)
-        except _NotOutlined:
-            continue
         key = (inst.loc.filename, _function_name(inst.loc), tuple(map(repr, inst.shape)))
         groups.setdefault(key, []).append(inst)
     later_reads = _reads_after(plan)
@@ -123,18 +127,51 @@ def outline(plan, graph=None):
         taken.add(function.name)
         plan.functions.append(function)
         for inst, call_statement in zip(group, calls):
-            replaced[id(inst.statements[0])] = (inst, call_statement)
+            replaced[id(inst.first or inst.statements[0])] = (inst, call_statement)
     if replaced:
         out, skip = [], set()
         for s in plan.statements:
             if id(s) in replaced:
                 inst, call_statement = replaced[id(s)]
+                if id(s) in kept_inline:
+                    out.append(kept_inline[id(s)])
                 out.append(call_statement)
                 skip.update(id(t) for t in inst.statements)
             elif id(s) not in skip:
                 out.append(s)
         plan.statements = out
     return plan
+
+
+def _split_first_uses(instances, bases) -> dict:
+    """A layer helper's first call may compute what later calls reuse (the attention
+    mask of BERT's first encoder layer, which the others read): where a call's lines
+    are another call's with some lines before them, those lines stay inline, before the
+    call, and the rest is the call. Returns {id(first statement): the inline part}."""
+    by_function: dict = {}
+    for inst in instances:
+        if len(inst.statements) == 1:
+            by_function.setdefault((inst.loc.filename, _function_name(inst.loc)), []).append(inst)
+    inline = {}
+    for group in by_function.values():
+        shortest = min(group, key=lambda i: len(i.statements[0].lines))
+        for k, inst in enumerate(list(group)):
+            extra = len(inst.statements[0].lines) - len(shortest.statements[0].lines)
+            if extra <= 0:
+                continue
+            head = inst.statements[0]
+            rest = Statement(head.comment, head.lines[extra:], head.positions, head.header, head.call, head.helper)
+            trial = _Instance([rest], inst.loc)
+            try:
+                _read_instance(trial, bases)
+            except _NotOutlined:
+                continue
+            if trial.shape == shortest.shape:
+                inline[id(head)] = Statement(head.comment, head.lines[:extra], head.positions, head.header)
+                trial.statements = [rest]
+                trial.first = head
+                instances[instances.index(inst)] = trial
+    return inline
 
 
 def _variant_names(groups) -> dict:
@@ -168,10 +205,14 @@ def _function_name(loc) -> str:
 
 
 def _instances(statements) -> list:
-    """Runs of consecutive statements from one call of a user's function."""
+    """Runs of consecutive statements from one call of a user's function, and
+    statements that one call of a DSL layer helper made (two nodes or more)."""
     out = []
     for s in statements:
         loc = s.call
+        if loc is None and s.helper and len(s.positions) > 1:
+            out.append(_Instance([s], _helper_call(s)))
+            continue
         if loc is None or not loc.call_text:
             continue
         if out and out[-1].loc.call_id == loc.call_id and out[-1].statements[-1] is _prev(statements, s):
@@ -179,6 +220,23 @@ def _instances(statements) -> list:
         else:
             out.append(_Instance([s], loc))
     return out
+
+
+@dataclass(frozen=True)
+class _HelperCall:
+    """A call of a deepgen function (a layer helper) seen as a call of a user's function."""
+
+    filename: str
+    short: str
+    call_id: tuple
+    call_text: str
+    call_args: tuple
+
+
+def _helper_call(statement) -> _HelperCall:
+    number, text, args = statement.helper
+    short = statement.comment.split()[0] if statement.comment else ""
+    return _HelperCall(short.split(":")[0], short, ("helper", number), text, args)
 
 
 def _prev(statements, s):
@@ -226,6 +284,8 @@ def _read_instance(inst: _Instance, bases: dict) -> None:
             if short.startswith(prefix + "_") and len(short) > len(prefix) + 1:
                 short = short[len(prefix) + 1 :]
                 break
+        if short in strings:  # named just `name=` (a layer helper's result): the call's output
+            short = "out"
         if short[0].isdigit() or keyword.iskeyword(short):
             short = name
         local[name] = short
@@ -447,11 +507,19 @@ def _text_type(values) -> str:
 
 
 def _strip(name: str, inst: _Instance) -> str:
+    """`name` without this call's name prefix (`layer2_0_conv1_weight` -> `conv1_weight`),
+    or without another call's (`encoder_layers_0_keys`, made by the first layer -> `keys`)."""
     for _, v in inst.loc.call_args:
         if isinstance(v, str) and name.startswith(v + "_") and len(name) > len(v) + 1:
             short = name[len(v) + 1 :]
             if short.isidentifier() and not keyword.iskeyword(short):
                 return short
+    parts = name.split("_")
+    numbered = [k for k, p in enumerate(parts[:-1]) if p.isdigit()]
+    if numbered:
+        short = "_".join(parts[numbered[-1] + 1 :])
+        if short.isidentifier() and not keyword.iskeyword(short):
+            return short
     return name
 
 
@@ -524,7 +592,8 @@ def _reads_after(plan) -> set:
     outputs = {o.data for o in plan.outputs} | {o.make for o in plan.outputs}
     names = set()
     for s, forward in every:
-        call = s.call.call_id if s.call is not None and forward else None  # the backward is outside every call
+        # Whose lines these are: a call's, a statement's own, or the loss's and backward's.
+        call = (s.call.call_id if s.call is not None else id(s)) if forward else None
         for line in s.lines:
             for op in operands(line):
                 reads.setdefault(op.expr, set()).add(call)
