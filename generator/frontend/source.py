@@ -37,6 +37,9 @@ class Loc:
     call_text: str = field(default="", compare=False)
     # That call's arguments: ((parameter name, value), ...), a DSL Tensor as its IR value.
     call_args: tuple = field(default=(), compare=False)
+    # The call of deepgen's function that the user's line made (a layer helper such as
+    # `transformer_encoder_layer(x, ..., name='encoder_layers_0')`): (number, text, args).
+    helper: tuple = field(default=(), compare=False)
     # Which execution of the statement: a statement run again (a layer helper called in a
     # loop) starts a new one, so each call's code comes under a comment of its own.
     run: int = field(default=0, compare=False)
@@ -56,7 +59,8 @@ def user_loc() -> Loc | None:
     frame, entry = sys._getframe(1), None
     while frame is not None:
         if _is_users(frame):
-            return replace(_user_frame_loc(frame), run=_run_of(frame, entry))
+            helper = _call_of(entry) if entry is not None else ()
+            return replace(_user_frame_loc(frame), run=_run_of(frame, entry), helper=helper)
         frame, entry = frame.f_back, frame
     return None
 
