@@ -28,10 +28,7 @@ from ..transforms.passes import regions
 from .kernels import epilogue_kernel, ewise_kernel, update_kernel
 from .printer import size_expr
 from .plan import ArenaDecl, GradientDecl, InputSpec, KeptPacking, OutputSpec, ParamSpec, ProjectPlan, Statement, TrainPlan, Update
-from .stmt import Alias, Call, Comment, Copy, Declare, Functor, Read, Write, place
-
-# Qualified: a user value may be called int64_t (a local, or a kernel's argument).
-CTYPE = {"float32": "float", "int32": "std::int32_t", "int64": "std::int64_t"}
+from .stmt import CTYPE, Alias, Call, Comment, Copy, Declare, Functor, Read, Write, place
 
 
 def _shape_list(shape) -> str:
@@ -83,7 +80,7 @@ class LowerCtx:
         layouts = {}
         for pid, _ in self.kept:
             layouts[pid] = layouts.get(pid, 0) + 1
-        return [replace(k, stands_in="true" if layouts[pid] == 1 and pid not in self.plain_reads else "false")
+        return [replace(k, stands_in=layouts[pid] == 1 and pid not in self.plain_reads)
                 for (pid, _), k in self.kept.items()]
 
     def write(self, v) -> Write:
@@ -206,7 +203,7 @@ class LowerCtx:
             rows, cols = b.shape
             k, n = (cols, rows) if tb else (rows, cols)
             member = _member_name(self.graph, f"{b.name}_t_packed" if tb else f"{b.name}_packed", self.live_names())
-            self.kept[key] = KeptPacking(member, b.name, "true" if tb else "false", self.size(k), self.size(n))
+            self.kept[key] = KeptPacking(member, b.name, bool(tb), self.size(k), self.size(n))
         return [self.kept[key].member]
 
     def call(self, fn: str, *args, template: str = "") -> Call:

@@ -33,7 +33,7 @@ import re
 from dataclasses import dataclass, field
 
 from .plan import ArenaDecl, GradientDecl, Statement
-from .stmt import Alias, Call, Comment, Copy, Declare, Functor, Named, Operand, Read, Scope, Write
+from .stmt import Alias, Call, Comment, Copy, Declare, Functor, Named, Operand, Read, Scope, Write, operands
 
 _IDENT = re.compile(r"(?<![\w.:>])[A-Za-z_]\w*(?![\w(]|::)")
 _INT_EXPR = re.compile(r"^[\w\s+\-*/()]+$")
@@ -583,8 +583,6 @@ def _rebuild(obj, inst, it):
 def _reads_after(plan) -> set:
     """Names of arena buffers that lines outside their call read: those the caller
     declares (the call's result, what the loss and the backward pass read)."""
-    from .stmt import operands
-
     reads = {}
     every = [(s, True) for s in plan.statements]
     if plan.train is not None:

@@ -182,14 +182,19 @@ class Recording:
 @dataclass
 class KeptPacking:
     """A weight the Model keeps packed for its forward-pass products
-    (dg::KeptPackedB): op(param) is [K, N]."""
+    (dg::KeptPackedB): op(param) is [K, N]. Prints its member's declaration."""
 
     member: str
     param: str
-    tb: str  # "true" / "false": the param is stored [N, K] (a PyTorch Linear weight)
+    tb: bool  # the param is stored [N, K] (a PyTorch Linear weight)
     K: str
     N: str
-    stands_in: str = "false"  # "true": the forward pass reads the param through this packing only
+    stands_in: bool = False  # the forward pass reads the param through this packing only
+
+    def __str__(self) -> str:
+        tb, stands_in = ("true" if flag else "false" for flag in (self.tb, self.stands_in))
+        return (f"dg::KeptPackedB {self.member}{{_version, {self.param}, /*tb=*/{tb}, /*K=*/{self.K}, /*N=*/{self.N}, "
+                f"/*stands_in=*/{stands_in}}};")
 
 
 @dataclass

@@ -16,6 +16,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, fields, is_dataclass
 
+# The C++ type of each dtype, qualified: a user value may be called int64_t (a local,
+# or a kernel's argument).
+CTYPE = {"float32": "float", "int32": "std::int32_t", "int64": "std::int64_t"}
+
 
 @dataclass(frozen=True, eq=False)
 class Operand:

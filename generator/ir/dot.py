@@ -13,7 +13,7 @@ import shutil
 import subprocess
 
 from ..errors import DeepgenError
-from ..ops.registry import get_op
+from .optable import get_op
 
 _INPUT = 'shape=ellipse, style=filled, fillcolor="#dbeafe"'
 _PARAM = 'shape=box, style="rounded,filled", fillcolor="#fef3c7"'

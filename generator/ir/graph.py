@@ -110,6 +110,16 @@ class Graph:
         return format_graph(self)
 
 
+def needed_nodes(new_nodes, keep: set) -> list:
+    """The nodes of `new_nodes` that the values in `keep` need, in order."""
+    keep, kept = set(keep), []
+    for node in reversed(new_nodes):
+        if any(id(v) in keep for v in node.outputs):
+            keep.update(id(v) for v in node.inputs)
+            kept.append(node)
+    return kept[::-1]
+
+
 def needed_for(graph, values) -> set:
     """ids of every value that computing `values` requires (them included)."""
     need = {id(v) for v in values}

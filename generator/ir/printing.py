@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..ops.registry import get_op
+from .optable import get_op
 
 
 def format_node(node) -> str:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import sympy
 
+from ..codegen.printer import size_expr
 from .sizes import _poly_expr, _value, from_expr
 
 
@@ -183,6 +184,4 @@ def _plus(name: str, c: int) -> str:
 
 
 def _int(expr) -> str:
-    from ..codegen.printer import size_expr
-
     return size_expr(expr)

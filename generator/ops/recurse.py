@@ -18,8 +18,12 @@ from __future__ import annotations
 import numpy as np
 import sympy
 
-from ..treebatch import random_batch
+from ..ir.graph import Value
+from ..ir.printing import format_node
+from ..treebatch import check_batch, random_batch, sequence_schedule
+from .recurse_lower import forward_loop
 from .registry import OpDef, get_op, id_limit, register
+from .scalar import ARGS
 
 
 def _run_cell(cell, env, dims):
@@ -126,9 +130,7 @@ class Recurse(OpDef):
     def grad(self, node, gouts, gb):
         """One recurse_grad node (ops/recurse_grad.py) computes each free float
         value's gradient, a piece per cell that reads it; pieces are added here."""
-        from ..ir.graph import Value
-        from ..transforms.cell_grad import differentiate_recursion
-        from .scalar import ARGS
+        from ..transforms.cell_grad import differentiate_recursion  # (PENDING_UPWARD in tests/test_layers.py)
 
         spec = node.attrs["spec"]
         ns = len(spec.state)
@@ -162,8 +164,6 @@ class Recurse(OpDef):
 
     def describe(self, node):
         spec = node.attrs["spec"]
-        from ..ir.printing import format_node
-
         if spec.sequences:
             kind = f"sequences of {spec.steps} steps{', reversed' if spec.reverse else ''}"
         else:
@@ -178,8 +178,6 @@ class Recurse(OpDef):
 
     def lower(self, node, ctx):
         """Cortex's executor as structured lines: ops/recurse_lower.py."""
-        from .recurse_lower import forward_loop
-
         return forward_loop(node, ctx)
 
 
@@ -194,8 +192,6 @@ def reference_schedule(spec, args, dims):
     """What the references walk: (children [nodes, arity], words [nodes], the
     nodes in schedule order (children first), each node's schedule row (-1 for a
     padded step: no node))."""
-    from ..treebatch import check_batch, sequence_schedule
-
     if spec.sequences:
         lengths = args[0]
         steps = int(sympy.sympify(spec.steps).subs(dims))

@@ -25,6 +25,9 @@ from __future__ import annotations
 import numpy as np
 import sympy
 
+from ..errors import ModelError
+from ..ir.graph import needed_nodes
+from ..ir.printing import format_node
 from ..ir.shapes import numel
 from ..codegen.stmt import Block, Comment, Copy, Declare, Loop, Named
 from .recurse import batch_nodes, reference_schedule
@@ -111,8 +114,6 @@ class RecurseGrad(OpDef):
         return [totals[piece] for piece in attrs["pieces"]]
 
     def describe(self, node):
-        from ..ir.printing import format_node
-
         back = node.attrs["back"]
         lines = [f"recurse_grad({', '.join(v.name for v in node.inputs)})"]
         for title, cell in (("leaf", back.leaf), ("internal", back.internal)):
@@ -182,8 +183,6 @@ class _Lowering:
                 tainted.update(id(v) for v in n.outputs)
         hoisted_nodes = hoistable(forward, tainted, rows)
         looped_forward = [n for n in forward if n not in hoisted_nodes]
-        from ..transforms.autodiff import needed_nodes
-
         sends = [v for slot in cell.d_children for v in slot if v is not None]
         looped_backward = [n for n in needed_nodes(backward, {id(v) for v in sends})]
         looped = looped_forward + looped_backward
@@ -195,8 +194,6 @@ class _Lowering:
         kept = [v for key, v in read_after.items() if key in made_in_loop]
         for v in kept:
             if per_row(v, rows) is None:
-                from ..errors import ModelError
-
                 raise ModelError(f"cannot differentiate the cell: '{v.name}' {v.type_str()} is not row by row "
                                  "(a cell must compute each node's row on its own)", v.loc, "recurse")
         kept_children = {key for key in read_after if any(key == id(v) for slot in cell.children for v in slot)}

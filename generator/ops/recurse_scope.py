@@ -11,8 +11,10 @@ level are one named pointer (`node_i_rows`) declared once per level.
 from __future__ import annotations
 
 from contextlib import contextmanager
+from copy import copy
 from dataclasses import dataclass
 
+from ..codegen.stmt import CTYPE, Call, Declare, Named
 from ..ir.names import is_reserved
 from ..ir.shapes import numel
 from .registry import get_op
@@ -104,8 +106,6 @@ class LoopScope:
     def inner(self) -> "LoopScope":
         """The scope of a block inside this one: it sees this scope's names, and
         its own end with it (a sibling block takes them again)."""
-        from copy import copy
-
         sub = copy(self)
         sub.taken = set(self.taken)
         return sub
@@ -120,9 +120,6 @@ class LoopScope:
 
     def pointer(self, v, expr: str, writable: bool, name: str | None = None):
         """A pointer to v's rows at `expr`, declared once: (its Declare, its name)."""
-        from ..codegen.lower import CTYPE
-        from ..codegen.stmt import Declare
-
         name = name or self.name(f"{v.name}_rows")
         return Declare(f"{'' if writable else 'const '}{CTYPE[v.dtype]}*", name, init=expr), name
 
@@ -171,8 +168,6 @@ def inspector_lines(ctx, node, scope):
     batch checked, nodes numbered by height) and the word ids in row order.
     Returns (schedule variable, a pointer to the words in row order, lines).
     A sequence's step reads its node id as its word: the schedule's order."""
-    from ..codegen.stmt import Call, Declare, Named
-
     spec = node.attrs["spec"]
     sched = scope.name("schedule")
     what = ctx.string(f"recurse over '{node.inputs[0].name}' ({node.loc.short if node.loc else ''})")
@@ -226,8 +221,6 @@ def pack_loop_weights(ctx, scope, cell, looped) -> list:
     of packing it again at every level; a product by its transpose (the gradient
     loop's d_gates @ u^T) gets a PackedB of the transpose. Only where the target's
     runtime has it. Returns the declarations; ctx.packed holds them while the loop lowers."""
-    from ..codegen.stmt import Declare, Named
-
     if not ctx.target.packs_weights:
         return []
     inside = {id(v) for n in cell.nodes for v in n.outputs}

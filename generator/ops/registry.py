@@ -46,7 +46,7 @@ here too, so that a new op needs no edit in the stages:
 
 from __future__ import annotations
 
-REGISTRY: dict = {}
+from ..ir.optable import REGISTRY, get_op  # the table this module fills, and its lookup
 
 
 class OpDef:
@@ -113,13 +113,6 @@ def register(cls):
         raise RuntimeError(f"op {cls.name!r} registered twice")
     REGISTRY[cls.name] = cls()
     return cls
-
-
-def get_op(name: str) -> OpDef:
-    try:
-        return REGISTRY[name]
-    except KeyError:
-        raise KeyError(f"unknown op {name!r}; registered ops: {', '.join(sorted(REGISTRY))}")
 
 
 def id_limit(graph, value) -> int:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import sympy
 
 from ..errors import ModelError
-from ..ir.graph import Node, Value, needed_for
+from ..ir.graph import Node, Value, needed_for, needed_nodes
 from ..ir.names import NameTable
 from ..ops import ARGS, get_op
 from ..ir.shapes import broadcast, contiguous_groups, same
@@ -147,16 +147,6 @@ def reaching(nodes, sources) -> set:
         if any(id(v) in reaches for v in node.inputs):
             reaches.update(id(v) for v in node.outputs)
     return reaches
-
-
-def needed_nodes(new_nodes, keep: set) -> list:
-    """The nodes of `new_nodes` that the values in `keep` need, in order."""
-    keep, kept = set(keep), []
-    for node in reversed(new_nodes):
-        if any(id(v) in keep for v in node.outputs):
-            keep.update(id(v) for v in node.inputs)
-            kept.append(node)
-    return kept[::-1]
 
 
 def differentiate(graph, loss: Value, wrt: list) -> dict:

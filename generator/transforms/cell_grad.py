@@ -14,10 +14,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..ir.graph import Node, Value
+from ..ir.graph import Node, Value, needed_nodes
 from ..ir.names import NameTable, safe_identifier
 from ..ops import ARGS
-from .autodiff import GradBuilder, backprop, needed_nodes, reaching
+from ..ops.recurse_scope import cell_values
+from .autodiff import GradBuilder, backprop, reaching
 
 
 @dataclass(eq=False)
@@ -157,7 +158,6 @@ def differentiate_recursion(gb: GradBuilder, spec, keep: bool = True, wanted=Non
     # A name numbered here (the sum d_node_c_1 beside its part d_node_c) takes the
     # name it asked for when lowered, if that is free by then (the fusion pass
     # merged the part away): LoopScope.
-    from ..ops.recurse_scope import cell_values
 
     graph_names = gb.graph.names
     gb.graph.names = _ScopeNames(graph_names, {v.name for cell in (spec.leaf, spec.internal) for v in cell_values(cell)})
