@@ -48,7 +48,7 @@ def test_hand_edit_of_model_cpp_changes_the_module(tmp_path):
     # becomes a plain GEMM followed by a tanh loop.
     model_cpp = project / "src" / "model.cpp"
     text = model_cpp.read_text()
-    call = "dg::matmul(x, h_w_packed, h, /*M=*/N, /*K=*/3, /*N=*/4, kernels::h_epilogue{h_b.ptr()});"
+    call = "dg::matmul(x, h_w_packed, h, /*M=*/N, /*K=*/3, /*N=*/4, kernels::add_relu_bias_epilogue{h_b.ptr()});"
     assert call in text
     by_hand = ("dg::matmul(x, h_w_packed, h, /*M=*/N, /*K=*/3, /*N=*/4);\n"
                "  for (int64_t i = 0; i < N * 4; ++i) h[i] = std::tanh(h[i] + h_b.ptr()[i % 4]);")

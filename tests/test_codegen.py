@@ -76,17 +76,20 @@ def test_golden_files(update_golden, golden):
 def test_generated_code_names_come_from_the_user():
     files = project_files(_tiny())
     model = files["src/model.cpp"].decode()
-    for name in ("h_w", "h_b", "y_w", "kernels::h_epilogue{h_b.ptr()}"):
+    for name in ("h_w", "h_b", "y_w", "kernels::add_relu_bias_epilogue{h_b.ptr()}"):
         assert name in model
     assert "// tiny.py:11  h = dg.dense(x, 4, act=dg.relu)" in model
-    # -O2 folds the bias + relu into the GEMM: the epilogue is named after the user's h.
-    assert "struct h_epilogue {" in files["src/kernels.h"].decode()
-    assert "dg::math::max_f(0.0F, _acc[_j] + h_b[_col0 + _j])" in files["src/kernels.h"].decode()
+    # -O2 folds the bias + relu into the GEMM: the epilogue is named for what it computes.
+    assert "struct add_relu_bias_epilogue {" in files["src/kernels.h"].decode()
+    assert "dg::math::max_f(0.0F, _acc[_j] + x1[_col0 + _j])" in files["src/kernels.h"].decode()
     assert "float* h = _arena.at(" in model
     # Without fusion the matmul keeps its own buffer, named after the statement it serves.
     plain = project_files(_tiny(), opt="O0")
     assert "float* h_matmul = _arena.at(" in plain["src/model.cpp"].decode()
-    assert "h_add[4 * _i0 + _i1] = h_matmul[4 * _i0 + _i1] + h_b[_i1];" in plain["src/kernels.cpp"].decode()
+    # Kernels are named for what they compute and take the sizes: one add_bias serves both layers.
+    assert "out[_i0 * n1 + _i1] = x0[_i0 * n1 + _i1] + x1[_i1];" in plain["src/kernels.cpp"].decode()
+    assert "kernels::add_bias(h_matmul, h_b.ptr(), h_add, /*n0=*/N, /*n1=*/4);" in plain["src/model.cpp"].decode()
+    assert "kernels::add_bias(y_matmul, y_b.ptr(), y.data(), /*n0=*/N, /*n1=*/2);" in plain["src/model.cpp"].decode()
 
 
 def test_generated_cpp_is_formatted():

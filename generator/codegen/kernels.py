@@ -19,13 +19,15 @@ caller's array: ops/recurse.py)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import sympy
 
 from ..frontend.train import G, STEP_SYMBOLS, W
 from ..ops import ARGS
 from ..ops.linalg import epilogue_role
-from ..ir.shapes import numel as numel_of
 from .plan import Arg, Kernel
+from .stmt import Named
 from .printer import FloatPrinter, RowAt, size_expr
 
 
@@ -71,8 +73,9 @@ def _merged_axes(node, views):
 
 
 def _index(loop_vars, extents, k, views, row_maps):
-    """Row-major flat index into operand k: a view's outer axes step its row
-    stride ld, and a row-mapped operand's outer index goes through its map."""
+    """Row-major flat index into operand k over loops of the given extents (symbols:
+    the kernel's size arguments): a view's outer axes step its row stride (views[k],
+    a symbol too), and a row-mapped operand's outer index goes through its map."""
     inner, outer, stride = sympy.Integer(0), sympy.Integer(0), sympy.Integer(1)
     past_rows = False
     for var, (size, pat) in reversed(list(zip(loop_vars, extents))):
@@ -88,46 +91,124 @@ def _index(loop_vars, extents, k, views, row_maps):
         return inner
     if k in row_maps:
         outer = RowAt(sympy.Symbol(row_maps[k]), outer)
-    return inner + outer * sympy.sympify(views[k][1])
+    return inner + outer * views[k]
 
 
-def ewise_kernel(node, names, comment: str, printer_cls=FloatPrinter, views=None, row_maps=None) -> Kernel:
-    """The Kernel for `node`; `names` maps each value to its C++ name; `views`
-    (operand index -> (axis, ld)) marks the operands read in place as row-strided
-    pieces of a larger buffer; `row_maps` (operand index -> argument name) the
-    operands whose rows a map places (each also in `views`, with its own row
-    length as ld). The kernel takes the maps after the output, each name once, in
-    operand order."""
+@dataclass
+class KernelUse:
+    """An elementwise kernel and what one call of it passes after its operands:
+    the row maps (C++ pointers), then the sizes (`Named`: the loops' extents, the
+    views' row strides), then the dims its expression reads (1/T)."""
+
+    kernel: Kernel
+    extra: list
+    chain: str  # what it computes, for its name: relu, add_relu, d_mean_d_add_relu
+    shape_words: list  # how it reads its operands, for a name apart: [("x1", "bias")], [("out", "mapped")]
+
+
+def _shape_words(extents, views, row_maps, operands) -> list:
+    """How the kernel reads its operands where it differs from each element at the
+    output's index, as (operand, word) in operand order: "scalar" (one value), "bias"
+    (along the last loop only: a vector shared by every row), "rows" (one value per
+    row), "bcast" (another broadcast), "strided" (a row-strided view), "mapped" (rows
+    placed by a map: for the output, where it writes them)."""
+    words = []
+    for k, name in enumerate(operands):
+        varies = "".join("1" if pat[k][0] else "0" for _, pat in extents)
+        if k in row_maps:
+            words.append((name, "mapped"))
+        elif k in views:
+            words.append((name, "strided"))
+        elif name != "out" and "0" in varies:
+            if "1" not in varies:
+                words.append((name, "scalar"))
+            elif varies.endswith("1") and "1" not in varies[:-1]:
+                words.append((name, "bias"))
+            elif varies.endswith("0") and "0" not in varies[:-1]:
+                words.append((name, "rows"))
+            else:
+                words.append((name, "bcast"))
+    return words
+
+
+def operand_names(count: int) -> list:
+    """A kernel's names for its inputs, whatever the values are called: x, or x0, x1, ..."""
+    return ["x"] if count == 1 else [f"x{k}" for k in range(count)]
+
+
+def function_chain(node) -> str:
+    """What an elementwise node computes, as an identifier: its functions in order,
+    each once (a fused add then relu: add_relu)."""
+    fns = node.attrs.get("fused_fns") or [node.attrs["fn"]]
+    return "_".join(dict.fromkeys(fns))
+
+
+def ewise_kernel(node, printer_cls=FloatPrinter, views=None, row_maps=None) -> KernelUse:
+    """The kernel for `node`, which names nothing of the model's: its operands are
+    x0, x1, ... and out, its sizes are arguments (n or n0, n1, ...: the merged
+    loops' extents; x1_ld: a view's row stride), so every node computing the same
+    expression over the same broadcast pattern gets the same kernel whatever its
+    sizes (LowerCtx.kernel names it and keeps one of each). `views` (operand index
+    -> (axis, ld)) marks the operands read in place as row-strided pieces of a
+    larger buffer; `row_maps` (operand index -> the C++ int64 pointer) the operands
+    whose rows a map places (each also in `views`, with its own row length as ld).
+    The kernel takes the maps after the output, each once, in operand order; each
+    is named after the first operand it places (out_at)."""
     views, row_maps = dict(views or {}), dict(row_maps or {})
     out = node.outputs[0]
     k_out = len(node.inputs)
+    operands = operand_names(len(node.inputs)) + ["out"]
+    expr = node.attrs["expr"]
+    dims = sorted((s for s in expr.free_symbols if s not in ARGS), key=str)  # sizes such as 1/T
+    taken = {str(d) for d in dims}
+
+    def own(name):  # a name of the kernel's, apart from the dims it reads
+        return f"_{name}" if name in taken else name
+
     extents = [(s, p) for s, p in _merged_axes(node, views) if s != 1]
-    # The loop indices begin with '_': the kernel's arguments bear the user's names.
-    loop_vars = [sympy.Symbol(f"_i{j}") for j in range(len(extents))] or []
-    loads = {}
-    for k, v in enumerate(node.inputs):
-        loads[ARGS[k]] = f"{names[v]}[{size_expr(_index(loop_vars, extents, k, views, row_maps))}]"
-    printer = printer_cls(loads)
-    replacements, (expr,) = sympy.cse([printer.fold(node.attrs["expr"])], symbols=sympy.numbered_symbols("_t"))
+    loop_vars = [sympy.Symbol(f"_i{j}") for j in range(len(extents))]
+    size_names = ["n"] if len(extents) == 1 else [f"n{j}" for j in range(len(extents))]
+    sizes = [(own(n), size) for n, (size, _) in zip(size_names, extents)]
+    sizes += [(own(f"{operands[k]}_ld"), sympy.sympify(ld)) for k, (_, ld) in sorted(views.items())]
+    symbols = {name: sympy.Symbol(name) for name, _ in sizes}
+    loop_extents = [(symbols[name], pat) for (name, _), (_, pat) in zip(sizes, extents)]
+    strides = {k: symbols[own(f"{operands[k]}_ld")] for k in views}
+    maps = {}  # the C++ pointer -> the kernel's name for it
+    for k in sorted(row_maps):
+        maps.setdefault(row_maps[k], own(f"{operands[k]}_at"))
+    map_names = {k: maps[row_maps[k]] for k in row_maps}
+    index = {k: _index(loop_vars, loop_extents, k, strides, map_names) for k in range(k_out + 1)}
+    # A view read within its rows only (a bias row of a bigger buffer) needs no row stride.
+    used = {str(s) for e in index.values() for s in e.atoms(sympy.Symbol)}
+    sizes = sizes[: len(extents)] + [(name, ld) for name, ld in sizes[len(extents) :] if name in used]
+    views = {k: v for k, v in views.items() if str(strides[k]) in used}
+    maps = {ptr: name for ptr, name in maps.items() if name in used}
+    row_maps = {k: ptr for k, ptr in row_maps.items() if ptr in maps}
+
+    def at(k):
+        return f"{own(operands[k])}[{size_expr(index[k])}]"
+
+    printer = printer_cls({ARGS[k]: at(k) for k in range(k_out)})
+    replacements, (folded,) = sympy.cse([printer.fold(expr)], symbols=sympy.numbered_symbols("_t"))
     temps = []
     for sym, sub in replacements:
         printer.loads[sym] = str(sym)
         temps.append(f"const float {sym} = {printer.doprint(sub)};")
-    sizes = [d for v in node.outputs + node.inputs for d in v.shape] + [sympy.sympify(ld) for _, ld in views.values()]
-    dims = sorted({s for d in sizes for s in getattr(d, "free_symbols", ())}, key=str)
-    args = [Arg("const float*", names[v]) for v in node.inputs]
-    args.append(Arg("float*", names[out]))
-    args += [Arg("const std::int64_t*", m) for m in dict.fromkeys(row_maps[k] for k in sorted(row_maps))]
-    args += [Arg("std::int64_t", str(d)) for d in dims]
-    return Kernel(
-        name=names[out],
-        comment=comment,
+    args = [Arg("const float*", own(name)) for name in operands[:-1]] + [Arg("float*", own("out"))]
+    args += [Arg("const std::int64_t*", name) for name in maps.values()]
+    args += [Arg("std::int64_t", name) for name, _ in sizes] + [Arg("std::int64_t", str(d)) for d in dims]
+    elements = sympy.Mul(*[symbols[name] for name, _ in sizes[: len(extents)]])
+    kernel = Kernel(
+        name="",  # codegen/kernel_table.py names it (after its function chain) ...
+        comment="",  # ... and cites the statements it is made for
         args=args,
-        loops=[(str(var), size_expr(size)) for var, (size, _) in zip(loop_vars, extents)],
+        loops=[(str(var), name) for var, (name, _) in zip(loop_vars, sizes)],
         temps=temps,
-        assign=f"{names[out]}[{size_expr(_index(loop_vars, extents, k_out, views, row_maps))}] = {printer.doprint(expr)};",
-        work=_work(numel_of(out.shape), [node.attrs["expr"]]),
+        assign=f"{at(k_out)} = {printer.doprint(folded)};",
+        work=_work(elements, [expr]),
     )
+    extra = list(maps) + [Named(name, size_expr(size)) for name, size in sizes] + [str(d) for d in dims]
+    return KernelUse(kernel, extra, function_chain(node), _shape_words(extents, views, row_maps, operands))
 
 
 # A vectorized elementwise operation costs about what this many GEMM flops do
@@ -181,42 +262,45 @@ def update_kernel(optimizer, printer_cls=FloatPrinter) -> Kernel:
     )
 
 
-def epilogue_kernel(node, names, comment: str, printer_cls=FloatPrinter) -> Kernel:
+def epilogue_kernel(node, printer_cls=FloatPrinter) -> KernelUse:
     """The epilogue functor of a matmul node with attrs["epilogue"] (see
     passes.epilogue): acc[j] = expr(acc[j], extras...) for the n finished
     elements of C[row, col0 : col0 + n]. x0 is the accumulated value; each other
-    operand is read by its role (ops.linalg.epilogue_role). The functor's members
-    bear the user's names; its operator()'s own names begin with '_' (_row, _col0,
-    _acc, _n, _j: kernels.h.j2)."""
+    operand, a member x1, x2, ..., is read by its role (ops.linalg.epilogue_role);
+    one read at every element of C has the row length `ld` beside it. Like a loop
+    kernel it names nothing of the model's, so one functor serves every product
+    with the same epilogue (codegen/kernel_table.py names it). Its operator()'s own
+    names begin with '_' (_row, _col0, _acc, _n, _j: kernels.h.j2)."""
     out = node.outputs[0]
-    width = out.shape[-1]
+    extras = node.inputs[2:]
+    roles = [epilogue_role(v, out.shape) for v in extras]
+    ld = sympy.Symbol("ld")
     col = sympy.Symbol("_col0") + sympy.Symbol("_j")
     row = sympy.Symbol("_row")
     loads = {ARGS[0]: "_acc[_j]"}
-    uses_row = uses_col = False
-    for k, v in enumerate(node.inputs[2:], start=1):
-        role = epilogue_role(v, out.shape)
-        index = {"scalar": 0, "col": col, "row": row, "full": row * width + col}[role]
-        uses_row |= role in ("row", "full")
-        uses_col |= role in ("col", "full")
-        loads[ARGS[k]] = f"{names[v]}[{size_expr(index)}]"
+    for k, role in enumerate(roles, start=1):
+        index = {"scalar": 0, "col": col, "row": row, "full": row * ld + col}[role]
+        loads[ARGS[k]] = f"x{k}[{size_expr(index)}]"
     printer = printer_cls(loads)
     replacements, (expr,) = sympy.cse([printer.fold(node.attrs["epilogue"])], symbols=sympy.numbered_symbols("_t"))
     temps = []
     for sym, sub in replacements:
         printer.loads[sym] = str(sym)
         temps.append(f"const float {sym} = {printer.doprint(sub)};")
-    full = any(epilogue_role(v, out.shape) == "full" for v in node.inputs[2:])
-    dims = sorted(getattr(width, "free_symbols", ()), key=str) if full else []  # the row stride
-    args = [Arg("const float*", names[v]) for v in node.inputs[2:]] + [Arg("std::int64_t", str(d)) for d in dims]
-    return Kernel(
-        name=f"{names[out]}_epilogue",
-        comment=comment,
+    full = "full" in roles
+    args = [Arg("const float*", f"x{k}") for k in range(1, len(extras) + 1)] + ([Arg("std::int64_t", "ld")] if full else [])
+    kernel = Kernel(
+        name="",
+        comment="",
         args=args,
         loops=[("_j", "_n")],
         temps=temps,
         assign=f"_acc[_j] = {printer.doprint(expr)};",
         kind="epilogue",
-        uses_row=uses_row,
-        uses_col=uses_col,
+        uses_row=any(r in ("row", "full") for r in roles),
+        uses_col=any(r in ("col", "full") for r in roles),
     )
+    words = {"scalar": "scalar", "col": "bias", "row": "rows", "full": "full"}
+    extra = [Named("ld", size_expr(out.shape[-1]))] if full else []
+    chain = "_".join(dict.fromkeys(node.attrs["epilogue_fns"]))
+    return KernelUse(kernel, extra, chain, [(f"x{k}", words[r]) for k, r in enumerate(roles, start=1)])

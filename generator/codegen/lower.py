@@ -25,6 +25,7 @@ from ..ir.shapes import fmt_shape, numel
 from ..memory.buffer import Buffer
 from ..transforms.autodiff import train_only_inputs
 from ..transforms.passes import regions
+from .kernel_table import KernelTable
 from .kernels import epilogue_kernel, ewise_kernel, update_kernel
 from .printer import size_expr
 from .plan import ArenaDecl, GradientDecl, InputSpec, KeptPacking, OutputSpec, ParamSpec, ProjectPlan, Statement, TrainPlan, Update
@@ -53,6 +54,7 @@ class LowerCtx:
         self.plain_reads = set()  # id(param) of parameters the forward pass reads as stored (not packed)
         self._live = None
         self.kernels = []
+        self.kernel_table = KernelTable(self.kernels)  # one elementwise kernel per body
         self.pending = []  # declarations for the line being lowered
         self.comment = ""  # the DSL statement being lowered, for buffer labels
         self.phase = "forward"
@@ -249,40 +251,33 @@ class LowerCtx:
         return "\n".join([f"{what} {', '.join(dict.fromkeys(fns))}:"] + lines)
 
     def epilogue(self, node) -> Functor:
-        """The functor a matmul with a fused epilogue passes to the GEMM."""
-        names = {v: v.name for v in node.inputs + node.outputs}
-        comment = self._fused_comment(node.attrs["epilogue_from"], node.attrs["epilogue_fns"],
-                                      "the GEMM's epilogue, fusing")
-        kernel = epilogue_kernel(node, names, comment, self.target.printer_cls)
-        # kernels:: holds one function per value name: keep this type's name apart
-        kernel.name = _fresh(kernel.name, {k.name for k in self.kernels} | set(self.graph.names.used))
-        self.kernels.append(kernel)
-        members = [self.read(v) for v in node.inputs[2:]] + [a.name for a in kernel.args[len(node.inputs) - 2 :]]
-        return Functor(kernel.name, tuple(members))
+        """The functor a matmul with a fused epilogue passes to the GEMM: one per
+        distinct body, like the elementwise kernels."""
+        header, *places = self._fused_comment(node.attrs["epilogue_from"], node.attrs["epilogue_fns"],
+                                              "the GEMM's epilogue, fusing").split("\n")
+        use = epilogue_kernel(node, self.target.printer_cls)
+        name = self.kernel_table.add(use, header, places)
+        return Functor(name, tuple([self.read(v) for v in node.inputs[2:]] + use.extra))
 
     def kernel(self, node) -> Call:
-        """A call of the elementwise kernel that computes node."""
-        names = {v: v.name for v in node.inputs + node.outputs}
-        comment = self.comment
+        """A call of the elementwise kernel that computes node: one kernel per
+        distinct body, named for what it computes (codegen/kernel_table.py); the call
+        passes the node's operands, row maps and sizes."""
         fused = node.attrs.get("fused_from")
         if fused:
-            comment = self._fused_comment(fused, node.attrs["fused_fns"])
+            header, *places = self._fused_comment(fused, node.attrs["fused_fns"]).split("\n")
+        else:  # the DSL statement of the node (a gradient's: the one it differentiates)
+            header, places = "", [f"{node.loc.short}  {comment_text(node.loc.text)}" if node.loc else self.comment]
         views = {k: self.views[id(v)] for k, v in enumerate(node.inputs) if id(v) in self.views}
-        maps, row_maps = {}, {}  # map expression -> its argument name; operand -> that name
-        taken = set(names.values()) | {str(s) for v in node.inputs + node.outputs for d in v.shape
-                                        for s in getattr(d, "free_symbols", ())}
+        row_maps = {}  # operand -> the int64 pointer placing its rows
         for k, v in enumerate(node.inputs + node.outputs[:1]):
             if id(v) in self.row_maps:  # rows placed by a map (a recursive op's state in node order)
                 views[k] = (1, numel(v.shape[1:]))
-                at = self.row_maps[id(v)]
-                if at not in maps:
-                    maps[at] = _fresh(f"{v.name}_at", taken)
-                row_maps[k] = maps[at]
-        kernel = ewise_kernel(node, names, comment, self.target.printer_cls, views, row_maps)
-        self.kernels.append(kernel)
-        args = [self.read(v) for v in node.inputs] + [self.write(node.outputs[0])] + list(maps)
-        args += [a.name for a in kernel.args[len(args) :]]
-        return Call(f"kernels::{kernel.name}", args)
+                row_maps[k] = self.row_maps[id(v)]
+        use = ewise_kernel(node, self.target.printer_cls, views, row_maps)
+        name = self.kernel_table.add(use, header, places)
+        args = [self.read(v) for v in node.inputs] + [self.write(node.outputs[0])] + use.extra
+        return Call(f"kernels::{name}", args)
 
 
 def _fresh(name: str, taken: set) -> str:

@@ -106,12 +106,25 @@ class Elementwise(OpDef):
         out = node.outputs[0]
         n = len(node.inputs)
         operands = list(node.inputs) + [g, out]
-        grads = []
-        for k, v in enumerate(node.inputs):
+        derivs = []
+        for k in range(n):
             d = output_derivative(node.attrs["expr"], ARGS[k], ARGS[n + 1])
             if d is None:
                 d = derivative(node.attrs["expr"], ARGS[k])
-            d = d * ARGS[n]
-            dv = gb.ewise(f"d_{node.attrs['fn']}", d, operands, out.shape, f"d_{v.name}")
+            derivs.append(d * ARGS[n])
+        # Named after what it differentiates (d_relu; for a fused node d_add_relu), and
+        # where the operands' derivatives differ, after the operand too (d_mul_add_wrt_x1).
+        fn = "d_" + "_".join(dict.fromkeys(node.attrs.get("fused_fns") or [node.attrs["fn"]]))
+        several = len({_operands_in_order(d) for d in derivs}) > 1
+        grads = []
+        for k, (v, d) in enumerate(zip(node.inputs, derivs)):
+            dv = gb.ewise(f"{fn}_wrt_x{k}" if several else fn, d, operands, out.shape, f"d_{v.name}")
             grads.append(gb.sum_to(dv, v.shape))
         return grads
+
+
+def _operands_in_order(expr):
+    """expr with its operand symbols renumbered x0, x1, ... in order (as an
+    elementwise node holds it once its unused operands are dropped)."""
+    used = sorted((s for s in expr.free_symbols if s in ARGS), key=ARGS.index)
+    return expr.xreplace({s: ARGS[j] for j, s in enumerate(used)})

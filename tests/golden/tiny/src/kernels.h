@@ -14,11 +14,11 @@ namespace kernels {
 // the GEMM's epilogue, fusing add, relu:
 // tiny.py:11  h = dg.dense(x, 4, act=dg.relu)
 // The GEMM calls it on C[_row, _col0 : _col0 + _n] once those sums are complete.
-struct h_epilogue {
-  const float* h_b;
+struct add_relu_bias_epilogue {
+  const float* x1;
   void operator()(std::int64_t /*_row*/, std::int64_t _col0, float* _acc, std::int64_t _n) const {
     for (std::int64_t _j = 0; _j < _n; ++_j) {
-      _acc[_j] = dg::math::max_f(0.0F, _acc[_j] + h_b[_col0 + _j]);
+      _acc[_j] = dg::math::max_f(0.0F, _acc[_j] + x1[_col0 + _j]);
     }
   }
 };
@@ -26,11 +26,11 @@ struct h_epilogue {
 // the GEMM's epilogue, fusing add:
 // tiny.py:12  y = dg.dense(h, 2)
 // The GEMM calls it on C[_row, _col0 : _col0 + _n] once those sums are complete.
-struct y_epilogue {
-  const float* y_b;
+struct add_bias_epilogue {
+  const float* x1;
   void operator()(std::int64_t /*_row*/, std::int64_t _col0, float* _acc, std::int64_t _n) const {
     for (std::int64_t _j = 0; _j < _n; ++_j) {
-      _acc[_j] = _acc[_j] + y_b[_col0 + _j];
+      _acc[_j] = _acc[_j] + x1[_col0 + _j];
     }
   }
 };

@@ -121,11 +121,11 @@ void Network::_run(const ::tiny::Model& _model, const ::tiny::Inputs& _inputs,
 
   // tiny.py:11  h = dg.dense(x, 4, act=dg.relu)
   float* h = _arena.at(0, 4 * N);
-  dg::matmul(x, h_w_packed, h, /*M=*/N, /*K=*/3, /*N=*/4, kernels::h_epilogue{h_b.ptr()});
+  dg::matmul(x, h_w_packed, h, /*M=*/N, /*K=*/3, /*N=*/4, kernels::add_relu_bias_epilogue{h_b.ptr()});
 
   // tiny.py:12  y = dg.dense(h, 2)
   std::vector<float> y(2 * N);
-  dg::matmul(h, y_w_packed, y.data(), /*M=*/N, /*K=*/4, /*N=*/2, kernels::y_epilogue{y_b.ptr()});
+  dg::matmul(h, y_w_packed, y.data(), /*M=*/N, /*K=*/4, /*N=*/2, kernels::add_bias_epilogue{y_b.ptr()});
 
   // forward(): hand over the outputs
   _outputs->y = dg::Tensor<float>({N, 2}, std::move(y));

@@ -19,11 +19,11 @@ void momentum_update(float* w, const float* g, float* buf, int64_t n, float lr, 
 // the GEMM's epilogue, fusing add, relu:
 // tiny.py:30  h = dg.dense(x, 4, act=dg.relu)
 // The GEMM calls it, on the GPU, on C[_row, _col0 : _col0 + _n] once those sums are complete.
-struct h_epilogue {
-  const float* h_b;
+struct add_relu_bias_epilogue {
+  const float* x1;
   DG_HD void operator()(std::int64_t /*_row*/, std::int64_t _col0, float* _acc, std::int64_t _n) const {
     for (std::int64_t _j = 0; _j < _n; ++_j) {
-      _acc[_j] = dg::math::max_f(0.0F, _acc[_j] + h_b[_col0 + _j]);
+      _acc[_j] = dg::math::max_f(0.0F, _acc[_j] + x1[_col0 + _j]);
     }
   }
 };
@@ -31,23 +31,24 @@ struct h_epilogue {
 // the GEMM's epilogue, fusing add:
 // tiny.py:31  logits = dg.dense(h, 2)
 // The GEMM calls it, on the GPU, on C[_row, _col0 : _col0 + _n] once those sums are complete.
-struct logits_epilogue {
-  const float* logits_b;
+struct add_bias_epilogue {
+  const float* x1;
   DG_HD void operator()(std::int64_t /*_row*/, std::int64_t _col0, float* _acc, std::int64_t _n) const {
     for (std::int64_t _j = 0; _j < _n; ++_j) {
-      _acc[_j] = _acc[_j] + logits_b[_col0 + _j];
+      _acc[_j] = _acc[_j] + x1[_col0 + _j];
     }
   }
 };
 
-// the GEMM's epilogue, fusing d_fused:
+// the GEMM's epilogue, fusing d_add_relu:
 // tiny.py:30  h = dg.dense(x, 4, act=dg.relu)
 // The GEMM calls it, on the GPU, on C[_row, _col0 : _col0 + _n] once those sums are complete.
-struct d_h_matmul_epilogue {
-  const float* h;
+struct d_add_relu_full_epilogue {
+  const float* x1;
+  std::int64_t ld;
   DG_HD void operator()(std::int64_t _row, std::int64_t _col0, float* _acc, std::int64_t _n) const {
     for (std::int64_t _j = 0; _j < _n; ++_j) {
-      _acc[_j] = _acc[_j] * ((h[_col0 + _j + 4 * _row] > 0.0F) ? (1.0F) : (0.0F));
+      _acc[_j] = _acc[_j] * ((x1[_col0 + _j + _row * ld] > 0.0F) ? (1.0F) : (0.0F));
     }
   }
 };

@@ -248,12 +248,12 @@ float Network::_run(::tiny_cuda::Model& _model, const ::tiny_cuda::Inputs& _inpu
 
   // tiny.py:30  h = dg.dense(x, 4, act=dg.relu)
   float* h = _arena.at(0, 4 * N);
-  dg::matmul(x, h_w.ptr(), h, /*M=*/N, /*K=*/3, /*N=*/4, kernels::h_epilogue{h_b.ptr()});
+  dg::matmul(x, h_w.ptr(), h, /*M=*/N, /*K=*/3, /*N=*/4, kernels::add_relu_bias_epilogue{h_b.ptr()});
 
   // tiny.py:31  logits = dg.dense(h, 2)
   dg::DeviceVector<float> logits(2 * N);
   dg::matmul(h, logits_w.ptr(), logits.data(), /*M=*/N, /*K=*/4, /*N=*/2,
-             kernels::logits_epilogue{logits_b.ptr()});
+             kernels::add_bias_epilogue{logits_b.ptr()});
 
   if (_outputs != nullptr) {  // forward(): copy the outputs to the host
     _outputs->logits = dg::to_host<float>({N, 2}, logits.data());
@@ -295,7 +295,7 @@ float Network::_run(::tiny_cuda::Model& _model, const ::tiny_cuda::Inputs& _inpu
   dg::reduce_sum(d_logits, d_logits_b, /*outer=*/1, /*len=*/N, /*inner=*/2);
   float* d_h_matmul = _arena.at(4 * N, 4 * N);
   dg::matmul_nt(d_logits, logits_w.ptr(), d_h_matmul, /*M=*/N, /*K=*/2, /*N=*/4,
-                kernels::d_h_matmul_epilogue{h});
+                kernels::d_add_relu_full_epilogue{h, /*ld=*/4});
   float* d_logits_w = _gradients_kept ? this->d_logits_w.ptr() : _arena.at(10 * N, 8);
   dg::matmul_tn(h, d_logits, d_logits_w, /*M=*/4, /*K=*/N, /*N=*/2);
   if (_gradients_only == nullptr)

@@ -14,7 +14,7 @@ namespace kernels {
 // the GEMM's epilogue, fusing tanh:
 // tiny.py:48  return (dg.tanh(dg.concat([h_l, h_r], axis=1) @ w),)
 // The GEMM calls it on C[_row, _col0 : _col0 + _n] once those sums are complete.
-struct node_tanh_epilogue {
+struct tanh_epilogue {
   void operator()(std::int64_t /*_row*/, std::int64_t /*_col0*/, float* _acc, std::int64_t _n) const {
     for (std::int64_t _j = 0; _j < _n; ++_j) {
       _acc[_j] = dg::math::tanh_f(_acc[_j]);

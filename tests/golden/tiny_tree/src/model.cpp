@@ -158,7 +158,7 @@ void Network::_run(const ::tiny_tree::Model& _model, const ::tiny_tree::Inputs& 
       // tiny.py:48  return (dg.tanh(dg.concat([h_l, h_r], axis=1) @ w),)
       // h_l, h_r: gathered straight into node_concat's columns
       dg::matmul(node_concat.data(), w_packed, node_tanh.data(), /*M=*/rows, /*K=*/8, /*N=*/4,
-                 kernels::node_tanh_epilogue{});
+                 kernels::tanh_epilogue{});
       dg::unsort_rows(node_tanh.data(), order, /*rows=*/rows, /*width=*/4, h);
     }
   }
