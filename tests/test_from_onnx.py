@@ -445,12 +445,13 @@ def _one_line(error) -> str:
 def test_unsupported_ops_name_op_node_and_opset():
     class WithPad(nn.Module):
         def forward(self, x):
-            return F.pad(x, (1, 2)) * 2
+            return F.pad(x, (1, 2, 1, 2), mode="reflect") * 2  # (constant padding is dg.pad)
 
     data = _export(WithPad(), (torch.randn(1, 3, 4, 4),), ["x"])
     with pytest.raises(DeepgenError) as e:
         from_onnx(onnx.load_from_string(data))
-    assert _one_line(e).startswith("unsupported ONNX op: Pad node '/Pad' (opset 20) with pads [0, 0, 0, 1, 0, 0, 0, 2]")
+    assert _one_line(e).startswith("unsupported ONNX op: Pad node '/Pad' (opset 20) with mode 'reflect' and pads "
+                                   "[0, 0, 1, 1, 0, 0, 2, 2]")
 
     model = _graph_model([helper.make_node("FusedGemm", ["x", "x"], ["y"], domain="com.microsoft", name="fg")],
                          [_info("x", ["n", 4])], [_info("y", ["n", 4])], domains=["com.microsoft"])
