@@ -117,3 +117,20 @@ def test_no_comment_repeats_the_update_beside_it(tmp_path):
     model = project_files(load_model(str(tmp_path / "plain.py")).build())["src/model.cpp"].decode()
     assert "kernels::sgd_update(" in model
     assert not re.search(r"// \w+: gradient complete", model)
+
+
+def test_a_header_is_needed_for_what_the_code_calls_not_what_comments_and_strings_name():
+    from generator.codegen.runtime_headers import RuntimeHeaders
+    from generator.codegen.targets import load_target
+
+    runtime = RuntimeHeaders(load_target("cpu").runtime_sources())
+    code = 'dg::conv2d(x);  // then dg::schedule_levels\ndg::require(ok, "dg::gather_rows failed");'
+    assert runtime.used_by(code) == ["dg_conv.h", "dg_tensor.h"]
+    assert set(runtime.included(['#include "dg_conv.h"'])) == {"dg_conv.h", "dg_conv_geom.h", "dg_gemm.h",
+                                                                "dg_parallel.h", "dg_arena.h"}
+    try:
+        runtime.used_by("dg::no_such_function(1);")
+    except KeyError as e:
+        assert "dg::no_such_function" in str(e)
+    else:
+        raise AssertionError("a name no header defines was accepted")

@@ -13,7 +13,8 @@ from __future__ import annotations
 import re
 
 _INCLUDE = re.compile(r'^#include "(dg_\w+\.h)"', re.M)
-_COMMENT = re.compile(r"//.*$", re.M)  # what a comment names is not used
+_STRING = re.compile(r'"(?:[^"\\\n]|\\.)*"')  # what a string literal or a comment names is not used
+_COMMENT = re.compile(r"//.*$", re.M)
 _USE = re.compile(r"\bdg::(\w+)|\b(DG_[A-Z0-9_]+)\b")
 # Top-level declarations: a type, a namespace, an alias, a macro ...
 _DEFINES = (
@@ -52,10 +53,10 @@ class RuntimeHeaders:
                 self.defined_in.setdefault(name, set()).add(header)
 
     def used_by(self, text: str) -> list:
-        """The headers defining the names `text`'s code (not its comments) uses, sorted;
+        """The headers defining the names `text`'s code (not its comments or strings) uses, sorted;
         a name no header defines is an error (a runtime name the target's headers lack)."""
         found = set()
-        code = _COMMENT.sub("", text)
+        code = _COMMENT.sub("", _STRING.sub('""', text))
         for qualified, macro in _USE.findall(code):
             name = qualified or macro
             if name not in self.defined_in:
