@@ -114,7 +114,9 @@ def test_module_paths_become_identifiers_and_the_npz_keeps_their_keys(tmp_path):
     .npz maps each parameter back to its state_dict key."""
     module = make("regnet_y_400mf")
     source, weights, _ = _import(module, torch.randn(1, 3, 32, 32))
-    assert "trunk_output_block1_block1_0_proj_0" in source and "block1-0" not in source.replace("block1-0 ", "")
+    # (the block is a call of the function of its class: its name prefix, then the layers' names in it)
+    assert 'name="trunk_output_block1_block1_0"' in source and 'name=f"{name}_proj_0"' in source
+    assert "block1-0" not in source.replace("block1-0 ", "")
     _, weights_path = write_model(source, weights, str(tmp_path / "regnet.py"))
     with np.load(weights_path) as f:
         keys = torch_keys(f)
