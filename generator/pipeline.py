@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from .codegen.emit import render
 from .codegen.lower import lower as lower_graph
+from .codegen.outline import outline
 from .codegen.plan import ArenaDecl
 from .codegen.record import record
 from .codegen.stmt import nested_lines
@@ -70,7 +71,7 @@ def lowered(graph, target_name: str = "cpu"):
 
 def project_files(graph, target: str = "cpu", opt: str = "O2", report=None) -> dict:
     """Every stage from optimize to render: the files of the project for `graph`."""
-    plan = _recorded(graph, opt, report, target)
+    plan = outline(_recorded(graph, opt, report, target), graph)
     return render(plan, load_target(target))
 
 

@@ -220,3 +220,24 @@ def test_sigmoid_prints_as_one_function_where_its_tanh_is_not_shared():
         for value in (-30.0, -3.5, -0.25, 0.0, 0.7, 12.0):
             at = {x: value, c: 1.5, n: -2.0, h: 0.75}
             assert abs(float(plain.evalf(subs=at)) - float(expr.evalf(subs=at))) < 1e-12, (expr, value)
+
+
+def test_each_call_of_a_users_function_is_headed_by_its_evaluated_arguments(tmp_path):
+    """Calls in a loop at one line are told apart (each its own banner), and the banner
+    shows the values the call got (`name='block_1'`, not the unevaluated f-string)."""
+    model = tmp_path / "blocks.py"
+    model.write_text(
+        "import generator as dg\n"
+        "def block(x, scale, name):\n"
+        "    w = dg.param(f'{name}_w', (3, 3))\n"
+        "    return dg.tanh(x @ w) * scale\n"
+        "@dg.model\n"
+        "def blocks():\n"
+        "    x = dg.input('x', (2, 3))\n"
+        "    for i in range(3):\n"
+        "        x = block(x, i + 1.5, f'block_{i}')\n"
+        "    return {'y': x}\n"
+    )
+    text = project_files(load_model(str(model)).build())["src/model.cpp"].decode()
+    banners = [line.strip() for line in text.splitlines() if line.strip().startswith("// ----")]
+    assert banners == [f"// ---- blocks.py:9  block(x, scale={i + 1.5}, name='block_{i}')" for i in range(3)]

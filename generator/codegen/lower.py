@@ -328,16 +328,21 @@ def _statements(ctx, nodes, first: int) -> list:
             if node.phase == "backward":
                 text = f"{'made again for the gradient:' if again else 'gradient of'} {text}"
             ctx.comment = text
-            statements.append(Statement(ctx.comment))
+            statements.append(Statement(ctx.comment, call=loc if loc and loc.call else None,
+                                        helper=loc.helper if loc else ()))
             key = k
             # The statements of one call of a user's function (a residual block) come
             # together under the line that called it.
             call = loc.call if loc else None
             new_call_key = (call.filename, call.line, loc.call_id) if call else None
             if call and new_call_key != call_key:
-                header = f"{call.short}  {comment_text(call.text)}"
+                # The call with its arguments' values: the loop's `f"layer{stage}_0"` as 'layer2_0'.
+                header = f"{call.short}  {comment_text(loc.call_text or call.text)}"
                 statements[-1].header = f"gradient of {header}" if node.phase == "backward" else header
             call_key = new_call_key
+        helper = statements[-1].helper
+        if not (loc and loc.helper and helper and loc.helper[0] == helper[0]):
+            statements[-1].helper = ()  # made by several calls (`relu(x @ w + b)`), or by none
         ctx.pending = []
         ctx.phase = node.phase
         statements[-1].positions.append(position)

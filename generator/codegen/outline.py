@@ -33,13 +33,17 @@ import re
 from dataclasses import dataclass, field
 
 from .plan import ArenaDecl, GradientDecl, Statement
-from .stmt import Alias, Call, Comment, Copy, Declare, Functor, Named, Operand, Read, Scope, Write, operands
+from .stmt import Alias, Call, Comment, Copy, Declare, EarlyUpdate, Functor, Named, Operand, Read, Scope, UpdateRows, Write, operands
 
 _IDENT = re.compile(r"(?<![\w.:>])[A-Za-z_]\w*(?![\w(]|::)")
-_INT_EXPR = re.compile(r"^[\w\s+\-*/()]+$")
+_INT_EXPR = re.compile(r"^([\w\s+\-*/()]|\.size\(\))+$")
 _FLOAT = re.compile(r"^-?\d+(\.\d*)?(e[+-]?\d+)?f$")
 # Words a body may hold that are not values: C++ words and the runtime's.
-_CPP_WORDS = {"nullptr", "true", "false", "static_cast", "sizeof", "float", "double", "int", "const"}
+_CPP_WORDS = {"nullptr", "true", "false", "static_cast", "sizeof", "float", "double", "int", "const",
+              "_at", "_g", "_n"}  # the last: the parameters of UpdateRows's lambda
+# Names of _run's that a body may read, and their types as a function's parameters.
+_RUN_LOCALS = {"_gradients_only": "const std::function<void(int)>*", "_model": "Model&"}
+_MEMBER_PTR = re.compile(r"^\w+\.ptr\(\)$")
 
 
 class _NotOutlined(Exception):
@@ -98,49 +102,66 @@ class _Instance:
 
 
 def outline(plan, graph=None):
-    """Replace repeated calls' forward statements by calls of one function each
-    (`graph`'s name table gives the names the user asked for: `out`, not `out_1`)."""
+    """Replace the statements of repeated calls (forward, and backward when the model
+    trains) by calls of one function each (`graph`'s name table gives the names the
+    user asked for: `out`, not `out_1`)."""
     bases = graph.names.bases if graph is not None else {}
-    instances = []
-    for inst in _instances(plan.statements):
-        try:
-            _read_instance(inst, bases)
-            instances.append(inst)
-        except _NotOutlined:
-            continue
-    kept_inline = _split_first_uses(instances, bases)
+    lists = {"forward": plan.statements}
+    if plan.train is not None:
+        lists["backward"] = plan.train.backward_statements
+    found, inline = {}, {}
+    for part, statements in lists.items():
+        found[part] = []
+        for inst in _instances(statements):
+            if part == "backward" and len(inst.statements) < _BACKWARD_MIN:
+                continue  # a piece of a call's gradient that the schedule moved: inline
+            try:
+                _read_instance(inst, bases)
+                found[part].append(inst)
+            except _NotOutlined:
+                continue
+        inline[part] = _split_first_uses(found[part], bases)
+    later_reads = _reads_after(plan, lists, found, inline)
     taken = _taken_names(plan)
+    for part, statements in lists.items():
+        suffix = "" if part == "forward" else "_backward"
+        new = _outline_part(statements, found[part], inline[part], plan, later_reads, taken, suffix)
+        if part == "forward":
+            plan.statements = new
+        else:
+            plan.train.backward_statements = new
+    return plan
+
+
+def _outline_part(statements, instances, kept_inline, plan, later_reads, taken, suffix) -> list:
     groups: dict = {}
     for inst in instances:
         key = (inst.loc.filename, _function_name(inst.loc), tuple(map(repr, inst.shape)))
         groups.setdefault(key, []).append(inst)
-    later_reads = _reads_after(plan)
     replaced = {}
     names = _variant_names(groups)
     for key, group in groups.items():
         if len(group) < 2:
             continue
         try:
-            function, calls = _make_function(group, plan, _fresh(names[key], taken), later_reads)
+            function, calls = _make_function(group, plan, _fresh(names[key] + suffix, taken), later_reads)
         except _NotOutlined:
             continue
         taken.add(function.name)
         plan.functions.append(function)
         for inst, call_statement in zip(group, calls):
             replaced[id(inst.first or inst.statements[0])] = (inst, call_statement)
-    if replaced:
-        out, skip = [], set()
-        for s in plan.statements:
-            if id(s) in replaced:
-                inst, call_statement = replaced[id(s)]
-                if id(s) in kept_inline:
-                    out.append(kept_inline[id(s)])
-                out.append(call_statement)
-                skip.update(id(t) for t in inst.statements)
-            elif id(s) not in skip:
-                out.append(s)
-        plan.statements = out
-    return plan
+    out, skip = [], set()
+    for s in statements:
+        if id(s) in replaced:
+            inst, call_statement = replaced[id(s)]
+            if id(s) in kept_inline:
+                out.append(kept_inline[id(s)])
+            out.append(call_statement)
+            skip.update(id(t) for t in inst.statements)
+        elif id(s) not in skip:
+            out.append(s)
+    return out
 
 
 def _split_first_uses(instances, bases) -> dict:
@@ -196,6 +217,7 @@ def _variant_names(groups) -> dict:
             if extra or missing:
                 parts = (extra or missing)[0].split("_")  # shortcut_0_cols -> shortcut
                 word = "_".join(parts[: next((k for k, p in enumerate(parts) if p.isdigit()), len(parts))]) or parts[0]
+                word = word[2:] if word.startswith("d_") and len(word) > 2 else word  # a gradient's: d_shortcut
                 names[key] = f"{fn}_{'with' if extra else 'without'}_{word}"
     return names
 
@@ -278,11 +300,17 @@ def _read_instance(inst: _Instance, bases: dict) -> None:
             if name:
                 declared.append(name)
     local = {}
+    # A name made from a tensor argument's (the gradient of the block's input, d_relu_4)
+    # is made from the parameter's name inside (d_x); other names as the user asked.
+    arguments = {v.name: n for n, v in inst.loc.call_args if hasattr(v, "dtype") and hasattr(v, "name")}
     for name in declared:
-        short = bases.get(name, name)
+        short = _asked_for(name, bases, arguments)
         for prefix in strings:
             if short.startswith(prefix + "_") and len(short) > len(prefix) + 1:
                 short = short[len(prefix) + 1 :]
+                break
+            if f"_{prefix}_" in short:  # a gradient's name: d_layer4_1_bn2 -> d_bn2
+                short = short.replace(f"_{prefix}_", "_", 1)
                 break
         if short in strings:  # named just `name=` (a layer helper's result): the call's output
             short = "out"
@@ -301,6 +329,22 @@ def _read_instance(inst: _Instance, bases: dict) -> None:
             _walk(line, inst)
 
 
+def _asked_for(name: str, *tables) -> str:
+    """The name the user's code asked for: `out` for `out_5`, `d_out_cols` for
+    `d_out_5_cols` (a name made from a suffixed one: a gradient's, a workspace's),
+    each table in turn replacing the longest `_`-bounded run of parts it knows (the
+    tables after the first: a run that is not the whole name)."""
+    for k, table in enumerate(tables):
+        parts = name.split("_")
+        # Past the first table, only a part of the name: d_relu_4 -> d_x, but relu stays relu.
+        spans = [(j - i, i, j) for i in range(len(parts)) for j in range(i + 1, len(parts) + 1)
+                 if "_".join(parts[i:j]) in table and (k == 0 or j - i < len(parts))]
+        if spans:
+            _, i, j = max(spans)
+            name = "_".join(parts[:i] + [table["_".join(parts[i:j])]] + parts[j:])
+    return name
+
+
 def _rename(text: str, renames: dict) -> str:
     if text.startswith('"'):
         return text
@@ -310,12 +354,20 @@ def _rename(text: str, renames: dict) -> str:
 def _walk(obj, inst: _Instance, slot: str = "") -> None:
     """Record `obj`'s structure and leaves (in the order _rebuild visits them)."""
     shape, leaves = inst.shape, inst.leaves
-    if isinstance(obj, GradientDecl):
-        raise _NotOutlined
-    if isinstance(obj, ArenaDecl):
+    if isinstance(obj, ArenaDecl):  # a GradientDecl too: the caller declares those
         local = inst.renames[obj.buffer.name]
-        shape.append(("arena", local))
+        shape.append(("arena", local, isinstance(obj, GradientDecl)))
         leaves.append(_Leaf("arena", obj, local))
+    elif isinstance(obj, EarlyUpdate):
+        shape.append(("early_update", obj.report, obj.fused))
+        _walk(obj.index, inst, "index")
+        _walk(obj.call, inst, slot)
+    elif isinstance(obj, UpdateRows):
+        shape.append(("update_rows", len(obj.arrays)))
+        _walk(obj.ld, inst, "ld")
+        _walk(obj.call, inst, slot)
+        for a in obj.arrays:
+            _walk(a, inst, slot)
     elif isinstance(obj, Operand):
         words = set(_IDENT.findall(obj.expr))
         if words and words <= set(inst.renames):  # data the call declares (at an offset, maybe)
@@ -374,6 +426,11 @@ def _walk(obj, inst: _Instance, slot: str = "") -> None:
 # -- making the function -----------------------------------------------------------------
 
 
+# The backward pass runs a call's gradient statements mostly together, but the schedule
+# moves a few (a weight's gradient after the next call's recomputation): a run of fewer
+# statements than this is such a piece and stays inline.
+_BACKWARD_MIN = 4
+
 # The order of a function's parameters: the tensors the user passed, the weights and
 # other values from outside, sizes, labels, the arena pieces, then run-time sizes and the mode.
 _ORDER = ("argument", "outside", "size", "label", "arena", "run")
@@ -421,7 +478,7 @@ def _make_function(group, plan, fn_name, later_reads):
             values = []
             for j, (inst, lv) in enumerate(zip(group, leaves)):
                 decl = lv.payload
-                if decl.buffer.name in later_reads:
+                if decl.buffer.name in later_reads or isinstance(decl, GradientDecl):
                     hoisted[j].append(decl)
                     values.append(decl.buffer.name)
                 else:
@@ -440,6 +497,15 @@ def _make_function(group, plan, fn_name, later_reads):
             ctype = _text_type(values)
             label = ctype == "const char*"
             wanted = f"{leaf.slot}_label" if label and leaf.slot else (leaf.slot or "size")
+            member = re.match(r"^(\w+)\.(ptr|size)\(\)$", values[0])
+            same = by_values.get(("read", tuple(values))) or by_values.get(("write", tuple(values)))
+            if member and member.group(2) == "ptr" and same:  # the pointer an operand passes already
+                _make_writable(params, same)  # the update writes the parameter
+                replace.append(same)
+                continue
+            if member:  # a parameter's data or size, by the update
+                stem = _strip(member.group(1), first)
+                wanted = stem if member.group(2) == "ptr" else f"{stem}_size"
             replace.append(add_param(ctype, wanted, values, "text", "label" if label else "size"))
     # Free names the body reads: the run-time sizes and the mode.
     body_text = re.sub(r'"(\\.|[^"\\])*"', " ", " ".join(str(r) for r in replace))
@@ -448,9 +514,15 @@ def _make_function(group, plan, fn_name, later_reads):
             ctype = "const std::int64_t"
         elif plan.mode and word == plan.mode:
             ctype = "const dg::Mode&"
+        elif word in _RUN_LOCALS:
+            ctype = _RUN_LOCALS[word]
         else:
             raise _NotOutlined(f"reads {word}")
         params.append([_ORDER.index("run"), ctype, word, [word] * len(group)])
+    if any(entry[0] in ("early_update", "update_rows") for entry in first.shape):
+        # Their printed form tests whether train_step() or compute_gradients() runs.
+        params.append([_ORDER.index("run"), _RUN_LOCALS["_gradients_only"], "_gradients_only",
+                       ["_gradients_only"] * len(group)])
     params.sort(key=lambda p: p[0])  # stable: first use within each kind
     body = _rebuild_body(first, replace)
     function = Function(fn_name, first.loc.short.split(":")[0], [(t, n) for _, t, n, _ in params], body)
@@ -499,6 +571,8 @@ def _ctype(value) -> str:
 def _text_type(values) -> str:
     if all(v.startswith('"') for v in values):
         return "const char*"
+    if all(_MEMBER_PTR.match(v) for v in values):
+        return "float*"
     if all(_FLOAT.match(v) for v in values):
         return "const float"
     if all(_INT_EXPR.match(v) for v in values):
@@ -514,12 +588,9 @@ def _strip(name: str, inst: _Instance) -> str:
             short = name[len(v) + 1 :]
             if short.isidentifier() and not keyword.iskeyword(short):
                 return short
-    parts = name.split("_")
-    numbered = [k for k, p in enumerate(parts[:-1]) if p.isdigit()]
-    if numbered:
-        short = "_".join(parts[numbered[-1] + 1 :])
-        if short.isidentifier() and not keyword.iskeyword(short):
-            return short
+    short = "_".join(p for p in name.split("_") if not p.isdigit())  # relu_6_again -> relu_again
+    if short and short.isidentifier() and not keyword.iskeyword(short):
+        return short
     return name
 
 
@@ -557,6 +628,11 @@ def _rebuild(obj, inst, it):
         if words and words <= set(inst.renames):
             return type(obj)(obj.value, _rename(obj.expr, inst.renames))
         return type(obj)(obj.value, next(it))
+    if isinstance(obj, EarlyUpdate):
+        return dataclasses.replace(obj, index=_rebuild(obj.index, inst, it), call=_rebuild(obj.call, inst, it))
+    if isinstance(obj, UpdateRows):
+        return dataclasses.replace(obj, ld=_rebuild(obj.ld, inst, it), call=_rebuild(obj.call, inst, it),
+                                   arrays=[_rebuild(a, inst, it) for a in obj.arrays])
     if isinstance(obj, Named):
         return Named(obj.name, _rebuild(obj.arg, inst, it))
     if isinstance(obj, Functor):
@@ -580,24 +656,28 @@ def _rebuild(obj, inst, it):
     return next(it)  # a text leaf
 
 
-def _reads_after(plan) -> set:
-    """Names of arena buffers that lines outside their call read: those the caller
-    declares (the call's result, what the loss and the backward pass read)."""
-    reads = {}
-    every = [(s, True) for s in plan.statements]
+def _reads_after(plan, lists, found, inline) -> set:
+    """Names of arena buffers that lines outside the call that declares them read:
+    those the caller declares (a call's result, what the loss and the backward read)."""
+    owner = {}  # id(statement) -> the call (instance) whose lines it holds
+    parts = {}  # id(plan statement) -> the statements it is read as (a split one: two)
+    for part, instances in found.items():
+        for inst in instances:
+            for t in inst.statements:
+                owner[id(t)] = id(inst)
+            if inst.first is not None:
+                parts[id(inst.first)] = [inline[part][id(inst.first)], inst.statements[0]]
+    every = [t for statements in lists.values() for s in statements for t in parts.get(id(s), [s])]
     if plan.train is not None:
-        every += [(s, False) for s in list(plan.train.loss_statements) + list(plan.train.backward_statements)]
-    outputs = {o.data for o in plan.outputs} | {o.make for o in plan.outputs}
-    names = set()
-    for s, forward in every:
-        # Whose lines these are: a call's, a statement's own, or the loss's and backward's.
-        call = (s.call.call_id if s.call is not None else id(s)) if forward else None
+        every += list(plan.train.loss_statements)
+    reads = {}
+    for s in every:
         for line in s.lines:
             for op in operands(line):
-                reads.setdefault(op.expr, set()).add(call)
-    for name, calls in reads.items():
-        if len(calls) > 1:
-            names.add(name)
-    for text in outputs:
-        names.update(_IDENT.findall(str(text)))
+                for word in _IDENT.findall(op.expr):
+                    reads.setdefault(word, set()).add(owner.get(id(s), id(s)))
+    names = {name for name, owners in reads.items() if len(owners) > 1}
+    for o in plan.outputs:
+        for text in (o.data, o.make):
+            names.update(_IDENT.findall(str(text)))
     return names

@@ -84,6 +84,8 @@ class Statement:
     lines: list = field(default_factory=list)
     positions: list = field(default_factory=list)  # the schedule positions of its nodes
     header: str = ""  # the call of the user's function it is part of, at the first of them
+    call: object = None  # that call: the Loc of a node in it (loc.call_id, loc.call_args), or None
+    helper: tuple = ()  # the one call of a deepgen function that made all its nodes (Loc.helper), if one did
 
 
 @dataclass
@@ -227,5 +229,6 @@ class ProjectPlan:
     param_floats: int = 0  # floats of the trainable parameters, as stored
     # The .pyi stub's names for a method's own positional arguments (self, compute_gradients'
     # on_ready): an input called so would repeat the name, so it becomes _self, _on_ready.
+    functions: list = field(default_factory=list)  # [outline.Function]: a user's function called more than once
     py_self: str = "self"
     py_on_ready: str = "on_ready"
