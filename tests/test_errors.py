@@ -334,11 +334,12 @@ def test_indexing_with_an_int_is_rejected():
     expect(e, "index_int", "slice")
 
 
-def test_slice_step_is_rejected():
+def test_slice_step_below_one_is_rejected():
+    """Strided slices take a step >= 1 (x[:, ::2] is Swin's patch merging); a reversed one is an error."""
     @dg.model
     def net():
         x = dg.input("feats", (N, 4))
-        return x[:, ::2]  # @slice_step
+        return x[:, ::-1]  # @slice_step
 
     with pytest.raises(ModelError) as e:
         net.build()

@@ -221,7 +221,8 @@ def test_states_are_written_once_in_node_order(builds):
     kernels = project_files(graph)["src/kernels.cpp"].decode()
     loop = model.index("for (std::int64_t level = 1;")
     assert "in schedule order" not in model and not re.search(r"Scratch<float> \w+_rows\b", model)
-    assert "node_b[_i1 + 4 * node_b_at[_i0]] =" in kernels  # b: straight to its node's row
+    # b: straight to its node's row (the kernel's output through a row map: the schedule's order)
+    assert "out[_i1 + out_ld * out_at[_i0]] =" in kernels and "b.data(), order," in model
     assert model.count("dg::unsort_rows") == 5  # leaves: x, t twice; levels: a (a GEMM), c (hoisted)
     assert "dg::unsort_rows" not in model[model.index('return {"b": b') :]  # nothing after the loop
     assert model[:loop].count("dg::gather_child_nodes") == 0

@@ -35,6 +35,12 @@ DEFAULT = ["alexnet", "convnext_tiny", "densenet121", "efficientnet_b0", "effici
 # 8x8 first map is padded to 14x14 for its 7x7 windows, its later maps are one padded window).
 SIZE = {"inception_v3": 80, "alexnet": 64, "maxvit_t": 224}
 BATCH = {"maxvit_t": 1}  # (at 224 one image takes the reference about 2 minutes; the rest take 2)
+# DEEPGEN_TORCHVISION_SIZE=224: every model at that size instead, one image (the full-size check).
+FULL = int(os.environ.get("DEEPGEN_TORCHVISION_SIZE") or 0)
+
+
+def _size(name: str) -> int:
+    return FULL or SIZE.get(name, 32)
 
 
 def make(name: str):
@@ -42,7 +48,7 @@ def make(name: str):
     torch.manual_seed(0)
     kwargs = {}
     if name.startswith("vit_"):
-        kwargs["image_size"] = SIZE.get(name, 32)
+        kwargs["image_size"] = _size(name)
     if name in ("googlenet", "inception_v3"):
         kwargs.update(aux_logits=False, init_weights=False)
     module = tv.models.get_model(name, weights=None, **kwargs)
@@ -90,8 +96,8 @@ def _relative_error(got, want) -> float:
 @pytest.mark.parametrize("name", _selected())
 def test_imports_and_matches_torch(name):
     module = make(name)
-    size = SIZE.get(name, 32)
-    x = torch.randn(BATCH.get(name, 2), 3, size, size, generator=torch.Generator().manual_seed(2))
+    size = _size(name)
+    x = torch.randn(1 if FULL else BATCH.get(name, 2), 3, size, size, generator=torch.Generator().manual_seed(2))
     source, weights, graph = _import(module, x)
     with torch.no_grad():
         want = module(x).numpy()

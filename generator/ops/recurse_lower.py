@@ -93,7 +93,8 @@ class _Forward:
                 Declare("const std::int64_t*", child_rows, init=f"{sched}.child_row.data() + {start}"
                         + ("" if spec.arity == 1 else f" * {spec.arity}")),
                 Declare("const std::int64_t*", order, init=f"{sched}.order.data() + {start}")]
-        read_in_loop = {id(v) for n in looped for v in n.inputs}
+        # Read at the level's rows: by the looped nodes, or as a state (copied to its nodes' rows).
+        read_in_loop = {id(v) for n in looped for v in n.inputs} | {id(v) for v in cell.outputs}
         places = {}
         for n in hoisted_nodes:  # made for all internal rows: read at the level's
             for v in n.outputs:
