@@ -77,14 +77,61 @@ def test_a_function_name_that_a_value_holds_is_not_taken(tmp_path):
 
 
 def test_a_layer_helper_called_in_a_loop_is_one_function_and_computes_the_same(builds):
-    """BERT's middle encoder layers (the first computes the mask the others read, the last
-    writes the output) are one `transformer_encoder_layer`; the built module equals the
-    numpy reference."""
+    """BERT's encoder layers but the last (which writes the output) are one
+    `transformer_encoder_layer`; the first computes the mask the others read, inline
+    before its call; the built module equals the numpy reference."""
     from module_checks import check_forward
 
     graph = load_example("bert_encoder").build("bert_outlined", layers=4)
     text = project_files(graph)["src/model.cpp"].decode()
     assert len(re.findall(r"^void transformer_encoder_layer\(", text, re.M)) == 1
-    assert len(re.findall(r"^\s+transformer_encoder_layer\(", _run_body(text), re.M)) == 2
+    run = _run_body(text)
+    assert len(re.findall(r"^\s+transformer_encoder_layer\(", run, re.M)) == 3
+    assert run.index("dg::length_mask") < run.index("transformer_encoder_layer(")
     module, _ = builds.module(graph)
     check_forward(graph, module, 3)
+
+
+def test_each_residual_blocks_gradient_is_one_call():
+    """The backward pass runs each block's gradient in one piece (transforms/remat.py makes
+    the block's input again before it; fusion keeps the pooling's gradient out of the last
+    block's): ResNet-18 training calls a gradient function per block, 8 in all."""
+    text = project_files(build_example("resnet18"))["src/model.cpp"].decode()
+    run = _run_body(text)
+    plain = len(re.findall(r"^\s+basic_block_backward\(", run, re.M))
+    shortcut = len(re.findall(r"^\s+basic_block_with_shortcut_backward\(", run, re.M))
+    assert (plain, shortcut) == (5, 3)
+    assert "// gradient of resnet18.py:21" not in run  # no block statement left inline
+    start = text.index("\nvoid basic_block_backward(")
+    body = text[start: text.index("\n}\n", start)]
+    assert "d_x_1" in body and re.search(r"\bd_x\b", body)  # the input's gradient, summed from its two uses
+
+
+def test_a_long_block_that_runs_once_is_a_member_function():
+    """A recursion's levels and their gradient, a sequence's steps and theirs: each a
+    Network member named after the statement (`recurse_h_c`, `lstm`), `_run` calls them."""
+    for example, names in (("treelstm_sentiment", ("recurse_h_c", "recurse_h_c_backward")),
+                           ("lstm_classifier", ("lstm", "lstm_backward"))):
+        files = project_files(load_example(example).build())
+        text, header = files["src/model.cpp"].decode(), files[f"include/{example}/model.h"].decode()
+        run = _run_body(text)
+        for name in names:
+            assert re.search(rf"^void Network::{name}\(", text, re.M), (example, name)
+            assert re.search(rf"^\s+void {name}\(", header, re.M), (example, name)
+            assert re.search(rf"^\s+{name}\(", run, re.M), (example, name)
+        for fn, length in _function_lengths(text):
+            assert length <= 200, (example, fn, length)
+
+
+def _function_lengths(text: str):
+    """(name, lines) of each top-level function definition in a C++ file."""
+    lines = text.splitlines()
+    out, start = [], None
+    for k, line in enumerate(lines):
+        m = re.match(r"^[A-Za-z_][\w:<>,\s*&]*?\b([\w:]+)\(", line)
+        if start is None and m and not line.endswith(";"):
+            start, name = k, m.group(1)
+        if start is not None and line == "}":
+            out.append((name, k - start + 1))
+            start = None
+    return out

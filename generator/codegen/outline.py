@@ -33,6 +33,7 @@ import re
 from dataclasses import dataclass, field
 
 from .plan import ArenaDecl, GradientDecl, Statement
+from .sections import outline_blocks
 from .stmt import Alias, Call, Comment, Copy, Declare, EarlyUpdate, Functor, Named, Operand, Read, Scope, UpdateRows, Write, operands
 
 _IDENT = re.compile(r"(?<![\w.:>])[A-Za-z_]\w*(?![\w(]|::)")
@@ -130,6 +131,7 @@ def outline(plan, graph=None):
             plan.statements = new
         else:
             plan.train.backward_statements = new
+    outline_blocks(plan)  # then each long block that runs once: a member function
     return plan
 
 
@@ -166,9 +168,10 @@ def _outline_part(statements, instances, kept_inline, plan, later_reads, taken, 
 
 def _split_first_uses(instances, bases) -> dict:
     """A layer helper's first call may compute what later calls reuse (the attention
-    mask of BERT's first encoder layer, which the others read): where a call's lines
-    are another call's with some lines before them, those lines stay inline, before the
-    call, and the rest is the call. Returns {id(first statement): the inline part}."""
+    mask of BERT's first encoder layer and the key mask made from it, which the others
+    read): the lines that make a value another call of the same function reads, when
+    they read nothing else the call makes, stay inline, before the call, and the rest
+    is the call. Returns {id(first statement): the inline part}."""
     by_function: dict = {}
     for inst in instances:
         if len(inst.statements) == 1:
@@ -176,23 +179,47 @@ def _split_first_uses(instances, bases) -> dict:
     inline = {}
     for group in by_function.values():
         shortest = min(group, key=lambda i: len(i.statements[0].lines))
-        for k, inst in enumerate(list(group)):
-            extra = len(inst.statements[0].lines) - len(shortest.statements[0].lines)
-            if extra <= 0:
-                continue
+        for inst in list(group):
             head = inst.statements[0]
-            rest = Statement(head.comment, head.lines[extra:], head.positions, head.header, head.call, head.helper)
-            trial = _Instance([rest], inst.loc)
+            if len(head.lines) <= len(shortest.statements[0].lines):
+                continue
+            others = " ".join(str(line) for o in group if o is not inst for line in o.statements[0].lines)
+            declared = {n for n in map(_declared, head.lines) if n}
+            io = [(line, *_reads_writes(line)) for line in head.lines]
+            # What other calls read, and what that is made from in this call.
+            passed = {getattr(v, "name", None) for o in group for _, v in o.loc.call_args}  # x of the next call
+            needed = {n for n in declared - passed if re.search(rf"\b{re.escape(n)}\b", others)}
+            grown = True
+            while grown:
+                grown = False
+                for line, reads, writes in io:
+                    if _declared(line) in needed or (writes and writes <= needed):
+                        more = (reads & declared) - needed
+                        needed |= more
+                        grown = grown or bool(more)
+            hoisted, rest = [], []
+            for line, reads, writes in io:
+                keep = _declared(line) in needed or (writes and writes <= needed)
+                (hoisted if keep else rest).append(line)
+            if not hoisted:
+                continue
+            trial = _Instance([Statement(head.comment, rest, head.positions, head.header, head.call, head.helper)],
+                              inst.loc)
             try:
                 _read_instance(trial, bases)
             except _NotOutlined:
                 continue
             if trial.shape == shortest.shape:
-                inline[id(head)] = Statement(head.comment, head.lines[:extra], head.positions, head.header)
-                trial.statements = [rest]
+                inline[id(head)] = Statement(head.comment, hoisted, head.positions, head.header)
                 trial.first = head
                 instances[instances.index(inst)] = trial
     return inline
+
+
+def _reads_writes(line):
+    reads = {w for op in operands(line) if isinstance(op, Read) for w in _IDENT.findall(op.expr)}
+    writes = {w for op in operands(line) if isinstance(op, Write) for w in _IDENT.findall(op.expr)}
+    return reads, writes
 
 
 def _variant_names(groups) -> dict:
@@ -304,7 +331,11 @@ def _read_instance(inst: _Instance, bases: dict) -> None:
     # is made from the parameter's name inside (d_x); other names as the user asked.
     arguments = {v.name: n for n, v in inst.loc.call_args if hasattr(v, "dtype") and hasattr(v, "name")}
     for name in declared:
-        short = _asked_for(name, bases, arguments)
+        # An argument's gradient by the argument's name (d_relu_6_1 -> d_x_1: bases would
+        # make it d_relu_1), its number kept: its parts are told apart by it (_last_takes_stem).
+        parts = name.split("_")
+        of_argument = parts[0] == "d" and any("_".join(parts[1:j]) in arguments for j in range(2, len(parts) + 1))
+        short = _asked_for(name, {}, arguments) if of_argument else _asked_for(name, bases)
         for prefix in strings:
             if short.startswith(prefix + "_") and len(short) > len(prefix) + 1:
                 short = short[len(prefix) + 1 :]
@@ -317,6 +348,7 @@ def _read_instance(inst: _Instance, bases: dict) -> None:
         if short[0].isdigit() or keyword.iskeyword(short):
             short = name
         local[name] = short
+    local = _last_takes_stem(local, arguments)
     if len(set(local.values())) != len(local):  # two names would become one: keep them whole
         counts = {}
         for short in local.values():
@@ -327,6 +359,29 @@ def _read_instance(inst: _Instance, bases: dict) -> None:
         inst.shape.append(("statement", s.comment))
         for line in s.lines:
             _walk(line, inst)
+
+
+def _last_takes_stem(local: dict, arguments: dict) -> dict:
+    """The gradient of an argument summed from parts (`d_x_8` from one use, `d_x_9` the
+    sum, numbered model-wide): the last one, the gradient itself, is `d_x`; the parts are
+    numbered from 1 within the call (`d_x_1`, with its `d_x_1_cols`), so every call of
+    the function names them alike."""
+    found: dict = {}  # stem -> {number: [(name, tail)]}
+    for name, short in local.items():
+        m = re.match(r"^(d_(\w+?))_(\d+)((_[a-z]\w*)?)$", short)
+        if m and m.group(2) in arguments.values():
+            found.setdefault(m.group(1), {}).setdefault(int(m.group(3)), []).append((name, m.group(4)))
+    taken = set(local.values())
+    out = dict(local)
+    for stem, numbers in found.items():
+        if stem in taken:
+            continue
+        ordered = sorted(numbers)
+        for rank, number in enumerate(ordered, start=1):
+            label = stem if number == ordered[-1] else f"{stem}_{rank}"
+            for name, tail in numbers[number]:
+                out[name] = label + tail
+    return out
 
 
 def _asked_for(name: str, *tables) -> str:

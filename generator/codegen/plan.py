@@ -230,5 +230,6 @@ class ProjectPlan:
     # The .pyi stub's names for a method's own positional arguments (self, compute_gradients'
     # on_ready): an input called so would repeat the name, so it becomes _self, _on_ready.
     functions: list = field(default_factory=list)  # [outline.Function]: a user's function called more than once
+    methods: list = field(default_factory=list)  # [sections.Method]: a long block that runs once
     py_self: str = "self"
     py_on_ready: str = "on_ready"

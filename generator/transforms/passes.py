@@ -157,6 +157,7 @@ def fuse(graph):
                     if (producer is None or producer.op != "ewise" or producer not in nodes
                             or len(uses.get(id(u), [])) != 1 or id(u) in keep
                             or producer.phase != consumer.phase
+                            or _call_of(producer) != _call_of(consumer)
                             or tuple(u.shape) != tuple(consumer.outputs[0].shape)
                             or len({id(v) for v in consumer.inputs + producer.inputs}) - 1 > MAX_OPERANDS):
                         continue
@@ -167,6 +168,16 @@ def fuse(graph):
                 if changed:
                     break
     return graph
+
+
+def _call_of(node):
+    """Which call of a user's function made `node` (None: the model's own lines). Fusion
+    does not merge the model's own lines into a call's (the pooling's gradient into the
+    last residual block's): each call's code, and its gradient's, stays one C++ function
+    of the same shape as the other calls' (codegen/outline.py). Between two calls it
+    does (a block's input gradient, summed from the next block, into its relu's)."""
+    loc = node.loc
+    return loc.call_id if loc is not None and loc.call is not None else None
 
 
 def _merge(producer, consumer, k):
