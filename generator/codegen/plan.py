@@ -139,7 +139,7 @@ class TrainPlan:
     updates: list  # [Update]; plan_memory moves each it can into the backward statements
     all_updates: list  # [Update] of every parameter, in gradients() order: apply_update() runs them all
     hyper: list  # [(name, C++ float literal default)]
-    hyper_checks: list  # [(name, dg_guard.h range check)], applied when set and by every train_step
+    hyper_checks: list  # [(name, dg_range_checks.h range check)], applied when set and by every train_step
     bias_correction: list  # Adam: the names of the locals c1, c2 computed from the step count
     grads: list  # [(param, gradient member, C++ shape list)]
     slots: list  # [(param, slot, member, C++ shape list)]
