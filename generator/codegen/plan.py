@@ -40,6 +40,13 @@ class Kernel:
         """The comment, one C++ comment line each (a fused kernel's DSL lines)."""
         return self.comment.split("\n")
 
+    @property
+    def count(self) -> str:
+        """The elements the loops visit, as C++: their extents multiplied (a sum in
+        parentheses), "1" without loops; a flat launch (the CUDA target) runs this many."""
+        extents = [f"({e})" if " + " in e or " - " in e else e for _, e in self.loops]
+        return " * ".join(extents) or "1"
+
 
 @dataclass(eq=False)
 class ArenaDecl:
