@@ -1,5 +1,5 @@
-// dg_reduce.h: ops along one axis: sums, means, maxima, softmax and
-// log-softmax. A tensor is viewed as [outer, len, inner] around the axis:
+// dg_reduce.h: ops along one axis: sums, means, maxima, softmax, log-softmax
+// and prefix sums. A tensor is viewed as [outer, len, inner] around the axis:
 // `outer` is the product of the dimensions before it, `len` the axis itself and
 // `inner` the product of those after it, so one loop serves every axis of every rank.
 //
@@ -107,6 +107,28 @@ inline void log_softmax(const float* x, float* y, int64_t outer, int64_t len, in
         const int64_t at = base + l * inner;
         y[at] = (x[at] - m) - log_s;
       }
+    }
+  }
+}
+
+// Inclusive prefix sums along the middle axis of [outer, len, inner] (numpy.cumsum):
+// y[o, l, i] = x[o, 0, i] + ... + x[o, l, i], added in that order in float. With
+// `reverse`, the sums run from the end: y[o, l, i] = x[o, l, i] + ... + x[o, len - 1, i]
+// (cumsum's gradient).
+inline void cumsum(const float* x, float* y, int64_t outer, int64_t len, int64_t inner, bool reverse) {
+  for (int64_t o = 0; o < outer; ++o) {
+    for (int64_t step = 0; step < len; ++step) {
+      const int64_t l = reverse ? len - 1 - step : step;
+      const float* x_row = x + (o * len + l) * inner;
+      float* y_row = y + (o * len + l) * inner;
+      if (step == 0) {
+        for (int64_t i = 0; i < inner; ++i)
+          y_row[i] = x_row[i];
+        continue;
+      }
+      const float* before = reverse ? y_row + inner : y_row - inner;  // the sum so far
+      for (int64_t i = 0; i < inner; ++i)
+        y_row[i] = before[i] + x_row[i];
     }
   }
 }

@@ -1,5 +1,5 @@
 // dg_cuda_reduce.h: ops along one axis on the GPU (sums, means, maxima, softmax,
-// log-softmax), with the CPU runtime's names and arguments (dg_reduce.h); the
+// log-softmax, prefix sums), with the CPU runtime's names and arguments (dg_reduce.h); the
 // input is viewed as [outer, len, inner]. Along a long contiguous axis (inner ==
 // 1) the GPU uses one block per row with a shared-memory tree; the per-output
 // lambda is the CPU emulation's version and the GPU's for strided axes.
@@ -178,6 +178,24 @@ inline void softmax(const float* x, float* y, int64_t outer, int64_t len, int64_
 // log(softmax(x)) along the middle axis, as x - max - log(sum(exp(x - max))).
 inline void log_softmax(const float* x, float* y, int64_t outer, int64_t len, int64_t inner) {
   ops_detail::softmax_along<true>("log_softmax", x, y, outer, len, inner);
+}
+
+// Inclusive prefix sums along the middle axis of [outer, len, inner], or from the end
+// with `reverse` (dg_reduce.h's cumsum): one thread per (o, i), adding in order in float.
+inline void cumsum(const float* x, float* y, int64_t outer, int64_t len, int64_t inner, bool reverse) {
+  if (len == 0) return;
+  for_each("cumsum", outer * inner, [=] DG_HD(int64_t j) {
+    const int64_t o = j / inner, i = j % inner;
+    const int64_t first = reverse ? len - 1 : 0, step = reverse ? -inner : inner;
+    int64_t at = (o * len + first) * inner + i;
+    float sum = x[at];
+    y[at] = sum;
+    for (int64_t l = 1; l < len; ++l) {
+      at += step;
+      sum = sum + x[at];
+      y[at] = sum;
+    }
+  });
 }
 
 }  // namespace dg
