@@ -1,5 +1,5 @@
 """The pipeline: every stage is a plain function from one value to the next, and
-`generate` drives them in order (DESIGN.md, "The pipeline"):
+`generate` drives them in order (docs/ARCHITECTURE.md, "The pipeline"):
 
   stage          input -> output                  where
   load           model file -> ModelDef           frontend/loader.load_model
@@ -10,6 +10,7 @@
   plan_memory    ProjectPlan -> ProjectPlan       memory/planner.plan_memory (liveness from the lines,
                                                   update placement, in-place choices, offsets, arena size)
   record         (Graph, ProjectPlan) -> plan     codegen/record.record (reference outputs, examples)
+  outline        ProjectPlan -> ProjectPlan       codegen/outline.outline (a repeated user function: one C++ function)
   render         ProjectPlan -> {path: bytes}     codegen/emit.render (pure: the plan in, files out)
   write          {path: bytes} -> project folder  codegen/writer.write_project
 

@@ -16,8 +16,15 @@
 #include <vector>
 
 #include "dg_cuda.h"
-#include "dg_cuda_ops.h"
+#include "dg_cuda_gather.h"
+#include "dg_cuda_gemm.h"
+#include "dg_cuda_layer_norm.h"
+#include "dg_cuda_layout.h"
+#include "dg_cuda_loss.h"
+#include "dg_cuda_masks.h"
+#include "dg_cuda_reduce.h"
 #include "dg_cuda_tree.h"
+#include "dg_cuda_windows.h"
 
 namespace {
 

@@ -17,11 +17,21 @@
 #include <limits>
 #include <vector>
 
-#include "dg_guard.h"
-#include "dg_ops.h"
+#include "dg_finite_loss.h"
+#include "dg_gather.h"
+#include "dg_layer_norm.h"
+#include "dg_layout.h"
+#include "dg_loss.h"
+#include "dg_masks.h"
+#include "dg_matmul.h"
+#include "dg_memory_stats.h"
 #include "dg_parallel.h"
+#include "dg_range_checks.h"
+#include "dg_reduce.h"
 #include "dg_rng.h"
+#include "dg_state_lock.h"
 #include "dg_tensor.h"
+#include "dg_windows.h"
 
 #ifdef _OPENMP
 #include <omp.h>

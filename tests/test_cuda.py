@@ -221,7 +221,7 @@ def test_cuda_target_is_accepted_by_the_cli(tmp_path):
                  "--target", "cuda"]) == 0
     names = {str(p.relative_to(tmp_path / "t")) for p in (tmp_path / "t").rglob("*") if p.is_file()}
     assert {"src/model.cu", "src/kernels.cu", "src/kernels.h", "CMakeLists.txt", "runtime/dg_cuda.h"} <= names
-    assert "src/model.cpp" not in names and "runtime/dg_ops.h" not in names
+    assert "src/model.cpp" not in names and "runtime/dg_matmul.h" not in names
 
 
 def test_generated_cuda_code_uses_device_buffers_and_launches():

@@ -758,7 +758,7 @@ def test_matmul_tn_and_nt(driver, M, K, N):
     np.testing.assert_allclose(got, a.astype(np.float64) @ b_t.T, rtol=1e-5, atol=1e-5 * np.sqrt(K))
 
 
-# --------------------------------------------------------------------------- guards (dg_guard.h)
+# --------------------------------------- guards (dg_state_lock.h, dg_finite_loss.h, dg_range_checks.h)
 
 
 def test_numel_refuses_products_beyond_int64(driver):

@@ -68,8 +68,9 @@ def render(plan, target) -> dict:
     runtime = RuntimeHeaders(target.runtime_sources())
     for path, template in cpp.items():
         text = env.get_template(template).render(p=plan, target=target.names, includes=())
-        if path.startswith("src/model"):  # again, with the runtime headers its code uses
-            text = env.get_template(template).render(p=plan, target=target.names, includes=runtime.missing(text))
+        includes = runtime.missing(text)
+        if includes:  # again, with the runtime headers its code uses
+            text = env.get_template(template).render(p=plan, target=target.names, includes=includes)
         files[path] = _clang_format(text, path).encode()
     test = env.get_template("test_model.py.j2").render(p=plan, target=target.names)
     files["tests/test_model.py"] = black.format_str(test, mode=black.Mode(line_length=110)).encode()

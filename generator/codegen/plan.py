@@ -40,6 +40,13 @@ class Kernel:
         """The comment, one C++ comment line each (a fused kernel's DSL lines)."""
         return self.comment.split("\n")
 
+    @property
+    def count(self) -> str:
+        """The elements the loops visit, as C++: their extents multiplied (a sum in
+        parentheses), "1" without loops; a flat launch (the CUDA target) runs this many."""
+        extents = [f"({e})" if " + " in e or " - " in e else e for _, e in self.loops]
+        return " * ".join(extents) or "1"
+
 
 @dataclass(eq=False)
 class ArenaDecl:
@@ -139,7 +146,7 @@ class TrainPlan:
     updates: list  # [Update]; plan_memory moves each it can into the backward statements
     all_updates: list  # [Update] of every parameter, in gradients() order: apply_update() runs them all
     hyper: list  # [(name, C++ float literal default)]
-    hyper_checks: list  # [(name, dg_guard.h range check)], applied when set and by every train_step
+    hyper_checks: list  # [(name, dg_range_checks.h range check)], applied when set and by every train_step
     bias_correction: list  # Adam: the names of the locals c1, c2 computed from the step count
     grads: list  # [(param, gradient member, C++ shape list)]
     slots: list  # [(param, slot, member, C++ shape list)]

@@ -152,7 +152,7 @@ class Comment:
 @dataclass(eq=False)
 class UpdateRows:
     """A GEMM's last argument that makes it update the parameter whose gradient it
-    writes, a block of rows at a time (dg::update_rows, dg_ops.h): `call` is the
+    writes, a block of rows at a time (dg::update_rows, dg_matmul.h): `call` is the
     update kernel's call on elements [at, at + n) from the gradient g there, and
     `arrays` the parameter and its optimizer state (prefetched block by block).
     Only in train_step(): compute_gradients() runs the product alone."""

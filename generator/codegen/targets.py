@@ -19,7 +19,7 @@ A target is a folder targets/<name>/ with a target.json:
 - `names`: what the shared templates call the target's things (`tensor`, the
   model's tensor type; `host_data`/`host_written`, reading and writing a
   tensor's host values; `view`, the numpy view maker; `state_lock`, the lock
-  type of dg_guard.h; ...), rendered as `target.<name>`;
+  type of dg_state_lock.h; ...), rendered as `target.<name>`;
 - `packs_weights`: the runtime has `dg::PackedB` and `dg::matmul(a, packed, ...)`,
   so a loop's matmuls by a weight pack it once before the loop.
 - `weight_grad_partials`: the runtime's `dg::conv2d_grad_weight` sums slices of its

@@ -30,7 +30,7 @@ from .source import user_loc
 
 __all__ = [
     "input", "param", "elementwise", "leaky_relu", "elu", "matmul", "bmm", "sum", "mean", "max",
-    "softmax", "log_softmax", "reshape", "expand", "transpose", "concat", "split", "slice_axis",
+    "softmax", "log_softmax", "cumsum", "reshape", "expand", "transpose", "concat", "split", "slice_axis",
     "gather", "dense", "linear", "embedding", "add", "sub", "mul", "div", "pow",
     "maximum", "minimum",
 ]
@@ -242,6 +242,13 @@ def softmax(x, axis=-1, mask=None, name=None):
 
 def log_softmax(x, axis=-1, name=None):
     return _axis_op("log_softmax", x, axis, name)
+
+
+def cumsum(x, axis, name=None):
+    """Inclusive prefix sums along `axis`, as numpy.cumsum and torch.cumsum."""
+    x = _tensor(x, "cumsum")
+    axis = _axis(x, axis, "cumsum", user_loc())
+    return current().add("cumsum", [x], {"axis": axis, "reverse": False}, name=name)[0]
 
 
 def expand(x, shape, name=None):

@@ -104,7 +104,7 @@ class Optimizer:
         return f"{self.kind}(" + ", ".join(f"{k}={v:g}" for k, v in self.hyper) + ")"
 
 
-# The range of each run-time hyperparameter, as the dg_guard.h check that the
+# The range of each run-time hyperparameter, as the dg_range_checks.h check that the
 # generated module applies when it is set and at every train_step.
 HYPER_RANGES = {
     "lr": "require_non_negative",

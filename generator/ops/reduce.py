@@ -1,5 +1,5 @@
-"""Reductions and softmax over axes. A tensor is viewed as [outer, len, inner]
-around the reduced axes, which must be contiguous (the DSL splits other cases
+"""Reductions, softmax and prefix sums over axes. A tensor is viewed as
+[outer, len, inner] around the reduced axes, which must be contiguous (the DSL splits other cases
 into a chain of nodes), so one runtime loop serves every rank."""
 
 from __future__ import annotations
@@ -148,3 +148,37 @@ class LogSoftmax(_Softmax):
         a = ARGS
         s = gb.reduce("sum", g, [node.attrs["axis"]], keepdims=True)
         return [gb.ewise("d_log_softmax", a[0] - sympy.exp(a[1]) * a[2], [g, y, s], None, f"d_{x.name}")]
+
+
+@register
+class Cumsum(OpDef):
+    """Inclusive prefix sums along one axis (numpy.cumsum); `reverse` sums from the
+    end instead, which is cumsum's adjoint."""
+
+    name = "cumsum"
+
+    def infer(self, inputs, attrs):
+        require_float(inputs)
+        if not 0 <= attrs["axis"] < inputs[0].rank:
+            raise ValueError(f"axis {attrs['axis']} out of range for rank {inputs[0].rank}")
+        return [("float32", inputs[0].shape)]
+
+    def reference(self, args, attrs, dims):
+        x, axis = args[0], attrs["axis"]
+        if attrs["reverse"]:
+            return [np.flip(np.cumsum(np.flip(x, axis), axis=axis, dtype=x.dtype), axis)]
+        return [np.cumsum(x, axis=axis, dtype=x.dtype)]
+
+    def lower(self, node, ctx):
+        (x,) = node.inputs
+        axis = node.attrs["axis"]
+        outer, length, inner = _view(x.shape, axis, axis + 1)
+        return [ctx.call("dg::cumsum", ctx.read(x), ctx.write(node.outputs[0]),
+                         Named("outer", ctx.size(outer)), Named("len", ctx.size(length)),
+                         Named("inner", ctx.size(inner)), Named("reverse", "true" if node.attrs["reverse"] else "false"))]
+
+    def grad(self, node, gouts, gb):
+        """Each x[l] is in the sums at l and after: dx is g summed from the other end."""
+        (g,), (x,) = gouts, node.inputs
+        attrs = {"axis": node.attrs["axis"], "reverse": not node.attrs["reverse"]}
+        return [gb.op("cumsum", [g], attrs, f"d_{x.name}")]

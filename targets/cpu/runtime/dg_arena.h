@@ -31,8 +31,8 @@ namespace dg {
 
 namespace scratch_detail {
 
-constexpr size_t kAlign = 64;                         // a cache line (and an AVX-512 vector)
-constexpr size_t kMaxKeptBytes = size_t(1) << 30;     // per thread, beyond it blocks go back
+constexpr size_t kAlign = 64;                      // a cache line (and an AVX-512 vector)
+constexpr size_t kMaxKeptBytes = size_t(1) << 30;  // per thread, beyond it blocks go back
 constexpr size_t kMaxKeptBlocks = 64;
 
 // One thread's blocks free for reuse: (size in bytes, memory).
@@ -42,7 +42,8 @@ class Cache {
   Cache(const Cache&) = delete;
   Cache& operator=(const Cache&) = delete;
   ~Cache() {
-    for (auto& block : free_) release_to_system(block.second);
+    for (auto& block : free_)
+      release_to_system(block.second);
   }
 
   // A block of at least `bytes`: the smallest kept one that is not more than

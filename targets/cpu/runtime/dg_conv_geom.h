@@ -27,8 +27,22 @@ struct Conv2dGeom {
   DG_HD constexpr Conv2dGeom(int64_t N_, int64_t C_, int64_t H_, int64_t W_, int64_t O_, int64_t KH_,
                              int64_t KW_, int64_t OH_, int64_t OW_, int64_t stride_h_, int64_t stride_w_,
                              int64_t pad_h_, int64_t pad_w_, int64_t dil_h_, int64_t dil_w_, int64_t groups_)
-      : N(N_), C(C_), H(H_), W(W_), O(O_), KH(KH_), KW(KW_), OH(OH_), OW(OW_), stride_h(stride_h_),
-        stride_w(stride_w_), pad_h(pad_h_), pad_w(pad_w_), dil_h(dil_h_), dil_w(dil_w_), groups(groups_) {}
+      : N(N_),
+        C(C_),
+        H(H_),
+        W(W_),
+        O(O_),
+        KH(KH_),
+        KW(KW_),
+        OH(OH_),
+        OW(OW_),
+        stride_h(stride_h_),
+        stride_w(stride_w_),
+        pad_h(pad_h_),
+        pad_w(pad_w_),
+        dil_h(dil_h_),
+        dil_w(dil_w_),
+        groups(groups_) {}
 
   // KH == KW == 1, stride 1, pad 0: the input is its own column matrix.
   DG_HD constexpr bool pointwise() const {

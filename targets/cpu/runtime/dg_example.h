@@ -66,8 +66,8 @@ View<T> read_input(const std::string& path, const std::string& name, std::vector
   const bool fits = is_float ? array.kind == 'f' && array.itemsize == 4
                              : array.kind == 'i' && (array.itemsize == 8 || array.itemsize == 4);
   if (!fits)
-    throw std::invalid_argument("input '" + name + "' (" + path + "): has dtype " + array.dtype() + ", expected " +
-                                (is_float ? "float32" : "int64 (or int32)"));
+    throw std::invalid_argument("input '" + name + "' (" + path + "): has dtype " + array.dtype() +
+                                ", expected " + (is_float ? "float32" : "int64 (or int32)"));
   storage.resize(static_cast<size_t>(array.size()));
   for (int64_t i = 0; i < array.size(); ++i) {
     if constexpr (is_float) {

@@ -93,7 +93,7 @@ namespace dg {
 
 // The default epilogue: leaves C as computed.
 struct NoEpilogue {
-    void operator()(int64_t, int64_t, float*, int64_t) const {}
+  void operator()(int64_t, int64_t, float*, int64_t) const {}
 };
 
 namespace gemm_detail {
@@ -107,11 +107,12 @@ struct row_blocks<E, std::void_t<decltype(E::kRowBlocks)>> : std::bool_constant<
 // C[r0:r1, c0:c1] is complete (c points at C[r0, c0]): the epilogue's call(s) on it.
 template <class Epilogue>
 void finish(const Epilogue& epi, int64_t r0, int64_t r1, int64_t c0, int64_t c1, float* c, int64_t ldc) {
-    if constexpr (row_blocks<Epilogue>::value) {
-        epi.rows_done(r0, r1, c0, c1, c, ldc);
-    } else {
-        for (int64_t r = r0; r < r1; ++r) epi(r, c0, c + (r - r0) * ldc, c1 - c0);
-    }
+  if constexpr (row_blocks<Epilogue>::value) {
+    epi.rows_done(r0, r1, c0, c1, c, ldc);
+  } else {
+    for (int64_t r = r0; r < r1; ++r)
+      epi(r, c0, c + (r - r0) * ldc, c1 - c0);
+  }
 }
 
 // Asks the compiler to fully unroll the loop that follows (constant trip
@@ -150,25 +151,37 @@ void finish(const Epilogue& epi, int64_t r0, int64_t r1, int64_t c0, int64_t c1,
 // 32 zmm registers: 12 x 2 = 24 accumulators + 2 for B + 1 for A.
 constexpr const char* kIsa = "avx512";
 constexpr int MR = 12, NR = 32;
-constexpr int kEdgeCols = 16;  // see below
+constexpr int kEdgeCols = 16;                      // see below
 constexpr int64_t KC = 1024, MC = 144, NC = 2048;  // A block 576 KiB
 
 using Vec = __m512;
 constexpr int kWidth = 16;  // floats per vector
-inline Vec vzero() { return _mm512_setzero_ps(); }
-inline Vec vload(const float* p) { return _mm512_loadu_ps(p); }
-inline void vstore(float* p, Vec v) { _mm512_storeu_ps(p, v); }
-inline Vec vbroadcast(const float* p) { return _mm512_set1_ps(*p); }
-inline Vec vfma(Vec a, Vec b, Vec c) { return _mm512_fmadd_ps(a, b, c); }  // a * b + c
-inline Vec vadd(Vec a, Vec b) { return _mm512_add_ps(a, b); }
+inline Vec vzero() {
+  return _mm512_setzero_ps();
+}
+inline Vec vload(const float* p) {
+  return _mm512_loadu_ps(p);
+}
+inline void vstore(float* p, Vec v) {
+  _mm512_storeu_ps(p, v);
+}
+inline Vec vbroadcast(const float* p) {
+  return _mm512_set1_ps(*p);
+}
+inline Vec vfma(Vec a, Vec b, Vec c) {
+  return _mm512_fmadd_ps(a, b, c);
+}  // a * b + c
+inline Vec vadd(Vec a, Vec b) {
+  return _mm512_add_ps(a, b);
+}
 inline float vsum(Vec v) {  // the lanes' sum
-    // Through memory: gcc 12's headers warn inside _mm512_reduce_add_ps and every 256-bit extract.
-    alignas(64) float lanes[16];
-    _mm512_store_ps(lanes, v);
-    const __m256 h = _mm256_add_ps(_mm256_load_ps(lanes), _mm256_load_ps(lanes + 8));
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+  // Through memory: gcc 12's headers warn inside _mm512_reduce_add_ps and every 256-bit extract.
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, v);
+  const __m256 h = _mm256_add_ps(_mm256_load_ps(lanes), _mm256_load_ps(lanes + 8));
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
 #define DG_GEMM_SIMD 1
 
@@ -182,16 +195,28 @@ constexpr int64_t KC = 256, MC = 144, NC = 2048;
 
 using Vec = __m256;
 constexpr int kWidth = 8;  // floats per vector
-inline Vec vzero() { return _mm256_setzero_ps(); }
-inline Vec vload(const float* p) { return _mm256_loadu_ps(p); }
-inline void vstore(float* p, Vec v) { _mm256_storeu_ps(p, v); }
-inline Vec vbroadcast(const float* p) { return _mm256_broadcast_ss(p); }
-inline Vec vfma(Vec a, Vec b, Vec c) { return _mm256_fmadd_ps(a, b, c); }  // a * b + c
-inline Vec vadd(Vec a, Vec b) { return _mm256_add_ps(a, b); }
+inline Vec vzero() {
+  return _mm256_setzero_ps();
+}
+inline Vec vload(const float* p) {
+  return _mm256_loadu_ps(p);
+}
+inline void vstore(float* p, Vec v) {
+  _mm256_storeu_ps(p, v);
+}
+inline Vec vbroadcast(const float* p) {
+  return _mm256_broadcast_ss(p);
+}
+inline Vec vfma(Vec a, Vec b, Vec c) {
+  return _mm256_fmadd_ps(a, b, c);
+}  // a * b + c
+inline Vec vadd(Vec a, Vec b) {
+  return _mm256_add_ps(a, b);
+}
 inline float vsum(Vec v) {  // the lanes' sum
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  return _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)));
 }
 #define DG_GEMM_SIMD 1
 
@@ -246,59 +271,64 @@ constexpr int64_t kInPlaceBMaxRows = MC;
 #if DG_GEMM_SIMD
 
 template <int ROWS, bool PACKED, int COLS>
-inline void micro_kernel(int64_t kc, const float* a, int64_t a_rs, int64_t a_ks, const float* b,
-                         int64_t ldb, float* c, int64_t ldc, bool accumulate) {
-    if (PACKED) a_rs = 1, a_ks = ROWS;
-    constexpr int NV = COLS / kWidth;  // vectors per tile row
-    Vec acc[ROWS][NV];
+inline void micro_kernel(int64_t kc, const float* a, int64_t a_rs, int64_t a_ks, const float* b, int64_t ldb,
+                         float* c, int64_t ldc, bool accumulate) {
+  if (PACKED) a_rs = 1, a_ks = ROWS;
+  constexpr int NV = COLS / kWidth;  // vectors per tile row
+  Vec acc[ROWS][NV];
+  DG_GEMM_UNROLL
+  for (int r = 0; r < ROWS; ++r) {
+    DG_GEMM_UNROLL
+    for (int v = 0; v < NV; ++v)
+      acc[r][v] = vzero();
+  }
+  for (int64_t k = 0; k < kc; ++k) {
+    Vec bv[NV];
+    DG_GEMM_UNROLL
+    for (int v = 0; v < NV; ++v)
+      bv[v] = vload(b + v * kWidth);
     DG_GEMM_UNROLL
     for (int r = 0; r < ROWS; ++r) {
-        DG_GEMM_UNROLL
-        for (int v = 0; v < NV; ++v) acc[r][v] = vzero();
+      const Vec ar = vbroadcast(a + r * a_rs);
+      DG_GEMM_UNROLL
+      for (int v = 0; v < NV; ++v)
+        acc[r][v] = vfma(ar, bv[v], acc[r][v]);
     }
-    for (int64_t k = 0; k < kc; ++k) {
-        Vec bv[NV];
-        DG_GEMM_UNROLL
-        for (int v = 0; v < NV; ++v) bv[v] = vload(b + v * kWidth);
-        DG_GEMM_UNROLL
-        for (int r = 0; r < ROWS; ++r) {
-            const Vec ar = vbroadcast(a + r * a_rs);
-            DG_GEMM_UNROLL
-            for (int v = 0; v < NV; ++v) acc[r][v] = vfma(ar, bv[v], acc[r][v]);
-        }
-        a += a_ks;
-        b += ldb;
-    }
+    a += a_ks;
+    b += ldb;
+  }
+  DG_GEMM_UNROLL
+  for (int r = 0; r < ROWS; ++r) {
     DG_GEMM_UNROLL
-    for (int r = 0; r < ROWS; ++r) {
-        DG_GEMM_UNROLL
-        for (int v = 0; v < NV; ++v) {
-            float* p = c + r * ldc + v * kWidth;
-            vstore(p, accumulate ? vadd(vload(p), acc[r][v]) : acc[r][v]);
-        }
+    for (int v = 0; v < NV; ++v) {
+      float* p = c + r * ldc + v * kWidth;
+      vstore(p, accumulate ? vadd(vload(p), acc[r][v]) : acc[r][v]);
     }
+  }
 }
 
 #else  // portable
 
 template <int ROWS, bool PACKED, int COLS>
-inline void micro_kernel(int64_t kc, const float* a, int64_t a_rs, int64_t a_ks, const float* b,
-                         int64_t ldb, float* c, int64_t ldc, bool accumulate) {
-    if (PACKED) a_rs = 1, a_ks = ROWS;
-    float acc[ROWS][COLS] = {};
-    for (int64_t k = 0; k < kc; ++k) {
-        DG_GEMM_UNROLL
-        for (int r = 0; r < ROWS; ++r) {
-            const float ar = a[r * a_rs];
-            for (int j = 0; j < COLS; ++j) acc[r][j] += ar * b[j];
-        }
-        a += a_ks;
-        b += ldb;
-    }
+inline void micro_kernel(int64_t kc, const float* a, int64_t a_rs, int64_t a_ks, const float* b, int64_t ldb,
+                         float* c, int64_t ldc, bool accumulate) {
+  if (PACKED) a_rs = 1, a_ks = ROWS;
+  float acc[ROWS][COLS] = {};
+  for (int64_t k = 0; k < kc; ++k) {
+    DG_GEMM_UNROLL
     for (int r = 0; r < ROWS; ++r) {
-        float* p = c + r * ldc;
-        for (int j = 0; j < COLS; ++j) p[j] = accumulate ? p[j] + acc[r][j] : acc[r][j];
+      const float ar = a[r * a_rs];
+      for (int j = 0; j < COLS; ++j)
+        acc[r][j] += ar * b[j];
     }
+    a += a_ks;
+    b += ldb;
+  }
+  for (int r = 0; r < ROWS; ++r) {
+    float* p = c + r * ldc;
+    for (int j = 0; j < COLS; ++j)
+      p[j] = accumulate ? p[j] + acc[r][j] : acc[r][j];
+  }
 }
 
 #endif
@@ -306,22 +336,22 @@ inline void micro_kernel(int64_t kc, const float* a, int64_t a_rs, int64_t a_ks,
 // kernel_for(rows, packed, narrow): the micro-kernel for a panel of `rows` rows
 // (1..MR) of packed A (or of A in place), NR columns wide or, when `narrow`,
 // kEdgeCols, from tables of micro_kernel<1>, ..., <MR>.
-using KernelFn = void (*)(int64_t kc, const float* a, int64_t a_rs, int64_t a_ks, const float* b,
-                          int64_t ldb, float* c, int64_t ldc, bool accumulate);
+using KernelFn = void (*)(int64_t kc, const float* a, int64_t a_rs, int64_t a_ks, const float* b, int64_t ldb,
+                          float* c, int64_t ldc, bool accumulate);
 
 template <bool PACKED, int COLS, size_t... R>
 constexpr std::array<KernelFn, sizeof...(R)> kernel_table(std::index_sequence<R...>) {
-    return {{&micro_kernel<int(R) + 1, PACKED, COLS>...}};
+  return {{&micro_kernel<int(R) + 1, PACKED, COLS>...}};
 }
 
 inline KernelFn kernel_for(int64_t rows, bool packed, bool narrow = false) {
-    using Rows = std::make_index_sequence<MR>;
-    static constexpr std::array<KernelFn, MR> in_place = kernel_table<false, NR>(Rows());
-    static constexpr std::array<KernelFn, MR> panels = kernel_table<true, NR>(Rows());
-    static constexpr std::array<KernelFn, MR> in_place_narrow = kernel_table<false, kEdgeCols>(Rows());
-    static constexpr std::array<KernelFn, MR> panels_narrow = kernel_table<true, kEdgeCols>(Rows());
-    if (narrow) return packed ? panels_narrow[rows - 1] : in_place_narrow[rows - 1];
-    return packed ? panels[rows - 1] : in_place[rows - 1];
+  using Rows = std::make_index_sequence<MR>;
+  static constexpr std::array<KernelFn, MR> in_place = kernel_table<false, NR>(Rows());
+  static constexpr std::array<KernelFn, MR> panels = kernel_table<true, NR>(Rows());
+  static constexpr std::array<KernelFn, MR> in_place_narrow = kernel_table<false, kEdgeCols>(Rows());
+  static constexpr std::array<KernelFn, MR> panels_narrow = kernel_table<true, kEdgeCols>(Rows());
+  if (narrow) return packed ? panels_narrow[rows - 1] : in_place_narrow[rows - 1];
+  return packed ? panels[rows - 1] : in_place[rows - 1];
 }
 
 #if DG_GEMM_SIMD
@@ -334,60 +364,62 @@ inline KernelFn kernel_for(int64_t rows, bool packed, bool narrow = false) {
 // walks B four rows at a time from left to right instead (sequential reads,
 // streamed at full memory speed) and keeps the `rows` x w sums of C in L1.
 // A is read in place (a_rs, a_ks: its strides along rows and along k).
-inline void stream_rows(int64_t rows, int64_t K, const float* a, int64_t a_rs, int64_t a_ks,
-                        const float* b, int64_t ldb, int64_t w, float* c, int64_t ldc) {
-    for (int64_t r = 0; r < rows; ++r) std::fill(c + r * ldc, c + r * ldc + w, 0.0f);
-    int64_t k = 0;
-    for (; k + 4 <= K; k += 4) {
-        const float* b0 = b + k * ldb;
-        const float* b1 = b0 + ldb;
-        const float* b2 = b1 + ldb;
-        const float* b3 = b2 + ldb;
-        // Two rows of C at a time: 8 broadcasts of A, 4 vectors of B, 2 of C.
-        for (int64_t r = 0; r < rows; r += 2) {
-            const float* a0 = a + r * a_rs + k * a_ks;
-            const Vec x0 = vbroadcast(a0), x1 = vbroadcast(a0 + a_ks);
-            const Vec x2 = vbroadcast(a0 + 2 * a_ks), x3 = vbroadcast(a0 + 3 * a_ks);
-            float* c0 = c + r * ldc;
-            if (r + 1 < rows) {
-                const float* a1 = a0 + a_rs;
-                const Vec y0 = vbroadcast(a1), y1 = vbroadcast(a1 + a_ks);
-                const Vec y2 = vbroadcast(a1 + 2 * a_ks), y3 = vbroadcast(a1 + 3 * a_ks);
-                float* c1 = c0 + ldc;
-                for (int64_t j = 0; j < w; j += kWidth) {
-                    const Vec v0 = vload(b0 + j), v1 = vload(b1 + j), v2 = vload(b2 + j), v3 = vload(b3 + j);
-                    Vec s = vload(c0 + j), t = vload(c1 + j);
-                    s = vfma(x0, v0, s);
-                    t = vfma(y0, v0, t);
-                    s = vfma(x1, v1, s);
-                    t = vfma(y1, v1, t);
-                    s = vfma(x2, v2, s);
-                    t = vfma(y2, v2, t);
-                    s = vfma(x3, v3, s);
-                    t = vfma(y3, v3, t);
-                    vstore(c0 + j, s);
-                    vstore(c1 + j, t);
-                }
-            } else {
-                for (int64_t j = 0; j < w; j += kWidth) {
-                    Vec s = vload(c0 + j);
-                    s = vfma(x0, vload(b0 + j), s);
-                    s = vfma(x1, vload(b1 + j), s);
-                    s = vfma(x2, vload(b2 + j), s);
-                    s = vfma(x3, vload(b3 + j), s);
-                    vstore(c0 + j, s);
-                }
-            }
+inline void stream_rows(int64_t rows, int64_t K, const float* a, int64_t a_rs, int64_t a_ks, const float* b,
+                        int64_t ldb, int64_t w, float* c, int64_t ldc) {
+  for (int64_t r = 0; r < rows; ++r)
+    std::fill(c + r * ldc, c + r * ldc + w, 0.0f);
+  int64_t k = 0;
+  for (; k + 4 <= K; k += 4) {
+    const float* b0 = b + k * ldb;
+    const float* b1 = b0 + ldb;
+    const float* b2 = b1 + ldb;
+    const float* b3 = b2 + ldb;
+    // Two rows of C at a time: 8 broadcasts of A, 4 vectors of B, 2 of C.
+    for (int64_t r = 0; r < rows; r += 2) {
+      const float* a0 = a + r * a_rs + k * a_ks;
+      const Vec x0 = vbroadcast(a0), x1 = vbroadcast(a0 + a_ks);
+      const Vec x2 = vbroadcast(a0 + 2 * a_ks), x3 = vbroadcast(a0 + 3 * a_ks);
+      float* c0 = c + r * ldc;
+      if (r + 1 < rows) {
+        const float* a1 = a0 + a_rs;
+        const Vec y0 = vbroadcast(a1), y1 = vbroadcast(a1 + a_ks);
+        const Vec y2 = vbroadcast(a1 + 2 * a_ks), y3 = vbroadcast(a1 + 3 * a_ks);
+        float* c1 = c0 + ldc;
+        for (int64_t j = 0; j < w; j += kWidth) {
+          const Vec v0 = vload(b0 + j), v1 = vload(b1 + j), v2 = vload(b2 + j), v3 = vload(b3 + j);
+          Vec s = vload(c0 + j), t = vload(c1 + j);
+          s = vfma(x0, v0, s);
+          t = vfma(y0, v0, t);
+          s = vfma(x1, v1, s);
+          t = vfma(y1, v1, t);
+          s = vfma(x2, v2, s);
+          t = vfma(y2, v2, t);
+          s = vfma(x3, v3, s);
+          t = vfma(y3, v3, t);
+          vstore(c0 + j, s);
+          vstore(c1 + j, t);
         }
-    }
-    for (; k < K; ++k) {  // the last K % 4 rows of B
-        const float* bk = b + k * ldb;
-        for (int64_t r = 0; r < rows; ++r) {
-            const Vec x = vbroadcast(a + r * a_rs + k * a_ks);
-            float* cr = c + r * ldc;
-            for (int64_t j = 0; j < w; j += kWidth) vstore(cr + j, vfma(x, vload(bk + j), vload(cr + j)));
+      } else {
+        for (int64_t j = 0; j < w; j += kWidth) {
+          Vec s = vload(c0 + j);
+          s = vfma(x0, vload(b0 + j), s);
+          s = vfma(x1, vload(b1 + j), s);
+          s = vfma(x2, vload(b2 + j), s);
+          s = vfma(x3, vload(b3 + j), s);
+          vstore(c0 + j, s);
         }
+      }
     }
+  }
+  for (; k < K; ++k) {  // the last K % 4 rows of B
+    const float* bk = b + k * ldb;
+    for (int64_t r = 0; r < rows; ++r) {
+      const Vec x = vbroadcast(a + r * a_rs + k * a_ks);
+      float* cr = c + r * ldc;
+      for (int64_t j = 0; j < w; j += kWidth)
+        vstore(cr + j, vfma(x, vload(bk + j), vload(cr + j)));
+    }
+  }
 }
 #endif
 
@@ -402,39 +434,43 @@ inline void stream_rows(int64_t rows, int64_t K, const float* a, int64_t a_rs, i
 template <int ROWS, int COLS>
 inline void stream_dots(int64_t K, const float* a, int64_t lda, const float* b, int64_t ldb, int64_t n,
                         float* c, int64_t ldc) {
-    const int64_t k_vec = K / kWidth * kWidth;
-    int64_t j = 0;
-    for (; j + COLS <= n; j += COLS) {
-        Vec s[ROWS][COLS];
-        for (int r = 0; r < ROWS; ++r)
-            for (int q = 0; q < COLS; ++q) s[r][q] = vzero();
-        for (int64_t k = 0; k < k_vec; k += kWidth) {
-            Vec v[COLS];
-            for (int q = 0; q < COLS; ++q) v[q] = vload(b + (j + q) * ldb + k);
-            for (int r = 0; r < ROWS; ++r) {
-                const Vec x = vload(a + r * lda + k);
-                for (int q = 0; q < COLS; ++q) s[r][q] = vfma(x, v[q], s[r][q]);
-            }
-        }
-        for (int r = 0; r < ROWS; ++r) {
-            for (int q = 0; q < COLS; ++q) {
-                const float* bq = b + (j + q) * ldb;
-                float t = 0.0f;
-                for (int64_t k = k_vec; k < K; ++k) t += a[r * lda + k] * bq[k];
-                c[r * ldc + j + q] = vsum(s[r][q]) + t;
-            }
-        }
+  const int64_t k_vec = K / kWidth * kWidth;
+  int64_t j = 0;
+  for (; j + COLS <= n; j += COLS) {
+    Vec s[ROWS][COLS];
+    for (int r = 0; r < ROWS; ++r)
+      for (int q = 0; q < COLS; ++q)
+        s[r][q] = vzero();
+    for (int64_t k = 0; k < k_vec; k += kWidth) {
+      Vec v[COLS];
+      for (int q = 0; q < COLS; ++q)
+        v[q] = vload(b + (j + q) * ldb + k);
+      for (int r = 0; r < ROWS; ++r) {
+        const Vec x = vload(a + r * lda + k);
+        for (int q = 0; q < COLS; ++q)
+          s[r][q] = vfma(x, v[q], s[r][q]);
+      }
     }
-    if (j < n) stream_dots<ROWS, 1>(K, a, lda, b + j * ldb, ldb, n - j, c + j, ldc);  // the last n % COLS
+    for (int r = 0; r < ROWS; ++r) {
+      for (int q = 0; q < COLS; ++q) {
+        const float* bq = b + (j + q) * ldb;
+        float t = 0.0f;
+        for (int64_t k = k_vec; k < K; ++k)
+          t += a[r * lda + k] * bq[k];
+        c[r * ldc + j + q] = vsum(s[r][q]) + t;
+      }
+    }
+  }
+  if (j < n) stream_dots<ROWS, 1>(K, a, lda, b + j * ldb, ldb, n - j, c + j, ldc);  // the last n % COLS
 }
 
 // stream_dots for 1..kStreamMaxRows rows.
-inline void stream_dots_rows(int64_t rows, int64_t K, const float* a, int64_t lda, const float* b, int64_t ldb,
-                             int64_t n, float* c, int64_t ldc) {
-    static_assert(kStreamMaxRows == 3, "stream_dots_rows covers 1 to 3 rows");
-    if (rows == 1) stream_dots<1, 4>(K, a, lda, b, ldb, n, c, ldc);
-    if (rows == 2) stream_dots<2, 2>(K, a, lda, b, ldb, n, c, ldc);
-    if (rows == 3) stream_dots<3, 2>(K, a, lda, b, ldb, n, c, ldc);
+inline void stream_dots_rows(int64_t rows, int64_t K, const float* a, int64_t lda, const float* b,
+                             int64_t ldb, int64_t n, float* c, int64_t ldc) {
+  static_assert(kStreamMaxRows == 3, "stream_dots_rows covers 1 to 3 rows");
+  if (rows == 1) stream_dots<1, 4>(K, a, lda, b, ldb, n, c, ldc);
+  if (rows == 2) stream_dots<2, 2>(K, a, lda, b, ldb, n, c, ldc);
+  if (rows == 3) stream_dots<3, 2>(K, a, lda, b, ldb, n, c, ldc);
 }
 #endif
 
@@ -444,39 +480,39 @@ inline void stream_dots_rows(int64_t rows, int64_t K, const float* a, int64_t ld
 
 // A matrix operand as the product sees it: op(X)[r, s] for row r, column s.
 struct Operand {
-    const float* p;
-    int64_t ld;
-    bool trans;  // stored transposed: op(X)[r, s] = p[s*ld + r], else p[r*ld + s]
-    // B only: op(B) already packed whole (dg::PackedB): for the K block that
-    // starts at k0, micro-panel q sits at packed + k0*n_pad + q*NR*kc.
-    const float* packed = nullptr;
-    int64_t n_pad = 0;
-    // B only, read in place: also copy each micro-panel to where `packed`
-    // would have it (so that the product packs B for the next ones).
-    float* pack_into = nullptr;
-    // B only: walk the micro-panels from the last to the first (see PackedB::walk_backward).
-    bool backward = false;
+  const float* p;
+  int64_t ld;
+  bool trans;  // stored transposed: op(X)[r, s] = p[s*ld + r], else p[r*ld + s]
+  // B only: op(B) already packed whole (dg::PackedB): for the K block that
+  // starts at k0, micro-panel q sits at packed + k0*n_pad + q*NR*kc.
+  const float* packed = nullptr;
+  int64_t n_pad = 0;
+  // B only, read in place: also copy each micro-panel to where `packed`
+  // would have it (so that the product packs B for the next ones).
+  float* pack_into = nullptr;
+  // B only: walk the micro-panels from the last to the first (see PackedB::walk_backward).
+  bool backward = false;
 };
 
 #if defined(__AVX__)
 // Transposes an 8 x 8 block in registers: given rows[j] = x[j][0..8),
 // returns cols[k] = (x[0][k], x[1][k], ..., x[7][k]).
 inline void transpose_8x8(const __m256 rows[8], __m256 cols[8]) {
-    __m256 t[8], s[8];
-    for (int j = 0; j < 8; j += 2) {
-        t[j] = _mm256_unpacklo_ps(rows[j], rows[j + 1]);      // x[j][0] x[j+1][0] x[j][1] x[j+1][1] | 4, 5
-        t[j + 1] = _mm256_unpackhi_ps(rows[j], rows[j + 1]);  // x[j][2] x[j+1][2] x[j][3] x[j+1][3] | 6, 7
-    }
-    for (int j = 0; j < 8; j += 4) {
-        s[j] = _mm256_shuffle_ps(t[j], t[j + 2], 0x44);          // column 0 | 4 of rows j..j+3
-        s[j + 1] = _mm256_shuffle_ps(t[j], t[j + 2], 0xEE);      // column 1 | 5
-        s[j + 2] = _mm256_shuffle_ps(t[j + 1], t[j + 3], 0x44);  // column 2 | 6
-        s[j + 3] = _mm256_shuffle_ps(t[j + 1], t[j + 3], 0xEE);  // column 3 | 7
-    }
-    for (int k = 0; k < 4; ++k) {
-        cols[k] = _mm256_permute2f128_ps(s[k], s[k + 4], 0x20);      // low halves: column k
-        cols[k + 4] = _mm256_permute2f128_ps(s[k], s[k + 4], 0x31);  // high halves: column k + 4
-    }
+  __m256 t[8], s[8];
+  for (int j = 0; j < 8; j += 2) {
+    t[j] = _mm256_unpacklo_ps(rows[j], rows[j + 1]);      // x[j][0] x[j+1][0] x[j][1] x[j+1][1] | 4, 5
+    t[j + 1] = _mm256_unpackhi_ps(rows[j], rows[j + 1]);  // x[j][2] x[j+1][2] x[j][3] x[j+1][3] | 6, 7
+  }
+  for (int j = 0; j < 8; j += 4) {
+    s[j] = _mm256_shuffle_ps(t[j], t[j + 2], 0x44);          // column 0 | 4 of rows j..j+3
+    s[j + 1] = _mm256_shuffle_ps(t[j], t[j + 2], 0xEE);      // column 1 | 5
+    s[j + 2] = _mm256_shuffle_ps(t[j + 1], t[j + 3], 0x44);  // column 2 | 6
+    s[j + 3] = _mm256_shuffle_ps(t[j + 1], t[j + 3], 0xEE);  // column 3 | 7
+  }
+  for (int k = 0; k < 4; ++k) {
+    cols[k] = _mm256_permute2f128_ps(s[k], s[k + 4], 0x20);      // low halves: column k
+    cols[k + 4] = _mm256_permute2f128_ps(s[k], s[k + 4], 0x31);  // high halves: column k + 4
+  }
 }
 #endif
 
@@ -484,8 +520,12 @@ inline void transpose_8x8(const __m256 rows[8], __m256 cols[8]) {
 // heights (at most MR); panel q holds rows [panel_start(mc, q), panel_start(mc,
 // q + 1)).  20 rows make 5 + 5 + 5 + 5 rather than 6 + 6 + 6 + 2: a panel of
 // few rows has few independent accumulators and waits on the FMA latency.
-inline int64_t panel_count(int64_t mc) { return (mc + MR - 1) / MR; }
-inline int64_t panel_start(int64_t mc, int64_t q) { return q * mc / panel_count(mc); }
+inline int64_t panel_count(int64_t mc) {
+  return (mc + MR - 1) / MR;
+}
+inline int64_t panel_start(int64_t mc, int64_t q) {
+  return q * mc / panel_count(mc);
+}
 
 // Packs rows [i0, i0+mc) and k in [p0, p0+kc) of op(A) into row panels (see
 // panel_start): panel q starts at dst + q*MR*kc and holds, for each k, its
@@ -495,64 +535,71 @@ inline int64_t panel_start(int64_t mc, int64_t q) { return q * mc / panel_count(
 // 1 [1, 784] @ [784, 512] took 25 us that way, 18.5 dense).  dst needs 8
 // floats of slack after the last panel.
 inline void pack_a(const Operand& A, int64_t i0, int64_t mc, int64_t p0, int64_t kc, float* dst) {
-    if (A.trans) {
-        // A stored [K, M]: the values of one k are adjacent in memory, one
-        // copy per k (of a constant size for whole panels, which the compiler
-        // turns into a few vector moves).
-        for (int64_t q = 0; q < panel_count(mc); ++q) {
-            const int64_t ir = panel_start(mc, q), rows = panel_start(mc, q + 1) - ir;
-            const float* s = A.p + p0 * A.ld + i0 + ir;
-            float* d = dst + q * MR * kc;
-            if (rows == MR) {
-                for (int64_t k = 0; k < kc; ++k) std::memcpy(d + k * MR, s + k * A.ld, MR * sizeof(float));
-            } else {
-                for (int64_t k = 0; k < kc; ++k) std::memcpy(d + k * rows, s + k * A.ld, rows * sizeof(float));
-            }
-        }
-        return;
-    }
-    // A stored [M, K]: interleave the rows of each panel, i.e. a transpose.
+  if (A.trans) {
+    // A stored [K, M]: the values of one k are adjacent in memory, one
+    // copy per k (of a constant size for whole panels, which the compiler
+    // turns into a few vector moves).
     for (int64_t q = 0; q < panel_count(mc); ++q) {
-        const int64_t ir = panel_start(mc, q), rows = panel_start(mc, q + 1) - ir;
-        const float* s = A.p + (i0 + ir) * A.ld + p0;
-        float* d = dst + q * MR * kc;
-        int64_t k = 0;
-#if defined(__AVX__)
-        // 8 k at a time: transpose 8 x 8 blocks of rows (rows past the panel's
-        // height repeat its row 0) and store 8 floats per k.  The lanes past
-        // the height are garbage and spill into the next k (or past the
-        // panel's end), which is written afterwards, in order.
-        // Rows 8..11 of a taller panel (AVX-512's 12) go through a 4 x 8
-        // transpose and 4-float stores.
-        static_assert(MR <= 12, "pack_a transposes at most 8 + 4 rows");
-        for (; k + 8 <= kc; k += 8) {
-            __m256 in[8], cols[8];
-            for (int j = 0; j < 8; ++j) in[j] = _mm256_loadu_ps(s + (j < rows ? j : 0) * A.ld + k);
-            transpose_8x8(in, cols);
-            if (rows <= 8) {
-                for (int kk = 0; kk < 8; ++kk) _mm256_storeu_ps(d + (k + kk) * rows, cols[kk]);
-                continue;
-            }
-            for (int j = 0; j < 4; ++j) in[j] = _mm256_loadu_ps(s + (8 + j < rows ? 8 + j : 0) * A.ld + k);
-            const __m256 t0 = _mm256_unpacklo_ps(in[0], in[1]), t1 = _mm256_unpackhi_ps(in[0], in[1]);
-            const __m256 t2 = _mm256_unpacklo_ps(in[2], in[3]), t3 = _mm256_unpackhi_ps(in[2], in[3]);
-            const __m256 tail[4] = {
-                _mm256_shuffle_ps(t0, t2, 0x44),  // k + 0 | k + 4
-                _mm256_shuffle_ps(t0, t2, 0xEE),  // k + 1 | k + 5
-                _mm256_shuffle_ps(t1, t3, 0x44),  // k + 2 | k + 6
-                _mm256_shuffle_ps(t1, t3, 0xEE),  // k + 3 | k + 7
-            };
-            for (int kk = 0; kk < 8; ++kk) {
-                _mm256_storeu_ps(d + (k + kk) * rows, cols[kk]);
-                const __m256 t = tail[kk % 4];
-                _mm_storeu_ps(d + (k + kk) * rows + 8, kk < 4 ? _mm256_castps256_ps128(t) : _mm256_extractf128_ps(t, 1));
-            }
-        }
-#endif
-        for (int64_t r = 0; r < rows; ++r) {
-            for (int64_t kk = k; kk < kc; ++kk) d[kk * rows + r] = s[r * A.ld + kk];
-        }
+      const int64_t ir = panel_start(mc, q), rows = panel_start(mc, q + 1) - ir;
+      const float* s = A.p + p0 * A.ld + i0 + ir;
+      float* d = dst + q * MR * kc;
+      if (rows == MR) {
+        for (int64_t k = 0; k < kc; ++k)
+          std::memcpy(d + k * MR, s + k * A.ld, MR * sizeof(float));
+      } else {
+        for (int64_t k = 0; k < kc; ++k)
+          std::memcpy(d + k * rows, s + k * A.ld, rows * sizeof(float));
+      }
     }
+    return;
+  }
+  // A stored [M, K]: interleave the rows of each panel, i.e. a transpose.
+  for (int64_t q = 0; q < panel_count(mc); ++q) {
+    const int64_t ir = panel_start(mc, q), rows = panel_start(mc, q + 1) - ir;
+    const float* s = A.p + (i0 + ir) * A.ld + p0;
+    float* d = dst + q * MR * kc;
+    int64_t k = 0;
+#if defined(__AVX__)
+    // 8 k at a time: transpose 8 x 8 blocks of rows (rows past the panel's
+    // height repeat its row 0) and store 8 floats per k.  The lanes past
+    // the height are garbage and spill into the next k (or past the
+    // panel's end), which is written afterwards, in order.
+    // Rows 8..11 of a taller panel (AVX-512's 12) go through a 4 x 8
+    // transpose and 4-float stores.
+    static_assert(MR <= 12, "pack_a transposes at most 8 + 4 rows");
+    for (; k + 8 <= kc; k += 8) {
+      __m256 in[8], cols[8];
+      for (int j = 0; j < 8; ++j)
+        in[j] = _mm256_loadu_ps(s + (j < rows ? j : 0) * A.ld + k);
+      transpose_8x8(in, cols);
+      if (rows <= 8) {
+        for (int kk = 0; kk < 8; ++kk)
+          _mm256_storeu_ps(d + (k + kk) * rows, cols[kk]);
+        continue;
+      }
+      for (int j = 0; j < 4; ++j)
+        in[j] = _mm256_loadu_ps(s + (8 + j < rows ? 8 + j : 0) * A.ld + k);
+      const __m256 t0 = _mm256_unpacklo_ps(in[0], in[1]), t1 = _mm256_unpackhi_ps(in[0], in[1]);
+      const __m256 t2 = _mm256_unpacklo_ps(in[2], in[3]), t3 = _mm256_unpackhi_ps(in[2], in[3]);
+      const __m256 tail[4] = {
+          _mm256_shuffle_ps(t0, t2, 0x44),  // k + 0 | k + 4
+          _mm256_shuffle_ps(t0, t2, 0xEE),  // k + 1 | k + 5
+          _mm256_shuffle_ps(t1, t3, 0x44),  // k + 2 | k + 6
+          _mm256_shuffle_ps(t1, t3, 0xEE),  // k + 3 | k + 7
+      };
+      for (int kk = 0; kk < 8; ++kk) {
+        _mm256_storeu_ps(d + (k + kk) * rows, cols[kk]);
+        const __m256 t = tail[kk % 4];
+        _mm_storeu_ps(d + (k + kk) * rows + 8,
+                      kk < 4 ? _mm256_castps256_ps128(t) : _mm256_extractf128_ps(t, 1));
+      }
+    }
+#endif
+    for (int64_t r = 0; r < rows; ++r) {
+      for (int64_t kk = k; kk < kc; ++kk)
+        d[kk * rows + r] = s[r * A.ld + kk];
+    }
+  }
 }
 
 // Packs k in [p0, p0+kc) and columns [j0, j0+nc) of op(B) into micro-panels of
@@ -560,45 +607,50 @@ inline void pack_a(const Operand& A, int64_t i0, int64_t mc, int64_t p0, int64_t
 // for each k, the NR values op(B)[k, j] side by side.  Columns past nc in the
 // last panel are zero.
 inline void pack_b(const Operand& B, int64_t p0, int64_t kc, int64_t j0, int64_t nc, float* dst) {
-    const int64_t n_full = nc / NR * NR, edge = nc - n_full;
-    float* const d_edge = dst + n_full * kc;  // the partial last panel, if any
-    if (edge > 0) std::fill(d_edge, d_edge + kc * NR, 0.0f);
+  const int64_t n_full = nc / NR * NR, edge = nc - n_full;
+  float* const d_edge = dst + n_full * kc;  // the partial last panel, if any
+  if (edge > 0) std::fill(d_edge, d_edge + kc * NR, 0.0f);
 
-    if (!B.trans) {
-        // B stored [K, N]: walk each row of B once, left to right (sequential
-        // reads, which the hardware prefetchers follow), dealing NR floats to
-        // each panel.
-        for (int64_t k = 0; k < kc; ++k) {
-            const float* s = B.p + (p0 + k) * B.ld + j0;
-            float* d = dst + k * NR;
-            for (int64_t jr = 0; jr < n_full; jr += NR) std::memcpy(d + jr * kc, s + jr, NR * sizeof(float));
-            for (int64_t j = 0; j < edge; ++j) d_edge[k * NR + j] = s[n_full + j];
-        }
-        return;
+  if (!B.trans) {
+    // B stored [K, N]: walk each row of B once, left to right (sequential
+    // reads, which the hardware prefetchers follow), dealing NR floats to
+    // each panel.
+    for (int64_t k = 0; k < kc; ++k) {
+      const float* s = B.p + (p0 + k) * B.ld + j0;
+      float* d = dst + k * NR;
+      for (int64_t jr = 0; jr < n_full; jr += NR)
+        std::memcpy(d + jr * kc, s + jr, NR * sizeof(float));
+      for (int64_t j = 0; j < edge; ++j)
+        d_edge[k * NR + j] = s[n_full + j];
     }
-    // B stored [N, K]: a transpose, in 8 x 8 blocks through registers where
-    // the instruction set allows.
-    for (int64_t jr = 0; jr < nc; jr += NR) {
-        const int64_t cols = std::min<int64_t>(NR, nc - jr);
-        const float* s = B.p + (j0 + jr) * B.ld + p0;
-        float* d = dst + jr * kc;
-        int64_t k = 0;
+    return;
+  }
+  // B stored [N, K]: a transpose, in 8 x 8 blocks through registers where
+  // the instruction set allows.
+  for (int64_t jr = 0; jr < nc; jr += NR) {
+    const int64_t cols = std::min<int64_t>(NR, nc - jr);
+    const float* s = B.p + (j0 + jr) * B.ld + p0;
+    float* d = dst + jr * kc;
+    int64_t k = 0;
 #if defined(__AVX__)
-        if (cols == NR) {
-            for (; k + 8 <= kc; k += 8) {
-                for (int j0b = 0; j0b < NR; j0b += 8) {
-                    __m256 in[8], out[8];
-                    for (int j = 0; j < 8; ++j) in[j] = _mm256_loadu_ps(s + (j0b + j) * B.ld + k);
-                    transpose_8x8(in, out);
-                    for (int kk = 0; kk < 8; ++kk) _mm256_storeu_ps(d + (k + kk) * NR + j0b, out[kk]);
-                }
-            }
+    if (cols == NR) {
+      for (; k + 8 <= kc; k += 8) {
+        for (int j0b = 0; j0b < NR; j0b += 8) {
+          __m256 in[8], out[8];
+          for (int j = 0; j < 8; ++j)
+            in[j] = _mm256_loadu_ps(s + (j0b + j) * B.ld + k);
+          transpose_8x8(in, out);
+          for (int kk = 0; kk < 8; ++kk)
+            _mm256_storeu_ps(d + (k + kk) * NR + j0b, out[kk]);
         }
-#endif
-        for (int64_t j = 0; j < cols; ++j) {
-            for (int64_t kk = k; kk < kc; ++kk) d[kk * NR + j] = s[j * B.ld + kk];
-        }
+      }
     }
+#endif
+    for (int64_t j = 0; j < cols; ++j) {
+      for (int64_t kk = k; kk < kc; ++kk)
+        d[kk * NR + j] = s[j * B.ld + kk];
+    }
+  }
 }
 
 // =============================================================================
@@ -609,12 +661,14 @@ inline void pack_b(const Operand& B, int64_t p0, int64_t kc, int64_t j0, int64_t
 // to a multiple of `unit` (the last block takes the rest).  Equal blocks avoid
 // a thin last block: K = 784 gives 200, 200, 200, 184 rather than 256 x 3, 16.
 inline int64_t even_block(int64_t n, int64_t most, int64_t unit) {
-    const int64_t blocks = (n + most - 1) / most;
-    const int64_t size = (n + blocks - 1) / blocks;
-    return (size + unit - 1) / unit * unit;
+  const int64_t blocks = (n + most - 1) / most;
+  const int64_t size = (n + blocks - 1) / blocks;
+  return (size + unit - 1) / unit * unit;
 }
 
-inline int64_t round_up16(int64_t n) { return (n + 15) / 16 * 16; }
+inline int64_t round_up16(int64_t n) {
+  return (n + 15) / 16 * 16;
+}
 
 // Operations (dg::threads_for) one float of A, B or C moved through memory counts for.
 // A product with few rows is bound by reading B, not by arithmetic (batch 1: one
@@ -624,20 +678,20 @@ constexpr double kMoveWork = 8;
 
 // The work of C[M,N] = A[M,K] @ B[K,N] for threads_for: flops and floats moved.
 inline int64_t gemm_work(int64_t M, int64_t N, int64_t K) {
-    const double m = double(M), n = double(N), k = double(K);
-    const double work = 2.0 * m * n * k + kMoveWork * (m * k + k * n + m * n);
-    return work < 1e18 ? int64_t(work) : int64_t(1e18);
+  const double m = double(M), n = double(N), k = double(K);
+  const double work = 2.0 * m * n * k + kMoveWork * (m * k + k * n + m * n);
+  return work < 1e18 ? int64_t(work) : int64_t(1e18);
 }
 
 // This thread's packing buffer of at least `floats` floats, 64-byte aligned.
 // It grows on demand and is kept for later calls, so a steady stream of
 // products allocates nothing.
 inline float* scratch(int64_t floats) {
-    thread_local std::vector<float> buffer;
-    const size_t need = static_cast<size_t>(floats) + 16;
-    if (buffer.size() < need) buffer.resize(need);
-    const uintptr_t at = reinterpret_cast<uintptr_t>(buffer.data());
-    return buffer.data() + ((64 - at % 64) % 64) / sizeof(float);
+  thread_local std::vector<float> buffer;
+  const size_t need = static_cast<size_t>(floats) + 16;
+  if (buffer.size() < need) buffer.resize(need);
+  const uintptr_t at = reinterpret_cast<uintptr_t>(buffer.data());
+  return buffer.data() + ((64 - at % 64) % 64) / sizeof(float);
 }
 
 // =============================================================================
@@ -646,166 +700,165 @@ inline float* scratch(int64_t floats) {
 
 // `stream`: take the tiny-M path (decided by gemm from M alone).
 template <class Epilogue>
-void gemm_part(const Operand& A, const Operand& B, int64_t K, float* C, int64_t ldc,
-               int64_t m0, int64_t m1, int64_t n0, int64_t n1, bool stream, const Epilogue& epi,
-               bool add_to_c = false) {
+void gemm_part(const Operand& A, const Operand& B, int64_t K, float* C, int64_t ldc, int64_t m0, int64_t m1,
+               int64_t n0, int64_t n1, bool stream, const Epilogue& epi, bool add_to_c = false) {
 #if DG_GEMM_SIMD
-    if (stream && B.trans) {
-        // B transposed: dot products of rows, in column strips of kStreamFloats / K.
-        const int64_t rows = m1 - m0;
-        const int64_t w_max = std::max<int64_t>(8, kStreamFloats / std::max<int64_t>(K, 1));
-        for (int64_t j0 = n0; j0 < n1; j0 += w_max) {
-            const int64_t w = std::min(w_max, n1 - j0);
-            float* c = C + m0 * ldc + j0;
-            stream_dots_rows(rows, K, A.p + m0 * A.ld, A.ld, B.p + j0 * B.ld, B.ld, w, c, ldc);
-            finish(epi, m0, m1, j0, j0 + w, c, ldc);
-        }
-        return;
+  if (stream && B.trans) {
+    // B transposed: dot products of rows, in column strips of kStreamFloats / K.
+    const int64_t rows = m1 - m0;
+    const int64_t w_max = std::max<int64_t>(8, kStreamFloats / std::max<int64_t>(K, 1));
+    for (int64_t j0 = n0; j0 < n1; j0 += w_max) {
+      const int64_t w = std::min(w_max, n1 - j0);
+      float* c = C + m0 * ldc + j0;
+      stream_dots_rows(rows, K, A.p + m0 * A.ld, A.ld, B.p + j0 * B.ld, B.ld, w, c, ldc);
+      finish(epi, m0, m1, j0, j0 + w, c, ldc);
     }
-    if (stream) {
-        // Every whole NR-wide strip is streamed; a partial last strip goes
-        // through the micro-kernel below.
-        const int64_t rows = m1 - m0;
-        const int64_t n_full = n0 + (n1 - n0) / NR * NR;
-        const int64_t a_rs = A.trans ? 1 : A.ld, a_ks = A.trans ? A.ld : 1;
-        const float* a_rows = A.p + m0 * a_rs;
-        const int64_t w_max = std::max<int64_t>(NR, kStreamFloats / rows / NR * NR);
-        for (int64_t j0 = n0; j0 < n_full; j0 += w_max) {
-            const int64_t w = std::min(w_max, n_full - j0);
-            float* c = C + m0 * ldc + j0;
-            stream_rows(rows, K, a_rows, a_rs, a_ks, B.p + j0, B.ld, w, c, ldc);
-            finish(epi, m0, m1, j0, j0 + w, c, ldc);
-        }
-        n0 = n_full;
-        if (n0 == n1) return;
+    return;
+  }
+  if (stream) {
+    // Every whole NR-wide strip is streamed; a partial last strip goes
+    // through the micro-kernel below.
+    const int64_t rows = m1 - m0;
+    const int64_t n_full = n0 + (n1 - n0) / NR * NR;
+    const int64_t a_rs = A.trans ? 1 : A.ld, a_ks = A.trans ? A.ld : 1;
+    const float* a_rows = A.p + m0 * a_rs;
+    const int64_t w_max = std::max<int64_t>(NR, kStreamFloats / rows / NR * NR);
+    for (int64_t j0 = n0; j0 < n_full; j0 += w_max) {
+      const int64_t w = std::min(w_max, n_full - j0);
+      float* c = C + m0 * ldc + j0;
+      stream_rows(rows, K, a_rows, a_rs, a_ks, B.p + j0, B.ld, w, c, ldc);
+      finish(epi, m0, m1, j0, j0 + w, c, ldc);
     }
+    n0 = n_full;
+    if (n0 == n1) return;
+  }
 #else
-    (void)stream;
+  (void)stream;
 #endif
-    const bool b_packed = B.packed != nullptr;  // packed once for many products (PackedB)
-    const bool b_in_place = !b_packed && !B.trans && m1 - m0 <= kInPlaceBMaxRows;
-    // With a single column strip each value of A is used once, and packing it
-    // would cost as much as the product: read it in place.
-    const bool a_in_place = n1 - n0 <= NR;
-    // Where the kernel finds op(A)[i + r, k + 1] from op(A)[i, k]: a + r*a_rs + a_ks.
-    const int64_t a_rs = a_in_place && !A.trans ? A.ld : 1;
-    const int64_t a_ks = !a_in_place ? MR : A.trans ? A.ld : 1;
-    const int64_t kc_max = even_block(K, KC, 8);
-    const int64_t mc_max = even_block(m1 - m0, MC, MR);
-    // In place, all of B's columns form one block; packed, blocks of <= NC.
-    const int64_t nc_max = b_in_place || b_packed ? n1 - n0 : even_block(n1 - n0, NC, NR);
+  const bool b_packed = B.packed != nullptr;  // packed once for many products (PackedB)
+  const bool b_in_place = !b_packed && !B.trans && m1 - m0 <= kInPlaceBMaxRows;
+  // With a single column strip each value of A is used once, and packing it
+  // would cost as much as the product: read it in place.
+  const bool a_in_place = n1 - n0 <= NR;
+  // Where the kernel finds op(A)[i + r, k + 1] from op(A)[i, k]: a + r*a_rs + a_ks.
+  const int64_t a_rs = a_in_place && !A.trans ? A.ld : 1;
+  const int64_t a_ks = !a_in_place ? MR : A.trans ? A.ld : 1;
+  const int64_t kc_max = even_block(K, KC, 8);
+  const int64_t mc_max = even_block(m1 - m0, MC, MR);
+  // In place, all of B's columns form one block; packed, blocks of <= NC.
+  const int64_t nc_max = b_in_place || b_packed ? n1 - n0 : even_block(n1 - n0, NC, NR);
 
-    // Scratch: packed A block | packed B block (or, with B in place, the
-    // partial last micro-panel and a copy of the current one) | a tile for
-    // partial-width results.
-    const int64_t a_size = round_up16(mc_max * kc_max + 8);  // + 8: pack_a's slack
-    const int64_t b_size =
-        b_packed ? 0 : round_up16((b_in_place ? 2 * NR : (nc_max + NR - 1) / NR * NR) * kc_max);
-    float* const a_pack = scratch(a_size + b_size + MR * NR);
-    float* const b_pack = a_pack + a_size;
-    float* const b_strip = b_pack + NR * kc_max;  // B in place: the copied micro-panel
-    float* const tile = b_pack + b_size;
+  // Scratch: packed A block | packed B block (or, with B in place, the
+  // partial last micro-panel and a copy of the current one) | a tile for
+  // partial-width results.
+  const int64_t a_size = round_up16(mc_max * kc_max + 8);  // + 8: pack_a's slack
+  const int64_t b_size =
+      b_packed ? 0 : round_up16((b_in_place ? 2 * NR : (nc_max + NR - 1) / NR * NR) * kc_max);
+  float* const a_pack = scratch(a_size + b_size + MR * NR);
+  float* const b_pack = a_pack + a_size;
+  float* const b_strip = b_pack + NR * kc_max;  // B in place: the copied micro-panel
+  float* const tile = b_pack + b_size;
 
-    for (int64_t jc = n0; jc < n1; jc += nc_max) {
-        const int64_t nc = std::min(nc_max, n1 - jc);
-        const int64_t n_full = nc / NR * NR;
-        for (int64_t pc = 0; pc < K; pc += kc_max) {
-            const int64_t kc = std::min(kc_max, K - pc);
-            const bool first = pc == 0 && !add_to_c, last = pc + kc == K;
+  for (int64_t jc = n0; jc < n1; jc += nc_max) {
+    const int64_t nc = std::min(nc_max, n1 - jc);
+    const int64_t n_full = nc / NR * NR;
+    for (int64_t pc = 0; pc < K; pc += kc_max) {
+      const int64_t kc = std::min(kc_max, K - pc);
+      const bool first = pc == 0 && !add_to_c, last = pc + kc == K;
 
-            // B for this (jc, pc) block.  In place, only a partial-width last
-            // micro-panel is copied (zero padded), so that the kernel never
-            // reads past the end of a row of B.
-            if (b_packed) {
-                // nothing to do: the micro-panels are read where PackedB put them
-            } else if (!b_in_place) {
-                pack_b(B, pc, kc, jc, nc, b_pack);
-            } else if (n_full < nc) {
-                pack_b(B, pc, kc, jc + n_full, nc - n_full, b_pack);
+      // B for this (jc, pc) block.  In place, only a partial-width last
+      // micro-panel is copied (zero padded), so that the kernel never
+      // reads past the end of a row of B.
+      if (b_packed) {
+        // nothing to do: the micro-panels are read where PackedB put them
+      } else if (!b_in_place) {
+        pack_b(B, pc, kc, jc, nc, b_pack);
+      } else if (n_full < nc) {
+        pack_b(B, pc, kc, jc + n_full, nc - n_full, b_pack);
+      }
+
+      for (int64_t ic = m0; ic < m1; ic += mc_max) {
+        const int64_t mc = std::min(mc_max, m1 - ic);
+        if (!a_in_place) pack_a(A, ic, mc, pc, kc, a_pack);
+
+        const int64_t panels = (nc + NR - 1) / NR;
+        for (int64_t walk = 0; walk < panels; ++walk) {
+          const int64_t jr = (B.backward ? panels - 1 - walk : walk) * NR;
+          const int64_t nr = std::min<int64_t>(NR, nc - jr);
+          // This B micro-panel and the distance between its k rows.
+          const float* bp = b_pack + jr * kc;
+          int64_t ldbp = NR;
+          if (b_packed) {
+            bp = B.packed + pc * B.n_pad + (jc + jr) * kc;
+          } else if (b_in_place && B.pack_into != nullptr) {
+            // Copy the micro-panel to its place in the PackedB and read it there.
+            float* dst = B.pack_into + pc * B.n_pad + (jc + jr) * kc;
+            if (jr < n_full) {
+              const float* src = B.p + pc * B.ld + jc + jr;
+              for (int64_t k = 0; k < kc; ++k) {
+                std::memcpy(dst + k * NR, src + k * B.ld, NR * sizeof(float));
+              }
+            } else {
+              std::memcpy(dst, b_pack, kc * NR * sizeof(float));
             }
+            bp = dst;
+          } else if (b_in_place && jr < n_full) {
+            bp = B.p + pc * B.ld + jc + jr;
+            ldbp = B.ld;
+            if (mc > MR) {
+              // Several row panels will use this micro-panel.  Its rows
+              // lie B.ld floats apart, often a multiple of a large power
+              // of two, so they map to a few cache sets and would not stay
+              // in L1: copy them side by side first.
+              for (int64_t k = 0; k < kc; ++k) {
+                std::memcpy(b_strip + k * NR, bp + k * ldbp, NR * sizeof(float));
+              }
+              bp = b_strip;
+              ldbp = NR;
+            }
+          } else if (b_in_place) {
+            bp = b_pack;  // the partial last micro-panel, packed above
+          }
 
-            for (int64_t ic = m0; ic < m1; ic += mc_max) {
-                const int64_t mc = std::min(mc_max, m1 - ic);
-                if (!a_in_place) pack_a(A, ic, mc, pc, kc, a_pack);
-
-                const int64_t panels = (nc + NR - 1) / NR;
-                for (int64_t walk = 0; walk < panels; ++walk) {
-                    const int64_t jr = (B.backward ? panels - 1 - walk : walk) * NR;
-                    const int64_t nr = std::min<int64_t>(NR, nc - jr);
-                    // This B micro-panel and the distance between its k rows.
-                    const float* bp = b_pack + jr * kc;
-                    int64_t ldbp = NR;
-                    if (b_packed) {
-                        bp = B.packed + pc * B.n_pad + (jc + jr) * kc;
-                    } else if (b_in_place && B.pack_into != nullptr) {
-                        // Copy the micro-panel to its place in the PackedB and read it there.
-                        float* dst = B.pack_into + pc * B.n_pad + (jc + jr) * kc;
-                        if (jr < n_full) {
-                            const float* src = B.p + pc * B.ld + jc + jr;
-                            for (int64_t k = 0; k < kc; ++k) {
-                                std::memcpy(dst + k * NR, src + k * B.ld, NR * sizeof(float));
-                            }
-                        } else {
-                            std::memcpy(dst, b_pack, kc * NR * sizeof(float));
-                        }
-                        bp = dst;
-                    } else if (b_in_place && jr < n_full) {
-                        bp = B.p + pc * B.ld + jc + jr;
-                        ldbp = B.ld;
-                        if (mc > MR) {
-                            // Several row panels will use this micro-panel.  Its rows
-                            // lie B.ld floats apart, often a multiple of a large power
-                            // of two, so they map to a few cache sets and would not stay
-                            // in L1: copy them side by side first.
-                            for (int64_t k = 0; k < kc; ++k) {
-                                std::memcpy(b_strip + k * NR, bp + k * ldbp, NR * sizeof(float));
-                            }
-                            bp = b_strip;
-                            ldbp = NR;
-                        }
-                    } else if (b_in_place) {
-                        bp = b_pack;  // the partial last micro-panel, packed above
-                    }
-
-                    // A last panel of at most kEdgeCols columns gets the narrow tile.
-                    const bool narrow = nr <= kEdgeCols && kEdgeCols < NR;
-                    for (int64_t q = 0; q < panel_count(mc); ++q) {
-                        const int64_t ir = panel_start(mc, q), mr = panel_start(mc, q + 1) - ir;
-                        const KernelFn kernel = kernel_for(mr, !a_in_place, narrow);
-                        const float* ap = a_pack + q * MR * kc;
-                        if (a_in_place) {
-                            ap = A.trans ? A.p + pc * A.ld + ic + ir : A.p + (ic + ir) * A.ld + pc;
-                        }
-                        float* cp = C + (ic + ir) * ldc + jc + jr;
-                        if (nr == (narrow ? kEdgeCols : NR)) {
-                            kernel(kc, ap, a_rs, a_ks, bp, ldbp, cp, ldc, !first);
-                        } else {
-                            // Partial width: compute the tile aside, keep nr columns.
-                            kernel(kc, ap, a_rs, a_ks, bp, ldbp, tile, NR, false);
-                            for (int64_t r = 0; r < mr; ++r) {
-                                float* c_row = cp + r * ldc;
-                                const float* t_row = tile + r * NR;
-                                for (int64_t j = 0; j < nr; ++j) {
-                                    c_row[j] = first ? t_row[j] : c_row[j] + t_row[j];
-                                }
-                            }
-                        }
-                        if constexpr (row_blocks<Epilogue>::value) {
-                            // The next block's share, spread over this block's kernel calls.
-                            const int64_t next0 = ic + mc, next1 = std::min(m1, ic + 2 * mc);
-                            if (last && next0 < next1) {
-                                epi.prefetch(next0, next1, jc, jc + nc, walk * panel_count(mc) + q,
-                                             panels * panel_count(mc));
-                            }
-                        } else if (last) {
-                            finish(epi, ic + ir, ic + ir + mr, jc + jr, jc + jr + nr, cp, ldc);
-                        }
-                    }
+          // A last panel of at most kEdgeCols columns gets the narrow tile.
+          const bool narrow = nr <= kEdgeCols && kEdgeCols < NR;
+          for (int64_t q = 0; q < panel_count(mc); ++q) {
+            const int64_t ir = panel_start(mc, q), mr = panel_start(mc, q + 1) - ir;
+            const KernelFn kernel = kernel_for(mr, !a_in_place, narrow);
+            const float* ap = a_pack + q * MR * kc;
+            if (a_in_place) {
+              ap = A.trans ? A.p + pc * A.ld + ic + ir : A.p + (ic + ir) * A.ld + pc;
+            }
+            float* cp = C + (ic + ir) * ldc + jc + jr;
+            if (nr == (narrow ? kEdgeCols : NR)) {
+              kernel(kc, ap, a_rs, a_ks, bp, ldbp, cp, ldc, !first);
+            } else {
+              // Partial width: compute the tile aside, keep nr columns.
+              kernel(kc, ap, a_rs, a_ks, bp, ldbp, tile, NR, false);
+              for (int64_t r = 0; r < mr; ++r) {
+                float* c_row = cp + r * ldc;
+                const float* t_row = tile + r * NR;
+                for (int64_t j = 0; j < nr; ++j) {
+                  c_row[j] = first ? t_row[j] : c_row[j] + t_row[j];
                 }
-                if (row_blocks<Epilogue>::value && last) finish(epi, ic, ic + mc, jc, jc + nc, C + ic * ldc + jc, ldc);
+              }
             }
+            if constexpr (row_blocks<Epilogue>::value) {
+              // The next block's share, spread over this block's kernel calls.
+              const int64_t next0 = ic + mc, next1 = std::min(m1, ic + 2 * mc);
+              if (last && next0 < next1) {
+                epi.prefetch(next0, next1, jc, jc + nc, walk * panel_count(mc) + q, panels * panel_count(mc));
+              }
+            } else if (last) {
+              finish(epi, ic + ir, ic + ir + mr, jc + jr, jc + jr + nr, cp, ldc);
+            }
+          }
         }
+        if (row_blocks<Epilogue>::value && last)
+          finish(epi, ic, ic + mc, jc, jc + nc, C + ic * ldc + jc, ldc);
+      }
     }
+  }
 }
 
 // =============================================================================
@@ -815,7 +868,7 @@ void gemm_part(const Operand& A, const Operand& B, int64_t K, float* C, int64_t 
 // C is cut into a grid of tm x tn rectangles made of whole MR x NR tiles, one
 // per thread.
 struct Grid {
-    int tm = 1, tn = 1;
+  int tm = 1, tn = 1;
 };
 
 // The grid of at most `threads` parts whose largest part has the least work:
@@ -825,49 +878,51 @@ struct Grid {
 // With `whole_rows` (a row-block epilogue, which reads other arrays row by
 // row) C is split by rows only, where it has a row panel for every thread.
 inline Grid choose_grid(int64_t M, int64_t N, int threads, bool whole_rows = false) {
-    const int64_t m_tiles = (M + MR - 1) / MR, n_tiles = (N + NR - 1) / NR;
-    const int64_t tn_max = whole_rows && m_tiles >= threads ? 1 : n_tiles;
-    Grid best;
-    double best_cost = -1.0;
-    for (int tm = 1; tm <= threads && tm <= m_tiles; ++tm) {
-        for (int tn = 1; tm * tn <= threads && tn <= tn_max; ++tn) {
-            const double rows = double(std::min(M, (m_tiles + tm - 1) / tm * MR));
-            const double cols = double(std::min(N, (n_tiles + tn - 1) / tn * NR));
-            const double cost = rows * cols + 8.0 * (rows + cols);
-            if (best_cost < 0.0 || cost < best_cost) {
-                best = {tm, tn};
-                best_cost = cost;
-            }
-        }
+  const int64_t m_tiles = (M + MR - 1) / MR, n_tiles = (N + NR - 1) / NR;
+  const int64_t tn_max = whole_rows && m_tiles >= threads ? 1 : n_tiles;
+  Grid best;
+  double best_cost = -1.0;
+  for (int tm = 1; tm <= threads && tm <= m_tiles; ++tm) {
+    for (int tn = 1; tm * tn <= threads && tn <= tn_max; ++tn) {
+      const double rows = double(std::min(M, (m_tiles + tm - 1) / tm * MR));
+      const double cols = double(std::min(N, (n_tiles + tn - 1) / tn * NR));
+      const double cost = rows * cols + 8.0 * (rows + cols);
+      if (best_cost < 0.0 || cost < best_cost) {
+        best = {tm, tn};
+        best_cost = cost;
+      }
     }
-    return best;
+  }
+  return best;
 }
 
 // The first row (or column) of part `index` when n is cut into `parts` parts
 // made of whole units of `unit`; part_start(.., parts) == n.
 inline int64_t part_start(int64_t n, int64_t unit, int parts, int index) {
-    const int64_t units = (n + unit - 1) / unit;
-    return std::min(n, units * index / parts * unit);
+  const int64_t units = (n + unit - 1) / unit;
+  return std::min(n, units * index / parts * unit);
 }
 
-inline void check_args(int64_t M, int64_t N, int64_t K, int64_t lda, int64_t a_width,
-                       int64_t ldb, int64_t b_width, int64_t ldc) {
-    if (M < 0 || N < 0 || K < 0) {
-        throw std::invalid_argument("dg::gemm: negative size (M=" + std::to_string(M) +
-                                    ", N=" + std::to_string(N) + ", K=" + std::to_string(K) + ")");
-    }
-    if (lda < a_width || ldb < b_width || ldc < N) {
-        throw std::invalid_argument(
-            "dg::gemm: a leading dimension is smaller than its row (lda=" + std::to_string(lda) +
-            " < " + std::to_string(a_width) + ", ldb=" + std::to_string(ldb) + " < " +
-            std::to_string(b_width) + " or ldc=" + std::to_string(ldc) + " < " + std::to_string(N) + ")");
-    }
+inline void check_args(int64_t M, int64_t N, int64_t K, int64_t lda, int64_t a_width, int64_t ldb,
+                       int64_t b_width, int64_t ldc) {
+  if (M < 0 || N < 0 || K < 0) {
+    throw std::invalid_argument("dg::gemm: negative size (M=" + std::to_string(M) +
+                                ", N=" + std::to_string(N) + ", K=" + std::to_string(K) + ")");
+  }
+  if (lda < a_width || ldb < b_width || ldc < N) {
+    throw std::invalid_argument(
+        "dg::gemm: a leading dimension is smaller than its row (lda=" + std::to_string(lda) + " < " +
+        std::to_string(a_width) + ", ldb=" + std::to_string(ldb) + " < " + std::to_string(b_width) +
+        " or ldc=" + std::to_string(ldc) + " < " + std::to_string(N) + ")");
+  }
 }
 
 }  // namespace gemm_detail
 
 // The micro-kernel compiled in: "avx512", "avx2" or "portable".
-constexpr const char* gemm_isa() { return gemm_detail::kIsa; }
+constexpr const char* gemm_isa() {
+  return gemm_detail::kIsa;
+}
 
 // C[M,N] = op(A) @ op(B), then epi on every finished piece of C (see the top
 // of this file).  ta: A is stored [K,M] (row stride lda), else [M,K]; tb: B is
@@ -880,53 +935,52 @@ namespace gemm_detail {
 template <class Epilogue>
 void gemm_into(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
                int64_t ldb, float* C, int64_t ldc, const Epilogue& epi, bool add_to_c) {
-    check_args(M, N, K, lda, ta ? M : K, ldb, tb ? K : N, ldc);
-    if (M == 0 || N == 0) return;
-    if (K == 0) {
-        for (int64_t i = 0; i < M; ++i) {
-            float* row = C + i * ldc;
-            if (!add_to_c) std::fill(row, row + N, 0.0f);
-            finish(epi, i, i + 1, 0, N, row, ldc);
-        }
-        return;
+  check_args(M, N, K, lda, ta ? M : K, ldb, tb ? K : N, ldc);
+  if (M == 0 || N == 0) return;
+  if (K == 0) {
+    for (int64_t i = 0; i < M; ++i) {
+      float* row = C + i * ldc;
+      if (!add_to_c) std::fill(row, row + N, 0.0f);
+      finish(epi, i, i + 1, 0, N, row, ldc);
     }
-    const Operand a{A, lda, ta}, b{B, ldb, tb};
-    // The tiny-M path sums K in one block, unlike the micro-kernel, so the
-    // choice depends on M alone, never on how C is split over threads.  (With
-    // M <= MR, C is only ever split along N.)  It writes C, never adds to it.
-    // A transposed B streams as dot products when A is row-major (unit stride along k).
-    const bool stream = DG_GEMM_SIMD && (!tb || !ta) && M <= kStreamMaxRows && !add_to_c;
-    const int threads = threads_for(gemm_work(M, N, K));
-    const Grid grid = choose_grid(M, N, threads, row_blocks<Epilogue>::value);
-    const int parts = grid.tm * grid.tn;
-    if (parts == 1) {
-        gemm_part(a, b, K, C, ldc, 0, M, 0, N, stream, epi, add_to_c);
-        return;
-    }
+    return;
+  }
+  const Operand a{A, lda, ta}, b{B, ldb, tb};
+  // The tiny-M path sums K in one block, unlike the micro-kernel, so the
+  // choice depends on M alone, never on how C is split over threads.  (With
+  // M <= MR, C is only ever split along N.)  It writes C, never adds to it.
+  // A transposed B streams as dot products when A is row-major (unit stride along k).
+  const bool stream = DG_GEMM_SIMD && (!tb || !ta) && M <= kStreamMaxRows && !add_to_c;
+  const int threads = threads_for(gemm_work(M, N, K));
+  const Grid grid = choose_grid(M, N, threads, row_blocks<Epilogue>::value);
+  const int parts = grid.tm * grid.tn;
+  if (parts == 1) {
+    gemm_part(a, b, K, C, ldc, 0, M, 0, N, stream, epi, add_to_c);
+    return;
+  }
 #ifdef _OPENMP
 #pragma omp parallel for num_threads(parts) schedule(static, 1)
 #endif
-    for (int part = 0; part < parts; ++part) {
-        const int pi = part / grid.tn, pj = part % grid.tn;
-        gemm_part(a, b, K, C, ldc, part_start(M, MR, grid.tm, pi), part_start(M, MR, grid.tm, pi + 1),
-                  part_start(N, NR, grid.tn, pj), part_start(N, NR, grid.tn, pj + 1), stream, epi, add_to_c);
-    }
+  for (int part = 0; part < parts; ++part) {
+    const int pi = part / grid.tn, pj = part % grid.tn;
+    gemm_part(a, b, K, C, ldc, part_start(M, MR, grid.tm, pi), part_start(M, MR, grid.tm, pi + 1),
+              part_start(N, NR, grid.tn, pj), part_start(N, NR, grid.tn, pj + 1), stream, epi, add_to_c);
+  }
 }
 
 }  // namespace gemm_detail
 
 template <class Epilogue = NoEpilogue>
-void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K,
-          const float* A, int64_t lda, const float* B, int64_t ldb,
-          float* C, int64_t ldc, const Epilogue& epi = Epilogue()) {
-    gemm_detail::gemm_into(ta, tb, M, N, K, A, lda, B, ldb, C, ldc, epi, false);
+void gemm(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda, const float* B,
+          int64_t ldb, float* C, int64_t ldc, const Epilogue& epi = Epilogue()) {
+  gemm_detail::gemm_into(ta, tb, M, N, K, A, lda, B, ldb, C, ldc, epi, false);
 }
 
 // C[M,N] += op(A) @ op(B): a sum of products made in place (a convolution's
 // weight gradient over the images), K blocked as gemm's.  Arguments as gemm's.
-inline void gemm_add(bool ta, bool tb, int64_t M, int64_t N, int64_t K,
-                     const float* A, int64_t lda, const float* B, int64_t ldb, float* C, int64_t ldc) {
-    gemm_detail::gemm_into(ta, tb, M, N, K, A, lda, B, ldb, C, ldc, NoEpilogue(), true);
+inline void gemm_add(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* A, int64_t lda,
+                     const float* B, int64_t ldb, float* C, int64_t ldc) {
+  gemm_detail::gemm_into(ta, tb, M, N, K, A, lda, B, ldb, C, ldc, NoEpilogue(), true);
 }
 
 // op(B)[K, N] packed once into the micro-panels every product with it reads,
@@ -947,151 +1001,156 @@ inline void gemm_add(bool ta, bool tb, int64_t M, int64_t N, int64_t K,
 // a PackedB is used by one thread at a time.
 class PackedB {
  public:
-    // tb: B is stored [N, K] (row stride ldb), else [K, N].
-    // storage: where the panels go (storage_floats(K, N) floats, owned by the
-    // caller: dg::KeptPackedB keeps them between calls), or null for scratch.
-    PackedB(bool tb, int64_t K, int64_t N, const float* B, int64_t ldb, float* storage = nullptr)
-        : tb_(tb), K_(K), N_(N), B_(B), ldb_(ldb),
-          n_pad_((N + gemm_detail::NR - 1) / gemm_detail::NR * gemm_detail::NR), storage_(storage) {
-        gemm_detail::check_args(1, N, K, K, K, ldb, tb ? K : N, N);
+  // tb: B is stored [N, K] (row stride ldb), else [K, N].
+  // storage: where the panels go (storage_floats(K, N) floats, owned by the
+  // caller: dg::KeptPackedB keeps them between calls), or null for scratch.
+  PackedB(bool tb, int64_t K, int64_t N, const float* B, int64_t ldb, float* storage = nullptr)
+      : tb_(tb),
+        K_(K),
+        N_(N),
+        B_(B),
+        ldb_(ldb),
+        n_pad_((N + gemm_detail::NR - 1) / gemm_detail::NR * gemm_detail::NR),
+        storage_(storage) {
+    gemm_detail::check_args(1, N, K, K, K, ldb, tb ? K : N, N);
+  }
+  static int64_t storage_floats(int64_t K, int64_t N) {
+    return K * ((N + gemm_detail::NR - 1) / gemm_detail::NR * gemm_detail::NR) + 16;
+  }
+  PackedB(const PackedB&) = delete;
+  PackedB& operator=(const PackedB&) = delete;
+
+  bool tb() const { return tb_; }
+  int64_t K() const { return K_; }
+  int64_t N() const { return N_; }
+  const float* source() const { return B_; }
+  int64_t ldb() const { return ldb_; }
+  int64_t n_pad() const { return n_pad_; }
+  bool is_packed() const { return packed_; }
+
+  // Which way the next product walks the panels: every other product goes
+  // from the last panel to the first.  A weight a little larger than the L2
+  // cache (a TreeLSTM's U at H 256 is 2.6 MB; an L2 of 1 or 2 MB) read the
+  // same way round at every level misses on every panel (each one was evicted
+  // by the ones after it); read back and forth, the panels a product read last
+  // are the first the next one needs, still cached.  The order of the panels
+  // changes no sum (each tile of C is computed alone), so results are the
+  // same.  Atomic: forward() calls on several threads share a kept packing.
+  bool walk_backward() const { return (walks_.fetch_add(1, std::memory_order_relaxed) & 1) != 0; }
+
+  // The packed panels, packed now if no product has packed them yet.
+  const float* packed() const {
+    using namespace gemm_detail;
+    if (!packed_) {
+      const Operand b{B_, ldb_, tb_};
+      const int64_t kc_max = even_block(K_, KC, 8);
+      for (int64_t pc = 0; pc < K_; pc += kc_max) {
+        pack_b(b, pc, std::min(kc_max, K_ - pc), 0, N_, storage() + pc * n_pad_);
+      }
+      packed_ = true;
     }
-    static int64_t storage_floats(int64_t K, int64_t N) {
-        return K * ((N + gemm_detail::NR - 1) / gemm_detail::NR * gemm_detail::NR) + 16;
-    }
-    PackedB(const PackedB&) = delete;
-    PackedB& operator=(const PackedB&) = delete;
+    return storage();
+  }
 
-    bool tb() const { return tb_; }
-    int64_t K() const { return K_; }
-    int64_t N() const { return N_; }
-    const float* source() const { return B_; }
-    int64_t ldb() const { return ldb_; }
-    int64_t n_pad() const { return n_pad_; }
-    bool is_packed() const { return packed_; }
+  // B's values now live at `B` (the same values, moved), or only in the
+  // packing (null: dg::KeptPackedB freed the stored weight; a packing without
+  // a source is always read packed).
+  void set_source(const float* B) { B_ = B; }
 
-    // Which way the next product walks the panels: every other product goes
-    // from the last panel to the first.  A weight a little larger than the L2
-    // cache (a TreeLSTM's U at H 256 is 2.6 MB; an L2 of 1 or 2 MB) read the
-    // same way round at every level misses on every panel (each one was evicted
-    // by the ones after it); read back and forth, the panels a product read last
-    // are the first the next one needs, still cached.  The order of the panels
-    // changes no sum (each tile of C is computed alone), so results are the
-    // same.  Atomic: forward() calls on several threads share a kept packing.
-    bool walk_backward() const { return (walks_.fetch_add(1, std::memory_order_relaxed) & 1) != 0; }
-
-    // The packed panels, packed now if no product has packed them yet.
-    const float* packed() const {
-        using namespace gemm_detail;
-        if (!packed_) {
-            const Operand b{B_, ldb_, tb_};
-            const int64_t kc_max = even_block(K_, KC, 8);
-            for (int64_t pc = 0; pc < K_; pc += kc_max) {
-                pack_b(b, pc, std::min(kc_max, K_ - pc), 0, N_, storage() + pc * n_pad_);
+  // Writes op(B) back in B's stored layout (row stride ldb): the inverse of
+  // packing, exact (the panels hold B's floats unchanged).
+  void unpack(float* B, int64_t ldb) const {
+    using namespace gemm_detail;
+    const float* panels = packed();
+    const int64_t kc_max = even_block(K_, KC, 8);
+    for (int64_t pc = 0; pc < K_; pc += kc_max) {
+      const int64_t kc = std::min(kc_max, K_ - pc);
+      for (int64_t j0 = 0; j0 < N_; j0 += NR) {
+        const float* panel = panels + pc * n_pad_ + j0 * kc;  // panel j0 / NR of this K block
+        const int64_t cols = std::min<int64_t>(NR, N_ - j0);
+        for (int64_t k = 0; k < kc; ++k) {
+          for (int64_t j = 0; j < cols; ++j) {
+            const float v = panel[k * NR + j];
+            if (tb_) {
+              B[(j0 + j) * ldb + pc + k] = v;
+            } else {
+              B[(pc + k) * ldb + j0 + j] = v;
             }
-            packed_ = true;
+          }
         }
-        return storage();
+      }
     }
+  }
 
-    // B's values now live at `B` (the same values, moved), or only in the
-    // packing (null: dg::KeptPackedB freed the stored weight; a packing without
-    // a source is always read packed).
-    void set_source(const float* B) { B_ = B; }
-
-    // Writes op(B) back in B's stored layout (row stride ldb): the inverse of
-    // packing, exact (the panels hold B's floats unchanged).
-    void unpack(float* B, int64_t ldb) const {
-        using namespace gemm_detail;
-        const float* panels = packed();
-        const int64_t kc_max = even_block(K_, KC, 8);
-        for (int64_t pc = 0; pc < K_; pc += kc_max) {
-            const int64_t kc = std::min(kc_max, K_ - pc);
-            for (int64_t j0 = 0; j0 < N_; j0 += NR) {
-                const float* panel = panels + pc * n_pad_ + j0 * kc;  // panel j0 / NR of this K block
-                const int64_t cols = std::min<int64_t>(NR, N_ - j0);
-                for (int64_t k = 0; k < kc; ++k) {
-                    for (int64_t j = 0; j < cols; ++j) {
-                        const float v = panel[k * NR + j];
-                        if (tb_) {
-                            B[(j0 + j) * ldb + pc + k] = v;
-                        } else {
-                            B[(pc + k) * ldb + j0 + j] = v;
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    // Where a product that reads B in place writes the panels (then mark_packed).
-    float* storage() const {
-        if (storage_ != nullptr) return storage_;
-        if (!data_) data_.emplace(storage_floats(K_, N_));
-        return data_->data();
-    }
-    void mark_packed() const { packed_ = true; }
+  // Where a product that reads B in place writes the panels (then mark_packed).
+  float* storage() const {
+    if (storage_ != nullptr) return storage_;
+    if (!data_) data_.emplace(storage_floats(K_, N_));
+    return data_->data();
+  }
+  void mark_packed() const { packed_ = true; }
 
  private:
-    bool tb_;
-    int64_t K_, N_;
-    const float* B_;
-    int64_t ldb_, n_pad_;
-    float* storage_;
-    mutable std::optional<Scratch<float>> data_;
-    mutable bool packed_ = false;
-    mutable std::atomic<uint32_t> walks_{0};
+  bool tb_;
+  int64_t K_, N_;
+  const float* B_;
+  int64_t ldb_, n_pad_;
+  float* storage_;
+  mutable std::optional<Scratch<float>> data_;
+  mutable bool packed_ = false;
+  mutable std::atomic<uint32_t> walks_{0};
 };
 
 // C[M,N] = op(A) @ B for a PackedB B (K and N are B's), then epi as above.
 template <class Epilogue = NoEpilogue>
-void gemm(bool ta, int64_t M, const float* A, int64_t lda, const PackedB& B,
-          float* C, int64_t ldc, const Epilogue& epi = Epilogue()) {
-    using namespace gemm_detail;
-    const int64_t N = B.N(), K = B.K();
-    // A transposed B is packed (once for the loop) rather than streamed: the
-    // micro-kernel reads packed panels faster than dot products read its rows.
-    // Once packed, B is read packed at every M: the panels are contiguous, each
-    // thread's share of N stays in its own cache from call to call, and that
-    // beats streaming the rows again (a forward pass's 1- to 3-row products by a
-    // kept weight, dg_packed_weights.h).
-    const bool stream = DG_GEMM_SIMD && !B.tb() && M <= kStreamMaxRows && !B.is_packed();
-    // Up to MR rows (one row panel), gemm reads row-major B in place without any
-    // copy: cheaper than packing unless B is packed already.
-    const bool one_panel = !B.tb() && M <= MR && !B.is_packed();
-    if (M <= 0 || N == 0 || K == 0 || stream || one_panel) {
-        gemm(ta, B.tb(), M, N, K, A, lda, B.source(), B.ldb(), C, ldc, epi);
-        return;
-    }
-    check_args(M, N, K, lda, ta ? M : K, N, N, ldc);
-    const Operand a{A, lda, ta};
-    const int threads = threads_for(gemm_work(M, N, K));
-    const Grid grid = choose_grid(M, N, threads, gemm_detail::row_blocks<Epilogue>::value);
-    Operand b{B.source(), B.ldb(), B.tb()};
-    b.n_pad = B.n_pad();
-    // Pack while multiplying where gemm_part reads B in place and each thread
-    // owns its columns (so each panel is written once); else pack first.
-    const bool pack_while = !B.is_packed() && !B.tb() && M <= kInPlaceBMaxRows && grid.tm == 1;
-    if (pack_while) {
-        b.pack_into = B.storage();
-    } else {
-        b.packed = B.packed();
-        b.backward = B.walk_backward();
-    }
-    const int parts = grid.tm * grid.tn;
-    if (parts == 1) {
-        gemm_part(a, b, K, C, ldc, 0, M, 0, N, false, epi);
-        if (pack_while) B.mark_packed();
-        return;
-    }
+void gemm(bool ta, int64_t M, const float* A, int64_t lda, const PackedB& B, float* C, int64_t ldc,
+          const Epilogue& epi = Epilogue()) {
+  using namespace gemm_detail;
+  const int64_t N = B.N(), K = B.K();
+  // A transposed B is packed (once for the loop) rather than streamed: the
+  // micro-kernel reads packed panels faster than dot products read its rows.
+  // Once packed, B is read packed at every M: the panels are contiguous, each
+  // thread's share of N stays in its own cache from call to call, and that
+  // beats streaming the rows again (a forward pass's 1- to 3-row products by a
+  // kept weight, dg_packed_weights.h).
+  const bool stream = DG_GEMM_SIMD && !B.tb() && M <= kStreamMaxRows && !B.is_packed();
+  // Up to MR rows (one row panel), gemm reads row-major B in place without any
+  // copy: cheaper than packing unless B is packed already.
+  const bool one_panel = !B.tb() && M <= MR && !B.is_packed();
+  if (M <= 0 || N == 0 || K == 0 || stream || one_panel) {
+    gemm(ta, B.tb(), M, N, K, A, lda, B.source(), B.ldb(), C, ldc, epi);
+    return;
+  }
+  check_args(M, N, K, lda, ta ? M : K, N, N, ldc);
+  const Operand a{A, lda, ta};
+  const int threads = threads_for(gemm_work(M, N, K));
+  const Grid grid = choose_grid(M, N, threads, gemm_detail::row_blocks<Epilogue>::value);
+  Operand b{B.source(), B.ldb(), B.tb()};
+  b.n_pad = B.n_pad();
+  // Pack while multiplying where gemm_part reads B in place and each thread
+  // owns its columns (so each panel is written once); else pack first.
+  const bool pack_while = !B.is_packed() && !B.tb() && M <= kInPlaceBMaxRows && grid.tm == 1;
+  if (pack_while) {
+    b.pack_into = B.storage();
+  } else {
+    b.packed = B.packed();
+    b.backward = B.walk_backward();
+  }
+  const int parts = grid.tm * grid.tn;
+  if (parts == 1) {
+    gemm_part(a, b, K, C, ldc, 0, M, 0, N, false, epi);
+    if (pack_while) B.mark_packed();
+    return;
+  }
 #ifdef _OPENMP
 #pragma omp parallel for num_threads(parts) schedule(static, 1)
 #endif
-    for (int part = 0; part < parts; ++part) {
-        const int pi = part / grid.tn, pj = part % grid.tn;
-        gemm_part(a, b, K, C, ldc, part_start(M, MR, grid.tm, pi), part_start(M, MR, grid.tm, pi + 1),
-                  part_start(N, NR, grid.tn, pj), part_start(N, NR, grid.tn, pj + 1), false, epi);
-    }
-    if (pack_while) B.mark_packed();
+  for (int part = 0; part < parts; ++part) {
+    const int pi = part / grid.tn, pj = part % grid.tn;
+    gemm_part(a, b, K, C, ldc, part_start(M, MR, grid.tm, pi), part_start(M, MR, grid.tm, pi + 1),
+              part_start(N, NR, grid.tn, pj), part_start(N, NR, grid.tn, pj + 1), false, epi);
+  }
+  if (pack_while) B.mark_packed();
 }
 
 }  // namespace dg

@@ -35,7 +35,8 @@ class BitReader {
 
   uint32_t bits(int count) {
     uint32_t value = 0;
-    for (int i = 0; i < count; ++i) value |= static_cast<uint32_t>(bit()) << i;
+    for (int i = 0; i < count; ++i)
+      value |= static_cast<uint32_t>(bit()) << i;
     return value;
   }
 
@@ -76,7 +77,8 @@ class BitReader {
 class Huffman {
  public:
   Huffman(const uint8_t* lengths, int symbols) : sorted_(symbols) {
-    for (int s = 0; s < symbols; ++s) ++count_[lengths[s]];
+    for (int s = 0; s < symbols; ++s)
+      ++count_[lengths[s]];
     count_[0] = 0;
     int left = 1;  // codes of the current length not yet used
     for (int len = 1; len <= kMaxBits; ++len) {
@@ -84,7 +86,8 @@ class Huffman {
       if (left < 0) fail("a Huffman code is over-subscribed");
     }
     std::array<int, kMaxBits + 2> offset{};
-    for (int len = 1; len <= kMaxBits; ++len) offset[len + 1] = offset[len] + count_[len];
+    for (int len = 1; len <= kMaxBits; ++len)
+      offset[len + 1] = offset[len] + count_[len];
     for (int s = 0; s < symbols; ++s)
       if (lengths[s] != 0) sorted_[offset[lengths[s]]++] = static_cast<uint16_t>(s);
   }
@@ -112,15 +115,20 @@ class Huffman {
 
 constexpr uint16_t kLengthBase[29] = {3,  4,  5,  6,  7,  8,  9,  10, 11,  13,  15,  17,  19,  23, 27,
                                       31, 35, 43, 51, 59, 67, 83, 99, 115, 131, 163, 195, 227, 258};
-constexpr uint8_t kLengthExtra[29] = {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3, 4, 4, 4, 4, 5, 5, 5, 5, 0};
-constexpr uint16_t kDistBase[30] = {1,   2,   3,   4,   5,   7,    9,    13,   17,   25,   33,   49,   65,    97,    129,
-                                    193, 257, 385, 513, 769, 1025, 1537, 2049, 3073, 4097, 6145, 8193, 12289, 16385, 24577};
-constexpr uint8_t kDistExtra[30] = {0, 0, 0, 0, 1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6, 7, 7, 8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13};
+constexpr uint8_t kLengthExtra[29] = {0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2,
+                                      2, 3, 3, 3, 3, 4, 4, 4, 4, 5, 5, 5, 5, 0};
+constexpr uint16_t kDistBase[30] = {1,    2,    3,    4,    5,    7,    9,    13,    17,    25,
+                                    33,   49,   65,   97,   129,  193,  257,  385,   513,   769,
+                                    1025, 1537, 2049, 3073, 4097, 6145, 8193, 12289, 16385, 24577};
+constexpr uint8_t kDistExtra[30] = {0, 0, 0, 0, 1, 1, 2, 2,  3,  3,  4,  4,  5,  5,  6,
+                                    6, 7, 7, 8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13};
 
 // The most bytes `size` bytes of DEFLATE stream can decode to: a length-258
 // back reference coded in 2 bits (1032 bytes per byte of stream), plus slack
 // for a block header. A size claimed beyond it is a lie, refused unallocated.
-inline uint64_t most_inflated(size_t size) { return 1032 * static_cast<uint64_t>(size) + 1024; }
+inline uint64_t most_inflated(size_t size) {
+  return 1032 * static_cast<uint64_t>(size) + 1024;
+}
 
 class Decoder {
  public:
@@ -128,8 +136,8 @@ class Decoder {
   Decoder(const uint8_t* data, size_t size, size_t limit, bool prefix)
       : in_(data, size), limit_(limit), prefix_(prefix) {
     if (limit > most_inflated(size))
-      fail("the archive says it holds " + std::to_string(limit) + " bytes, more than " + std::to_string(size) +
-           " bytes of compressed data can hold");
+      fail("the archive says it holds " + std::to_string(limit) + " bytes, more than " +
+           std::to_string(size) + " bytes of compressed data can hold");
     out_.reserve(limit);
   }
 
@@ -181,13 +189,16 @@ class Decoder {
     const unsigned check = header[2] | header[3] << 8;
     if ((length ^ 0xffffu) != check) fail("a stored block's length check does not match");
     const uint8_t* bytes = in_.take_bytes(length);
-    for (unsigned i = 0; i < length; ++i) put(bytes[i]);
+    for (unsigned i = 0; i < length; ++i)
+      put(bytes[i]);
   }
 
   void fixed() {
     uint8_t lengths[288 + 30];
-    for (int s = 0; s < 288; ++s) lengths[s] = s < 144 ? 8 : s < 256 ? 9 : s < 280 ? 7 : 8;
-    for (int s = 0; s < 30; ++s) lengths[288 + s] = 5;
+    for (int s = 0; s < 288; ++s)
+      lengths[s] = s < 144 ? 8 : s < 256 ? 9 : s < 280 ? 7 : 8;
+    for (int s = 0; s < 30; ++s)
+      lengths[288 + s] = 5;
     codes(Huffman(lengths, 288), Huffman(lengths + 288, 30));
   }
 
@@ -198,8 +209,10 @@ class Decoder {
     if (literals > 286 || distances > 30) fail("too many codes in a dynamic block");
     static constexpr uint8_t kOrder[19] = {16, 17, 18, 0, 8, 7, 9, 6, 10, 5, 11, 4, 12, 3, 13, 2, 14, 1, 15};
     uint8_t lengths[286 + 30] = {};
-    for (int i = 0; i < code_lengths; ++i) lengths[kOrder[i]] = static_cast<uint8_t>(in_.bits(3));
-    for (int i = code_lengths; i < 19; ++i) lengths[kOrder[i]] = 0;
+    for (int i = 0; i < code_lengths; ++i)
+      lengths[kOrder[i]] = static_cast<uint8_t>(in_.bits(3));
+    for (int i = code_lengths; i < 19; ++i)
+      lengths[kOrder[i]] = 0;
     const Huffman lengths_code(lengths, 19);
     int n = 0;
     while (n < literals + distances) {
@@ -220,7 +233,8 @@ class Decoder {
         repeat = 11 + static_cast<int>(in_.bits(7));
       }
       if (n + repeat > literals + distances) fail("code lengths run past their count");
-      while (repeat-- > 0) lengths[n++] = value;
+      while (repeat-- > 0)
+        lengths[n++] = value;
     }
     if (lengths[256] == 0) fail("a block without an end-of-block code");
     codes(Huffman(lengths, literals), Huffman(lengths + literals, distances));
@@ -242,7 +256,8 @@ class Decoder {
       if (d >= 30) fail("an invalid distance symbol");
       const size_t back = kDistBase[d] + in_.bits(kDistExtra[d]);
       if (back > out_.size()) fail("a back reference before the start of the data");
-      for (size_t i = 0; i < length; ++i) put(out_[out_.size() - back]);
+      for (size_t i = 0; i < length; ++i)
+        put(out_[out_.size() - back]);
     }
   }
 

@@ -29,12 +29,13 @@ namespace modes_detail {
 // batch_norm and batch_norm_apply compute alike, so a recomputation is exact.
 inline void normalize_channel(const float* x, const float* w, const float* b, const float* mean,
                               const float* invstd, float* y, int64_t N, int64_t C, int64_t HW, int64_t c) {
-    const float m = mean[c], scale = invstd[c] * w[c], shift = b[c];
-    for (int64_t n = 0; n < N; ++n) {
-        const float* from = x + (n * C + c) * HW;
-        float* to = y + (n * C + c) * HW;
-        for (int64_t i = 0; i < HW; ++i) to[i] = (from[i] - m) * scale + shift;
-    }
+  const float m = mean[c], scale = invstd[c] * w[c], shift = b[c];
+  for (int64_t n = 0; n < N; ++n) {
+    const float* from = x + (n * C + c) * HW;
+    float* to = y + (n * C + c) * HW;
+    for (int64_t i = 0; i < HW; ++i)
+      to[i] = (from[i] - m) * scale + shift;
+  }
 }
 
 }  // namespace modes_detail
@@ -42,52 +43,54 @@ inline void normalize_channel(const float* x, const float* w, const float* b, co
 inline void batch_norm(const float* x, const float* w, const float* b, float* running_mean,
                        float* running_var, float* y, float* mean, float* invstd, int64_t N, int64_t C,
                        int64_t HW, float eps, float momentum, const Mode& mode, const char* what) {
-    const int64_t count = N * HW;
-    if (mode.training && count < 2) {
-        throw std::invalid_argument(std::string(what) + ": training mode needs more than 1 value per channel, got " +
-                                    std::to_string(count) + " (use eval() for single examples)");
-    }
-    const int threads = threads_for(2 * N * C * HW);
+  const int64_t count = N * HW;
+  if (mode.training && count < 2) {
+    throw std::invalid_argument(std::string(what) +
+                                ": training mode needs more than 1 value per channel, got " +
+                                std::to_string(count) + " (use eval() for single examples)");
+  }
+  const int threads = threads_for(2 * N * C * HW);
 #pragma omp parallel for num_threads(threads) if (threads > 1)
-    for (int64_t c = 0; c < C; ++c) {
-        double m, var;
-        if (mode.training) {
-            double sum = 0.0;
-            for (int64_t n = 0; n < N; ++n) {
-                const float* row = x + (n * C + c) * HW;
-                for (int64_t i = 0; i < HW; ++i) sum += row[i];
-            }
-            m = sum / static_cast<double>(count);
-            double squares = 0.0;
-            for (int64_t n = 0; n < N; ++n) {
-                const float* row = x + (n * C + c) * HW;
-                for (int64_t i = 0; i < HW; ++i) {
-                    const double d = row[i] - m;
-                    squares += d * d;
-                }
-            }
-            var = squares / static_cast<double>(count);
-            const double unbiased = squares / static_cast<double>(count - 1);
-            running_mean[c] = static_cast<float>((1.0 - momentum) * running_mean[c] + momentum * m);
-            running_var[c] = static_cast<float>((1.0 - momentum) * running_var[c] + momentum * unbiased);
-        } else {
-            m = running_mean[c];
-            var = running_var[c];
+  for (int64_t c = 0; c < C; ++c) {
+    double m, var;
+    if (mode.training) {
+      double sum = 0.0;
+      for (int64_t n = 0; n < N; ++n) {
+        const float* row = x + (n * C + c) * HW;
+        for (int64_t i = 0; i < HW; ++i)
+          sum += row[i];
+      }
+      m = sum / static_cast<double>(count);
+      double squares = 0.0;
+      for (int64_t n = 0; n < N; ++n) {
+        const float* row = x + (n * C + c) * HW;
+        for (int64_t i = 0; i < HW; ++i) {
+          const double d = row[i] - m;
+          squares += d * d;
         }
-        mean[c] = static_cast<float>(m);
-        invstd[c] = static_cast<float>(1.0 / std::sqrt(var + static_cast<double>(eps)));
-        modes_detail::normalize_channel(x, w, b, mean, invstd, y, N, C, HW, c);
+      }
+      var = squares / static_cast<double>(count);
+      const double unbiased = squares / static_cast<double>(count - 1);
+      running_mean[c] = static_cast<float>((1.0 - momentum) * running_mean[c] + momentum * m);
+      running_var[c] = static_cast<float>((1.0 - momentum) * running_var[c] + momentum * unbiased);
+    } else {
+      m = running_mean[c];
+      var = running_var[c];
     }
+    mean[c] = static_cast<float>(m);
+    invstd[c] = static_cast<float>(1.0 / std::sqrt(var + static_cast<double>(eps)));
+    modes_detail::normalize_channel(x, w, b, mean, invstd, y, N, C, HW, c);
+  }
 }
-
 
 // y = batch norm's output made again from x and the mean and invstd it wrote
 // (the backward pass recomputes it rather than keep it: see ops/modes.py).
 inline void batch_norm_apply(const float* x, const float* w, const float* b, const float* mean,
                              const float* invstd, float* y, int64_t N, int64_t C, int64_t HW) {
-    const int threads = threads_for(2 * N * C * HW);
+  const int threads = threads_for(2 * N * C * HW);
 #pragma omp parallel for num_threads(threads) if (threads > 1)
-    for (int64_t c = 0; c < C; ++c) modes_detail::normalize_channel(x, w, b, mean, invstd, y, N, C, HW, c);
+  for (int64_t c = 0; c < C; ++c)
+    modes_detail::normalize_channel(x, w, b, mean, invstd, y, N, C, HW, c);
 }
 
 // dx, dw, db of batch_norm from x, w, the mean and invstd it used, and g.
@@ -96,55 +99,59 @@ inline void batch_norm_apply(const float* x, const float* w, const float* b, con
 inline void batch_norm_grad(const float* x, const float* w, const float* mean, const float* invstd,
                             const float* g, float* dx, float* dw, float* db, int64_t N, int64_t C, int64_t HW,
                             const Mode& mode) {
-    const int64_t count = N * HW;
-    const int threads = threads_for(3 * N * C * HW);
+  const int64_t count = N * HW;
+  const int threads = threads_for(3 * N * C * HW);
 #pragma omp parallel for num_threads(threads) if (threads > 1)
-    for (int64_t c = 0; c < C; ++c) {
-        const float m = mean[c], inv = invstd[c];
-        double sum_g = 0.0, sum_gx = 0.0;
-        for (int64_t n = 0; n < N; ++n) {
-            const float* xr = x + (n * C + c) * HW;
-            const float* gr = g + (n * C + c) * HW;
-            for (int64_t i = 0; i < HW; ++i) {
-                sum_g += gr[i];
-                sum_gx += static_cast<double>(gr[i]) * ((xr[i] - m) * inv);
-            }
-        }
-        db[c] = static_cast<float>(sum_g);
-        dw[c] = static_cast<float>(sum_gx);
-        if (mode.training) {
-            const float k = w[c] * inv / static_cast<float>(count);
-            const float total_g = static_cast<float>(sum_g), total_gx = static_cast<float>(sum_gx);
-            const float n = static_cast<float>(count);
-            for (int64_t r = 0; r < N; ++r) {
-                const float* xr = x + (r * C + c) * HW;
-                const float* gr = g + (r * C + c) * HW;
-                float* out = dx + (r * C + c) * HW;
-                for (int64_t i = 0; i < HW; ++i) out[i] = k * (n * gr[i] - total_g - (xr[i] - m) * inv * total_gx);
-            }
-        } else {
-            const float k = w[c] * inv;
-            for (int64_t r = 0; r < N; ++r) {
-                const float* gr = g + (r * C + c) * HW;
-                float* out = dx + (r * C + c) * HW;
-                for (int64_t i = 0; i < HW; ++i) out[i] = gr[i] * k;
-            }
-        }
+  for (int64_t c = 0; c < C; ++c) {
+    const float m = mean[c], inv = invstd[c];
+    double sum_g = 0.0, sum_gx = 0.0;
+    for (int64_t n = 0; n < N; ++n) {
+      const float* xr = x + (n * C + c) * HW;
+      const float* gr = g + (n * C + c) * HW;
+      for (int64_t i = 0; i < HW; ++i) {
+        sum_g += gr[i];
+        sum_gx += static_cast<double>(gr[i]) * ((xr[i] - m) * inv);
+      }
     }
+    db[c] = static_cast<float>(sum_g);
+    dw[c] = static_cast<float>(sum_gx);
+    if (mode.training) {
+      const float k = w[c] * inv / static_cast<float>(count);
+      const float total_g = static_cast<float>(sum_g), total_gx = static_cast<float>(sum_gx);
+      const float n = static_cast<float>(count);
+      for (int64_t r = 0; r < N; ++r) {
+        const float* xr = x + (r * C + c) * HW;
+        const float* gr = g + (r * C + c) * HW;
+        float* out = dx + (r * C + c) * HW;
+        for (int64_t i = 0; i < HW; ++i)
+          out[i] = k * (n * gr[i] - total_g - (xr[i] - m) * inv * total_gx);
+      }
+    } else {
+      const float k = w[c] * inv;
+      for (int64_t r = 0; r < N; ++r) {
+        const float* gr = g + (r * C + c) * HW;
+        float* out = dx + (r * C + c) * HW;
+        for (int64_t i = 0; i < HW; ++i)
+          out[i] = gr[i] * k;
+      }
+    }
+  }
 }
 
 // y = x * scale where the mask keeps an element (probability 1 - p), else 0, in
 // training mode; y = x in evaluation mode. `stream` names this dropout.
 inline void dropout(const float* x, float* y, int64_t n, float p, float scale, uint64_t stream,
                     const Mode& mode) {
-    if (!mode.training) {
-        for (int64_t i = 0; i < n; ++i) y[i] = x[i];
-        return;
-    }
-    const uint64_t key = dropout_key(mode, stream);
-    const int threads = threads_for(8 * n);
+  if (!mode.training) {
+    for (int64_t i = 0; i < n; ++i)
+      y[i] = x[i];
+    return;
+  }
+  const uint64_t key = dropout_key(mode, stream);
+  const int threads = threads_for(8 * n);
 #pragma omp parallel for num_threads(threads) if (threads > 1)
-    for (int64_t i = 0; i < n; ++i) y[i] = dropout_keep(key, i, p) ? x[i] * scale : 0.0f;
+  for (int64_t i = 0; i < n; ++i)
+    y[i] = dropout_keep(key, i, p) ? x[i] * scale : 0.0f;
 }
 
 // Stochastic depth (torchvision): y = x * scale where the mask keeps a whole
@@ -153,16 +160,18 @@ inline void dropout(const float* x, float* y, int64_t n, float p, float scale, u
 // Group g draws as dropout's element g does.
 inline void stochastic_depth(const float* x, float* y, int64_t n, int64_t group, float p, float scale,
                              uint64_t stream, const Mode& mode) {
-    if (!mode.training) {
-        for (int64_t i = 0; i < n; ++i) y[i] = x[i];
-        return;
-    }
-    const uint64_t key = dropout_key(mode, stream);
-    for (int64_t start = 0; start < n; start += group) {
-        const float k = dropout_keep(key, start / group, p) ? scale : 0.0f;
-        const int64_t end = start + group < n ? start + group : n;
-        for (int64_t i = start; i < end; ++i) y[i] = x[i] * k;
-    }
+  if (!mode.training) {
+    for (int64_t i = 0; i < n; ++i)
+      y[i] = x[i];
+    return;
+  }
+  const uint64_t key = dropout_key(mode, stream);
+  for (int64_t start = 0; start < n; start += group) {
+    const float k = dropout_keep(key, start / group, p) ? scale : 0.0f;
+    const int64_t end = start + group < n ? start + group : n;
+    for (int64_t i = start; i < end; ++i)
+      y[i] = x[i] * k;
+  }
 }
 
 }  // namespace dg

@@ -103,24 +103,28 @@ inline uint32_t crc32(const uint8_t* data, size_t size) {
     std::vector<uint32_t> t(256);
     for (uint32_t n = 0; n < 256; ++n) {
       uint32_t c = n;
-      for (int k = 0; k < 8; ++k) c = (c & 1) ? 0xedb88320u ^ (c >> 1) : c >> 1;
+      for (int k = 0; k < 8; ++k)
+        c = (c & 1) ? 0xedb88320u ^ (c >> 1) : c >> 1;
       t[n] = c;
     }
     return t;
   }();
   uint32_t c = 0xffffffffu;
-  for (size_t i = 0; i < size; ++i) c = table[(c ^ data[i]) & 0xff] ^ (c >> 8);
+  for (size_t i = 0; i < size; ++i)
+    c = table[(c ^ data[i]) & 0xff] ^ (c >> 8);
   return c ^ 0xffffffffu;
 }
 
 inline uint64_t le(const uint8_t* p, int bytes) {
   uint64_t v = 0;
-  for (int i = bytes - 1; i >= 0; --i) v = (v << 8) | p[i];
+  for (int i = bytes - 1; i >= 0; --i)
+    v = (v << 8) | p[i];
   return v;
 }
 
 inline void put_le(std::vector<uint8_t>& out, uint64_t v, int bytes) {
-  for (int i = 0; i < bytes; ++i) out.push_back(static_cast<uint8_t>(v >> (8 * i)));
+  for (int i = 0; i < bytes; ++i)
+    out.push_back(static_cast<uint8_t>(v >> (8 * i)));
 }
 
 // Fortran order (first index fastest) to C order (last index fastest).
@@ -132,7 +136,8 @@ inline std::vector<uint8_t> fortran_to_c(const std::vector<uint8_t>& from, const
   const int64_t count = numel(shape);
   for (int64_t c = 0; c < count; ++c) {  // c walks C order; f is the same element's Fortran position
     int64_t f = 0;
-    for (size_t k = rank; k-- > 0;) f = f * shape[k] + index[k];
+    for (size_t k = rank; k-- > 0;)
+      f = f * shape[k] + index[k];
     std::memcpy(&to[c * itemsize], &from[f * itemsize], itemsize);
     for (size_t k = rank; k-- > 0;) {
       if (++index[k] < shape[k]) break;
@@ -266,8 +271,10 @@ class NpyHeaderDict {
     }
     if (!seen_descr || !seen_fortran || !seen_shape)
       bad(std::string("no '") + (!seen_descr ? "descr" : !seen_fortran ? "fortran_order" : "shape") + "'");
-    while (pos_ < text_.size() && (text_[pos_] == ' ' || text_[pos_] == '\t' || text_[pos_] == '\r')) ++pos_;
-    if (pos_ + 1 != text_.size() || text_[pos_] != '\n') bad("something other than spaces after its closing '}'");
+    while (pos_ < text_.size() && (text_[pos_] == ' ' || text_[pos_] == '\t' || text_[pos_] == '\r'))
+      ++pos_;
+    if (pos_ + 1 != text_.size() || text_[pos_] != '\n')
+      bad("something other than spaces after its closing '}'");
   }
 
   std::string descr;
@@ -281,12 +288,14 @@ class NpyHeaderDict {
   // Up to 40 characters of `s`, with anything unprintable as '?'.
   static std::string printable(const std::string& s) {
     std::string out;
-    for (char c : s.substr(0, 40)) out += (c >= 32 && c < 127) ? c : '?';
+    for (char c : s.substr(0, 40))
+      out += (c >= 32 && c < 127) ? c : '?';
     return s.size() > 40 ? out + "..." : out;
   }
   char at() const { return pos_ < text_.size() ? text_[pos_] : '\0'; }
   void spaces() {
-    while (at() == ' ') ++pos_;
+    while (at() == ' ')
+      ++pos_;
   }
   bool take(char c) {
     if (pos_ >= text_.size() || text_[pos_] != c) return false;
@@ -323,13 +332,15 @@ class NpyHeaderDict {
       if (take(')')) return sizes;
       if (at() == '-') bad("'shape' " + shown() + " has a negative size");
       const size_t digits = pos_;
-      while (at() >= '0' && at() <= '9') ++pos_;
+      while (at() >= '0' && at() <= '9')
+        ++pos_;
       if (pos_ == digits) bad("'shape' " + shown() + " is not a tuple of whole numbers");
       if (pos_ - digits > 18) bad("'shape' " + shown() + " has a size too large");
       sizes.push_back(std::stoll(text_.substr(digits, pos_ - digits)));
       spaces();
       if (take(',')) continue;
-      if (sizes.size() == 1 && at() == ')') bad("'shape' " + shown() + " is not a tuple (one size is written (n,))");
+      if (sizes.size() == 1 && at() == ')')
+        bad("'shape' " + shown() + " is not a tuple (one size is written (n,))");
       expect(')');
       return sizes;
     }
@@ -355,7 +366,8 @@ inline NpyHeader parse_npy_header(const uint8_t* data, size_t size, const std::s
   const std::string& descr = dict.descr;
   // A numeric dtype is a byte order, a kind and an item size: '<f4', '>i8', '|b1'.
   const bool ordered = !descr.empty() && std::string("<>|=").find(descr[0]) != std::string::npos;
-  const bool numeric = ordered && descr.size() >= 2 && std::string("biuf").find(descr[1]) != std::string::npos;
+  const bool numeric =
+      ordered && descr.size() >= 2 && std::string("biuf").find(descr[1]) != std::string::npos;
   if (numeric) {
     const std::string digits = descr.substr(2);
     if (digits.empty() || digits.size() > 2 || digits.find_first_not_of("0123456789") != std::string::npos)
@@ -363,12 +375,14 @@ inline NpyHeader parse_npy_header(const uint8_t* data, size_t size, const std::s
     a.kind = descr[1];
     a.itemsize = std::stoi(digits);
   }
-  const bool readable = numeric && ((a.kind == 'f' && (a.itemsize == 2 || a.itemsize == 4 || a.itemsize == 8)) ||
-                                    ((a.kind == 'i' || a.kind == 'u') &&
-                                     (a.itemsize == 1 || a.itemsize == 2 || a.itemsize == 4 || a.itemsize == 8)) ||
-                                    (a.kind == 'b' && a.itemsize == 1));
+  const bool readable =
+      numeric && ((a.kind == 'f' && (a.itemsize == 2 || a.itemsize == 4 || a.itemsize == 8)) ||
+                  ((a.kind == 'i' || a.kind == 'u') &&
+                   (a.itemsize == 1 || a.itemsize == 2 || a.itemsize == 4 || a.itemsize == 8)) ||
+                  (a.kind == 'b' && a.itemsize == 1));
   if (!readable) {
-    a.kind = '?';  // strings, objects, complex, float128...: named, not read (whoever asked for numbers refuses it)
+    a.kind =
+        '?';  // strings, objects, complex, float128...: named, not read (whoever asked for numbers refuses it)
     a.itemsize = 0;
     a.descr = descr;
     return h;
@@ -398,8 +412,8 @@ inline NpyArray npy_array(const NpyHeader& h, const uint8_t* data, size_t size, 
                                 std::to_string(have));
   if (have > h.data_bytes)
     throw std::invalid_argument(what + ": " + std::to_string(have - h.data_bytes) + " bytes after the " +
-                                std::to_string(h.data_bytes) + " bytes of data its shape " + shape_str(a.shape) +
-                                " needs");
+                                std::to_string(h.data_bytes) + " bytes of data its shape " +
+                                shape_str(a.shape) + " needs");
   try {
     a.bytes.assign(data + h.data_at, data + size);
     if (h.big_endian && a.itemsize > 1)
@@ -442,7 +456,9 @@ struct Member {
 
 // The central directory of a zip file (`why` is thrown for what is malformed).
 inline std::vector<Member> zip_members(const std::vector<uint8_t>& file, const std::string& path) {
-  auto bad = [&](const std::string& why) { return std::invalid_argument(path + ": not an .npz archive (" + why + ")"); };
+  auto bad = [&](const std::string& why) {
+    return std::invalid_argument(path + ": not an .npz archive (" + why + ")");
+  };
   const uint8_t* d = file.data();
   const size_t n = file.size();
   if (n < 22) throw bad("too short for a zip file");
@@ -458,7 +474,8 @@ inline std::vector<Member> zip_members(const std::vector<uint8_t>& file, const s
   if ((count == 0xffff || dir_size == 0xffffffff || dir_at == 0xffffffff) && eocd >= 20 &&
       le(d + eocd - 20, 4) == 0x07064b50) {  // zip64: the real values are in the zip64 end record
     const uint64_t record = le(d + eocd - 12, 8);
-    if (record > n || n - record < 56 || le(d + record, 4) != 0x06064b50) throw bad("a broken zip64 end record");
+    if (record > n || n - record < 56 || le(d + record, 4) != 0x06064b50)
+      throw bad("a broken zip64 end record");
     count = le(d + record + 32, 8);
     dir_size = le(d + record + 40, 8);
     dir_at = le(d + record + 48, 8);
@@ -474,7 +491,8 @@ inline std::vector<Member> zip_members(const std::vector<uint8_t>& file, const s
     m.crc = static_cast<uint32_t>(le(d + at + 16, 4));
     m.compressed = le(d + at + 20, 4);
     m.size = le(d + at + 24, 4);
-    const size_t name_len = le(d + at + 28, 2), extra_len = le(d + at + 30, 2), comment_len = le(d + at + 32, 2);
+    const size_t name_len = le(d + at + 28, 2), extra_len = le(d + at + 30, 2),
+                 comment_len = le(d + at + 32, 2);
     m.offset = le(d + at + 42, 4);
     if (n - at - 46 < name_len + extra_len + comment_len) throw bad("a broken directory entry");
     m.name.assign(reinterpret_cast<const char*>(d + at + 46), name_len);
@@ -505,7 +523,8 @@ inline std::invalid_argument member_error(const std::string& path, const Member&
 
 // Where member `m`'s stored bytes start in the file (after its local header),
 // checked to lie inside it.
-inline const uint8_t* member_start(const std::vector<uint8_t>& file, const Member& m, const std::string& path) {
+inline const uint8_t* member_start(const std::vector<uint8_t>& file, const Member& m,
+                                   const std::string& path) {
   auto bad = [&](const std::string& why) { return member_error(path, m, why); };
   const uint8_t* d = file.data();
   const size_t n = file.size();
@@ -564,21 +583,24 @@ inline NpyArray member_array(const std::vector<uint8_t>& file, const Member& m, 
   }
   std::vector<uint8_t> bytes;
   try {
-    bytes = inflate(start, static_cast<size_t>(m.compressed), static_cast<size_t>(m.size));  // m.size: as h says
+    bytes =
+        inflate(start, static_cast<size_t>(m.compressed), static_cast<size_t>(m.size));  // m.size: as h says
   } catch (const std::invalid_argument& e) {
     throw member_error(path, m, e.what());
   } catch (const std::bad_alloc&) {
-    throw OutOfMemory(what + ": its shape " + shape_str(h.array.shape) + " needs " + std::to_string(h.data_bytes) +
-                      " bytes, more memory than is free");
+    throw OutOfMemory(what + ": its shape " + shape_str(h.array.shape) + " needs " +
+                      std::to_string(h.data_bytes) + " bytes, more memory than is free");
   }
-  if (crc32(bytes.data(), bytes.size()) != m.crc) throw member_error(path, m, "CRC-32 mismatch: the data is corrupt");
+  if (crc32(bytes.data(), bytes.size()) != m.crc)
+    throw member_error(path, m, "CRC-32 mismatch: the data is corrupt");
   return npy_array(h, bytes.data(), bytes.size(), what);
 }
 
 // A .npy image of `a`, format version 1 (header padded to 64 bytes as numpy pads it).
 inline std::vector<uint8_t> npy_image(const NpyOut& a) {
   std::string shape = "(";
-  for (size_t i = 0; i < a.shape.size(); ++i) shape += (i ? ", " : "") + std::to_string(a.shape[i]);
+  for (size_t i = 0; i < a.shape.size(); ++i)
+    shape += (i ? ", " : "") + std::to_string(a.shape[i]);
   shape += a.shape.size() == 1 ? ",)" : ")";  // numpy's tuples: (), (5,), (3, 4)
   std::string header = std::string("{'descr': '") + (a.is_int ? "<i8" : "<f4") +
                        "', 'fortran_order': False, 'shape': " + shape + ", }";
@@ -600,13 +622,13 @@ inline std::vector<uint8_t> npy_image(const NpyOut& a) {
 // FIFO): save("/dev/full") must not turn into /dev/full.npz.
 inline void check_writable_path(const std::string& path) {
   check_path(path);
-  if (!std::filesystem::path(path).has_filename()) throw FileError(path + ": names a folder, not a file", false);
+  if (!std::filesystem::path(path).has_filename())
+    throw FileError(path + ": names a folder, not a file", false);
   std::error_code ec;
   const auto status = std::filesystem::status(path, ec);  // symlinks followed
   const bool other = status.type() != std::filesystem::file_type::not_found &&
                      status.type() != std::filesystem::file_type::regular;
-  if (other && !ec)
-    throw FileError(path + ": is " + kind_of(status) + ", not a regular file", false);
+  if (other && !ec) throw FileError(path + ": is " + kind_of(status) + ", not a regular file", false);
 }
 
 // The file's bytes on the disk (fsync where there is one), before it replaces the old file.
@@ -695,7 +717,8 @@ class NpzFile {
  public:
   explicit NpzFile(const std::string& path) : path_(path), file_(npz_detail::read_file(path)) {
     if (file_.size() >= 6 && std::memcmp(file_.data(), "\x93NUMPY", 6) == 0)
-      throw std::invalid_argument(path + ": holds a single array (.npy), not an .npz archive of named arrays");
+      throw std::invalid_argument(path +
+                                  ": holds a single array (.npy), not an .npz archive of named arrays");
     for (const auto& m : npz_detail::zip_members(file_, path)) {
       std::string name = m.name;  // numpy's name: the member's without ".npy"
       if (name.size() > 4 && name.compare(name.size() - 4, 4, ".npy") == 0) name.resize(name.size() - 4);
@@ -733,7 +756,8 @@ class NpzFile {
 inline std::vector<std::pair<std::string, NpyArray>> read_npz(const std::string& path) {
   const NpzFile file(path);
   std::vector<std::pair<std::string, NpyArray>> arrays;
-  for (size_t i = 0; i < file.size(); ++i) arrays.emplace_back(file.name(i), file.read(i));
+  for (size_t i = 0; i < file.size(); ++i)
+    arrays.emplace_back(file.name(i), file.read(i));
   return arrays;
 }
 
@@ -745,7 +769,8 @@ inline void write_npz(const std::string& path, const std::vector<NpyOut>& arrays
     const std::vector<uint8_t> image = npy_image(a);
     const std::string name = a.name + ".npy";
     if (image.size() >= 0xffffffffu || out.size() >= 0xffffffffu)
-      throw std::length_error(path + ": array '" + a.name + "' makes the file larger than 4 GiB, which save() does not write");
+      throw std::length_error(path + ": array '" + a.name +
+                              "' makes the file larger than 4 GiB, which save() does not write");
     const uint32_t crc = crc32(image.data(), image.size());
     const uint64_t offset = out.size();
     // Local header: version 2.0, no flags, stored, 1980-01-01 00:00 (fixed: deterministic files).

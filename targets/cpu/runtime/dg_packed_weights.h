@@ -186,7 +186,8 @@ class KeptPackedB {
       Storage storage;
       if (kept_ && kept_.use_count() == 1) storage = std::move(kept_->storage);  // no call reads it now
       if (!storage) storage.reset(static_cast<float*>(::operator new(bytes_now(), std::align_val_t(64))));
-      auto fresh = std::make_shared<Packing>(std::move(storage), now, tb_, K_, N_, weight_.ptr(), tb_ ? K_ : N_);
+      auto fresh =
+          std::make_shared<Packing>(std::move(storage), now, tb_, K_, N_, weight_.ptr(), tb_ ? K_ : N_);
       fresh->packed.packed();  // packs now, under the lock: no call sees half a packing
       kept_ = std::move(fresh);
     }
@@ -258,12 +259,14 @@ class KeptPackedB {
 };
 
 inline void ParameterVersion::restore_plain() {
-  for (KeptPackedB* kept : stand_ins_) kept->restore_plain();
+  for (KeptPackedB* kept : stand_ins_)
+    kept->restore_plain();
 }
 
 inline int64_t ParameterVersion::freed_plain_bytes() const {
   int64_t bytes = 0;
-  for (const KeptPackedB* kept : stand_ins_) bytes += kept->freed_bytes();
+  for (const KeptPackedB* kept : stand_ins_)
+    bytes += kept->freed_bytes();
   return bytes;
 }
 

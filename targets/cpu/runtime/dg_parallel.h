@@ -27,28 +27,28 @@ namespace dg {
 // module, whichever thread calls: omp_set_num_threads would only change the
 // calling thread's setting, and Python may call a model from several threads.
 inline std::atomic<int>& thread_setting() {
-    static std::atomic<int> n{0};
-    return n;
+  static std::atomic<int> n{0};
+  return n;
 }
 
 // Sets the number of threads later parallel kernels use (n >= 1).  Without
 // OpenMP any n >= 1 is accepted and ignored.
 inline void set_num_threads(int n) {
-    if (n < 1) {
-        throw std::invalid_argument("dg::set_num_threads: the number of threads must be >= 1, got " +
-                                    std::to_string(n));
-    }
-    thread_setting().store(n);
+  if (n < 1) {
+    throw std::invalid_argument("dg::set_num_threads: the number of threads must be >= 1, got " +
+                                std::to_string(n));
+  }
+  thread_setting().store(n);
 }
 
 // The number of threads parallel kernels use (set_num_threads, else OpenMP's
 // default: OMP_NUM_THREADS or the number of cores); always 1 without OpenMP.
 inline int get_num_threads() {
 #ifdef _OPENMP
-    const int n = thread_setting().load();
-    return n > 0 ? n : omp_get_max_threads();
+  const int n = thread_setting().load();
+  return n > 0 ? n : omp_get_max_threads();
 #else
-    return 1;
+  return 1;
 #endif
 }
 
@@ -65,17 +65,19 @@ constexpr int64_t kMinParallelWork = int64_t(1) << 20;
 // (kernels never nest parallel regions), else get_num_threads().
 inline int threads_for(int64_t work) {
 #ifdef _OPENMP
-    if (work < kMinParallelWork || omp_in_parallel()) return 1;
-    return get_num_threads();
+  if (work < kMinParallelWork || omp_in_parallel()) return 1;
+  return get_num_threads();
 #else
-    (void)work;
-    return 1;
+  (void)work;
+  return 1;
 #endif
 }
 
 // True when a loop doing `work` operations (see kMinParallelWork) is worth
 // splitting over threads, e.g. for an elementwise loop over n floats:
 //   #pragma omp parallel for if (dg::worth_threads(n * ops_per_element))
-inline bool worth_threads(int64_t work) { return threads_for(work) > 1; }
+inline bool worth_threads(int64_t work) {
+  return threads_for(work) > 1;
+}
 
 }  // namespace dg

@@ -26,13 +26,15 @@ inline void check_input_names(const py::kwargs& given, const std::vector<std::st
                               const std::vector<std::string>& known) {
   auto all_names = [&known] {
     std::string names;
-    for (const auto& n : known) names += (names.empty() ? "" : ", ") + n;
+    for (const auto& n : known)
+      names += (names.empty() ? "" : ", ") + n;
     return names;
   };
   for (const auto& item : given) {
     const std::string key = py::str(item.first);
     bool found = false;
-    for (const auto& n : known) found = found || n == key;
+    for (const auto& n : known)
+      found = found || n == key;
     if (!found) throw py::value_error("unknown input '" + key + "'; the model's inputs are: " + all_names());
   }
   for (const auto& n : required)
@@ -61,7 +63,8 @@ inline py::object as_numpy(py::handle obj, const char* name) {
     std::string why = py::str(e.value());
     why = why.substr(0, why.find('\n'));
     throw py::value_error(std::string("input '") + name + "': cannot read this " +
-                          std::string(py::str(py::type::of(obj).attr("__name__"))) + " as an array (" + why + ")");
+                          std::string(py::str(py::type::of(obj).attr("__name__"))) + " as an array (" + why +
+                          ")");
   }
 }
 
@@ -75,10 +78,10 @@ View<T> input_view(const py::kwargs& given, const char* name, const char* declar
   auto type_name = [] { return std::string(py::str(py::dtype::of<T>())); };
   py::object converted = as_numpy(obj, name);
   if (!converted)
-    throw py::value_error(std::string("input '") + name + "': expected a numpy array of " + type_name() +
-                          " with shape " + declared +
-                          " (or a C-contiguous tensor or buffer: DLPack, __array__ or the buffer protocol), got " +
-                          std::string(py::str(py::type::of(obj).attr("__name__"))));
+    throw py::value_error(
+        std::string("input '") + name + "': expected a numpy array of " + type_name() + " with shape " +
+        declared + " (or a C-contiguous tensor or buffer: DLPack, __array__ or the buffer protocol), got " +
+        std::string(py::str(py::type::of(obj).attr("__name__"))));
   const bool is_numpy = converted.is(obj);
   if (!is_numpy) kept.push_back(converted);
   auto arr = py::reinterpret_borrow<py::array>(converted);
@@ -86,9 +89,10 @@ View<T> input_view(const py::kwargs& given, const char* name, const char* declar
   // for int64 carries an equivalent descriptor of its own.
   if (!py::isinstance<py::array_t<T>>(arr)) {
     const std::string want = type_name();
-    throw py::value_error(std::string("input '") + name + "': expected dtype " + want + ", got " +
-                          std::string(py::str(arr.dtype())) +
-                          (is_numpy ? " (convert with .astype(np." + want + "))" : " (convert it to " + want + " first)"));
+    throw py::value_error(
+        std::string("input '") + name + "': expected dtype " + want + ", got " +
+        std::string(py::str(arr.dtype())) +
+        (is_numpy ? " (convert with .astype(np." + want + "))" : " (convert it to " + want + " first)"));
   }
   if (!(arr.flags() & py::array::c_style))
     throw py::value_error(std::string("input '") + name + "': the array must be C-contiguous (" +
@@ -176,8 +180,9 @@ inline py::dict trees_from_nested(const py::sequence& trees, int64_t arity) {
                  py::len(item.node) > 0) {
         kids = py::reinterpret_borrow<py::sequence>(item.node);
       } else {
-        throw py::value_error("a tree node must be a word id, a tuple of children or (word, [children]), got " +
-                              std::string(py::repr(item.node)));
+        throw py::value_error(
+            "a tree node must be a word id, a tuple of children or (word, [children]), got " +
+            std::string(py::repr(item.node)));
       }
       const int64_t count = leaf ? 0 : static_cast<int64_t>(py::len(kids));
       if (leaf || item.expanded) {
@@ -192,7 +197,8 @@ inline py::dict trees_from_nested(const py::sequence& trees, int64_t arity) {
         done.push_back(static_cast<int64_t>(words.size()) - 1);
       } else {
         stack.push_back({item.node, true});
-        for (int64_t k = count - 1; k >= 0; --k) stack.push_back({kids[k], false});
+        for (int64_t k = count - 1; k >= 0; --k)
+          stack.push_back({kids[k], false});
       }
     }
     roots.push_back(done.back());
@@ -202,7 +208,8 @@ inline py::dict trees_from_nested(const py::sequence& trees, int64_t arity) {
   py::dict batch;
   batch["children"] = py::array_t<int64_t>(std::vector<int64_t>{nodes, arity}, children.data());
   batch["words"] = py::array_t<int64_t>(std::vector<int64_t>{nodes}, words.data());
-  batch["roots"] = py::array_t<int64_t>(std::vector<int64_t>{static_cast<int64_t>(roots.size())}, roots.data());
+  batch["roots"] =
+      py::array_t<int64_t>(std::vector<int64_t>{static_cast<int64_t>(roots.size())}, roots.data());
   return batch;
 }
 
@@ -215,7 +222,8 @@ inline std::string path_arg(const py::object& path) {
 // `text` as a Python str: UTF-8, except that a path in it may hold any bytes
 // (those show as \xNN).
 inline py::str utf8_str(const std::string& text) {
-  PyObject* decoded = PyUnicode_DecodeUTF8(text.data(), static_cast<Py_ssize_t>(text.size()), "backslashreplace");
+  PyObject* decoded =
+      PyUnicode_DecodeUTF8(text.data(), static_cast<Py_ssize_t>(text.size()), "backslashreplace");
   if (decoded == nullptr) throw py::error_already_set();
   return py::reinterpret_steal<py::str>(decoded);
 }

@@ -33,9 +33,11 @@ struct HostSchedule {
 
 // Checks the batch and computes its schedule. `children` is [nodes, arity] with
 // -1 for an empty slot; `roots` lists each tree's root. Errors name the node.
-inline HostSchedule inspect_levels(const int64_t* children, int64_t nodes, int64_t arity, const int64_t* roots,
-                                   int64_t num_roots, bool dag, const char* what) {
-  auto fail = [&](const std::string& message) { throw std::invalid_argument(std::string(what) + ": " + message); };
+inline HostSchedule inspect_levels(const int64_t* children, int64_t nodes, int64_t arity,
+                                   const int64_t* roots, int64_t num_roots, bool dag, const char* what) {
+  auto fail = [&](const std::string& message) {
+    throw std::invalid_argument(std::string(what) + ": " + message);
+  };
   if (nodes == 0) fail("empty batch: there are no nodes");
   if (num_roots == 0) fail("empty batch: there are no roots");
   // Parents per node, and each node's number of children.
@@ -60,12 +62,14 @@ inline HostSchedule inspect_levels(const int64_t* children, int64_t nodes, int64
     if (root < 0 || root >= nodes)
       fail("root " + std::to_string(r) + " is node " + std::to_string(root) + ", outside [0, " +
            std::to_string(nodes) + ")");
-    if (!dag && parents[root] != 0) fail("root " + std::to_string(r) + " (node " + std::to_string(root) + ") has a parent");
+    if (!dag && parents[root] != 0)
+      fail("root " + std::to_string(r) + " (node " + std::to_string(root) + ") has a parent");
   }
   // Parent lists (CSR), then heights in topological order (Kahn): a node is
   // ready once all its children are done; nodes never ready lie on a cycle.
   std::vector<int64_t> first(nodes + 1, 0), parent_of;
-  for (int64_t n = 0; n < nodes; ++n) first[n + 1] = first[n] + parents[n];
+  for (int64_t n = 0; n < nodes; ++n)
+    first[n + 1] = first[n] + parents[n];
   parent_of.resize(first[nodes]);
   std::vector<int64_t> fill(first.begin(), first.end() - 1);
   for (int64_t n = 0; n < nodes; ++n)
@@ -93,8 +97,10 @@ inline HostSchedule inspect_levels(const int64_t* children, int64_t nodes, int64
   const int64_t top = *std::max_element(height.begin(), height.end());
   HostSchedule s;
   s.level_start.assign(top + 2, 0);
-  for (int64_t n = 0; n < nodes; ++n) ++s.level_start[height[n] + 1];
-  for (int64_t l = 0; l <= top; ++l) s.level_start[l + 1] += s.level_start[l];
+  for (int64_t n = 0; n < nodes; ++n)
+    ++s.level_start[height[n] + 1];
+  for (int64_t l = 0; l <= top; ++l)
+    s.level_start[l + 1] += s.level_start[l];
   s.order.resize(nodes);
   s.row_of.resize(nodes);
   std::vector<int64_t> next(s.level_start.begin(), s.level_start.end() - 1);
@@ -123,7 +129,9 @@ inline HostSchedule inspect_levels(const int64_t* children, int64_t nodes, int64
 // and a row's child is the row at the same place one level down.
 inline HostSchedule inspect_sequences(const int64_t* lengths, int64_t count, int64_t steps, bool reverse,
                                       const char* what) {
-  auto fail = [&](const std::string& message) { throw std::invalid_argument(std::string(what) + ": " + message); };
+  auto fail = [&](const std::string& message) {
+    throw std::invalid_argument(std::string(what) + ": " + message);
+  };
   if (count == 0) fail("empty batch: there are no sequences");
   int64_t longest = 0;
   for (int64_t n = 0; n < count; ++n) {
@@ -133,7 +141,8 @@ inline HostSchedule inspect_sequences(const int64_t* lengths, int64_t count, int
     longest = std::max(longest, lengths[n]);
   }
   std::vector<int64_t> by_length(count);
-  for (int64_t n = 0; n < count; ++n) by_length[n] = n;
+  for (int64_t n = 0; n < count; ++n)
+    by_length[n] = n;
   std::stable_sort(by_length.begin(), by_length.end(),
                    [&](int64_t a, int64_t b) { return lengths[a] > lengths[b]; });
   HostSchedule s;
@@ -156,7 +165,7 @@ inline HostSchedule inspect_sequences(const int64_t* lengths, int64_t count, int
 // first with `reverse`: where a recurrence's final state is. Lengths are checked
 // as inspect_sequences checks them.
 inline void host_last_steps(const int64_t* lengths, int64_t count, int64_t steps, bool reverse, int64_t* out,
-                       const char* what) {
+                            const char* what) {
   for (int64_t n = 0; n < count; ++n) {
     if (lengths[n] < 1 || lengths[n] > steps)
       throw std::invalid_argument(std::string(what) + ": lengths[" + std::to_string(n) + "] is " +

@@ -15,7 +15,8 @@ namespace dg {
 
 inline std::string shape_str(const std::vector<int64_t>& shape) {
   std::string s = "[";
-  for (size_t i = 0; i < shape.size(); ++i) s += (i ? ", " : "") + std::to_string(shape[i]);
+  for (size_t i = 0; i < shape.size(); ++i)
+    s += (i ? ", " : "") + std::to_string(shape[i]);
   return s + "]";
 }
 
@@ -25,7 +26,8 @@ inline int64_t numel(const std::vector<int64_t>& shape) {
   int64_t n = 1;
   for (int64_t d : shape)
     if (__builtin_mul_overflow(n, d, &n))
-      throw std::length_error("a tensor of shape " + shape_str(shape) + " has more elements than int64 can count");
+      throw std::length_error("a tensor of shape " + shape_str(shape) +
+                              " has more elements than int64 can count");
   return n;
 }
 
@@ -109,7 +111,8 @@ class ShapeChecker {
     shape_ = &shape;
     declared_ = declared;
     if (shape.size() != rank)
-      fail("expected " + std::to_string(rank) + " dimensions " + declared + ", got shape " + shape_str(shape));
+      fail("expected " + std::to_string(rank) + " dimensions " + declared + ", got shape " +
+           shape_str(shape));
     for (int64_t d : shape)
       if (d < 0) fail("negative dimension in shape " + shape_str(shape));
     if (!has_data && numel(shape) > 0) fail("data pointer is null");

@@ -22,8 +22,8 @@ namespace dg {
 using LevelSchedule = HostSchedule;
 
 // Checks the batch and computes its schedule (see inspect_levels).
-inline LevelSchedule schedule_levels(const int64_t* children, int64_t nodes, int64_t arity, const int64_t* roots,
-                                     int64_t num_roots, bool dag, const char* what) {
+inline LevelSchedule schedule_levels(const int64_t* children, int64_t nodes, int64_t arity,
+                                     const int64_t* roots, int64_t num_roots, bool dag, const char* what) {
   return inspect_levels(children, nodes, arity, roots, num_roots, dag, what);
 }
 
@@ -44,8 +44,8 @@ namespace tree_detail {
 // out[r, :] = state[row, :] with row = child_row[r * arity + slot], looked up in
 // `order` when one is given, or zeros for an empty slot; rows of out lie
 // out_stride floats apart (default: width).
-inline void gather(const float* state, int64_t width, const int64_t* order, const int64_t* child_row, int64_t arity,
-                   int64_t slot, int64_t rows, float* out, int64_t out_stride) {
+inline void gather(const float* state, int64_t width, const int64_t* order, const int64_t* child_row,
+                   int64_t arity, int64_t slot, int64_t rows, float* out, int64_t out_stride) {
   if (out_stride < 0) out_stride = width;
   for (int64_t r = 0; r < rows; ++r) {
     const int64_t c = child_row[r * arity + slot];
@@ -74,26 +74,30 @@ inline void gather_children(const float* state, int64_t width, const int64_t* ch
 // slot: gather_children for states kept in node order (order: row -> node), as
 // the forward executor keeps them (each state's rows written once, where the
 // caller reads them).
-inline void gather_child_nodes(const float* state, int64_t width, const int64_t* order, const int64_t* child_row,
-                               int64_t arity, int64_t slot, int64_t rows, float* out, int64_t out_stride = -1) {
+inline void gather_child_nodes(const float* state, int64_t width, const int64_t* order,
+                               const int64_t* child_row, int64_t arity, int64_t slot, int64_t rows,
+                               float* out, int64_t out_stride = -1) {
   tree_detail::gather(state, width, order, child_row, arity, slot, rows, out, out_stride);
 }
 
 // out[i] = values[order[i]] for the rows [0, count): per-node ids in row order.
 template <typename T>
 void permute_rows(const T* values, const int64_t* order, int64_t count, T* out) {
-  for (int64_t i = 0; i < count; ++i) out[i] = values[order[i]];
+  for (int64_t i = 0; i < count; ++i)
+    out[i] = values[order[i]];
 }
 
 // out[order[r], :] = state[r, :]: rows made in schedule order put at their nodes' rows (a cell
 // result made by a GEMM or a gather, after its block; `order` from the block's first row).
 inline void unsort_rows(const float* state, const int64_t* order, int64_t rows, int64_t width, float* out) {
-  for (int64_t r = 0; r < rows; ++r) std::copy(state + r * width, state + (r + 1) * width, out + order[r] * width);
+  for (int64_t r = 0; r < rows; ++r)
+    std::copy(state + r * width, state + (r + 1) * width, out + order[r] * width);
 }
 
 // out[r, :] = state[order[r], :]: states (or their gradients) in schedule order.
 inline void sort_rows(const float* state, const int64_t* order, int64_t rows, int64_t width, float* out) {
-  for (int64_t r = 0; r < rows; ++r) std::copy(state + order[r] * width, state + (order[r] + 1) * width, out + r * width);
+  for (int64_t r = 0; r < rows; ++r)
+    std::copy(state + order[r] * width, state + (order[r] + 1) * width, out + r * width);
 }
 
 // The backward of gather_children: d_state[child_row[r * arity + slot], :] += d_child[r, :]
@@ -106,7 +110,8 @@ inline void scatter_children_add(const float* d_child, int64_t width, const int6
     if (c < 0) continue;
     const float* src = d_child + r * width;
     float* dst = d_state + c * width;
-    for (int64_t k = 0; k < width; ++k) dst[k] += src[k];
+    for (int64_t k = 0; k < width; ++k)
+      dst[k] += src[k];
   }
 }
 

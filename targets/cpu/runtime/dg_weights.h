@@ -61,7 +61,8 @@ struct Expected {
 template <typename Tensor>
 std::vector<Expected> expected(const NamedTensors<Tensor>& tensors, const std::string& prefix) {
   std::vector<Expected> list;
-  for (const auto& [name, tensor] : tensors) list.push_back({prefix + name, tensor->shape});
+  for (const auto& [name, tensor] : tensors)
+    list.push_back({prefix + name, tensor->shape});
   return list;
 }
 
@@ -75,10 +76,12 @@ inline std::string existing_path(const std::string& given) {
 }
 
 // Checks an array's shape and dtype from its header (before its data is read).
-inline void check_header(const std::string& path, const NpyArray& header, const Expected& e, const char* what) {
+inline void check_header(const std::string& path, const NpyArray& header, const Expected& e,
+                         const char* what) {
   const std::string where = path + ": " + what + " '" + e.name + "'";
   if (header.shape != e.shape)
-    throw std::invalid_argument(where + " has shape " + shape_str(header.shape) + ", expected " + shape_str(e.shape));
+    throw std::invalid_argument(where + " has shape " + shape_str(header.shape) + ", expected " +
+                                shape_str(e.shape));
   if (header.kind != 'f')
     throw std::invalid_argument(where + " has dtype " + header.dtype() + ", expected a float array");
 }
@@ -108,20 +111,24 @@ inline std::string number_str(double v) {
 // optimizer/step: a whole number >= 0 stored as a scalar.
 inline int64_t checked_step(const std::string& path, const NpyArray& array) {
   const std::string where = path + ": 'optimizer/step'";
-  if (!array.shape.empty()) throw std::invalid_argument(where + " must be a scalar, got shape " + shape_str(array.shape));
+  if (!array.shape.empty())
+    throw std::invalid_argument(where + " must be a scalar, got shape " + shape_str(array.shape));
   if (array.kind != 'f' && array.kind != 'i' && array.kind != 'u')
     throw std::invalid_argument(where + " must be an integer, got dtype " + array.dtype());
   const uint64_t raw = npz_detail::le(array.bytes.data(), array.itemsize);
   const double v = array.number(0);
   const std::string shown = array.kind == 'u' ? std::to_string(raw)
-                            : array.kind == 'i' && array.itemsize == 8 ? std::to_string(static_cast<int64_t>(raw))
-                                                                       : number_str(v);
+                            : array.kind == 'i' && array.itemsize == 8
+                                ? std::to_string(static_cast<int64_t>(raw))
+                                : number_str(v);
   if (array.kind == 'f' && (!std::isfinite(v) || v != std::floor(v)))
     throw std::invalid_argument(where + " must be a whole number, got " + shown);
   const bool too_big = array.kind == 'u'   ? raw >= static_cast<uint64_t>(std::numeric_limits<int64_t>::max())
-                       : array.kind == 'i' ? array.itemsize == 8 && static_cast<int64_t>(raw) == std::numeric_limits<int64_t>::max()
+                       : array.kind == 'i' ? array.itemsize == 8 && static_cast<int64_t>(raw) ==
+                                                                        std::numeric_limits<int64_t>::max()
                                            : v >= 9223372036854775807.0;  // 2**63 as a double
-  if (v < 0 || too_big) throw std::invalid_argument(where + " must be >= 0 and below 2**63 - 1, got " + shown);
+  if (v < 0 || too_big)
+    throw std::invalid_argument(where + " must be >= 0 and below 2**63 - 1, got " + shown);
   return array.kind == 'f' ? static_cast<int64_t>(v) : static_cast<int64_t>(raw);
 }
 
@@ -161,24 +168,28 @@ inline StagedWeights stage(const std::string& given, const std::vector<Expected>
   }
   // Every array's name, shape and dtype first: a wrong one costs no inflating.
   std::vector<std::pair<const Expected*, const char*>> wanted;
-  for (const auto& e : params) wanted.emplace_back(&e, "parameter");
+  for (const auto& e : params)
+    wanted.emplace_back(&e, "parameter");
   if (staged.with_state)
-    for (const auto& e : state) wanted.emplace_back(&e, "optimizer state");
+    for (const auto& e : state)
+      wanted.emplace_back(&e, "optimizer state");
   for (const auto& [e, what] : wanted) {
     const int i = find(e->name);
     if (i < 0) throw std::invalid_argument(path + ": missing " + what + " '" + e->name + "'");
     check_header(path, file.header(i), *e, what);
   }
-  for (const auto& [e, what] : wanted) staged.arrays.push_back(checked(path, file.read(find(e->name)), *e, what));
+  for (const auto& [e, what] : wanted)
+    staged.arrays.push_back(checked(path, file.read(find(e->name)), *e, what));
   if (staged.with_state) staged.step = checked_step(path, file.read(find("optimizer/step")));
   return staged;
 }
 
 template <typename Tensor>
 void copy_in(const std::vector<float>& from, Tensor* to) {
-  if (to->size() != static_cast<int64_t>(from.size()))  // unallocated optimizer state: the caller allocates first
-    throw std::logic_error("dg::apply_weights: a tensor holds " + std::to_string(to->size()) + " values, the file " +
-                           std::to_string(from.size()));
+  if (to->size() !=
+      static_cast<int64_t>(from.size()))  // unallocated optimizer state: the caller allocates first
+    throw std::logic_error("dg::apply_weights: a tensor holds " + std::to_string(to->size()) +
+                           " values, the file " + std::to_string(from.size()));
   std::copy(from.begin(), from.end(), to->host());
   to->host_written();
 }
@@ -226,7 +237,8 @@ LoadResult apply_weights(const StagedWeights& staged, const NamedTensors<Tensor>
         result.optimizer_state_discarded = std::any_of(values, values + tensor->size(), nonzero);
       }
   }
-  for (size_t i = 0; i < params.size(); ++i) weights_detail::copy_in(staged.arrays[i], params[i].second);
+  for (size_t i = 0; i < params.size(); ++i)
+    weights_detail::copy_in(staged.arrays[i], params[i].second);
   for (size_t i = 0; i < state.size(); ++i) {
     Tensor* to = state[i].second;
     if (staged.with_state) {
@@ -247,8 +259,10 @@ template <typename Tensor>
 std::vector<NpyOut> weights_to_save(const NamedTensors<Tensor>& params, const NamedTensors<Tensor>& state,
                                     const int64_t* step) {
   std::vector<NpyOut> arrays;
-  for (const auto& [name, tensor] : params) arrays.push_back(weights_detail::copy_out(name, tensor));
-  for (const auto& [name, tensor] : state) arrays.push_back(weights_detail::copy_out("optimizer/" + name, tensor));
+  for (const auto& [name, tensor] : params)
+    arrays.push_back(weights_detail::copy_out(name, tensor));
+  for (const auto& [name, tensor] : state)
+    arrays.push_back(weights_detail::copy_out("optimizer/" + name, tensor));
   if (step != nullptr) {
     NpyOut s;
     s.name = "optimizer/step";

@@ -64,7 +64,9 @@ inline void cuda_check(cudaError_t status, const char* call, const char* file, i
 #define DG_CUDA_CHECK(call) ::dg::cuda_check((call), #call, __FILE__, __LINE__)
 
 // The stream every deepgen call uses: the calling thread's default stream.
-inline cudaStream_t stream() { return cudaStreamPerThread; }
+inline cudaStream_t stream() {
+  return cudaStreamPerThread;
+}
 
 namespace cuda_detail {
 
@@ -166,7 +168,9 @@ inline void fill_bytes(void* dst, int byte, size_t bytes) {
 #endif
 }
 
-inline void zero_bytes(void* dst, size_t bytes) { fill_bytes(dst, 0, bytes); }
+inline void zero_bytes(void* dst, size_t bytes) {
+  fill_bytes(dst, 0, bytes);
+}
 
 // Waits until the device has done everything this thread asked of it.
 inline void synchronize() {
@@ -240,7 +244,8 @@ class DeviceTensor {
     zeros.views = views;
     swap(zeros);
   }
-  DeviceTensor(const DeviceTensor& other) : shape(other.shape), host_(other.host()), device_(alloc(host_.size())) {
+  DeviceTensor(const DeviceTensor& other)
+      : shape(other.shape), host_(other.host()), device_(alloc(host_.size())) {
     copy_bytes(device_, other.ptr(), host_.size() * sizeof(T));
     synchronize();
   }
@@ -336,7 +341,8 @@ class DeviceTensor {
 class Arena {
  public:
   explicit Arena(int64_t floats)
-      : size_(floats), data_(static_cast<float*>(device_alloc(static_cast<size_t>(floats) * sizeof(float)))) {}
+      : size_(floats),
+        data_(static_cast<float*>(device_alloc(static_cast<size_t>(floats) * sizeof(float)))) {}
   Arena(const Arena&) = delete;
   Arena& operator=(const Arena&) = delete;
   ~Arena() { device_free(data_); }
@@ -345,8 +351,8 @@ class Arena {
   float* at(int64_t offset, int64_t count) {
     if (offset < 0 || count < 0 || offset + count > size_)
       throw std::logic_error("memory plan error: piece [" + std::to_string(offset) + ", " +
-                             std::to_string(offset + count) + ") outside an arena of " + std::to_string(size_) +
-                             " floats");
+                             std::to_string(offset + count) + ") outside an arena of " +
+                             std::to_string(size_) + " floats");
     high_water_ = std::max(high_water_, offset + count);
     return data_ + offset;
   }
@@ -481,7 +487,8 @@ inline void raise_device_errors() {
   auto& list = cuda_detail::pending_checks();
   if (list.empty()) return;
   std::vector<int64_t> found(2 * list.size());
-  for (size_t i = 0; i < list.size(); ++i) copy_bytes(&found[2 * i], list[i].slot.data(), 2 * sizeof(int64_t));
+  for (size_t i = 0; i < list.size(); ++i)
+    copy_bytes(&found[2 * i], list[i].slot.data(), 2 * sizeof(int64_t));
   synchronize();
   for (size_t i = 0; i < list.size(); ++i) {
     if (found[2 * i] == kNoBadPosition) continue;

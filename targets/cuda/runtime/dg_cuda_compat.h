@@ -27,8 +27,12 @@ namespace math {
 // max and min that keep a NaN operand (fmaxf/fminf drop it): the printed
 // kernels put the number first (max_f(0, x)), so relu(NaN) is NaN, as in the
 // numpy reference, the CPU target and PyTorch.
-DG_HD inline float max_f(float a, float b) { return a > b ? a : b; }
-DG_HD inline float min_f(float a, float b) { return a < b ? a : b; }
+DG_HD inline float max_f(float a, float b) {
+  return a > b ? a : b;
+}
+DG_HD inline float min_f(float a, float b) {
+  return a < b ? a : b;
+}
 // 1 / (1 + e^-x), written with e^-|x| so that it neither overflows nor loses the
 // small values below x = -10 (as the CPU's dg_math.h): the printer's form of the
 // ops' (1 + tanh(x/2)) / 2 and of its derivative's s (1 - s).
@@ -37,7 +41,9 @@ DG_HD inline float sigmoid_f(float x) {
   return (x < 0.0F ? t : 1.0F) / (1.0F + t);
 }
 // x, or +0 where x is subnormal: the optimizers' decaying state (as the CPU's dg_math.h).
-DG_HD inline float flush_subnormal_f(float x) { return fabsf(x) < 1.17549435e-38F ? 0.0F : x; }
+DG_HD inline float flush_subnormal_f(float x) {
+  return fabsf(x) < 1.17549435e-38F ? 0.0F : x;
+}
 
 }  // namespace math
 }  // namespace dg

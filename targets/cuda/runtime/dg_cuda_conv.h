@@ -111,7 +111,8 @@ struct ConvTiles {
 
   DG_HD void begin(int t, int64_t grp, int64_t row0, int64_t col0, TileState<P>& s) const {
     for (int i = 0; i < TM; ++i)
-      for (int j = 0; j < TN; ++j) s.acc[i][j] = 0.0f;
+      for (int j = 0; j < TN; ++j)
+        s.acc[i][j] = 0.0f;
     for (int j = 0; j < kLoads; ++j) {
       int mn, kk;
       load_slot<P::kAKFast>(t, j, mn, kk);
@@ -140,19 +141,24 @@ struct ConvTiles {
   }
 
   // Phase 2: this step's products added to the thread's TM x TN sums.
-  DG_HD void accumulate(int t, const float (*As)[BM + PAD], const float (*Bs)[BN + PAD], TileState<P>& s) const {
+  DG_HD void accumulate(int t, const float (*As)[BM + PAD], const float (*Bs)[BN + PAD],
+                        TileState<P>& s) const {
     const int ty = t / (BN / TN), tx = t % (BN / TN);
     for (int kk = 0; kk < BK; ++kk) {
       float av[TM], bv[TN];
-      for (int i = 0; i < TM; ++i) av[i] = As[kk][ty * TM + i];
-      for (int j = 0; j < TN; ++j) bv[j] = Bs[kk][tx * TN + j];
       for (int i = 0; i < TM; ++i)
-        for (int j = 0; j < TN; ++j) s.acc[i][j] += av[i] * bv[j];
+        av[i] = As[kk][ty * TM + i];
+      for (int j = 0; j < TN; ++j)
+        bv[j] = Bs[kk][tx * TN + j];
+      for (int i = 0; i < TM; ++i)
+        for (int j = 0; j < TN; ++j)
+          s.acc[i][j] += av[i] * bv[j];
     }
   }
 
   // Phase 3: the finished sums to the problem's store.
-  DG_HD void store(int t, int64_t grp, int64_t split, int64_t row0, int64_t col0, const TileState<P>& s) const {
+  DG_HD void store(int t, int64_t grp, int64_t split, int64_t row0, int64_t col0,
+                   const TileState<P>& s) const {
     const int ty = t / (BN / TN), tx = t % (BN / TN);
     for (int i = 0; i < TM; ++i) {
       const int64_t m = row0 + ty * TM + i;
@@ -227,12 +233,16 @@ void run_tiles(const char* what, const P& problem) {
     for (int64_t rt = 0; rt < row_tiles; ++rt) {
       for (int64_t ct = 0; ct < col_tiles; ++ct) {
         const int64_t row0 = rt * BM, col0 = ct * BN;
-        for (int t = 0; t < kTileThreads; ++t) g.begin(t, grp, row0, col0, state[t]);
+        for (int t = 0; t < kTileThreads; ++t)
+          g.begin(t, grp, row0, col0, state[t]);
         for (int64_t k0 = g.k_begin(split); k0 < k_end; k0 += BK) {
-          for (int t = 0; t < kTileThreads; ++t) g.load(t, row0, col0, k0, k_end, state[t], As, Bs);
-          for (int t = 0; t < kTileThreads; ++t) g.accumulate(t, As, Bs, state[t]);
+          for (int t = 0; t < kTileThreads; ++t)
+            g.load(t, row0, col0, k0, k_end, state[t], As, Bs);
+          for (int t = 0; t < kTileThreads; ++t)
+            g.accumulate(t, As, Bs, state[t]);
         }
-        for (int t = 0; t < kTileThreads; ++t) g.store(t, grp, split, row0, col0, state[t]);
+        for (int t = 0; t < kTileThreads; ++t)
+          g.store(t, grp, split, row0, col0, state[t]);
       }
     }
   }
@@ -242,7 +252,9 @@ void run_tiles(const char* what, const P& problem) {
 // ---------------------------------------------------------------- the three products
 
 // Whether a tap at input coordinate i (in [0, n)) exists.
-DG_HD inline bool inside(int64_t i, int64_t n) { return i >= 0 && i < n; }
+DG_HD inline bool inside(int64_t i, int64_t n) {
+  return i >= 0 && i < n;
+}
 
 // Forward: A = w[g] [Og, Cg*KK] (rows contiguous), B = xcol [Cg*KK, images*OH*OW].
 struct ForwardProblem {
@@ -381,9 +393,15 @@ struct GradWeightProblem {
 // lambdas run: a 64-row tile would be mostly padding (depthwise: 1 row).
 constexpr int64_t kDirectRows = 16;
 
-inline bool forward_direct(const Conv2dGeom& g) { return g.O / g.groups < kDirectRows; }
-inline bool grad_input_direct(const Conv2dGeom& g) { return g.C / g.groups < kDirectRows; }
-inline bool grad_weight_direct(const Conv2dGeom& g) { return g.O / g.groups < kDirectRows; }
+inline bool forward_direct(const Conv2dGeom& g) {
+  return g.O / g.groups < kDirectRows;
+}
+inline bool grad_input_direct(const Conv2dGeom& g) {
+  return g.C / g.groups < kDirectRows;
+}
+inline bool grad_weight_direct(const Conv2dGeom& g) {
+  return g.O / g.groups < kDirectRows;
+}
 
 // K slices for a weight gradient: enough for `target` units of parallel work
 // (blocks or threads) when there are `units` without slicing, each slice at
@@ -406,7 +424,8 @@ constexpr int64_t kMinChunk = 256;          // shortest K slice
 inline void add_slices(const float* partial, float* dw, int64_t count, int64_t splits) {
   for_each("conv2d_grad_weight slices", count, [=] DG_HD(int64_t i) {
     float s = partial[i];
-    for (int64_t k = 1; k < splits; ++k) s += partial[k * count + i];
+    for (int64_t k = 1; k < splits; ++k)
+      s += partial[k * count + i];
     dw[i] = s;
   });
 }
@@ -428,7 +447,8 @@ inline void conv2d_tiled(const float* x, const float* w, const float* b, float* 
 inline void conv2d_direct(const float* x, const float* w, const float* b, float* y, const Conv2dGeom& g) {
   const int64_t Og = g.O / g.groups, Cg = g.C / g.groups;
   for_each("conv2d (direct)", g.N * g.O * g.OH * g.OW, [=] DG_HD(int64_t i) {
-    const int64_t ow = i % g.OW, oh = (i / g.OW) % g.OH, o = (i / (g.OW * g.OH)) % g.O, img = i / (g.OW * g.OH * g.O);
+    const int64_t ow = i % g.OW, oh = (i / g.OW) % g.OH, o = (i / (g.OW * g.OH)) % g.O,
+                  img = i / (g.OW * g.OH * g.O);
     const float* xg = x + (img * g.C + (o / Og) * Cg) * g.H * g.W;
     const float* wo = w + o * Cg * g.KH * g.KW;
     const int64_t ih0 = oh * g.stride_h - g.pad_h, iw0 = ow * g.stride_w - g.pad_w;
@@ -456,7 +476,8 @@ inline void conv2d_grad_input_tiled(const float* dy, const float* w, float* dx, 
 inline void conv2d_grad_input_direct(const float* dy, const float* w, float* dx, const Conv2dGeom& g) {
   const int64_t Og = g.O / g.groups, Cg = g.C / g.groups;
   for_each("conv2d_grad_input (direct)", g.N * g.C * g.H * g.W, [=] DG_HD(int64_t i) {
-    const int64_t iw = i % g.W, ih = (i / g.W) % g.H, c = (i / (g.W * g.H)) % g.C, img = i / (g.W * g.H * g.C);
+    const int64_t iw = i % g.W, ih = (i / g.W) % g.H, c = (i / (g.W * g.H)) % g.C,
+                  img = i / (g.W * g.H * g.C);
     const int64_t grp = c / Cg, cl = c - grp * Cg;
     float s = 0.0f;
     for (int64_t m = 0; m < Og; ++m) {
@@ -482,7 +503,8 @@ inline void conv2d_grad_input_direct(const float* dy, const float* w, float* dx,
 }
 
 // dw through the tile kernel; partials of the K slices in ws when there are several.
-inline void conv2d_grad_weight_tiled(const float* x, const float* dy, float* dw, float* ws, const Conv2dGeom& g) {
+inline void conv2d_grad_weight_tiled(const float* x, const float* dy, float* dw, float* ws,
+                                     const Conv2dGeom& g) {
   const int64_t Og = g.O / g.groups, Ncols = (g.C / g.groups) * g.KH * g.KW, K = g.N * g.OH * g.OW;
   const int64_t tiles = g.groups * ((Og + BM - 1) / BM) * ((Ncols + BN - 1) / BN);
   const int64_t chunk = slice_chunk(K, tiles, kTargetBlocks, kMinChunk, partials_fit(ws, g));
@@ -494,7 +516,8 @@ inline void conv2d_grad_weight_tiled(const float* x, const float* dy, float* dw,
 
 // dw by one lambda per (K slice, weight element), each summing its slice of the
 // images' output positions; partials in ws when there are several slices.
-inline void conv2d_grad_weight_direct(const float* x, const float* dy, float* dw, float* ws, const Conv2dGeom& g) {
+inline void conv2d_grad_weight_direct(const float* x, const float* dy, float* dw, float* ws,
+                                      const Conv2dGeom& g) {
   const int64_t Og = g.O / g.groups, Cg = g.C / g.groups, KK = g.KH * g.KW;
   const int64_t count = g.O * Cg * KK, K = g.N * g.OH * g.OW;
   const int64_t chunk = slice_chunk(K, count, kTargetThreads, kMinChunk, partials_fit(ws, g));
@@ -505,7 +528,7 @@ inline void conv2d_grad_weight_direct(const float* x, const float* dy, float* dw
     const int64_t o = e / (Cg * KK), r = e - o * (Cg * KK), c = r / KK, kh = (r % KK) / g.KW, kw = r % g.KW;
     const int64_t OHW = g.OH * g.OW;
     const float* xc = x + ((o / Og) * Cg + c) * g.H * g.W;  // image 0
-    const float* dyo = dy + o * OHW;                         // image 0
+    const float* dyo = dy + o * OHW;                        // image 0
     const int64_t ioff = kh * g.dil_h - g.pad_h, joff = kw * g.dil_w - g.pad_w;
     const int64_t k0 = slice * chunk, k1 = k0 + chunk < K ? k0 + chunk : K;
     int64_t img = k0 / OHW, p = k0 - img * OHW;
@@ -531,14 +554,17 @@ inline void conv2d_grad_weight_direct(const float* x, const float* dy, float* dw
 // ---------------------------------------------------------------- pools
 
 // True when a pooled maximum y came from the input value v (NaN matches NaN).
-DG_HD inline bool same_max(float v, float y) { return v == y || (v != v && y != y); }
+DG_HD inline bool same_max(float v, float y) {
+  return v == y || (v != v && y != y);
+}
 
 // Window positions along one axis inside the padded input [-pad, in + pad) for
 // the window starting at i0 (the divisor of avg_pool2d, count_include_pad: k
 // unless an output size rounded up cut the window).
 DG_HD inline int64_t padded_count(int64_t i0, int64_t k, int64_t dil, int64_t in, int64_t pad) {
   int64_t count = 0;
-  for (int64_t j = 0; j < k; ++j) count += i0 + j * dil < in + pad ? 1 : 0;
+  for (int64_t j = 0; j < k; ++j)
+    count += i0 + j * dil < in + pad ? 1 : 0;
   return count;
 }
 
@@ -691,8 +717,9 @@ inline void avg_pool2d_grad(const float* dy, float* dx, const Conv2dGeom& g) {
     const int64_t out = plane * g.OH * g.OW;
     float s = 0.0f;
     conv_detail::windows_containing(ih, iw, g, [&](int64_t oh, int64_t ow) {
-      const int64_t count = conv_detail::padded_count(oh * g.stride_h - g.pad_h, g.KH, g.dil_h, g.H, g.pad_h) *
-                            conv_detail::padded_count(ow * g.stride_w - g.pad_w, g.KW, g.dil_w, g.W, g.pad_w);
+      const int64_t count =
+          conv_detail::padded_count(oh * g.stride_h - g.pad_h, g.KH, g.dil_h, g.H, g.pad_h) *
+          conv_detail::padded_count(ow * g.stride_w - g.pad_w, g.KW, g.dil_w, g.W, g.pad_w);
       s += dy[out + oh * g.OW + ow] / static_cast<float>(count);
     });
     dx[i] = s;
@@ -702,8 +729,12 @@ inline void avg_pool2d_grad(const float* dy, float* dx, const Conv2dGeom& g) {
 // The adaptive window [start, end) of output position i of `out` over `size`
 // input positions (PyTorch's adaptive pooling): floor(i*size/out) to
 // ceil((i+1)*size/out).
-DG_HD inline int64_t adaptive_start(int64_t i, int64_t size, int64_t out) { return i * size / out; }
-DG_HD inline int64_t adaptive_end(int64_t i, int64_t size, int64_t out) { return ((i + 1) * size + out - 1) / out; }
+DG_HD inline int64_t adaptive_start(int64_t i, int64_t size, int64_t out) {
+  return i * size / out;
+}
+DG_HD inline int64_t adaptive_end(int64_t i, int64_t size, int64_t out) {
+  return ((i + 1) * size + out - 1) / out;
+}
 
 // y[planes, OH, OW] = the mean of each adaptive window of x[planes, H, W]
 // (adaptive_avg_pool2d). y is overwritten.
@@ -716,7 +747,8 @@ inline void adaptive_avg_pool2d(const float* x, float* y, int64_t planes, int64_
     const int64_t w0 = adaptive_start(ow, W, OW), w1 = adaptive_end(ow, W, OW);
     float s = 0.0f;
     for (int64_t h = h0; h < h1; ++h)
-      for (int64_t w = w0; w < w1; ++w) s += xp[h * W + w];
+      for (int64_t w = w0; w < w1; ++w)
+        s += xp[h * W + w];
     y[i] = s / static_cast<float>((h1 - h0) * (w1 - w0));
   });
 }

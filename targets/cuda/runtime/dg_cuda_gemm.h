@@ -64,7 +64,8 @@ struct Gemm {
   // Phase 1, once per step k0: thread t copies its share of the A and B tiles
   // into shared memory (zeros outside the matrices). Consecutive threads read
   // consecutive addresses of whichever layout the operand has.
-  DG_HD void load(int t, int64_t row0, int64_t col0, int64_t k0, float (*As)[BM + PAD], float (*Bs)[BN + PAD]) const {
+  DG_HD void load(int t, int64_t row0, int64_t col0, int64_t k0, float (*As)[BM + PAD],
+                  float (*Bs)[BN + PAD]) const {
     for (int e = t; e < BK * BM; e += kGemmThreads) {
       const int kk = TA ? e / BM : e % BK;
       const int mm = TA ? e % BM : e / BK;
@@ -85,10 +86,13 @@ struct Gemm {
     const int ty = t / (BN / TN), tx = t % (BN / TN);
     for (int kk = 0; kk < BK; ++kk) {
       float av[TM], bv[TN];
-      for (int i = 0; i < TM; ++i) av[i] = As[kk][ty * TM + i];
-      for (int j = 0; j < TN; ++j) bv[j] = Bs[kk][tx * TN + j];
       for (int i = 0; i < TM; ++i)
-        for (int j = 0; j < TN; ++j) acc[i][j] += av[i] * bv[j];
+        av[i] = As[kk][ty * TM + i];
+      for (int j = 0; j < TN; ++j)
+        bv[j] = Bs[kk][tx * TN + j];
+      for (int i = 0; i < TM; ++i)
+        for (int j = 0; j < TN; ++j)
+          acc[i][j] += av[i] * bv[j];
     }
   }
 
@@ -114,8 +118,8 @@ struct Gemm {
 // Block (x, y, z) computes tile (x, y) of product z of a batch (z = 0 alone for
 // one product): operands `step` floats apart.
 template <typename G>
-__global__ void __launch_bounds__(kGemmThreads) gemm_kernel(G g, int64_t a_step = 0, int64_t b_step = 0,
-                                                            int64_t c_step = 0) {
+__global__ void __launch_bounds__(kGemmThreads)
+    gemm_kernel(G g, int64_t a_step = 0, int64_t b_step = 0, int64_t c_step = 0) {
   g.a += static_cast<int64_t>(blockIdx.z) * a_step;
   g.b += static_cast<int64_t>(blockIdx.z) * b_step;
   g.c += static_cast<int64_t>(blockIdx.z) * c_step;
@@ -147,12 +151,16 @@ void run_on_host(const G& g) {
   float As[BK][BM + PAD], Bs[BK][BN + PAD];
   for (int64_t row0 = 0; row0 < g.M; row0 += BM) {
     for (int64_t col0 = 0; col0 < g.N; col0 += BN) {
-      for (auto& a : acc) a = Acc{};
+      for (auto& a : acc)
+        a = Acc{};
       for (int64_t k0 = 0; k0 < g.K; k0 += BK) {
-        for (int t = 0; t < kGemmThreads; ++t) g.load(t, row0, col0, k0, As, Bs);
-        for (int t = 0; t < kGemmThreads; ++t) g.accumulate(t, As, Bs, acc[t].v);
+        for (int t = 0; t < kGemmThreads; ++t)
+          g.load(t, row0, col0, k0, As, Bs);
+        for (int t = 0; t < kGemmThreads; ++t)
+          g.accumulate(t, As, Bs, acc[t].v);
       }
-      for (int t = 0; t < kGemmThreads; ++t) g.store(t, row0, col0, acc[t].v);
+      for (int t = 0; t < kGemmThreads; ++t)
+        g.store(t, row0, col0, acc[t].v);
     }
   }
 }
@@ -161,8 +169,8 @@ void run_on_host(const G& g) {
 
 inline void cublas_check(cublasStatus_t status, const char* call, const char* file, int line) {
   if (status != CUBLAS_STATUS_SUCCESS)
-    throw std::runtime_error(std::string("cuBLAS error in ") + call + " at " + file + ":" + std::to_string(line) +
-                             ": status " + std::to_string(static_cast<int>(status)));
+    throw std::runtime_error(std::string("cuBLAS error in ") + call + " at " + file + ":" +
+                             std::to_string(line) + ": status " + std::to_string(static_cast<int>(status)));
 }
 #define DG_CUBLAS_CHECK(call) ::dg::gemm_detail::cublas_check((call), #call, __FILE__, __LINE__)
 
@@ -209,7 +217,7 @@ void gemm(const char* what, const float* a, const float* b, float* c, int64_t M,
   const Gemm<TA, TB, Epilogue> g{a, b, c, M, K, N, ep};
 #ifdef __CUDACC__
   const dim3 grid(static_cast<unsigned>((M + BM - 1) / BM), static_cast<unsigned>((N + BN - 1) / BN));
-  gemm_kernel<<<grid, kGemmThreads, 0, stream()>>>(g);
+  gemm_kernel<<<grid, kGemmThreads, 0, stream()> > >(g);
   check_launch(what);
 #else
   (void)what;
@@ -245,12 +253,13 @@ void batched(const float* a, const float* b, float* c, int64_t batch, int64_t M,
     part.c += first * c_step;
     const dim3 grid(static_cast<unsigned>((M + BM - 1) / BM), static_cast<unsigned>((N + BN - 1) / BN),
                     static_cast<unsigned>(count));
-    gemm_kernel<<<grid, kGemmThreads, 0, stream()>>>(part, a_step, b_step, c_step);
+    gemm_kernel<<<grid, kGemmThreads, 0, stream()> > >(part, a_step, b_step, c_step);
     check_launch("batched_matmul");
   }
 #else
   for (int64_t i = 0; i < batch; ++i) {
-    run_on_host(Gemm<TA, TB, NoEpilogue>{a + i * a_step, b + i * b_step, c + i * c_step, M, K, N, NoEpilogue{}});
+    run_on_host(
+        Gemm<TA, TB, NoEpilogue>{a + i * a_step, b + i * b_step, c + i * c_step, M, K, N, NoEpilogue{}});
   }
 #endif
 }
@@ -277,8 +286,8 @@ void matmul_nt(const float* a, const float* b, float* c, int64_t M, int64_t K, i
 
 // c[i] = op(a[i]) @ op(b[i]) for i in [0, batch): a [batch, M, K] (stored [batch, K, M]
 // when ta), b [batch, K, N] (stored [batch, N, K] when tb), c [batch, M, N].
-inline void batched_matmul(const float* a, const float* b, float* c, int64_t batch, int64_t M, int64_t K, int64_t N,
-                           bool ta, bool tb) {
+inline void batched_matmul(const float* a, const float* b, float* c, int64_t batch, int64_t M, int64_t K,
+                           int64_t N, bool ta, bool tb) {
   if (ta && tb) {
     gemm_detail::batched<true, true>(a, b, c, batch, M, K, N);
   } else if (ta) {

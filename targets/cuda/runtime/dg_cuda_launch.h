@@ -37,7 +37,8 @@ constexpr int kThreads = 256;  // threads per block of the per-element kernels
 // next synchronization (CallScope::finish) with the call that waited.
 inline void check_launch(const char* what) {
   const cudaError_t status = cudaGetLastError();
-  if (status != cudaSuccess) cuda_check(status, (std::string("launch of kernel '") + what + "'").c_str(), __FILE__, __LINE__);
+  if (status != cudaSuccess)
+    cuda_check(status, (std::string("launch of kernel '") + what + "'").c_str(), __FILE__, __LINE__);
 }
 
 // Blocks for `total` elements; a grid-stride loop covers any excess.
@@ -51,7 +52,8 @@ namespace cuda_detail {
 template <typename F>
 __global__ void for_each_kernel(int64_t total, F f) {
   const int64_t step = static_cast<int64_t>(blockDim.x) * gridDim.x;
-  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += step) f(i);
+  for (int64_t i = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < total; i += step)
+    f(i);
 }
 
 }  // namespace cuda_detail
@@ -68,7 +70,8 @@ void for_each(const char* what, int64_t total, F f) {
 
 template <typename F>
 void for_each(const char* /*what*/, int64_t total, F f) {
-  for (int64_t i = 0; i < total; ++i) f(i);
+  for (int64_t i = 0; i < total; ++i)
+    f(i);
 }
 
 #endif

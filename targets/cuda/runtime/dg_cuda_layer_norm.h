@@ -27,10 +27,12 @@ inline void layer_norm(const float* x, const float* w, const float* b, float* y,
   for_each("layer_norm statistics", rows, [=] DG_HD(int64_t r) {
     const float* xr = x + r * D;
     float sum = 0.0f;
-    for (int64_t d = 0; d < D; ++d) sum += xr[d];
+    for (int64_t d = 0; d < D; ++d)
+      sum += xr[d];
     const float m = sum / static_cast<float>(D);
     float squares = 0.0f;
-    for (int64_t d = 0; d < D; ++d) squares += (xr[d] - m) * (xr[d] - m);
+    for (int64_t d = 0; d < D; ++d)
+      squares += (xr[d] - m) * (xr[d] - m);
     mean[r] = m;
     rstd[r] = 1.0f / sqrtf(squares / static_cast<float>(D) + eps);
   });
@@ -43,8 +45,8 @@ inline void layer_norm(const float* x, const float* w, const float* b, float* y,
 // dx, dw, db of layer_norm: with xhat = (x - mean) * rstd and gw = g * w, per row
 // dx = rstd * (gw - mean(gw) - xhat * mean(gw * xhat)); dw and db sum g * xhat
 // and g over the rows.
-inline void layer_norm_grad(const float* x, const float* w, const float* mean, const float* rstd, const float* g,
-                            float* dx, float* dw, float* db, int64_t rows, int64_t D) {
+inline void layer_norm_grad(const float* x, const float* w, const float* mean, const float* rstd,
+                            const float* g, float* dx, float* dw, float* db, int64_t rows, int64_t D) {
   for_each("layer_norm_grad rows", rows, [=] DG_HD(int64_t r) {
     const float* xr = x + r * D;
     const float* gr = g + r * D;
@@ -55,7 +57,8 @@ inline void layer_norm_grad(const float* x, const float* w, const float* mean, c
       sum_gwx += gr[d] * w[d] * ((xr[d] - m) * s);
     }
     const float mean_gw = sum_gw / static_cast<float>(D), mean_gwx = sum_gwx / static_cast<float>(D);
-    for (int64_t d = 0; d < D; ++d) dx[r * D + d] = s * (gr[d] * w[d] - mean_gw - (xr[d] - m) * s * mean_gwx);
+    for (int64_t d = 0; d < D; ++d)
+      dx[r * D + d] = s * (gr[d] * w[d] - mean_gw - (xr[d] - m) * s * mean_gwx);
   });
   for_each("layer_norm_grad columns", D, [=] DG_HD(int64_t d) {
     float sum_gx = 0.0f, sum_g = 0.0f;

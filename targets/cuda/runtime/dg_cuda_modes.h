@@ -38,12 +38,13 @@ DG_HD inline bool keep(uint64_t key, int64_t i, float p) {
 
 }  // namespace modes_detail
 
-inline void batch_norm(const float* x, const float* w, const float* b, float* running_mean, float* running_var,
-                       float* y, float* mean, float* invstd, int64_t N, int64_t C, int64_t HW, float eps,
-                       float momentum, const Mode& mode, const char* what) {
+inline void batch_norm(const float* x, const float* w, const float* b, float* running_mean,
+                       float* running_var, float* y, float* mean, float* invstd, int64_t N, int64_t C,
+                       int64_t HW, float eps, float momentum, const Mode& mode, const char* what) {
   const int64_t count = N * HW;
   if (mode.training && count < 2) {
-    throw std::invalid_argument(std::string(what) + ": training mode needs more than 1 value per channel, got " +
+    throw std::invalid_argument(std::string(what) +
+                                ": training mode needs more than 1 value per channel, got " +
                                 std::to_string(count) + " (use eval() for single examples)");
   }
   const bool training = mode.training;
@@ -52,7 +53,8 @@ inline void batch_norm(const float* x, const float* w, const float* b, float* ru
     if (training) {
       double sum = 0.0;
       for (int64_t n = 0; n < N; ++n)
-        for (int64_t i = 0; i < HW; ++i) sum += x[(n * C + c) * HW + i];
+        for (int64_t i = 0; i < HW; ++i)
+          sum += x[(n * C + c) * HW + i];
       m = sum / static_cast<double>(count);
       double squares = 0.0;
       for (int64_t n = 0; n < N; ++n)
@@ -87,8 +89,9 @@ inline void batch_norm_apply(const float* x, const float* w, const float* b, con
   });
 }
 
-inline void batch_norm_grad(const float* x, const float* w, const float* mean, const float* invstd, const float* g,
-                            float* dx, float* dw, float* db, int64_t N, int64_t C, int64_t HW, const Mode& mode) {
+inline void batch_norm_grad(const float* x, const float* w, const float* mean, const float* invstd,
+                            const float* g, float* dx, float* dw, float* db, int64_t N, int64_t C, int64_t HW,
+                            const Mode& mode) {
   const int64_t count = N * HW;
   for_each("batch_norm_grad sums", C, [=] DG_HD(int64_t c) {
     double sum_g = 0.0, sum_gx = 0.0;
@@ -114,13 +117,15 @@ inline void batch_norm_grad(const float* x, const float* w, const float* mean, c
   });
 }
 
-inline void dropout(const float* x, float* y, int64_t n, float p, float scale, uint64_t stream, const Mode& mode) {
+inline void dropout(const float* x, float* y, int64_t n, float p, float scale, uint64_t stream,
+                    const Mode& mode) {
   if (!mode.training) {
     for_each("dropout (eval)", n, [=] DG_HD(int64_t i) { y[i] = x[i]; });
     return;
   }
   const uint64_t key = dropout_key(mode, stream);  // on the host
-  for_each("dropout", n, [=] DG_HD(int64_t i) { y[i] = modes_detail::keep(key, i, p) ? x[i] * scale : 0.0f; });
+  for_each("dropout", n,
+           [=] DG_HD(int64_t i) { y[i] = modes_detail::keep(key, i, p) ? x[i] * scale : 0.0f; });
 }
 
 // Stochastic depth (torchvision): whole groups of `group` consecutive elements
@@ -133,9 +138,8 @@ inline void stochastic_depth(const float* x, float* y, int64_t n, int64_t group,
     return;
   }
   const uint64_t key = dropout_key(mode, stream);  // on the host
-  for_each("stochastic_depth", n, [=] DG_HD(int64_t i) {
-    y[i] = modes_detail::keep(key, i / group, p) ? x[i] * scale : 0.0f;
-  });
+  for_each("stochastic_depth", n,
+           [=] DG_HD(int64_t i) { y[i] = modes_detail::keep(key, i / group, p) ? x[i] * scale : 0.0f; });
 }
 
 }  // namespace dg

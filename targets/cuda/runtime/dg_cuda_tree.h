@@ -50,11 +50,12 @@ inline LevelSchedule to_device(const HostSchedule& s) {
 // Checks the batch and computes its schedule on the host (errors name the
 // node, as on the CPU), then copies what kernels read to the device.
 // `children` and `roots` are device copies of the caller's arrays.
-inline LevelSchedule schedule_levels(const int64_t* children, int64_t nodes, int64_t arity, const int64_t* roots,
-                                     int64_t num_roots, bool dag, const char* what) {
+inline LevelSchedule schedule_levels(const int64_t* children, int64_t nodes, int64_t arity,
+                                     const int64_t* roots, int64_t num_roots, bool dag, const char* what) {
   const std::vector<int64_t> host_children = host_values(children, nodes * arity);
   const std::vector<int64_t> host_roots = host_values(roots, num_roots);
-  return to_device(inspect_levels(host_children.data(), nodes, arity, host_roots.data(), num_roots, dag, what));
+  return to_device(
+      inspect_levels(host_children.data(), nodes, arity, host_roots.data(), num_roots, dag, what));
 }
 
 // Checks a batch of padded sequences on the host and computes its schedule
@@ -97,14 +98,17 @@ inline void gather(const char* name, const float* state, int64_t width, const in
 // rows of out lie out_stride floats apart (default: width; see the CPU runtime).
 inline void gather_children(const float* state, int64_t width, const int64_t* child_row, int64_t arity,
                             int64_t slot, int64_t rows, float* out, int64_t out_stride = -1) {
-  tree_detail::gather("gather_children", state, width, nullptr, child_row, arity, slot, rows, out, out_stride);
+  tree_detail::gather("gather_children", state, width, nullptr, child_row, arity, slot, rows, out,
+                      out_stride);
 }
 
 // out[r, :] = state[order[child_row[r * arity + slot]], :], or zeros for an empty
 // slot: gather_children for states kept in node order (order: row -> node).
-inline void gather_child_nodes(const float* state, int64_t width, const int64_t* order, const int64_t* child_row,
-                               int64_t arity, int64_t slot, int64_t rows, float* out, int64_t out_stride = -1) {
-  tree_detail::gather("gather_child_nodes", state, width, order, child_row, arity, slot, rows, out, out_stride);
+inline void gather_child_nodes(const float* state, int64_t width, const int64_t* order,
+                               const int64_t* child_row, int64_t arity, int64_t slot, int64_t rows,
+                               float* out, int64_t out_stride = -1) {
+  tree_detail::gather("gather_child_nodes", state, width, order, child_row, arity, slot, rows, out,
+                      out_stride);
 }
 
 // out[i] = values[order[i]] for i in [0, count): per-node ids in row order.

@@ -10,7 +10,7 @@
 
 #include "tiny/model.h"
 #include "dg_gemm.h"
-#include "dg_guard.h"
+#include "dg_memory_stats.h"
 #include "dg_parallel.h"
 #include "dg_pybind.h"
 

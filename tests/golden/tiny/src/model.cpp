@@ -8,10 +8,10 @@
 #include <vector>
 
 #include "dg_arena.h"
-#include "dg_guard.h"
+#include "dg_matmul.h"
 #include "dg_npz.h"
-#include "dg_ops.h"
 #include "dg_packed_weights.h"
+#include "dg_range_checks.h"
 #include "dg_rng.h"
 #include "dg_tensor.h"
 #include "dg_weights.h"

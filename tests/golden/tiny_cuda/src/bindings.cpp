@@ -12,7 +12,11 @@
 
 #include "tiny_cuda/model.h"
 #include "dg_cuda_pybind.h"
-#include "dg_guard.h"
+#include "dg_finite_loss.h"
+#include "dg_memory_stats.h"
+#include "dg_pybind.h"
+#include "dg_range_checks.h"
+#include "dg_weights.h"
 
 // Inside the model's namespace: Model, Inputs and Outputs are its own, whatever
 // names sit at global scope (the module's name, say).

@@ -10,7 +10,10 @@
 
 #include "tiny_train/model.h"
 #include "dg_gemm.h"
-#include "dg_guard.h"
+#include "dg_finite_loss.h"
+#include "dg_memory_stats.h"
+#include "dg_range_checks.h"
+#include "dg_weights.h"
 #include "dg_parallel.h"
 #include "dg_pybind.h"
 

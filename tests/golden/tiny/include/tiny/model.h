@@ -8,7 +8,8 @@
 #include <vector>
 
 #include "dg_arena.h"
-#include "dg_guard.h"
+#include "dg_memory_stats.h"
+#include "dg_state_lock.h"
 #include "dg_packed_weights.h"
 #include "dg_tensor.h"
 #include "dg_weights.h"

@@ -1,0 +1,66 @@
+// dg_layout.h: ops that move data without computing: transpose, copies along
+// an axis (concat, split, slice), fill.
+//
+// Part of the deepgen runtime: hand-written, copied unchanged into every
+// generated project that uses it.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace dg {
+
+// numpy.transpose(x, perm): y's axis d is x's axis perm[d].
+// Walks y in row-major order, keeping the matching offset into x up to date
+// like an odometer, so each element costs O(1) amortized.
+inline void transpose(const float* x, float* y, int ndim, const int64_t* shape, const int* perm) {
+  // Row-major strides of x, then the shape of y and x's stride for each y axis.
+  std::vector<int64_t> x_stride(ndim), y_shape(ndim), step(ndim);
+  int64_t total = 1;
+  for (int d = ndim - 1; d >= 0; --d) {
+    x_stride[d] = total;
+    total *= shape[d];
+  }
+  if (total == 0) return;
+  for (int d = 0; d < ndim; ++d) {
+    y_shape[d] = shape[perm[d]];
+    step[d] = x_stride[perm[d]];
+  }
+
+  std::vector<int64_t> index(ndim, 0);  // current position in y
+  int64_t src = 0;                      // matching offset in x
+  for (int64_t dst = 0; dst < total; ++dst) {
+    y[dst] = x[src];
+    // Advance index like an odometer, last axis fastest.
+    for (int d = ndim - 1; d >= 0; --d) {
+      if (++index[d] < y_shape[d]) {
+        src += step[d];
+        break;
+      }
+      src -= (y_shape[d] - 1) * step[d];
+      index[d] = 0;
+    }
+  }
+}
+
+// Copies src[:, src_start : src_start+count, :] into dst[:, dst_start : dst_start+count, :],
+// with src viewed as [outer, src_len, inner] and dst as [outer, dst_len, inner].
+// Used for concat, split and slice (step 1).  Each outer block is contiguous.
+inline void copy_axis(const float* src, float* dst, int64_t outer, int64_t src_len, int64_t src_start,
+                      int64_t dst_len, int64_t dst_start, int64_t count, int64_t inner) {
+  const int64_t block = count * inner;
+  for (int64_t o = 0; o < outer; ++o) {
+    const float* from = src + (o * src_len + src_start) * inner;
+    float* to = dst + (o * dst_len + dst_start) * inner;
+    for (int64_t j = 0; j < block; ++j)
+      to[j] = from[j];
+  }
+}
+
+// x[0..n) = value.
+inline void fill(float* x, int64_t n, float value) {
+  for (int64_t i = 0; i < n; ++i)
+    x[i] = value;
+}
+
+}  // namespace dg

@@ -1,0 +1,136 @@
+// dg_reduce.h: ops along one axis: sums, means, maxima, softmax, log-softmax
+// and prefix sums. A tensor is viewed as [outer, len, inner] around the axis:
+// `outer` is the product of the dimensions before it, `len` the axis itself and
+// `inner` the product of those after it, so one loop serves every axis of every rank.
+//
+// Part of the deepgen runtime: hand-written, copied unchanged into every
+// generated project that uses it.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <stdexcept>
+
+namespace dg {
+
+// y[o, i] = sum over l of x[o, l, i].  The innermost loop runs over `inner`,
+// which is contiguous in both x and y.
+inline void reduce_sum(const float* x, float* y, int64_t outer, int64_t len, int64_t inner) {
+  for (int64_t o = 0; o < outer; ++o) {
+    float* y_row = y + o * inner;
+    for (int64_t i = 0; i < inner; ++i)
+      y_row[i] = 0.0f;
+    for (int64_t l = 0; l < len; ++l) {
+      const float* x_row = x + (o * len + l) * inner;
+      for (int64_t i = 0; i < inner; ++i)
+        y_row[i] += x_row[i];
+    }
+  }
+}
+
+// y[o, i] = mean over l of x[o, l, i].  An empty axis gives NaN, as in numpy.
+inline void reduce_mean(const float* x, float* y, int64_t outer, int64_t len, int64_t inner) {
+  reduce_sum(x, y, outer, len, inner);
+  const float count = static_cast<float>(len);
+  for (int64_t j = 0; j < outer * inner; ++j)
+    y[j] /= count;
+}
+
+// y[o, i] = max over l of x[o, l, i].  NaN propagates, as in numpy.
+inline void reduce_max(const float* x, float* y, int64_t outer, int64_t len, int64_t inner) {
+  if (len == 0) throw std::invalid_argument("max over an empty axis");
+  for (int64_t o = 0; o < outer; ++o) {
+    float* y_row = y + o * inner;
+    const float* x_first = x + o * len * inner;
+    for (int64_t i = 0; i < inner; ++i)
+      y_row[i] = x_first[i];
+    for (int64_t l = 1; l < len; ++l) {
+      const float* x_row = x + (o * len + l) * inner;
+      for (int64_t i = 0; i < inner; ++i) {
+        const float v = x_row[i];
+        // Once y holds NaN, `v > NaN` is false, so the NaN is kept.
+        if (v > y_row[i] || std::isnan(v)) y_row[i] = v;
+      }
+    }
+  }
+}
+
+namespace ops_detail {
+
+// Maximum of x[l * stride] over l in [0, len); len must be > 0.
+inline float strided_max(const float* x, int64_t len, int64_t stride) {
+  float m = x[0];
+  for (int64_t l = 1; l < len; ++l) {
+    const float v = x[l * stride];
+    if (v > m || std::isnan(v)) m = v;
+  }
+  return m;
+}
+
+// Sum of exp(x[l * stride] - m) over l in [0, len).
+inline float strided_sum_exp(const float* x, int64_t len, int64_t stride, float m) {
+  float s = 0.0f;
+  for (int64_t l = 0; l < len; ++l)
+    s += std::exp(x[l * stride] - m);
+  return s;
+}
+
+}  // namespace ops_detail
+
+// Softmax along the middle axis of [outer, len, inner].  The maximum is
+// subtracted first so exp never overflows.
+inline void softmax(const float* x, float* y, int64_t outer, int64_t len, int64_t inner) {
+  if (len == 0) return;
+  for (int64_t o = 0; o < outer; ++o) {
+    for (int64_t i = 0; i < inner; ++i) {
+      const int64_t base = o * len * inner + i;
+      const float m = ops_detail::strided_max(x + base, len, inner);
+      const float s = ops_detail::strided_sum_exp(x + base, len, inner, m);
+      for (int64_t l = 0; l < len; ++l) {
+        const int64_t at = base + l * inner;
+        y[at] = std::exp(x[at] - m) / s;
+      }
+    }
+  }
+}
+
+// log(softmax(x)) along the middle axis, computed as x - max - log(sum(exp(x - max)))
+// so that very negative entries do not underflow to log(0).
+inline void log_softmax(const float* x, float* y, int64_t outer, int64_t len, int64_t inner) {
+  if (len == 0) return;
+  for (int64_t o = 0; o < outer; ++o) {
+    for (int64_t i = 0; i < inner; ++i) {
+      const int64_t base = o * len * inner + i;
+      const float m = ops_detail::strided_max(x + base, len, inner);
+      const float log_s = std::log(ops_detail::strided_sum_exp(x + base, len, inner, m));
+      for (int64_t l = 0; l < len; ++l) {
+        const int64_t at = base + l * inner;
+        y[at] = (x[at] - m) - log_s;
+      }
+    }
+  }
+}
+
+// Inclusive prefix sums along the middle axis of [outer, len, inner] (numpy.cumsum):
+// y[o, l, i] = x[o, 0, i] + ... + x[o, l, i], added in that order in float. With
+// `reverse`, the sums run from the end: y[o, l, i] = x[o, l, i] + ... + x[o, len - 1, i]
+// (cumsum's gradient).
+inline void cumsum(const float* x, float* y, int64_t outer, int64_t len, int64_t inner, bool reverse) {
+  for (int64_t o = 0; o < outer; ++o) {
+    for (int64_t step = 0; step < len; ++step) {
+      const int64_t l = reverse ? len - 1 - step : step;
+      const float* x_row = x + (o * len + l) * inner;
+      float* y_row = y + (o * len + l) * inner;
+      if (step == 0) {
+        for (int64_t i = 0; i < inner; ++i)
+          y_row[i] = x_row[i];
+        continue;
+      }
+      const float* before = reverse ? y_row + inner : y_row - inner;  // the sum so far
+      for (int64_t i = 0; i < inner; ++i)
+        y_row[i] = before[i] + x_row[i];
+    }
+  }
+}
+
+}  // namespace dg
