@@ -204,9 +204,10 @@ KERNEL = """
 void sigmoid_like(const float* x, float* h, long n) {{
     for (long i0 = 0; i0 < n; ++i0) h[i0] = (1.0F + dg::math::tanh_f(0.5F * x[i0])) / 2;
 }}
-void momentum_update_like(float* w, const float* g, float* buf, long n, float lr, float momentum) {{
-    for (long i = 0; i < n; ++i) {{ const float new_buf = dg::math::flush_subnormal_f(buf[i] * momentum + g[i]);
-        buf[i] = new_buf; w[i] = w[i] - lr * new_buf; }}
+struct momentum_hyper {{ float lr; float momentum; float weight_decay; }};
+void momentum_update_like(float* w, const float* g, float* buf, long n, momentum_hyper hyper) {{
+    for (long i = 0; i < n; ++i) {{ const float new_buf = dg::math::flush_subnormal_f(buf[i] * hyper.momentum + g[i]);
+        buf[i] = new_buf; w[i] = w[i] - hyper.lr * new_buf; }}
 }}
 """
 LOOP = "void k_{f}(const float* x, float* y, long n) {{ for (long i = 0; i < n; ++i) y[i] = dg::math::{f}_f(x[i]); }}"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 import sympy
 
 from conftest import build_example
@@ -134,3 +135,51 @@ def test_a_header_is_needed_for_what_the_code_calls_not_what_comments_and_string
         assert "dg::no_such_function" in str(e)
     else:
         raise AssertionError("a name no header defines was accepted")
+
+
+def _calls(text: str, fn: str) -> list:
+    """The argument lists of each call of `fn` in `text` (top-level commas split them)."""
+    found = []
+    for m in re.finditer(rf"\b{re.escape(fn)}\(", text):
+        depth, args, start = 1, [], m.end()
+        for i in range(m.end(), len(text)):
+            c = text[i]
+            if c in "([{":
+                depth += 1
+            elif c in ")]}":
+                depth -= 1
+                if depth == 0:
+                    args.append(text[start:i])
+                    break
+            elif c == "," and depth == 1:
+                args.append(text[start:i])
+                start = i + 1
+        found.append([" ".join(a.split()) for a in args])
+    return found
+
+
+@pytest.mark.parametrize("example,kind,fields", [
+    ("lstm_classifier", "adam", ["lr", "beta1", "beta2", "eps", "weight_decay", "c1", "c2"]),
+    ("resnet18", "sgd", ["lr", "weight_decay"]),
+])
+def test_optimizer_hyperparameters_are_one_struct(example, kind, fields):
+    """Each update call (in apply_update(), in the backward pass, inside a GEMM's row
+    blocks, in an outlined backward function) passes the step's hyperparameters as one
+    argument, a struct declared beside the update kernel and filled once per step."""
+    files = project_files(build_example(example))
+    model, header = files["src/model.cpp"].decode(), files["src/kernels.h"].decode()
+    struct = re.search(rf"struct {kind}_hyper \{{(.*?)\}};", header, re.S).group(1)
+    assert re.findall(r"float (\w+);", struct) == fields
+    decls = _calls(header, f"{kind}_update") + _calls(header, f"{kind}_update_serial")
+    assert decls and all(d[-1] == f"{kind}_hyper hyper" and not [a for a in d if a.startswith("float ")] for d in decls)
+    calls = _calls(model, f"kernels::{kind}_update") + _calls(model, f"kernels::{kind}_update_serial")
+    assert calls and all(args[-1] == "_hyper" for args in calls)
+    assert not [a for args in calls for a in args[:-1] if "hyper" in a]
+    # Filled twice: in train_step()'s backward pass and in apply_update().
+    inits = re.findall(rf"const kernels::{kind}_hyper _hyper = \{{(.*?)\}};", model, re.S)
+    assert len(inits) == 2 and model.count("_model.hyper.") == sum(i.count("_model.hyper.") for i in inits)
+    if example == "resnet18":  # its blocks' gradients are outlined: the struct is their argument
+        backward = model[model.index("\nvoid basic_block_backward("):]
+        assert f"const kernels::{kind}_hyper& _hyper" in backward[:backward.index("{")]
+    else:
+        assert "_n, _hyper)" in " ".join(model.split())  # a GEMM's row blocks' update (UpdateRows)

@@ -23,10 +23,10 @@ from dataclasses import dataclass
 
 import sympy
 
-from ..frontend.train import G, STEP_SYMBOLS, W
+from ..frontend.train import G, STEP_NOTES, STEP_SYMBOLS, W
 from ..ops import ARGS
 from ..ops.linalg import epilogue_role
-from .plan import Arg, Kernel
+from .plan import Arg, HyperStruct, Kernel
 from .stmt import Named
 from .printer import FloatPrinter, RowAt, size_expr
 
@@ -236,8 +236,10 @@ def update_kernel(optimizer, printer_cls=FloatPrinter) -> Kernel:
         loads[sympy.Symbol(slot, real=True)] = f"{slot}[i]"
     used = set().union(*(e.free_symbols for _, e in updates))
     scalars = [name for name, sym in STEP_SYMBOLS.items() if sym in used]
+    # The scalars are fields of one struct, the kernel's last argument (`hyper.lr`).
     for name in scalars:
-        loads[STEP_SYMBOLS[name]] = name
+        loads[STEP_SYMBOLS[name]] = f"hyper.{name}"
+    struct = HyperStruct(f"{optimizer.kind}_hyper", [(name, STEP_NOTES.get(name, "")) for name in scalars])
     printer = printer_cls(loads)
     temps, assign = [], []
     for target, expr in updates:
@@ -249,7 +251,7 @@ def update_kernel(optimizer, printer_cls=FloatPrinter) -> Kernel:
             temps.append(f"{target}[i] = new_{target};")
             printer.loads[sympy.Symbol(target, real=True)] = f"new_{target}"
     args = [Arg("float*", "w"), Arg("const float*", "g")] + [Arg("float*", s) for s in slots]
-    args += [Arg("int64_t", "n")] + [Arg("float", name) for name in scalars]
+    args += [Arg("int64_t", "n"), Arg(struct.name, "hyper")]
     return Kernel(
         name=f"{optimizer.kind}_update",
         comment=f"{optimizer.kind} update of one parameter, in place: "
@@ -259,6 +261,7 @@ def update_kernel(optimizer, printer_cls=FloatPrinter) -> Kernel:
         temps=temps,
         assign=" ".join(assign),
         work=_work(sympy.Symbol("n"), [e for _, e in updates]),
+        struct=struct,
     )
 
 

@@ -15,7 +15,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from ..frontend.train import HYPER_RANGES
+from ..frontend.train import BIAS_CORRECTIONS, HYPER_RANGES
 from ..version import __version__
 from ..ir.names import comment_text, cpp_string, is_reserved
 from ..ops import get_op
@@ -437,23 +437,27 @@ def _lower_training(ctx, graph, dim_index, bound_dims, first: int) -> TrainPlan:
     taken = {k.name for k in ctx.kernels} | set(graph.names.used)
     kernel.name = _fresh(kernel.name, taken)
     ctx.kernels.append(kernel)
+    # Its hyperparameters, one struct: each field the Model's setting, or Adam's bias
+    # correction 1 - beta^step, computed in double from the step count (std::pow casts
+    # the integer step to double).
+    hyper = kernel.struct
+    hyper.name = _fresh(hyper.name, taken | {kernel.name})
+    kernel.args[-1] = replace(kernel.args[-1], ctype=hyper.name)
+    hyper.values = [f"static_cast<float>(1.0 - std::pow(static_cast<double>(_model.hyper.{BIAS_CORRECTIONS[name]}), "
+                    "_model.step))" if name in BIAS_CORRECTIONS else f"_model.hyper.{name}" for name, _ in hyper.fields]
     # Its twin without threads, for a GEMM's threads to call on their blocks of rows
     # (added to the kernels where the memory stage fuses an update into a product).
     serial = replace(kernel, name=_fresh(f"{kernel.name}_serial", taken), work="",
                      comment=f"{kernel.comment}\nOn one thread: the GEMM that makes a gradient calls it on each block\n"
-                     "of its rows (dg::update_rows), from the thread that computed the block.")
-    scalars = [a.name for a in kernel.args if a.ctype == "float"]
+                     "of its rows (dg::update_rows), from the thread that computed the block.", struct=None)
     slots = {p: [(slot, _member_name(graph, f"{p}_{slot}", live)) for slot in opt.slots] for p, _, _ in grads}
     # One update call per parameter; the memory stage moves each into the statement
     # where its gradient is complete and it is no longer read (DeepDSL's rescheduling).
-    # Adam's bias corrections are locals of train_step: names no value of the model has.
-    corrections = {c: _member_name(graph, c, live) for c in ("c1", "c2")} if opt.kind == "adam" else {}
     updates = []
     copied = {p for p, _, _ in copies}
     params = {p.name: p for p in graph.params}
     for index, (p, member, _) in enumerate(grads):
-        rest = [f"{m}.ptr()" for _, m in slots[p]] + [f"{p}.size()"]
-        rest += [corrections[s] if s in corrections else f"_model.hyper.{s}" for s in scalars]
+        rest = [f"{m}.ptr()" for _, m in slots[p]] + [f"{p}.size()", hyper.local]
         fn = f"kernels::{kernel.name}"
         # train_step() reads the gradient where the backward pass left it (kept or not);
         # apply_update() reads the member compute_gradients() filled.
@@ -471,7 +475,7 @@ def _lower_training(ctx, graph, dim_index, bound_dims, first: int) -> TrainPlan:
     for p, _, _ in grads:
         offsets.append(total)
         total += int(np.prod(params[p].shape, dtype=np.int64))
-    hyper = [(name, f"{np.float32(value)!r}".replace("np.float32(", "").rstrip(")") + "f") for name, value in spec.hyper]
+    settings = [(name, f"{np.float32(value)!r}".replace("np.float32(", "").rstrip(")") + "f") for name, value in spec.hyper]
     hyper_checks = [(name, f"dg::{HYPER_RANGES[name]}") for name, _ in spec.hyper]
     loss = ctx.read(spec.loss)
     return TrainPlan(
@@ -487,9 +491,9 @@ def _lower_training(ctx, graph, dim_index, bound_dims, first: int) -> TrainPlan:
         copies=copy_lines,
         updates=updates,
         all_updates=list(updates),
-        hyper=hyper,
+        hyper=settings,
         hyper_checks=hyper_checks,
-        bias_correction=[corrections[c] for c in ("c1", "c2")] if corrections else [],
+        hyper_struct=hyper,
         grads=grads,
         slots=[(p, slot, member, shape) for p, _, shape in grads for slot, member in slots[p]],
         grad_offsets=offsets,

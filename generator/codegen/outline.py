@@ -571,6 +571,8 @@ def _make_function(group, plan, fn_name, later_reads):
             ctype = "const dg::Mode&"
         elif word in _RUN_LOCALS:
             ctype = _RUN_LOCALS[word]
+        elif plan.train is not None and word == plan.train.hyper_struct.local:  # what update calls take
+            ctype = f"const kernels::{plan.train.hyper_struct.name}&"
         else:
             raise _NotOutlined(f"reads {word}")
         params.append([_ORDER.index("run"), ctype, word, [word] * len(group)])

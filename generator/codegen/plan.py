@@ -34,6 +34,9 @@ class Kernel:
     # loop: the kernel's work in GEMM-flop equivalents (dg_parallel.h), a C++
     # expression; the outer loop is split over threads when it is worth it.
     work: str = ""
+    # An optimizer's update kernel: the HyperStruct it takes, printed before it in kernels.h
+    # (its thread-free twin takes the same one and leaves this None).
+    struct: object = None
 
     @property
     def comment_lines(self) -> list:
@@ -46,6 +49,22 @@ class Kernel:
         parentheses), "1" without loops; a flat launch (the CUDA target) runs this many."""
         extents = [f"({e})" if " + " in e or " - " in e else e for _, e in self.loops]
         return " * ".join(extents) or "1"
+
+
+@dataclass
+class HyperStruct:
+    """An optimizer's hyperparameters at one step, as one struct (`kernels::adam_hyper`)
+    printed beside its update kernel: train_step() and apply_update() fill one
+    (`const kernels::adam_hyper _hyper = {...};`, the step's values included: Adam's bias
+    corrections), and every update call passes it, a single argument."""
+
+    name: str  # the type, in namespace kernels
+    fields: list  # [(name, comment)]: floats, in the order the struct declares them
+    values: list = field(default_factory=list)  # [C++ expression] of each field at this step (lowering)
+    local: str = "_hyper"  # the variable of train_step() and apply_update() that holds it
+
+    def __str__(self) -> str:
+        return f"const kernels::{self.name} {self.local} = {{{', '.join(self.values)}}};"
 
 
 @dataclass(eq=False)
@@ -147,7 +166,7 @@ class TrainPlan:
     all_updates: list  # [Update] of every parameter, in gradients() order: apply_update() runs them all
     hyper: list  # [(name, C++ float literal default)]
     hyper_checks: list  # [(name, dg_range_checks.h range check)], applied when set and by every train_step
-    bias_correction: list  # Adam: the names of the locals c1, c2 computed from the step count
+    hyper_struct: HyperStruct  # the step's hyperparameters, the one argument every update call takes them in
     grads: list  # [(param, gradient member, C++ shape list)]
     slots: list  # [(param, slot, member, C++ shape list)]
     grad_offsets: list = field(default_factory=list)  # [offset] of each gradient in the one gradient buffer

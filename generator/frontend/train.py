@@ -6,7 +6,8 @@
 Each optimizer's update is a set of sympy expressions over the parameter w, its
 gradient g, its state slots and scalar hyperparameters; the generated C++ update
 kernel is printed from them, the numpy reference evaluates them, and the
-hyperparameters stay settable at run time (they are kernel arguments).
+hyperparameters stay settable at run time (fields of the one struct the update
+kernel takes, filled at every step).
 """
 
 from __future__ import annotations
@@ -26,6 +27,11 @@ from .source import user_loc
 W, G = sympy.symbols("w g", real=True)
 STEP_SYMBOLS = {name: sympy.Symbol(name, real=True) for name in ("lr", "momentum", "beta1", "beta2", "eps",
                                                                    "weight_decay", "c1", "c2")}
+
+# The hyperparameters each step makes from a setting: Adam's bias corrections 1 - beta^step
+# (the generated code computes them in double, as `apply` does), and what they are.
+BIAS_CORRECTIONS = {"c1": "beta1", "c2": "beta2"}
+STEP_NOTES = {"c1": "1 - beta1^step: the bias correction of m", "c2": "1 - beta2^step: the bias correction of v"}
 
 
 class FlushSubnormal(sympy.Function):
@@ -84,8 +90,8 @@ class Optimizer:
         env = {W: w, G: g, **{sympy.Symbol(k, real=True): v for k, v in slots.items()}}
         scalars = dict(hyper)
         if self.kind == "adam":
-            scalars["c1"] = 1.0 - float(hyper["beta1"]) ** step
-            scalars["c2"] = 1.0 - float(hyper["beta2"]) ** step
+            for c, beta in BIAS_CORRECTIONS.items():
+                scalars[c] = 1.0 - float(hyper[beta]) ** step
         env.update({STEP_SYMBOLS[k]: np.float32(v) for k, v in scalars.items() if k in STEP_SYMBOLS})
         new_slots, new_w = {}, None
         for target, expr in self.updates():

@@ -13,13 +13,13 @@ namespace tiny_cuda {
 namespace kernels {
 
 // momentum update of one parameter, in place: buf <- FlushSubnormal(buf*momentum + g + w*weight_decay); w <- -buf*lr + w
-void momentum_update(float* w, const float* g, float* buf, int64_t n, float lr, float momentum,
-                     float weight_decay) {
+void momentum_update(float* w, const float* g, float* buf, int64_t n, momentum_hyper hyper) {
   dg::for_each("momentum_update", n, [=] DG_HD(std::int64_t _flat) {
     const std::int64_t i = _flat;
-    const float new_buf = dg::math::flush_subnormal_f(buf[i] * momentum + g[i] + w[i] * weight_decay);
+    const float new_buf =
+        dg::math::flush_subnormal_f(buf[i] * hyper.momentum + g[i] + w[i] * hyper.weight_decay);
     buf[i] = new_buf;
-    w[i] = -new_buf * lr + w[i];
+    w[i] = -new_buf * hyper.lr + w[i];
   });
 }
 

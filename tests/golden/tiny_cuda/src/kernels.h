@@ -12,9 +12,14 @@
 namespace tiny_cuda {
 namespace kernels {
 
+// The hyperparameters of every momentum_update call at one step: train_step() and apply_update() fill one.
+struct momentum_hyper {
+  float lr;
+  float momentum;
+  float weight_decay;
+};
 // momentum update of one parameter, in place: buf <- FlushSubnormal(buf*momentum + g + w*weight_decay); w <- -buf*lr + w
-void momentum_update(float* w, const float* g, float* buf, int64_t n, float lr, float momentum,
-                     float weight_decay);
+void momentum_update(float* w, const float* g, float* buf, int64_t n, momentum_hyper hyper);
 
 // the GEMM's epilogue, fusing add, relu:
 // tiny.py:30  h = dg.dense(x, 4, act=dg.relu)

@@ -138,14 +138,11 @@ void Network::_apply_update(::tiny_cuda::Model& _model) {
   dg::CallScope _call;  // finish() waits for the device and reports errors found there
   _model.upload_host_changes();
   ++_model.step;
-  kernels::momentum_update(h_w.ptr(), d_h_w.ptr(), h_w_buf.ptr(), h_w.size(), _model.hyper.lr,
-                           _model.hyper.momentum, _model.hyper.weight_decay);
-  kernels::momentum_update(h_b.ptr(), d_h_b.ptr(), h_b_buf.ptr(), h_b.size(), _model.hyper.lr,
-                           _model.hyper.momentum, _model.hyper.weight_decay);
-  kernels::momentum_update(logits_w.ptr(), d_logits_w.ptr(), logits_w_buf.ptr(), logits_w.size(),
-                           _model.hyper.lr, _model.hyper.momentum, _model.hyper.weight_decay);
-  kernels::momentum_update(logits_b.ptr(), d_logits_b.ptr(), logits_b_buf.ptr(), logits_b.size(),
-                           _model.hyper.lr, _model.hyper.momentum, _model.hyper.weight_decay);
+  const kernels::momentum_hyper _hyper = {_model.hyper.lr, _model.hyper.momentum, _model.hyper.weight_decay};
+  kernels::momentum_update(h_w.ptr(), d_h_w.ptr(), h_w_buf.ptr(), h_w.size(), _hyper);
+  kernels::momentum_update(h_b.ptr(), d_h_b.ptr(), h_b_buf.ptr(), h_b.size(), _hyper);
+  kernels::momentum_update(logits_w.ptr(), d_logits_w.ptr(), logits_w_buf.ptr(), logits_w.size(), _hyper);
+  kernels::momentum_update(logits_b.ptr(), d_logits_b.ptr(), logits_b_buf.ptr(), logits_b.size(), _hyper);
   _call.finish();
   _model.device_changed();
 }
@@ -285,6 +282,7 @@ float Network::_run(::tiny_cuda::Model& _model, const ::tiny_cuda::Inputs& _inpu
   // product that makes the gradient can, it runs the update itself, a block of rows at a time)
   // (compute_gradients() makes the gradients only: the step is apply_update()'s) ----
   if (_gradients_only == nullptr) ++_model.step;
+  const kernels::momentum_hyper _hyper = {_model.hyper.lr, _model.hyper.momentum, _model.hyper.weight_decay};
 
   // gradient of tiny.py:32  dg.train(dg.softmax_cross_entropy(logits, labels), dg.sgd(lr=0.1, momentum=0.9), weight_decay=1e-4)
   float* d_softmax_cross_entropy = _arena.at(4 * N, 1);
@@ -302,11 +300,9 @@ float Network::_run(::tiny_cuda::Model& _model, const ::tiny_cuda::Inputs& _inpu
   float* d_logits_w = _gradients_kept ? this->d_logits_w.ptr() : _arena.at(10 * N, 8);
   dg::matmul_tn(h, d_logits, d_logits_w, /*M=*/4, /*K=*/N, /*N=*/2);
   if (_gradients_only == nullptr)
-    kernels::momentum_update(logits_w.ptr(), d_logits_w, logits_w_buf.ptr(), logits_w.size(), _model.hyper.lr,
-                             _model.hyper.momentum, _model.hyper.weight_decay);
+    kernels::momentum_update(logits_w.ptr(), d_logits_w, logits_w_buf.ptr(), logits_w.size(), _hyper);
   if (_gradients_only == nullptr)
-    kernels::momentum_update(logits_b.ptr(), d_logits_b, logits_b_buf.ptr(), logits_b.size(), _model.hyper.lr,
-                             _model.hyper.momentum, _model.hyper.weight_decay);
+    kernels::momentum_update(logits_b.ptr(), d_logits_b, logits_b_buf.ptr(), logits_b.size(), _hyper);
 
   // gradient of tiny.py:30  h = dg.dense(x, 4, act=dg.relu)
   float* d_h_b_sum = _gradients_kept ? this->d_h_b.ptr() : _arena.at(0, 4);
@@ -314,11 +310,9 @@ float Network::_run(::tiny_cuda::Model& _model, const ::tiny_cuda::Inputs& _inpu
   float* d_h_w = _gradients_kept ? this->d_h_w.ptr() : _arena.at(8 * N, 12);
   dg::matmul_tn(x, d_h_matmul, d_h_w, /*M=*/3, /*K=*/N, /*N=*/4);
   if (_gradients_only == nullptr)
-    kernels::momentum_update(h_w.ptr(), d_h_w, h_w_buf.ptr(), h_w.size(), _model.hyper.lr,
-                             _model.hyper.momentum, _model.hyper.weight_decay);
+    kernels::momentum_update(h_w.ptr(), d_h_w, h_w_buf.ptr(), h_w.size(), _hyper);
   if (_gradients_only == nullptr)
-    kernels::momentum_update(h_b.ptr(), d_h_b_sum, h_b_buf.ptr(), h_b.size(), _model.hyper.lr,
-                             _model.hyper.momentum, _model.hyper.weight_decay);
+    kernels::momentum_update(h_b.ptr(), d_h_b_sum, h_b_buf.ptr(), h_b.size(), _hyper);
   const float _loss = dg::to_host_scalar(&(softmax_cross_entropy.data()[0]));  // waits for the device
   _call.finish();
   _model.device_changed();

@@ -11,25 +11,25 @@ namespace tiny_train {
 namespace kernels {
 
 // momentum update of one parameter, in place: buf <- FlushSubnormal(buf*momentum + g + w*weight_decay); w <- -buf*lr + w
-void momentum_update(float* w, const float* g, float* buf, int64_t n, float lr, float momentum,
-                     float weight_decay) {
+void momentum_update(float* w, const float* g, float* buf, int64_t n, momentum_hyper hyper) {
 #pragma omp parallel for if (dg::worth_threads(36 * n))
   for (std::int64_t i = 0; i < n; ++i) {
-    const float new_buf = dg::math::flush_subnormal_f(buf[i] * momentum + g[i] + w[i] * weight_decay);
+    const float new_buf =
+        dg::math::flush_subnormal_f(buf[i] * hyper.momentum + g[i] + w[i] * hyper.weight_decay);
     buf[i] = new_buf;
-    w[i] = -new_buf * lr + w[i];
+    w[i] = -new_buf * hyper.lr + w[i];
   }
 }
 
 // momentum update of one parameter, in place: buf <- FlushSubnormal(buf*momentum + g + w*weight_decay); w <- -buf*lr + w
 // On one thread: the GEMM that makes a gradient calls it on each block
 // of its rows (dg::update_rows), from the thread that computed the block.
-void momentum_update_serial(float* w, const float* g, float* buf, int64_t n, float lr, float momentum,
-                            float weight_decay) {
+void momentum_update_serial(float* w, const float* g, float* buf, int64_t n, momentum_hyper hyper) {
   for (std::int64_t i = 0; i < n; ++i) {
-    const float new_buf = dg::math::flush_subnormal_f(buf[i] * momentum + g[i] + w[i] * weight_decay);
+    const float new_buf =
+        dg::math::flush_subnormal_f(buf[i] * hyper.momentum + g[i] + w[i] * hyper.weight_decay);
     buf[i] = new_buf;
-    w[i] = -new_buf * lr + w[i];
+    w[i] = -new_buf * hyper.lr + w[i];
   }
 }
 

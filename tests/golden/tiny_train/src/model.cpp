@@ -142,14 +142,11 @@ void Model::apply_update() {
 
 void Network::_apply_update(::tiny_train::Model& _model) {
   ++_model.step;
-  kernels::momentum_update(h_w.ptr(), d_h_w.ptr(), h_w_buf.ptr(), h_w.size(), _model.hyper.lr,
-                           _model.hyper.momentum, _model.hyper.weight_decay);
-  kernels::momentum_update(h_b.ptr(), d_h_b.ptr(), h_b_buf.ptr(), h_b.size(), _model.hyper.lr,
-                           _model.hyper.momentum, _model.hyper.weight_decay);
-  kernels::momentum_update(logits_w.ptr(), d_logits_w.ptr(), logits_w_buf.ptr(), logits_w.size(),
-                           _model.hyper.lr, _model.hyper.momentum, _model.hyper.weight_decay);
-  kernels::momentum_update(logits_b.ptr(), d_logits_b.ptr(), logits_b_buf.ptr(), logits_b.size(),
-                           _model.hyper.lr, _model.hyper.momentum, _model.hyper.weight_decay);
+  const kernels::momentum_hyper _hyper = {_model.hyper.lr, _model.hyper.momentum, _model.hyper.weight_decay};
+  kernels::momentum_update(h_w.ptr(), d_h_w.ptr(), h_w_buf.ptr(), h_w.size(), _hyper);
+  kernels::momentum_update(h_b.ptr(), d_h_b.ptr(), h_b_buf.ptr(), h_b.size(), _hyper);
+  kernels::momentum_update(logits_w.ptr(), d_logits_w.ptr(), logits_w_buf.ptr(), logits_w.size(), _hyper);
+  kernels::momentum_update(logits_b.ptr(), d_logits_b.ptr(), logits_b_buf.ptr(), logits_b.size(), _hyper);
 }
 
 void Model::Hyperparameters::validate() const {
@@ -265,6 +262,7 @@ float Network::_run(::tiny_train::Model& _model, const ::tiny_train::Inputs& _in
   // product that makes the gradient can, it runs the update itself, a block of rows at a time)
   // (compute_gradients() makes the gradients only: the step is apply_update()'s) ----
   if (_gradients_only == nullptr) ++_model.step;
+  const kernels::momentum_hyper _hyper = {_model.hyper.lr, _model.hyper.momentum, _model.hyper.weight_decay};
 
   // gradient of tiny.py:32  dg.train(dg.softmax_cross_entropy(logits, labels), dg.sgd(lr=0.1, momentum=0.9), weight_decay=1e-4)
   float* d_softmax_cross_entropy = _arena.at(4 * N, 1);
@@ -285,14 +283,12 @@ float Network::_run(::tiny_train::Model& _model, const ::tiny_train::Inputs& _in
                     _gradients_only == nullptr, /*ld=*/2,
                     [&](std::int64_t _at, const float* _g, std::int64_t _n) {
                       kernels::momentum_update_serial(logits_w.ptr() + _at, _g, logits_w_buf.ptr() + _at, _n,
-                                                      _model.hyper.lr, _model.hyper.momentum,
-                                                      _model.hyper.weight_decay);
+                                                      _hyper);
                     },
                     logits_w.ptr(), logits_w_buf.ptr()));
   if (_gradients_only != nullptr) dg::gradient_ready(*_gradients_only, 2);
   if (_gradients_only == nullptr)
-    kernels::momentum_update(logits_b.ptr(), d_logits_b, logits_b_buf.ptr(), logits_b.size(), _model.hyper.lr,
-                             _model.hyper.momentum, _model.hyper.weight_decay);
+    kernels::momentum_update(logits_b.ptr(), d_logits_b, logits_b_buf.ptr(), logits_b.size(), _hyper);
   else
     dg::gradient_ready(*_gradients_only, 3);
 
@@ -304,15 +300,12 @@ float Network::_run(::tiny_train::Model& _model, const ::tiny_train::Inputs& _in
                 dg::update_rows(
                     _gradients_only == nullptr, /*ld=*/4,
                     [&](std::int64_t _at, const float* _g, std::int64_t _n) {
-                      kernels::momentum_update_serial(h_w.ptr() + _at, _g, h_w_buf.ptr() + _at, _n,
-                                                      _model.hyper.lr, _model.hyper.momentum,
-                                                      _model.hyper.weight_decay);
+                      kernels::momentum_update_serial(h_w.ptr() + _at, _g, h_w_buf.ptr() + _at, _n, _hyper);
                     },
                     h_w.ptr(), h_w_buf.ptr()));
   if (_gradients_only != nullptr) dg::gradient_ready(*_gradients_only, 0);
   if (_gradients_only == nullptr)
-    kernels::momentum_update(h_b.ptr(), d_h_b_sum, h_b_buf.ptr(), h_b.size(), _model.hyper.lr,
-                             _model.hyper.momentum, _model.hyper.weight_decay);
+    kernels::momentum_update(h_b.ptr(), d_h_b_sum, h_b_buf.ptr(), h_b.size(), _hyper);
   else
     dg::gradient_ready(*_gradients_only, 1);
   _model.memory.record(_arena);
