@@ -133,6 +133,8 @@ def _template_locals(plan) -> dict:
     if plan.train is not None:
         dims |= {d for d, _ in plan.train.dims}
         scope.update(_RUN_LOCALS)
+        scope["_model"] = f"::{plan.name}::Model&"
+        scope[plan.train.hyper_struct.local] = f"const kernels::{plan.train.hyper_struct.name}&"
     for d in dims:
         scope[d] = "const std::int64_t"
     for i in plan.all_inputs:
