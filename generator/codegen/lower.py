@@ -17,7 +17,7 @@ import numpy as np
 
 from ..frontend.train import BIAS_CORRECTIONS, HYPER_RANGES
 from ..version import __version__
-from ..ir.names import comment_text, cpp_string, is_reserved
+from ..ir.names import comment_text, cpp_string, fresh_name, is_reserved
 from ..ops import get_op
 from ..ir.printing import format_graph
 from ..ir.graph import Value
@@ -280,16 +280,6 @@ class LowerCtx:
         return Call(f"kernels::{name}", args)
 
 
-def _fresh(name: str, taken: set) -> str:
-    """`name`, or name_1, name_2, ...: the first not in `taken` (which it joins)."""
-    base, k = name, 0
-    while name in taken:
-        k += 1
-        name = f"{base}_{k}"
-    taken.add(name)
-    return name
-
-
 def _input_spec(v, dim_index) -> InputSpec:
     checks = []
     for axis, d in enumerate(v.shape):
@@ -435,7 +425,8 @@ def _lower_training(ctx, graph, dim_index, bound_dims, first: int) -> TrainPlan:
     kernel = update_kernel(opt, ctx.target.printer_cls)
     # kernels:: holds one function per value name: keep the update's (and its twin's) apart
     taken = {k.name for k in ctx.kernels} | set(graph.names.used)
-    kernel.name = _fresh(kernel.name, taken)
+    kernel.name = fresh_name(kernel.name, taken)
+    taken.add(kernel.name)
     ctx.kernels.append(kernel)
     # Its hyperparameters, one struct: each field the Model's setting, or Adam's bias
     # correction 1 - beta^step, computed in double from the step count (std::pow casts
@@ -447,7 +438,7 @@ def _lower_training(ctx, graph, dim_index, bound_dims, first: int) -> TrainPlan:
                     "_model.step))" if name in BIAS_CORRECTIONS else f"_model.hyper.{name}" for name, _ in hyper.fields]
     # Its twin without threads, for a GEMM's threads to call on their blocks of rows
     # (added to the kernels where the memory stage fuses an update into a product).
-    serial = replace(kernel, name=_fresh(f"{kernel.name}_serial", taken), work="",
+    serial = replace(kernel, name=fresh_name(f"{kernel.name}_serial", taken), work="",
                      comment=f"{kernel.comment}\nOn one thread: the GEMM that makes a gradient calls it on each block\n"
                      "of its rows (dg::update_rows), from the thread that computed the block.", struct=None)
     slots = {p: [(slot, _member_name(graph, f"{p}_{slot}", live)) for slot in opt.slots] for p, _, _ in grads}

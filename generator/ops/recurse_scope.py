@@ -15,7 +15,7 @@ from copy import copy
 from dataclasses import dataclass
 
 from ..codegen.stmt import CTYPE, Call, Declare, Named
-from ..ir.names import is_reserved
+from ..ir.names import fresh_name, is_reserved
 from ..ir.shapes import numel
 from .registry import get_op
 
@@ -111,10 +111,7 @@ class LoopScope:
         return sub
 
     def name(self, base: str) -> str:
-        name, k = base, 0
-        while name in self.taken or is_reserved(name):
-            k += 1
-            name = f"{base}_{k}"
+        name = fresh_name(base, self.taken)
         self.taken.add(name)
         return name
 
