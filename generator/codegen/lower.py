@@ -11,6 +11,7 @@ later, from the lines (memory/liveness.py, memory/planner.py).
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import replace
 
 import numpy as np
@@ -49,7 +50,6 @@ class LowerCtx:
         self.place = {}  # id(value) -> C++ expression of its data where it is read now
         self.owned = set()  # id(value) of values held in a local std::vector
         self.outputs = set()  # id(value) of graph outputs: own storage, handed to the caller
-        self.packed = {}  # (id(value), tb) -> the dg::PackedB holding it, while a loop is lowered
         self.kept = {}  # (id(param), tb) -> KeptPacking: a weight the Model keeps packed
         self.plain_reads = set()  # id(param) of parameters the forward pass reads as stored (not packed)
         self._live = None
@@ -58,14 +58,38 @@ class LowerCtx:
         self.pending = []  # declarations for the line being lowered
         self.comment = ""  # the DSL statement being lowered, for buffer labels
         self.phase = "forward"
-        self.block = None  # inside a recursive op's cell: (declarations before it, dims to size them with)
+        self.loop = None  # the recursion being lowered: its own state (ops/recurse_scope.py, LoopState)
         self.views = {}  # id(value) -> (axis, ld): a row-strided piece of another buffer, read in place
-        self.in_concat = set()  # id(value) written straight into its columns of a concat's output
-        self.row_maps = {}  # id(value) -> int64 pointer: row r of the value is row map[r] at its place
         self.region = set()  # id(node) of the nodes lowered together now (the graph's, or a cell block's)
         self.gradients = {}  # id(value) -> gradient member, for parameter gradients the backward pass writes
         self.gradient_decls = set()  # id(value) of those declared by a GradientDecl
         self._readers = None
+
+    @contextmanager
+    def placed(self, places: dict):
+        """`with ctx.placed({value: expr}):` the values are read and written at
+        those C++ expressions inside, and where they were before afterwards."""
+        saved = {id(v): self.place.get(id(v)) for v in places}
+        self.place.update({id(v): expr for v, expr in places.items()})
+        try:
+            yield
+        finally:
+            for key, expr in saved.items():
+                if expr is None:
+                    self.place.pop(key, None)
+                else:
+                    self.place[key] = expr
+
+    @contextmanager
+    def lowering_loop(self, state):
+        """`with ctx.lowering_loop(state):` a recursion's lowering, whose own state
+        (its cell blocks' declarations, packed weights, row maps: ops/recurse_scope.py's
+        LoopState) the lines made inside consult as `ctx.loop`."""
+        saved, self.loop = self.loop, state
+        try:
+            yield state
+        finally:
+            self.loop = saved
 
     def read(self, v) -> Read:
         """v's data, as the line being lowered reads it."""
@@ -88,7 +112,8 @@ class LowerCtx:
     def write(self, v) -> Write:
         """v's data, to write: its buffer is declared on first use (an arena piece
         for a float intermediate, a local vector otherwise or inside a cell)."""
-        if id(v) not in self.place and self.block is None and id(v) not in self.outputs and v.dtype == "float32":
+        cell = self.loop.cell if self.loop is not None else None
+        if id(v) not in self.place and cell is None and id(v) not in self.outputs and v.dtype == "float32":
             size = numel(v.shape)
             member = self.gradients.get(id(v))
             phase = "gradient" if member else self.phase
@@ -100,8 +125,8 @@ class LowerCtx:
                 self.pending.append(ArenaDecl(buffer, self.size(size), v))
             self.place[id(v)] = v.name
         elif id(v) not in self.place:
-            if self.block is not None:  # inside a block: allocate once, before it
-                decls, subs = self.block
+            if cell is not None:  # inside a cell's block: allocate once, before it
+                decls, subs = cell
                 size = numel(tuple(d if isinstance(d, int) else d.xreplace(subs) for d in v.shape))
                 decls.append(Declare(f"{self.target.scratch_type}<{CTYPE[v.dtype]}>", v.name, [self.size(size)]))
             else:
@@ -158,7 +183,7 @@ class LowerCtx:
         state gathered into the level GEMM's operand): (the concat's output, v's
         first column, the output's row length) when v's one reader is a concat
         along axis 1 among `nodes`; else None. Concat.lower copies nothing for an
-        operand placed there (`self.in_concat`)."""
+        operand placed there (the loop's `in_concat`)."""
         readers, keep = self._reading()
         users = readers.get(id(v), [])
         if len(users) != 1 or id(v) in keep or users[0].op != "concat" or users[0].attrs["axis"] != 1:
@@ -197,8 +222,8 @@ class LowerCtx:
         dg::PackedB], or [the Model's dg::KeptPackedB] for a parameter (packed
         once, kept until it changes; it knows its weight); None to read b as it is."""
         key = (id(b), tb)
-        if key in self.packed:
-            return [self.packed[key]]
+        if self.loop is not None and key in self.loop.packed:
+            return [self.loop.packed[key]]
         if not self.keeps_packed(b):
             return None
         if key not in self.kept:
@@ -212,11 +237,11 @@ class LowerCtx:
         return Call(fn, list(args), template)
 
     def lower_nodes(self, nodes, subs: dict):
-        """Lower a block of nodes (a cell of a recursive op): returns the buffer
-        declarations, sized with `subs` applied (e.g. rows -> max_rows), to place
-        before the block, and the block's lines with their DSL comments."""
-        saved = self.block, self.comment, self.pending, self.region
-        self.block = ([], subs)
+        """Lower a block of nodes (a cell of the recursive op being lowered): returns
+        the buffer declarations, sized with `subs` applied (e.g. rows -> max_rows), to
+        place before the block, and the block's lines with their DSL comments."""
+        saved = self.loop.cell, self.comment, self.pending, self.region
+        self.loop.cell = ([], subs)
         self.region = {id(n) for n in nodes}
         body, last = [], None
         for node in nodes:
@@ -229,8 +254,8 @@ class LowerCtx:
             self.pending = []
             lines = get_op(node.op).lower(node, self)
             body += self.pending + lines
-        decls = self.block[0]
-        self.block, self.comment, self.pending, self.region = saved
+        decls = self.loop.cell[0]
+        self.loop.cell, self.comment, self.pending, self.region = saved
         return decls, body
 
     def alias(self, v, src):
@@ -270,10 +295,11 @@ class LowerCtx:
             header, places = "", [f"{node.loc.short}  {comment_text(node.loc.text)}" if node.loc else self.comment]
         views = {k: self.views[id(v)] for k, v in enumerate(node.inputs) if id(v) in self.views}
         row_maps = {}  # operand -> the int64 pointer placing its rows
+        maps = self.loop.row_maps if self.loop is not None else {}
         for k, v in enumerate(node.inputs + node.outputs[:1]):
-            if id(v) in self.row_maps:  # rows placed by a map (a recursive op's state in node order)
+            if id(v) in maps:  # rows placed by a map (a recursive op's state in node order)
                 views[k] = (1, numel(v.shape[1:]))
-                row_maps[k] = self.row_maps[id(v)]
+                row_maps[k] = maps[id(v)]
         use = ewise_kernel(node, self.target.printer_cls, views, row_maps)
         name = self.kernel_table.add(use, header, places)
         args = [self.read(v) for v in node.inputs] + [self.write(node.outputs[0])] + use.extra
