@@ -30,7 +30,7 @@ from .kernel_table import KernelTable
 from .kernels import epilogue_kernel, ewise_kernel, update_kernel
 from .printer import size_expr
 from .plan import ArenaDecl, GradientDecl, InputSpec, KeptPacking, OutputSpec, ParamSpec, ProjectPlan, Statement, TrainPlan, Update
-from .stmt import CTYPE, Alias, Call, Comment, Copy, Declare, Functor, Read, Write, place
+from .stmt import CTYPE, Alias, Call, Comment, Copy, Data, Declare, Functor, Read, Write, place
 
 
 def _shape_list(shape) -> str:
@@ -64,6 +64,22 @@ class LowerCtx:
         self.gradients = {}  # id(value) -> gradient member, for parameter gradients the backward pass writes
         self.gradient_decls = set()  # id(value) of those declared by a GradientDecl
         self._readers = None
+        self._data = {}  # id(value) -> (the value, its stmt.Data): the lines hold Data, never a graph value
+
+    def data(self, v) -> Data:
+        """v as the lines name it: its one stmt.Data (plain data, no graph behind it)."""
+        entry = self._data.get(id(v))
+        if entry is None:
+            entry = self._data[id(v)] = (v, Data(v.name, v.dtype, tuple(v.shape), v.kind))
+        return entry[1]
+
+    def plain_loc(self, loc):
+        """`loc` with the values among its call's arguments as their Data (a Statement's call)."""
+        if loc is None:
+            return None
+        plain = lambda args: tuple((n, self.data(v) if isinstance(v, Value) else v) for n, v in args)
+        helper = loc.helper[:2] + (plain(loc.helper[2]),) if loc.helper else ()
+        return replace(loc, call=self.plain_loc(loc.call), call_args=plain(loc.call_args), helper=helper)
 
     @contextmanager
     def placed(self, places: dict):
@@ -94,7 +110,7 @@ class LowerCtx:
     def read(self, v) -> Read:
         """v's data, as the line being lowered reads it."""
         self._note_plain_read(v)
-        return Read(v, self.place[id(v)])
+        return Read(self.data(v), self.place[id(v)])
 
     def _note_plain_read(self, v):
         if self.phase == "forward" and getattr(v, "kind", None) == "param":
@@ -119,10 +135,10 @@ class LowerCtx:
             phase = "gradient" if member else self.phase
             buffer = Buffer(v.name, size, None, None, phase, label=self.comment, shape=v.shape)
             if member:
-                self.pending.append(GradientDecl(buffer, self.size(size), v, member=member))
+                self.pending.append(GradientDecl(buffer, self.size(size), self.data(v), member=member))
                 self.gradient_decls.add(id(v))
             else:
-                self.pending.append(ArenaDecl(buffer, self.size(size), v))
+                self.pending.append(ArenaDecl(buffer, self.size(size), self.data(v), shares=self._shares(v)))
             self.place[id(v)] = v.name
         elif id(v) not in self.place:
             if cell is not None:  # inside a cell's block: allocate once, before it
@@ -134,7 +150,16 @@ class LowerCtx:
                                             [self.size(numel(v.shape))]))
             self.place[id(v)] = f"{v.name}.data()"
             self.owned.add(id(v))
-        return Write(v, self.place[id(v)])
+        return Write(self.data(v), self.place[id(v)])
+
+    def _shares(self, v) -> tuple:
+        """The operands of an in-place op (elementwise: each element read before it is
+        written) of the shape of its output, whose block v (its output) may take."""
+        node = v.producer
+        if node is None or not get_op(node.op).in_place:
+            return ()
+        shape = tuple(node.outputs[0].shape)
+        return tuple(self.data(u) for u in node.inputs if tuple(u.shape) == shape)
 
     def workspace(self, hint: str, floats) -> Write:
         """Scratch memory the line being lowered uses and drops (a convolution's
@@ -176,7 +201,7 @@ class LowerCtx:
         self.place[id(piece)] = piece.name
         note = f"{fmt_shape(piece.shape)}, read in place: rows {self.size(ld)} floats apart"
         self._note_plain_read(src)
-        return Alias(piece, Read(src, at), CTYPE[piece.dtype], fmt_shape(piece.shape), note=note)
+        return Alias(self.data(piece), Read(self.data(src), at), CTYPE[piece.dtype], fmt_shape(piece.shape), note=note)
 
     def concat_spot(self, v, nodes):
         """Where v can be written straight into its columns of a concat (a child
@@ -260,7 +285,7 @@ class LowerCtx:
 
     def alias(self, v, src):
         """v shares src's data (a reshape): a named pointer, no copy."""
-        self.pending.append(Alias(v, self.read(src), CTYPE[v.dtype], fmt_shape(v.shape)))
+        self.pending.append(Alias(self.data(v), self.read(src), CTYPE[v.dtype], fmt_shape(v.shape)))
         self.place[id(v)] = v.name
 
     def size(self, d) -> str:
@@ -344,8 +369,9 @@ def _statements(ctx, nodes, first: int) -> list:
             if node.phase == "backward":
                 text = f"{'made again for the gradient:' if again else 'gradient of'} {text}"
             ctx.comment = text
-            statements.append(Statement(ctx.comment, call=loc if loc and loc.call else None,
-                                        helper=loc.helper if loc else ()))
+            plain = ctx.plain_loc(loc)
+            statements.append(Statement(ctx.comment, call=plain if loc and loc.call else None,
+                                        helper=plain.helper if loc else ()))
             key = k
             # The statements of one call of a user's function (a residual block) come
             # together under the line that called it.
@@ -485,7 +511,7 @@ def _lower_training(ctx, graph, dim_index, bound_dims, first: int) -> TrainPlan:
         arrays = [f"{p}.ptr()"] + [f"{m}.ptr()" for _, m in slots[p]]
         rows_call = Call(f"kernels::{serial.name}",
                          [f"{arrays[0]} + _at", "_g"] + [f"{a} + _at" for a in arrays[1:]] + ["_n"] + rest[len(arrays):])
-        updates.append(Update(p, params[p], spec.grads[p], run_call, p in copied, index, apply_call, rows_call, arrays,
+        updates.append(Update(p, ctx.data(params[p]), ctx.data(spec.grads[p]), run_call, p in copied, index, apply_call, rows_call, arrays,
                               serial))
     # The gradients lie end to end in one buffer (gradient_buffer(): one allreduce for all).
     offsets, total = [], 0
