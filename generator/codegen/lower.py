@@ -484,7 +484,7 @@ def _lower_training(ctx, graph, dim_index, bound_dims, first: int) -> TrainPlan:
     # correction 1 - beta^step, computed in double from the step count (std::pow casts
     # the integer step to double).
     hyper = kernel.struct
-    hyper.name = _fresh(hyper.name, taken | {kernel.name})
+    hyper.name = fresh_name(hyper.name, taken | {kernel.name})
     kernel.args[-1] = replace(kernel.args[-1], ctype=hyper.name)
     hyper.values = [f"static_cast<float>(1.0 - std::pow(static_cast<double>(_model.hyper.{BIAS_CORRECTIONS[name]}), "
                     "_model.step))" if name in BIAS_CORRECTIONS else f"_model.hyper.{name}" for name, _ in hyper.fields]
