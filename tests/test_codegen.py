@@ -241,3 +241,39 @@ def test_each_call_of_a_users_function_is_headed_by_its_evaluated_arguments(tmp_
     text = project_files(load_model(str(model)).build())["src/model.cpp"].decode()
     banners = [line.strip() for line in text.splitlines() if line.strip().startswith("// ----")]
     assert banners == [f"// ---- blocks.py:9  block(x, scale={i + 1.5}, name='block_{i}')" for i in range(3)]
+
+
+def _graph_objects(root) -> list:
+    """Paths to the ir.graph Values and Nodes reachable from `root` through
+    dataclass fields, lists, tuples, sets and dicts."""
+    import dataclasses
+
+    from generator.ir.graph import Node, Value
+
+    found, seen, todo = [], set(), [(root, "plan")]
+    while todo:
+        obj, path = todo.pop()
+        if id(obj) in seen or obj is None or isinstance(obj, (str, int, float, bool, bytes)):
+            continue
+        seen.add(id(obj))
+        if isinstance(obj, (Value, Node)):
+            found.append(path)
+        elif dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+            todo += [(getattr(obj, f.name), f"{path}.{f.name}") for f in dataclasses.fields(obj)]
+        elif isinstance(obj, dict):
+            todo += [(v, f"{path}[{k!r}]") for k, v in obj.items()]
+        elif isinstance(obj, (list, tuple, set, frozenset)):
+            todo += [(v, f"{path}[{i}]") for i, v in enumerate(obj)]
+    return found
+
+
+@pytest.mark.parametrize("example", ["mlp", "treelstm_sentiment", "lstm_classifier"])
+def test_the_plan_holds_no_graph_values(example):
+    """The ProjectPlan is plain data (#39.8): its lines name values by stmt.Data, a
+    statement's call holds its arguments as Data; no Value or Node of the graph."""
+    from generator.pipeline import _recorded, outline
+
+    graph = load_model(str(ROOT / "examples" / f"{example}.py")).build()
+    plan = outline(_recorded(graph, "O2", None, "cpu"), graph)  # what rendering receives
+    found = _graph_objects(plan)
+    assert not found, f"{len(found)} graph objects in the plan, e.g. {sorted(found)[:5]}"

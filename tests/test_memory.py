@@ -253,8 +253,8 @@ def test_a_read_through_a_view_of_a_parameter_counts_as_reading_it():
 
     graph = viewed.build()
     plan = lower(prepare(graph), "cpu")
-    v = next(p for p in graph.params if p.name == "v")
     lines = [line for group in (plan.statements, plan.train.backward_statements) for s in group for line in s.lines]
+    v = next(op.value for line in lines for op in operands(line) if op.value.name == "v")  # its Data
     views = {id(line.value) for line in lines if isinstance(line, Alias) and line.src.value is v}
     assert views
     last_view_read = max(line.at for line in lines if not isinstance(line, Alias)

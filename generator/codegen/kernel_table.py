@@ -15,7 +15,7 @@ wherever it is, calls the same name.
 
 from __future__ import annotations
 
-from ..ir.names import is_reserved
+from ..ir.names import fresh_name, is_reserved
 
 # A shared kernel's comment cites the DSL statements it was made for, up to this many.
 MAX_PLACES = 4
@@ -65,10 +65,7 @@ class KernelTable:
         for name in candidates:
             if name not in taken:
                 return name
-        k = 2
-        while f"{candidates[-1]}_{k}" in taken:
-            k += 1
-        return f"{candidates[-1]}_{k}"
+        return fresh_name(candidates[-1], taken)
 
 
 def _comment(header: str, places: list) -> str:

@@ -11,13 +11,14 @@ later, from the lines (memory/liveness.py, memory/planner.py).
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import replace
 
 import numpy as np
 
 from ..frontend.train import BIAS_CORRECTIONS, HYPER_RANGES
 from ..version import __version__
-from ..ir.names import comment_text, cpp_string, is_reserved
+from ..ir.names import comment_text, cpp_string, fresh_name, is_reserved
 from ..ops import get_op
 from ..ir.printing import format_graph
 from ..ir.graph import Value
@@ -29,7 +30,7 @@ from .kernel_table import KernelTable
 from .kernels import epilogue_kernel, ewise_kernel, update_kernel
 from .printer import size_expr
 from .plan import ArenaDecl, GradientDecl, InputSpec, KeptPacking, OutputSpec, ParamSpec, ProjectPlan, Statement, TrainPlan, Update
-from .stmt import CTYPE, Alias, Call, Comment, Copy, Declare, Functor, Read, Write, place
+from .stmt import CTYPE, Alias, Call, Comment, Copy, Data, Declare, Functor, Read, Write, place
 
 
 def _shape_list(shape) -> str:
@@ -49,7 +50,6 @@ class LowerCtx:
         self.place = {}  # id(value) -> C++ expression of its data where it is read now
         self.owned = set()  # id(value) of values held in a local std::vector
         self.outputs = set()  # id(value) of graph outputs: own storage, handed to the caller
-        self.packed = {}  # (id(value), tb) -> the dg::PackedB holding it, while a loop is lowered
         self.kept = {}  # (id(param), tb) -> KeptPacking: a weight the Model keeps packed
         self.plain_reads = set()  # id(param) of parameters the forward pass reads as stored (not packed)
         self._live = None
@@ -58,19 +58,59 @@ class LowerCtx:
         self.pending = []  # declarations for the line being lowered
         self.comment = ""  # the DSL statement being lowered, for buffer labels
         self.phase = "forward"
-        self.block = None  # inside a recursive op's cell: (declarations before it, dims to size them with)
+        self.loop = None  # the recursion being lowered: its own state (ops/recurse_scope.py, LoopState)
         self.views = {}  # id(value) -> (axis, ld): a row-strided piece of another buffer, read in place
-        self.in_concat = set()  # id(value) written straight into its columns of a concat's output
-        self.row_maps = {}  # id(value) -> int64 pointer: row r of the value is row map[r] at its place
         self.region = set()  # id(node) of the nodes lowered together now (the graph's, or a cell block's)
         self.gradients = {}  # id(value) -> gradient member, for parameter gradients the backward pass writes
         self.gradient_decls = set()  # id(value) of those declared by a GradientDecl
         self._readers = None
+        self._data = {}  # id(value) -> (the value, its stmt.Data): the lines hold Data, never a graph value
+
+    def data(self, v) -> Data:
+        """v as the lines name it: its one stmt.Data (plain data, no graph behind it)."""
+        entry = self._data.get(id(v))
+        if entry is None:
+            entry = self._data[id(v)] = (v, Data(v.name, v.dtype, tuple(v.shape), v.kind))
+        return entry[1]
+
+    def plain_loc(self, loc):
+        """`loc` with the values among its call's arguments as their Data (a Statement's call)."""
+        if loc is None:
+            return None
+        plain = lambda args: tuple((n, self.data(v) if isinstance(v, Value) else v) for n, v in args)
+        helper = loc.helper[:2] + (plain(loc.helper[2]),) if loc.helper else ()
+        return replace(loc, call=self.plain_loc(loc.call), call_args=plain(loc.call_args), helper=helper)
+
+    @contextmanager
+    def placed(self, places: dict):
+        """`with ctx.placed({value: expr}):` the values are read and written at
+        those C++ expressions inside, and where they were before afterwards."""
+        saved = {id(v): self.place.get(id(v)) for v in places}
+        self.place.update({id(v): expr for v, expr in places.items()})
+        try:
+            yield
+        finally:
+            for key, expr in saved.items():
+                if expr is None:
+                    self.place.pop(key, None)
+                else:
+                    self.place[key] = expr
+
+    @contextmanager
+    def lowering_loop(self, state):
+        """`with ctx.lowering_loop(state):` a recursion's lowering, whose own state
+        (its cell blocks' declarations, packed weights, row maps: ops/recurse_scope.py's
+        LoopState) the lines made inside consult as `ctx.loop`."""
+        saved, self.loop = self.loop, state
+        try:
+            yield state
+        finally:
+            self.loop = saved
 
     def read(self, v) -> Read:
         """v's data, as the line being lowered reads it."""
         self._note_plain_read(v)
-        return Read(v, self.place[id(v)])
+        return Read(self.data(v), self.place[id(v)])
 
     def _note_plain_read(self, v):
         if self.phase == "forward" and getattr(v, "kind", None) == "param":
@@ -88,20 +128,21 @@ class LowerCtx:
     def write(self, v) -> Write:
         """v's data, to write: its buffer is declared on first use (an arena piece
         for a float intermediate, a local vector otherwise or inside a cell)."""
-        if id(v) not in self.place and self.block is None and id(v) not in self.outputs and v.dtype == "float32":
+        cell = self.loop.cell if self.loop is not None else None
+        if id(v) not in self.place and cell is None and id(v) not in self.outputs and v.dtype == "float32":
             size = numel(v.shape)
             member = self.gradients.get(id(v))
             phase = "gradient" if member else self.phase
             buffer = Buffer(v.name, size, None, None, phase, label=self.comment, shape=v.shape)
             if member:
-                self.pending.append(GradientDecl(buffer, self.size(size), v, member=member))
+                self.pending.append(GradientDecl(buffer, self.size(size), self.data(v), member=member))
                 self.gradient_decls.add(id(v))
             else:
-                self.pending.append(ArenaDecl(buffer, self.size(size), v))
+                self.pending.append(ArenaDecl(buffer, self.size(size), self.data(v), shares=self._shares(v)))
             self.place[id(v)] = v.name
         elif id(v) not in self.place:
-            if self.block is not None:  # inside a block: allocate once, before it
-                decls, subs = self.block
+            if cell is not None:  # inside a cell's block: allocate once, before it
+                decls, subs = cell
                 size = numel(tuple(d if isinstance(d, int) else d.xreplace(subs) for d in v.shape))
                 decls.append(Declare(f"{self.target.scratch_type}<{CTYPE[v.dtype]}>", v.name, [self.size(size)]))
             else:
@@ -109,7 +150,16 @@ class LowerCtx:
                                             [self.size(numel(v.shape))]))
             self.place[id(v)] = f"{v.name}.data()"
             self.owned.add(id(v))
-        return Write(v, self.place[id(v)])
+        return Write(self.data(v), self.place[id(v)])
+
+    def _shares(self, v) -> tuple:
+        """The operands of an in-place op (elementwise: each element read before it is
+        written) of the shape of its output, whose block v (its output) may take."""
+        node = v.producer
+        if node is None or not get_op(node.op).in_place:
+            return ()
+        shape = tuple(node.outputs[0].shape)
+        return tuple(self.data(u) for u in node.inputs if tuple(u.shape) == shape)
 
     def workspace(self, hint: str, floats) -> Write:
         """Scratch memory the line being lowered uses and drops (a convolution's
@@ -151,14 +201,14 @@ class LowerCtx:
         self.place[id(piece)] = piece.name
         note = f"{fmt_shape(piece.shape)}, read in place: rows {self.size(ld)} floats apart"
         self._note_plain_read(src)
-        return Alias(piece, Read(src, at), CTYPE[piece.dtype], fmt_shape(piece.shape), note=note)
+        return Alias(self.data(piece), Read(self.data(src), at), CTYPE[piece.dtype], fmt_shape(piece.shape), note=note)
 
     def concat_spot(self, v, nodes):
         """Where v can be written straight into its columns of a concat (a child
         state gathered into the level GEMM's operand): (the concat's output, v's
         first column, the output's row length) when v's one reader is a concat
         along axis 1 among `nodes`; else None. Concat.lower copies nothing for an
-        operand placed there (`self.in_concat`)."""
+        operand placed there (the loop's `in_concat`)."""
         readers, keep = self._reading()
         users = readers.get(id(v), [])
         if len(users) != 1 or id(v) in keep or users[0].op != "concat" or users[0].attrs["axis"] != 1:
@@ -197,8 +247,8 @@ class LowerCtx:
         dg::PackedB], or [the Model's dg::KeptPackedB] for a parameter (packed
         once, kept until it changes; it knows its weight); None to read b as it is."""
         key = (id(b), tb)
-        if key in self.packed:
-            return [self.packed[key]]
+        if self.loop is not None and key in self.loop.packed:
+            return [self.loop.packed[key]]
         if not self.keeps_packed(b):
             return None
         if key not in self.kept:
@@ -212,11 +262,11 @@ class LowerCtx:
         return Call(fn, list(args), template)
 
     def lower_nodes(self, nodes, subs: dict):
-        """Lower a block of nodes (a cell of a recursive op): returns the buffer
-        declarations, sized with `subs` applied (e.g. rows -> max_rows), to place
-        before the block, and the block's lines with their DSL comments."""
-        saved = self.block, self.comment, self.pending, self.region
-        self.block = ([], subs)
+        """Lower a block of nodes (a cell of the recursive op being lowered): returns
+        the buffer declarations, sized with `subs` applied (e.g. rows -> max_rows), to
+        place before the block, and the block's lines with their DSL comments."""
+        saved = self.loop.cell, self.comment, self.pending, self.region
+        self.loop.cell = ([], subs)
         self.region = {id(n) for n in nodes}
         body, last = [], None
         for node in nodes:
@@ -229,13 +279,13 @@ class LowerCtx:
             self.pending = []
             lines = get_op(node.op).lower(node, self)
             body += self.pending + lines
-        decls = self.block[0]
-        self.block, self.comment, self.pending, self.region = saved
+        decls = self.loop.cell[0]
+        self.loop.cell, self.comment, self.pending, self.region = saved
         return decls, body
 
     def alias(self, v, src):
         """v shares src's data (a reshape): a named pointer, no copy."""
-        self.pending.append(Alias(v, self.read(src), CTYPE[v.dtype], fmt_shape(v.shape)))
+        self.pending.append(Alias(self.data(v), self.read(src), CTYPE[v.dtype], fmt_shape(v.shape)))
         self.place[id(v)] = v.name
 
     def size(self, d) -> str:
@@ -270,24 +320,15 @@ class LowerCtx:
             header, places = "", [f"{node.loc.short}  {comment_text(node.loc.text)}" if node.loc else self.comment]
         views = {k: self.views[id(v)] for k, v in enumerate(node.inputs) if id(v) in self.views}
         row_maps = {}  # operand -> the int64 pointer placing its rows
+        maps = self.loop.row_maps if self.loop is not None else {}
         for k, v in enumerate(node.inputs + node.outputs[:1]):
-            if id(v) in self.row_maps:  # rows placed by a map (a recursive op's state in node order)
+            if id(v) in maps:  # rows placed by a map (a recursive op's state in node order)
                 views[k] = (1, numel(v.shape[1:]))
-                row_maps[k] = self.row_maps[id(v)]
+                row_maps[k] = maps[id(v)]
         use = ewise_kernel(node, self.target.printer_cls, views, row_maps)
         name = self.kernel_table.add(use, header, places)
         args = [self.read(v) for v in node.inputs] + [self.write(node.outputs[0])] + use.extra
         return Call(f"kernels::{name}", args)
-
-
-def _fresh(name: str, taken: set) -> str:
-    """`name`, or name_1, name_2, ...: the first not in `taken` (which it joins)."""
-    base, k = name, 0
-    while name in taken:
-        k += 1
-        name = f"{base}_{k}"
-    taken.add(name)
-    return name
 
 
 def _input_spec(v, dim_index) -> InputSpec:
@@ -328,8 +369,9 @@ def _statements(ctx, nodes, first: int) -> list:
             if node.phase == "backward":
                 text = f"{'made again for the gradient:' if again else 'gradient of'} {text}"
             ctx.comment = text
-            statements.append(Statement(ctx.comment, call=loc if loc and loc.call else None,
-                                        helper=loc.helper if loc else ()))
+            plain = ctx.plain_loc(loc)
+            statements.append(Statement(ctx.comment, call=plain if loc and loc.call else None,
+                                        helper=plain.helper if loc else ()))
             key = k
             # The statements of one call of a user's function (a residual block) come
             # together under the line that called it.
@@ -435,19 +477,20 @@ def _lower_training(ctx, graph, dim_index, bound_dims, first: int) -> TrainPlan:
     kernel = update_kernel(opt, ctx.target.printer_cls)
     # kernels:: holds one function per value name: keep the update's (and its twin's) apart
     taken = {k.name for k in ctx.kernels} | set(graph.names.used)
-    kernel.name = _fresh(kernel.name, taken)
+    kernel.name = fresh_name(kernel.name, taken)
+    taken.add(kernel.name)
     ctx.kernels.append(kernel)
     # Its hyperparameters, one struct: each field the Model's setting, or Adam's bias
     # correction 1 - beta^step, computed in double from the step count (std::pow casts
     # the integer step to double).
     hyper = kernel.struct
-    hyper.name = _fresh(hyper.name, taken | {kernel.name})
+    hyper.name = fresh_name(hyper.name, taken | {kernel.name})
     kernel.args[-1] = replace(kernel.args[-1], ctype=hyper.name)
     hyper.values = [f"static_cast<float>(1.0 - std::pow(static_cast<double>(_model.hyper.{BIAS_CORRECTIONS[name]}), "
                     "_model.step))" if name in BIAS_CORRECTIONS else f"_model.hyper.{name}" for name, _ in hyper.fields]
     # Its twin without threads, for a GEMM's threads to call on their blocks of rows
     # (added to the kernels where the memory stage fuses an update into a product).
-    serial = replace(kernel, name=_fresh(f"{kernel.name}_serial", taken), work="",
+    serial = replace(kernel, name=fresh_name(f"{kernel.name}_serial", taken), work="",
                      comment=f"{kernel.comment}\nOn one thread: the GEMM that makes a gradient calls it on each block\n"
                      "of its rows (dg::update_rows), from the thread that computed the block.", struct=None)
     slots = {p: [(slot, _member_name(graph, f"{p}_{slot}", live)) for slot in opt.slots] for p, _, _ in grads}
@@ -468,7 +511,7 @@ def _lower_training(ctx, graph, dim_index, bound_dims, first: int) -> TrainPlan:
         arrays = [f"{p}.ptr()"] + [f"{m}.ptr()" for _, m in slots[p]]
         rows_call = Call(f"kernels::{serial.name}",
                          [f"{arrays[0]} + _at", "_g"] + [f"{a} + _at" for a in arrays[1:]] + ["_n"] + rest[len(arrays):])
-        updates.append(Update(p, params[p], spec.grads[p], run_call, p in copied, index, apply_call, rows_call, arrays,
+        updates.append(Update(p, ctx.data(params[p]), ctx.data(spec.grads[p]), run_call, p in copied, index, apply_call, rows_call, arrays,
                               serial))
     # The gradients lie end to end in one buffer (gradient_buffer(): one allreduce for all).
     offsets, total = [], 0

@@ -32,6 +32,7 @@ import keyword
 import re
 from dataclasses import dataclass, field
 
+from ..ir.names import fresh_name
 from .plan import ArenaDecl, GradientDecl, Statement
 from .sections import outline_blocks
 from .stmt import Alias, Call, Comment, Copy, Declare, EarlyUpdate, Functor, Named, Operand, Read, Scope, UpdateRows, Write, operands
@@ -146,7 +147,7 @@ def _outline_part(statements, instances, kept_inline, plan, later_reads, taken, 
         if len(group) < 2:
             continue
         try:
-            function, calls = _make_function(group, plan, _fresh(names[key] + suffix, taken), later_reads)
+            function, calls = _make_function(group, plan, fresh_name(names[key] + suffix, taken), later_reads)
         except _NotOutlined:
             continue
         taken.add(function.name)
@@ -503,7 +504,7 @@ def _make_function(group, plan, fn_name, later_reads):
         key = (kind, tuple(values))
         if key in by_values:
             return by_values[key]
-        name = wanted if exact else _fresh(wanted, names)
+        name = wanted if exact else fresh_name(wanted, names)
         names.add(name)
         by_values[key] = name
         params.append([_ORDER.index(order), ctype, name, values])
@@ -649,15 +650,6 @@ def _strip(name: str, inst: _Instance) -> str:
     if short and short.isidentifier() and not keyword.iskeyword(short):
         return short
     return name
-
-
-def _fresh(wanted: str, taken: set) -> str:
-    if wanted not in taken:
-        return wanted
-    k = 2
-    while f"{wanted}_{k}" in taken:
-        k += 1
-    return f"{wanted}_{k}"
 
 
 def _rebuild_body(inst: _Instance, replace: list) -> list:

@@ -76,8 +76,10 @@ class ArenaDecl:
 
     buffer: object  # memory.Buffer
     size: str  # C++ element count
-    value: object = None  # the graph value whose data it holds
+    value: object = None  # stmt.Data of the graph value whose data it holds
     at: int = -1
+    # An in-place op's output: its operands (stmt.Data) of the same shape, whose block it may take.
+    shares: tuple = ()
 
     def piece(self) -> str:
         """_arena.at(offset, size): where the plan put this buffer."""
@@ -180,8 +182,8 @@ class Update:
     into its member after the backward pass, so that the update must wait)."""
 
     param: str
-    param_value: object
-    grad_value: object
+    param_value: object  # stmt.Data of the parameter
+    grad_value: object  # stmt.Data of its gradient
     call: object  # stmt.Call in train_step(): reads the gradient where the backward pass left it
     after_copies: bool
     index: int = 0  # the gradient's position in gradients() (compute_gradients() reports it ready)

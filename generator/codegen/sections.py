@@ -18,6 +18,7 @@ import keyword
 import re
 from dataclasses import dataclass
 
+from ..ir.names import fresh_name
 from .plan import ArenaDecl, Statement
 from .stmt import Alias, Block, Declare
 
@@ -97,7 +98,7 @@ def _outlined(line, statement: Statement, scope: dict, plan, taken: set):
         if word in scope and word not in seen:
             seen.add(word)
             params.append((_param_type(scope[word]), word))
-    name = _fresh(_method_name(statement), taken)
+    name = fresh_name(_method_name(statement), taken)
     taken.add(name)
     body = ([f"// {line.comment}"] if line.comment else []) + list(line.lines)
     plan.methods.append(Method(name, statement.comment, params, body, const=plan.train is None))
@@ -117,13 +118,6 @@ def _taken(plan, parts) -> set:
                 code = _COMMENT.sub("", _STRING.sub(" ", str(line)))
                 taken.update(_WORD.findall(code))
     return taken
-
-
-def _fresh(wanted: str, taken: set) -> str:
-    name, k = wanted, 2
-    while name in taken:
-        name, k = f"{wanted}_{k}", k + 1
-    return name
 
 
 def _template_locals(plan) -> dict:

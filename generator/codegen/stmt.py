@@ -22,10 +22,29 @@ CTYPE = {"float32": "float", "int32": "std::int32_t", "int64": "std::int64_t"}
 
 
 @dataclass(frozen=True, eq=False)
-class Operand:
-    """A graph value a line touches, with the C++ expression of its data there."""
+class Data:
+    """A graph value as the lines know it: plain, printable data, no graph behind
+    it. Lowering makes one per value (LowerCtx.data), so the later stages tell two
+    values apart by identity (liveness: `id(op.value)`)."""
 
-    value: object
+    name: str
+    dtype: str
+    shape: tuple  # dims: ints and sympy expressions
+    kind: str = "node"  # "input", "param", "state", "mode" or "node"
+
+    @property
+    def rank(self) -> int:
+        return len(self.shape)
+
+    def __str__(self) -> str:
+        return self.name
+
+
+@dataclass(frozen=True, eq=False)
+class Operand:
+    """A graph value a line touches (its Data), with the C++ expression of its data there."""
+
+    value: Data
     expr: str
 
     def __str__(self) -> str:

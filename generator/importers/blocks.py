@@ -43,6 +43,8 @@ import keyword
 import re
 from dataclasses import dataclass, field
 
+import generator as dg
+
 from ..ir.names import problem_with
 
 
@@ -313,8 +315,6 @@ def _tuple(values):
 
 @functools.lru_cache(maxsize=None)
 def _dg_parameters(fn: str) -> tuple:
-    import generator as dg
-
     try:
         parameters = inspect.signature(getattr(dg, fn)).parameters.values()
     except (AttributeError, TypeError, ValueError):

@@ -17,8 +17,11 @@ from dataclasses import dataclass
 import sympy
 
 from ..errors import DeepgenError
-from ..frontend.builder import _ACTIVE, Builder, Tensor
+import generator as dg
+
+from ..frontend.builder import _ACTIVE, Builder, ModelDef, Tensor
 from ..ir.names import RESERVED, is_identifier, problem_with
+from .blocks import structure
 
 
 class StatementError(DeepgenError):
@@ -42,8 +45,6 @@ class Emitter:
     """Input declarations and body statements of one model function."""
 
     def __init__(self, graph_name: str):
-        import generator as dg
-
         self.builder = Builder(graph_name)
         self.graph_name = graph_name
         self.ns = {"dg": dg}
@@ -186,8 +187,6 @@ def model_file(docstring_lines: list, em: "Emitter", name: str, outputs: dict, m
 
     body, functions, renames = em.body, [], {}
     if module is not None:
-        from .blocks import structure
-
         returned = {k: code(v) for k, v in outputs.items()}
         functions, body, renames = structure(em.body, em.scopes, module, returned, em.inputs, {*em.dims, "dg", name})
     lines = list(docstring_lines) + ['"""', "", *sorted(f"import {m}" for m in em.imports), "import generator as dg", ""]
@@ -207,8 +206,6 @@ def model_file(docstring_lines: list, em: "Emitter", name: str, outputs: dict, m
 def validate_model_file(source: str, name: str, weights: dict, tool: str) -> None:
     """Build the written file as `deepgen generate` will, and check its parameters
     against the weights (`tool`: the command that wrote it, for the file's pseudo-name)."""
-    from ..frontend.builder import ModelDef
-
     filename = os.path.abspath(f"<deepgen {tool} {name}.py>")
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     try:

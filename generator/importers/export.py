@@ -25,6 +25,8 @@ from ..errors import DeepgenError
 from .blocks import scope_of
 from .emitter import Var, code
 from .torch_import import identifier
+from ..ir.shapes import evaluate
+from .trace import source_site
 
 
 class Derived:
@@ -104,7 +106,6 @@ class ExportWalk:
     def run(self):
         import os
 
-        from .trace import source_site
 
         ep, em = self.ep, self.em
         sig = ep.graph_signature
@@ -150,7 +151,6 @@ class ExportWalk:
         if not isinstance(value, Var):
             return
         real = self.values.get(node.name)
-        from ..ir.shapes import evaluate
 
         ours = tuple(evaluate(value.tensor.shape, self.imp.sizes))
         if real is not None and hasattr(real, "shape") and ours != tuple(real.shape):

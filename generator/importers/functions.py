@@ -197,8 +197,6 @@ def getitem(imp, node, name, args, kwargs):
     if not isinstance(x, Var):
         return x[index]  # a tuple of module results, or of sizes
     if isinstance(index, Var):  # rows picked by an integer tensor
-        from .windows import take
-
         return take(imp, node, x, index)
     return _index(imp, node, x, index if isinstance(index, tuple) else (index,))
 
@@ -378,7 +376,7 @@ HANDLERS = {
     "stochastic_depth": stochastic_depth,
 }
 
-from .windows import HANDLERS as _WINDOW_HANDLERS, LIBRARY as _WINDOW_LIBRARY  # noqa: E402  (they use the helpers above)
+from .windows import HANDLERS as _WINDOW_HANDLERS, LIBRARY as _WINDOW_LIBRARY, take  # noqa: E402  (they use the helpers above)
 
 HANDLERS.update(_WINDOW_HANDLERS)
 _LIBRARY.update(_WINDOW_LIBRARY)

@@ -26,6 +26,7 @@ from ..errors import DeepgenError
 from ..ir.names import problem_with
 from ..ir.shapes import evaluate
 from .emitter import Emitter, StatementError, Var, code, model_file, validate_model_file
+from .torch_import import _same, check_targets, write_model
 
 MIN_OPSET = 9  # older opsets differ in broadcasting and attributes; onnx.version_converter updates them
 _DTYPES = {1: "float32", 6: "int32", 7: "int64"}  # ONNX elem_type -> deepgen input dtype
@@ -98,8 +99,6 @@ def command(args) -> None:
     """`deepgen from-onnx MODEL.onnx -o MODEL.py [--weights W.npz] [--name NAME] [--outputs A,B]
     [--force]`: both files written or neither, an existing one only with --force, the ONNX
     file itself never."""
-    from .torch_import import _same, check_targets, write_model
-
     weights_arg = args.weights or os.path.splitext(args.output)[0] + ".npz"
     for given, what in ((args.output, "model file"), (weights_arg, "weights file")):
         if _same(os.path.abspath(given), os.path.abspath(args.model)):

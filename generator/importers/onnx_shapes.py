@@ -9,6 +9,7 @@ import numpy as np
 import sympy
 
 from .emitter import Var, code
+from ..ir.shapes import evaluate
 from .onnx_derived import Derived, embedding_rows
 from .onnx_import import Const
 from .onnx_common import _INT_MAX, _assign, _axis, _entries, _scalar, _x, converter
@@ -30,7 +31,6 @@ def reshape(imp, node, ins, attrs):
         shape = [x.tensor.shape[i] if isinstance(d, int) and d == 0 else d for i, d in enumerate(shape)]
     # A file exported at a fixed batch size writes it into reshapes: that size is the batch.
     if imp.static_batch and shape and all(isinstance(d, int) for d in shape) and x.tensor.ndim:
-        from ..ir.shapes import evaluate
 
         lead = x.tensor.shape[0]
         if not isinstance(lead, int) and shape[0] == evaluate((lead,), imp.static_batch)[0]:

@@ -26,6 +26,7 @@ from .emitter import Emitter, StatementError, Var, code, model_file, validate_mo
 from .functions import convert_call
 from .modules import Unusable, convert_module
 from .trace import describe, node_error, source_site, trace
+from .windows import constant_buffer
 
 _SEQUENCE_MODULES = ("LSTM", "GRU", "MultiheadAttention", "TransformerEncoderLayer", "TransformerEncoder", "Embedding")
 _DTYPES = {"torch.float32": "float32", "torch.int64": "int64", "torch.int32": "int32"}
@@ -525,8 +526,6 @@ class Importer:
         tensor = (self.module.get_buffer(node.target) if _has(self.module.get_buffer, node.target)
                   else getattr(self.traced, node.target, None))
         if torch.is_tensor(tensor):
-            from .windows import constant_buffer
-
             table = constant_buffer(self, node, tensor)
             if table is not None:
                 return table

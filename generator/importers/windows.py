@@ -14,6 +14,7 @@ import math
 
 import numpy as np
 
+from ..ops.windows import relative_coords_table, relative_position_index
 from .emitter import Var, code
 from .functions import _get, _tensor
 
@@ -194,8 +195,6 @@ def shifted_window_attention(imp, node, name, args, kwargs):
 def window_index(values: np.ndarray) -> str | None:
     """The DSL expression of an int array that is a relative position index ([L*L] or
     [L, L]), else None."""
-    from ..ops.windows import relative_position_index
-
     if values.dtype.kind not in "iu" or values.ndim not in (1, 2):
         return None
     L = math.isqrt(values.size)
@@ -209,8 +208,6 @@ def window_index(values: np.ndarray) -> str | None:
 def constant_buffer(imp, node, tensor):
     """The DSL statement that computes the buffer `tensor` (self.<node.target>), as a Var,
     when its values are a window table deepgen has an op for; None otherwise."""
-    from ..ops.windows import relative_coords_table
-
     values = tensor.detach().cpu().numpy()
     hint = node.target.replace(".", "_")
     index = window_index(values)  # (MaxViT keeps it [L, L])

@@ -154,6 +154,19 @@ class NameTable:
         return name not in self.used and not is_reserved(name) and is_identifier(name)
 
 
+def fresh_name(wanted: str, taken) -> str:
+    """`wanted`, or else `wanted_2`, `wanted_3`, ...: the first that is not in `taken`
+    and not reserved (the second function, kernel or local of a name is its `_2`).
+    The caller claims it (adds it to `taken`) when it keeps it. The one way the
+    stages after the graph (lowering, outlining, kernels, arena regions, a loop's
+    scope) number a generated name; the graph's own names come from NameTable."""
+    name, k = wanted, 1
+    while name in taken or is_reserved(name):
+        k += 1
+        name = f"{wanted}_{k}"
+    return name
+
+
 def safe_identifier(text: str) -> str:
     """`text` (say, a variable name like `_h` or `größe`) made into an identifier
     that passes `is_identifier` (it may still be reserved or taken)."""

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import sympy
 
 from ..codegen.printer import size_expr
+from ..ir.names import fresh_name
 from .sizes import _poly_expr, _value, from_expr
 
 
@@ -126,10 +127,7 @@ class Bases:
         return self._fresh(f"{members[0][1].name}_at")
 
     def _fresh(self, name: str) -> str:
-        base, n = name, 1
-        while name in self.taken:
-            n += 1
-            name = f"{base}_{n}"
+        name = fresh_name(name, self.taken)
         self.taken.add(name)
         return name
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..ops import get_op
 from ..codegen.plan import ArenaDecl
 from ..codegen.targets import load_target
 from ..codegen.stmt import Alias, EarlyUpdate, Gemm, Read, UpdateRows, Write, nested_lines, operands
@@ -72,16 +71,15 @@ def liveness(plan) -> Liveness:
     buffers = [d.buffer for d in decls.values()]
     candidates = {}
     for decl in decls.values():
-        node = decl.value.producer
-        if node is None or not get_op(node.op).in_place:
+        if not decl.shares:  # not an in-place op's output
             continue
-        out, b = node.outputs[0], decl.buffer
+        b = decl.buffer
         # Not over a buffer the node also reads through an alias (a view's elements are
         # read at other positions than the ones being written).
-        aliased = {root[id(u)] for u in node.inputs if id(u) in root}
-        candidates[b.name] = [decls[id(u)].buffer for u in node.inputs
+        aliased = {root[id(u)] for u in decl.shares if id(u) in root}
+        candidates[b.name] = [decls[id(u)].buffer for u in decl.shares
                               if id(u) in decls and id(u) not in root and id(u) not in aliased
-                              and tuple(u.shape) == tuple(out.shape) and decls[id(u)].buffer.phase == b.phase]
+                              and decls[id(u)].buffer.phase == b.phase]
     buffer_of = {v: decls[root.get(v, v)].buffer for v in set(root) | set(decls) if root.get(v, v) in decls}
     return Liveness(buffers, candidates, last_read, last_write, statement_at, buffer_of)
 

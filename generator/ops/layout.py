@@ -111,12 +111,13 @@ class Concat(OpDef):
         axis = node.attrs["axis"]
         out = node.outputs[0]
         lines, offset = [], 0
+        in_concat = ctx.loop.in_concat if ctx.loop is not None else set()
         for v in node.inputs:
-            if id(v) not in ctx.in_concat:  # else its producer wrote it in place (LowerCtx.concat_spot)
+            if id(v) not in in_concat:  # else its producer wrote it in place (LowerCtx.concat_spot)
                 lines.append(_copy_axis(ctx, v, out, axis, 0, offset, v.shape[axis]))
             offset = _simplify(offset + v.shape[axis])
         if len(lines) < len(node.inputs):
-            placed = ", ".join(v.name for v in node.inputs if id(v) in ctx.in_concat)
+            placed = ", ".join(v.name for v in node.inputs if id(v) in in_concat)
             lines.append(Comment(f"{placed}: gathered straight into {out.name}'s columns"))
         return lines
 

@@ -26,6 +26,18 @@ from .registry import OpDef, get_op, id_limit, register
 from .scalar import ARGS
 
 
+# How a recursion's cells are differentiated: the differentiator registers it
+# (transforms/cell_grad.py, loaded with the generator.transforms package that runs
+# the grad rules), so that ops import nothing above them.
+_CELL_GRAD = []
+
+
+def register_cell_grad(differentiate):
+    """`differentiate(gb, spec, keep=, wanted=)` -> the cells' backward passes (a BackSpec)."""
+    _CELL_GRAD[:] = [differentiate]
+    return differentiate
+
+
 def _run_cell(cell, env, dims):
     for node in cell.nodes:
         results = get_op(node.op).reference([env[id(v)] for v in node.inputs], node.attrs, dims)
@@ -130,11 +142,11 @@ class Recurse(OpDef):
     def grad(self, node, gouts, gb):
         """One recurse_grad node (ops/recurse_grad.py) computes each free float
         value's gradient, a piece per cell that reads it; pieces are added here."""
-        from ..transforms.cell_grad import differentiate_recursion  # (PENDING_UPWARD in tests/test_layers.py)
-
         spec = node.attrs["spec"]
         ns = len(spec.state)
-        back = differentiate_recursion(gb, spec, keep=not spec.kept, wanted=gb.reaches)
+        if not _CELL_GRAD:
+            raise RuntimeError("no differentiator of recursive cells is registered (import generator.transforms)")
+        back = _CELL_GRAD[0](gb, spec, keep=not spec.kept, wanted=gb.reaches)
         pieces = [(which, i) for which, cell in enumerate(back.cells) for i in sorted(cell.d_free)]
         grads = [None] * len(node.inputs)
         if not pieces:

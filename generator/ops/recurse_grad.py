@@ -31,7 +31,7 @@ from ..ir.printing import format_node
 from ..ir.shapes import numel
 from ..codegen.stmt import Block, Comment, Copy, Declare, Loop, Named
 from .recurse import batch_nodes, reference_schedule
-from .recurse_scope import LoopScope, has_rows, hoistable, inspector_lines, named_for_messages, pack_loop_weights, placed
+from .recurse_scope import LoopScope, LoopState, has_rows, hoistable, inspector_lines, named_for_messages, pack_loop_weights
 from .registry import OpDef, get_op, register
 
 
@@ -124,7 +124,7 @@ class RecurseGrad(OpDef):
         return "\n".join(lines)
 
     def lower(self, node, ctx):
-        with named_for_messages(node, node.attrs["back"].cells):
+        with named_for_messages(node, node.attrs["back"].cells), ctx.lowering_loop(LoopState()):
             return [_Lowering(node, ctx).block()]
 
 
@@ -262,14 +262,14 @@ class _Lowering:
         if packed:
             lines += [Comment(f"Weights the {words.loop_name} multiplies by, packed for the GEMM once (not per {words.level}).")]
             lines += packed
-        with placed(ctx, places):
+        with ctx.placed(places):
             decls, body = ctx.lower_nodes(looped, {rows: sympy.Symbol(most)})
             for v in kept:  # a view (reshape) names other data: copy it into the kept rows
                 if id(v) in kept_at:
                     body.append(self._copy(v, kept_at[id(v)], self.rows))
         for v in kept:
             ctx.place[id(v)] = f"{buf[id(v)]}.data()"
-        ctx.packed = {}
+        ctx.loop.packed = {}
         gathers = [
             ctx.call("dg::gather_children", f"{self.state_rows[j]}.data()", Named("width", ctx.size(self.widths[j])),
                      child_rows, Named("arity", spec.arity), Named("slot", k), Named("rows", self.rows),
@@ -321,7 +321,7 @@ class _Lowering:
                     decl, places[d] = block.pointer(d, f"{at} + {first_row} * {ctx.size(self.widths[j])}",
                                                     writable=False, name=block.name(d.name))
                     lines.append(decl)
-        with placed(ctx, places):
+        with ctx.placed(places):
             decls, body = ctx.lower_nodes(nodes, {self.spec.rows: sympy.Symbol(count)})
         return decls, lines + body
 

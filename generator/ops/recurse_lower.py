@@ -22,8 +22,8 @@ import sympy
 
 from ..codegen.stmt import Block, Comment, Copy, Declare, Loop, Named
 from ..ir.shapes import numel
-from .recurse_scope import (LoopScope, has_rows, hoistable, inspector_lines, named_for_messages, pack_loop_weights,
-                            placed, width)
+from .recurse_scope import (LoopScope, LoopState, has_rows, hoistable, inspector_lines, named_for_messages,
+                            pack_loop_weights, width)
 from .registry import get_op
 
 
@@ -38,7 +38,7 @@ def depends_on_children(cell) -> set:
 
 def forward_loop(node, ctx) -> list:
     spec = node.attrs["spec"]
-    with named_for_messages(node, (spec.leaf, spec.internal)):
+    with named_for_messages(node, (spec.leaf, spec.internal)), ctx.lowering_loop(LoopState()):
         return [_Forward(node, ctx).block()]
 
 
@@ -112,7 +112,7 @@ class _Forward:
             head.append(decl)
             if claimed:
                 places[v] = kept_at[id(v)]
-        with placed(ctx, places):
+        with ctx.placed(places):
             decls, body = self.cell_block(cell, looped, most, f"{sorted_words} + {start}", order)
             for v in spec.kept:
                 if ctx.place[id(v)] != kept_at[id(v)]:
@@ -126,7 +126,7 @@ class _Forward:
                            else []))
                 for k, slot in enumerate(cell.children) for j, v in enumerate(slot)
             ]
-        ctx.packed = {}
+        ctx.loop.packed = {}
         lines += decls
         lines.append(Loop(level, "1", f"{level} < {sched}.levels()", f"++{level}", head + gathers + body,
                           comment=words.loop))
@@ -153,7 +153,7 @@ class _Forward:
                     lines.append(Declare(f"{scratch}<float>", out.name, [f"{most} * {ctx.size(ld)}"]))
                     ctx.place[id(out)] = f"{out.name}.data()"
                 ctx.place[id(v)] = ctx.place[id(out)] + ("" if column == 0 else f" + {ctx.size(column)}")
-                ctx.in_concat.add(id(v))
+                ctx.loop.in_concat.add(id(v))
                 self.out_stride[id(v)] = ld
         return lines
 
@@ -169,9 +169,9 @@ class _Forward:
             for j, v in enumerate(cell.outputs):
                 if _writes_through_map(ctx, v, cell, nodes, spec):
                     ctx.place[id(v)] = self.state_writes[j].expr
-                    ctx.row_maps[id(v)] = order
+                    ctx.loop.row_maps[id(v)] = order
                     mapped.add(id(v))
-        with placed(ctx, {cell.words: words_ptr}):
+        with ctx.placed({cell.words: words_ptr}):
             decls, body = ctx.lower_nodes(nodes, {spec.rows: sympy.Symbol(bound)})
         if order is not None:
             for j, v in enumerate(cell.outputs):

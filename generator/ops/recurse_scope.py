@@ -1,6 +1,6 @@
 """What the lowering of a recursion (ops/recurse_lower.py, ops/recurse_grad.py)
-shares: the C++ scope of one loop (its names, its vocabulary), scoped placement,
-the inspector, and which of a cell's nodes run before the loop.
+shares: its own lowering state (LoopState), the C++ scope of one loop (its names,
+its vocabulary), the inspector, and which of a cell's nodes run before the loop.
 
 A recursion lowers to one Block (codegen/stmt.py): everything it declares
 ends with it, so a gradient's loop reuses the forward loop's names (`schedule`,
@@ -12,12 +12,23 @@ from __future__ import annotations
 
 from contextlib import contextmanager
 from copy import copy
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..codegen.stmt import CTYPE, Call, Declare, Named
-from ..ir.names import is_reserved
+from ..ir.names import fresh_name, is_reserved
 from ..ir.shapes import numel
 from .registry import get_op
+
+
+@dataclass
+class LoopState:
+    """What lowering one recursion knows besides the general lowering context: the
+    lines made while it lowers read it as `ctx.loop` (LowerCtx.lowering_loop)."""
+
+    cell: tuple | None = None  # while a cell's nodes lower: (declarations before its block, dims to size them with)
+    packed: dict = field(default_factory=dict)  # (id(value), tb) -> the dg::PackedB the level loop reads it through
+    in_concat: set = field(default_factory=set)  # id(value) gathered straight into its columns of a concat's output
+    row_maps: dict = field(default_factory=dict)  # id(value) -> int64 pointer: row r of the value is row map[r]
 
 
 @dataclass(frozen=True)
@@ -111,10 +122,7 @@ class LoopScope:
         return sub
 
     def name(self, base: str) -> str:
-        name, k = base, 0
-        while name in self.taken or is_reserved(name):
-            k += 1
-            name = f"{base}_{k}"
+        name = fresh_name(base, self.taken)
         self.taken.add(name)
         return name
 
@@ -128,22 +136,6 @@ def cell_values(cell) -> list:
     """Every value of a cell: its words, children, nodes' outputs."""
     values = [cell.words] + [v for slot in cell.children for v in slot]
     return values + [v for n in cell.nodes for v in n.outputs]
-
-
-@contextmanager
-def placed(ctx, places: dict):
-    """`with placed(ctx, {value: expr}):` the values are read and written at
-    those C++ expressions inside, and where they were before afterwards."""
-    saved = {id(v): ctx.place.get(id(v)) for v in places}
-    ctx.place.update({id(v): expr for v, expr in places.items()})
-    try:
-        yield
-    finally:
-        for key, expr in saved.items():
-            if expr is None:
-                ctx.place.pop(key, None)
-            else:
-                ctx.place[key] = expr
 
 
 @contextmanager
@@ -220,7 +212,7 @@ def pack_loop_weights(ctx, scope, cell, looped) -> list:
     defined before the loop (a weight) reads it packed once (dg::PackedB) instead
     of packing it again at every level; a product by its transpose (the gradient
     loop's d_gates @ u^T) gets a PackedB of the transpose. Only where the target's
-    runtime has it. Returns the declarations; ctx.packed holds them while the loop lowers."""
+    runtime has it. Returns the declarations; ctx.loop.packed holds them while the loop lowers."""
     if not ctx.target.packs_weights:
         return []
     inside = {id(v) for n in cell.nodes for v in n.outputs}
@@ -232,14 +224,14 @@ def pack_loop_weights(ctx, scope, cell, looped) -> list:
             continue
         b = n.inputs[1]
         key = (id(b), tb)
-        if id(b) in inside or key in ctx.packed or id(b) not in ctx.place or b.rank != 2 or ctx.keeps_packed(b):
+        if id(b) in inside or key in ctx.loop.packed or id(b) not in ctx.place or b.rank != 2 or ctx.keeps_packed(b):
             continue  # (a parameter the Model keeps packed is read through that)
         name = scope.name(f"{b.name}_t_packed" if tb else f"{b.name}_packed")
         rows, cols = (ctx.size(d) for d in b.shape)
         k, width = (cols, rows) if tb else (rows, cols)
         lines.append(Declare("const dg::PackedB", name, [Named("tb", "true" if tb else "false"), Named("K", k),
                                                           Named("N", width), ctx.read(b), Named("ldb", cols)]))
-        ctx.packed[key] = name
+        ctx.loop.packed[key] = name
     return lines
 
 

@@ -20,7 +20,7 @@ here too, so that a new op needs no edit in the stages:
 - `reads_views`   the op's lowering reads an operand that is a row-strided piece of
                   a larger buffer (a split's gate, LowerCtx.slice_view) in place,
                   and reads or writes a value whose rows a map places (a recursive
-                  op's state, written in node order: LowerCtx.row_maps).
+                  op's state, written in node order: the loop's row_maps, ops/recurse_scope.py).
 - `multi_output`  the node returns a list of outputs even when it has one (split),
                   and its grad rule takes None for an output nothing reads.
 - `cse`           whether common-subexpression elimination may merge two equal nodes.

@@ -33,6 +33,14 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import DeepgenError
+from ..frontend.loader import load_model
+from ..frontend.source import assigned_names
+from ..importers.onnx_import import load
+from ..importers.torch_cli import _DTYPES, _shape, _short, example_inputs, load_factory
+from ..importers.torch_import import ONNX_NAMES, torch_keys
+from ..ir.names import safe_identifier
+from ..pipeline import generate
+from .build import cmake_build
 
 
 def statement_names(model_file: str) -> set:
@@ -59,7 +67,6 @@ def name_block_values(graph) -> set:
     `relu_1` inside it is then `layer1_1_relu_1`, the name compare matches to the second call
     of module `layer1.1.relu`. A name another value has already is left alone. Returns the
     names so made (a layer's value named `f"{name}_conv1"` has its name already)."""
-    from ..frontend.source import assigned_names
 
     last = {}  # each call's statements: the last node (the statement's value)
     for node in graph.nodes:
@@ -140,7 +147,6 @@ class Row:
 
 
 def _identifier(path: str) -> str:
-    from ..ir.names import safe_identifier
 
     return safe_identifier(path.replace(".", "_"))
 
@@ -179,7 +185,6 @@ def example_arrays(items) -> dict:
     """{name: numpy array} from NAME=SHAPE[:dtype] items without PyTorch (compare --onnx):
     floats drawn from a seeded normal, integers ones (ids valid for any vocabulary, attention
     masks that keep every position)."""
-    from ..importers.torch_cli import _DTYPES, _shape, _short
 
     rng = np.random.default_rng(0)
     arrays = {}
@@ -213,7 +218,6 @@ def onnx_values(onnx_file: str, names: dict, inputs: dict, wanted) -> tuple[dict
     onnxruntime = _onnxruntime()
     from onnx import TensorProto, helper
 
-    from ..importers.onnx_import import load
 
     model = load(onnx_file)
     graph_inputs = [i.name for i in model.graph.input if i.name not in {t.name for t in model.graph.initializer}]
@@ -284,8 +288,6 @@ def build_debug(graph, build_dir: Path):
     """Generate and build the debug project for graph in build_dir; its module."""
     import importlib
 
-    from ..pipeline import generate
-    from .build import cmake_build
 
     src, build = build_dir / "src", build_dir / "build"
     generate(graph, src, force=True)
@@ -302,9 +304,6 @@ def run_compare(model_file: str, weights: str, factory: str | None, example_item
                 build_dir: str | None = None, echo=print, onnx_file: str | None = None) -> Row | None:
     """The whole `deepgen compare`; returns the first differing Row (None: all agree). The
     reference is the PyTorch module `factory` makes, or onnxruntime running `onnx_file`."""
-    from ..frontend.loader import load_model
-    from ..importers.torch_cli import example_inputs, load_factory
-    from ..importers.torch_import import ONNX_NAMES, torch_keys
 
     if not Path(weights).is_file():
         raise DeepgenError(f"--weights {weights}: no such file")

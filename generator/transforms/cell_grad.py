@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from ..ir.graph import Node, Value, needed_nodes
 from ..ir.names import NameTable, safe_identifier
 from ..ops import ARGS
+from ..ops.recurse import register_cell_grad
 from ..ops.recurse_scope import cell_values
 from .autodiff import GradBuilder, backprop, reaching
 
@@ -149,6 +150,7 @@ def differentiate_cell(gb: GradBuilder, spec, cell, keep=(), wanted=None) -> Bac
     return back
 
 
+@register_cell_grad
 def differentiate_recursion(gb: GradBuilder, spec, keep: bool = True, wanted=None) -> BackSpec:
     """Both cells of a recursive op, differentiated; with `keep`, the internal
     cell reads its products' results where the forward loop kept them."""
