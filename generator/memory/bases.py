@@ -91,8 +91,12 @@ class Bases:
                 if not found:
                     break
                 _, _, other, d = max(found, key=lambda f: (f[0], -f[1]))
-                rest -= {_shift(a, d) for a in other.alts}
-                terms.append(_plus(other.name, d))
+                if isinstance(d, int):
+                    rest -= {_shift(a, d) for a in other.alts}
+                    terms.append(_plus(other.name, d))
+                else:
+                    rest -= {_add(a, d) for a in other.alts}
+                    terms.append(f"{other.name} + {_int(_poly_expr(d, self.symbols))}")
             items = [_int(_poly_expr(a, self.symbols)) for a in sorted(rest, key=_top_key)] + terms
             out.append((region.name, items[0] if len(items) == 1 else
                         f"std::max<std::int64_t>({{{', '.join(items)}}})"))
@@ -160,13 +164,27 @@ def _normal(alts) -> tuple:
 
 
 def _inside(alts, rest: set):
-    """d such that every one of `alts` moved by d is in `rest`, or None."""
+    """d such that every one of `alts` moved by d is in `rest`, or None: a constant
+    where one does, else a polynomial (the maximum moves with it: max(a + d) = max(a) + d)."""
     a0 = min(alts, key=lambda p: _shift(p, -_const(p)))
     for r in rest:
         d = _const(r) - _const(a0)
         if _shift(a0, d) == r and all(_shift(a, d) in rest for a in alts):
             return d
+    for r in sorted(rest):
+        d = _add(r, a0, -1)
+        if all(_add(a, d) in rest for a in alts):
+            return d
     return None
+
+
+def _add(p, q, sign: int = 1):
+    """p + sign * q, two polynomials."""
+    terms = dict(zip(*p))
+    for k, v in zip(*q):
+        terms[k] = terms.get(k, 0) + sign * v
+    items = sorted((k, v) for k, v in terms.items() if v != 0)
+    return tuple(k for k, _ in items), tuple(v for _, v in items)
 
 
 def _top(alts) -> float:
