@@ -152,6 +152,10 @@ CONV_CASES = [
     Geom(3, 5, 8, 9, 5, 3, 3, pad=1, groups=5),           # depthwise (direct loops)
     Geom(2, 4, 10, 9, 8, 3, 3, stride=2, pad=1, groups=4),  # depthwise, multiplier 2 (direct)
     Geom(1, 3, 13, 12, 3, 5, 3, stride=(1, 2), pad=(2, 1), dil=(1, 2), groups=3),  # depthwise, mixed
+    Geom(2, 3, 20, 37, 3, 3, 3, pad=1, groups=3),        # depthwise, wide rows (vectorized along them)
+    Geom(1, 4, 23, 41, 8, 5, 5, stride=2, pad=2, groups=4),  # depthwise wide, stride 2, multiplier 2
+    Geom(1, 2, 19, 60, 2, 3, 5, stride=(1, 3), pad=(3, 1), dil=(2, 1), groups=2),  # wide, stride 3, pad > overlap
+    Geom(2, 20, 6, 7, 20, 3, 3, pad=1, groups=20),        # depthwise narrow, 20 channels: a partial lane block
     Geom(2, 2, 9, 8, 16, 3, 3, pad=1, groups=2),          # one channel per group, 8 outputs (GEMM)
     Geom(2, 1, 10, 10, 8, 5, 5, pad=2),                   # one input channel, GEMM path
     Geom(1, 1, 7, 7, 2, 3, 3, pad=1),                     # one input channel, direct path
