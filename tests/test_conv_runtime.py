@@ -169,6 +169,8 @@ CONV_CASES = [
     Geom(1, 2, 4, 4, 3, 3, 3, pad=2),                     # padding wider than the overlap
     Geom(1, 3, 5, 6, 2, 3, 3, stride=3, pad=2, dil=2),    # stride 3 and dilation
     Geom(2, 16, 12, 12, 40, 3, 3, pad=1),                 # more rows than one GEMM tile
+    Geom(2, 40, 2, 2, 70, 1, 1),                          # 2x2 output planes: the GEMM transposed
+    Geom(1, 6, 3, 5, 8, 3, 3, stride=2, pad=1, groups=2),  # 2x3 output planes, im2col, groups 2
 ]
 
 

@@ -384,6 +384,34 @@ inline void conv2d_direct(const float* x, const float* w, const float* b, float*
     }
 }
 
+// Output planes up to this size (OH*OW: 2x2, 2x4, the last stages of
+// a network at small images) run their GEMMs transposed, see conv2d_small.
+constexpr int64_t kSmallPlane = 8;
+
+// The forward GEMMs of one image and group for small output planes.  As
+// w[Og, Kg] @ cols[Kg, OHW], C would be a few columns wide: the micro-kernel
+// computes a whole tile width (16 or 32 columns) for 4 of them, and the
+// weight is read in place, 12 rows at a time, with a stride.  Transposed,
+//   yt[OHW, Og] = cols^T @ w^T,
+// the weight is the wide operand (packed once per product, read in order)
+// and every column of the tile is an output channel.  Each output is the
+// same sum in the same order (k ascending, the same K blocks), so the result
+// is the same; yt (scratch) is then written out as y[Og, OHW], bias added.
+inline void conv2d_small(const float* cols, const float* wg, const float* bg, float* yg, int64_t Og, int64_t Kg,
+                         int64_t OHW) {
+    float* yt = direct_scratch(OHW * Og);
+    gemm(true, true, OHW, Og, Kg, cols, OHW, wg, Kg, yt, Og);
+    for (int64_t o = 0; o < Og; ++o) {
+        const float v = bg ? bg[o] : 0.0f;
+        float* yo = yg + o * OHW;
+        if (bg) {
+            for (int64_t i = 0; i < OHW; ++i) yo[i] = yt[i * Og + o] + v;
+        } else {
+            for (int64_t i = 0; i < OHW; ++i) yo[i] = yt[i * Og + o];
+        }
+    }
+}
+
 // Direct input gradient for one input channel per group: each input plane is
 // zeroed, then w * dy is added back to the positions its outputs read, for
 // each of the group's outputs and kernel positions.  Planes are shared out.
@@ -488,7 +516,9 @@ inline void conv2d(const float* x, const float* w, const float* b, float* y, flo
             }
             const float* wg = w + grp * Og * Kg;
             float* yg = y + (n * g.O + grp * Og) * OHW;
-            if (b) {
+            if (OHW <= conv_detail::kSmallPlane) {
+                conv_detail::conv2d_small(cols, wg, b ? b + grp * Og : nullptr, yg, Og, Kg, OHW);
+            } else if (b) {
                 const float* bg = b + grp * Og;
                 gemm(false, false, Og, OHW, Kg, wg, Kg, cols, OHW, yg, OHW,
                      [bg](int64_t row, int64_t, float* c, int64_t len) {
