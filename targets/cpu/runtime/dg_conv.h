@@ -34,10 +34,12 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "dg_conv_geom.h"
 #include "dg_gemm.h"
+#include "dg_modes.h"
 #include "dg_parallel.h"
 
 namespace dg {
@@ -271,7 +273,8 @@ static_assert(kDirectLanes == kDirectCols, "a Piece holds the lanes of conv2d_di
 // and gets w * (the shifted input) added for every kernel position in order
 // (kh outer, kw inner), in registers, and is stored once.  Planes are shared
 // out over threads.
-inline void conv2d_direct_rows(const float* x, const float* w, const float* b, float* y, const Conv2dGeom& g) {
+template <class Epi>
+void conv2d_direct_rows(const float* x, const float* w, const float* b, float* y, const Conv2dGeom& g, const Epi& epi) {
     const int64_t H = g.H, W = g.W, OH = g.OH, OW = g.OW, OHW = OH * OW, KH = g.KH, KW = g.KW, KK = KH * KW;
     const int64_t sh = g.stride_h, sw = g.stride_w, O = g.O, Og = g.O / g.groups, planes = g.N * O;
     const int64_t PH = padded_rows(g), PC = padded_cols(g);
@@ -317,6 +320,7 @@ inline void conv2d_direct_rows(const float* x, const float* w, const float* b, f
                 acc.store(yp + oh * OW + ow0, std::min(kDirectCols, OW - ow0));
             }
         }
+        epi(o, yp, OHW);
     }
 }
 
@@ -328,7 +332,9 @@ inline void conv2d_direct_rows(const float* x, const float* w, const float* b, f
 // multiply-adds over the kernel positions (kh outer, kw inner), starting at
 // the bias: the same operations in the same order as conv2d_direct_rows.
 // Blocks of channels are shared out over threads.
-inline void conv2d_direct_channels(const float* x, const float* w, const float* b, float* y, const Conv2dGeom& g) {
+template <class Epi>
+void conv2d_direct_channels(const float* x, const float* w, const float* b, float* y, const Conv2dGeom& g,
+                            const Epi& epi) {
     constexpr int64_t L = kDirectLanes;
     const int64_t H = g.H, W = g.W, OH = g.OH, OW = g.OW, OHW = OH * OW, KH = g.KH, KW = g.KW, KK = KH * KW;
     const int64_t O = g.O, Og = g.O / g.groups, blocks_per_image = (O + L - 1) / L, blocks = g.N * blocks_per_image;
@@ -368,19 +374,30 @@ inline void conv2d_direct_channels(const float* x, const float* w, const float* 
         for (int64_t l = 0; l < lanes; ++l) {
             float* yp = y + (n * O + o0 + l) * OHW;
             for (int64_t i = 0; i < OHW; ++i) yp[i] = out[i * L + l];
+            epi(o0 + l, yp, OHW);
         }
     }
 }
 
+// What conv2d_with applies to each finished piece of an output channel o's
+// plane (epi(o, c, n): c points at n finished outputs of channel o, bias
+// included): nothing, for conv2d.
+struct NoChannelEpilogue {
+    void operator()(int64_t, float*, int64_t) const {}
+};
+
 // Direct forward for one input channel per group (see direct()): every
 // output is its bias plus w * the input over the window's positions inside
 // the input, added in kernel order (padding positions add w * 0).  Wide
-// planes are vectorized along their rows, narrow ones across channels.
-inline void conv2d_direct(const float* x, const float* w, const float* b, float* y, const Conv2dGeom& g) {
+// planes are vectorized along their rows, narrow ones across channels; epi
+// runs on each plane once it is complete.
+template <class Epi = NoChannelEpilogue>
+void conv2d_direct(const float* x, const float* w, const float* b, float* y, const Conv2dGeom& g,
+                   const Epi& epi = Epi()) {
     if (g.OW >= kDirectCols) {
-        conv2d_direct_rows(x, w, b, y, g);
+        conv2d_direct_rows(x, w, b, y, g, epi);
     } else {
-        conv2d_direct_channels(x, w, b, y, g);
+        conv2d_direct_channels(x, w, b, y, g, epi);
     }
 }
 
@@ -402,8 +419,9 @@ constexpr int64_t kSmallPlaneWeight = int64_t(1) << 18;
 // and every column of the tile is an output channel.  Each output is the
 // same sum in the same order (k ascending, the same K blocks), so the result
 // is the same; yt (scratch) is then written out as y[Og, OHW], bias added.
-inline void conv2d_small(const float* cols, const float* wg, const float* bg, float* yg, int64_t Og, int64_t Kg,
-                         int64_t OHW) {
+template <class Epi>
+void conv2d_small(const float* cols, const float* wg, const float* bg, float* yg, int64_t Og, int64_t Kg,
+                  int64_t OHW, int64_t o_first, const Epi& epi) {
     float* yt = direct_scratch(OHW * Og);
     gemm(true, true, OHW, Og, Kg, cols, OHW, wg, Kg, yt, Og);
     for (int64_t o = 0; o < Og; ++o) {
@@ -414,6 +432,7 @@ inline void conv2d_small(const float* cols, const float* wg, const float* bg, fl
         } else {
             for (int64_t i = 0; i < OHW; ++i) yo[i] = yt[i * Og + o];
         }
+        epi(o_first + o, yo, OHW);
     }
 }
 
@@ -499,15 +518,19 @@ inline void conv2d_grad_weight_direct(const float* x, const float* dy, float* dw
 
 }  // namespace conv_detail
 
-// y[N,O,OH,OW] = conv(x[N,C,H,W], w[O,C/groups,KH,KW]) (+ b[O] when b != nullptr):
-// cross-correlation as torch.nn.functional.conv2d, zero padding, dilation and
-// groups (depthwise included).  y is overwritten; ws holds conv2d_workspace(g)
-// floats.
-inline void conv2d(const float* x, const float* w, const float* b, float* y, float* ws, const Conv2dGeom& g) {
-    if (conv_detail::direct(g)) {
-        conv_detail::conv2d_direct(x, w, b, y, g);
+namespace conv_detail {
+
+// conv2d, then epi(o, c, n) on every finished piece of output channel o (see
+// NoChannelEpilogue), while it is still in cache: in the GEMM's epilogue, or
+// after each plane of the direct loops.
+template <class Epi>
+void conv2d_with(const float* x, const float* w, const float* b, float* y, float* ws, const Conv2dGeom& g,
+                 const Epi& epi) {
+    if (direct(g)) {
+        conv2d_direct(x, w, b, y, g, epi);
         return;
     }
+    constexpr bool plain = std::is_same<Epi, NoChannelEpilogue>::value;
     const int64_t Cg = g.C / g.groups, Og = g.O / g.groups, Kg = Cg * g.KH * g.KW;
     const int64_t HW = g.H * g.W, OHW = g.OH * g.OW;
     const bool pointwise = g.pointwise();
@@ -516,25 +539,64 @@ inline void conv2d(const float* x, const float* w, const float* b, float* y, flo
             const float* xg = x + (n * g.C + grp * Cg) * HW;
             const float* cols = xg;
             if (!pointwise) {
-                conv_detail::im2col(xg, Cg, ws, g);
+                im2col(xg, Cg, ws, g);
                 cols = ws;
             }
             const float* wg = w + grp * Og * Kg;
             float* yg = y + (n * g.O + grp * Og) * OHW;
-            if (OHW <= conv_detail::kSmallPlane && Og * Kg <= conv_detail::kSmallPlaneWeight) {
-                conv_detail::conv2d_small(cols, wg, b ? b + grp * Og : nullptr, yg, Og, Kg, OHW);
-            } else if (b) {
-                const float* bg = b + grp * Og;
+            const float* bg = b ? b + grp * Og : nullptr;
+            if (OHW <= kSmallPlane && Og * Kg <= kSmallPlaneWeight) {
+                conv2d_small(cols, wg, bg, yg, Og, Kg, OHW, grp * Og, epi);
+            } else if (bg || !plain) {
+                const int64_t o_first = grp * Og;
                 gemm(false, false, Og, OHW, Kg, wg, Kg, cols, OHW, yg, OHW,
-                     [bg](int64_t row, int64_t, float* c, int64_t len) {
-                         const float v = bg[row];
-                         for (int64_t j = 0; j < len; ++j) c[j] += v;
+                     [bg, o_first, &epi](int64_t row, int64_t, float* c, int64_t len) {
+                         if (bg) {
+                             const float v = bg[row];
+                             for (int64_t j = 0; j < len; ++j) c[j] += v;
+                         }
+                         epi(o_first + row, c, len);
                      });
             } else {
                 gemm(false, false, Og, OHW, Kg, wg, Kg, cols, OHW, yg, OHW);
             }
         }
     }
+}
+
+}  // namespace conv_detail
+
+// y[N,O,OH,OW] = conv(x[N,C,H,W], w[O,C/groups,KH,KW]) (+ b[O] when b != nullptr):
+// cross-correlation as torch.nn.functional.conv2d, zero padding, dilation and
+// groups (depthwise included).  y is overwritten; ws holds conv2d_workspace(g)
+// floats.
+inline void conv2d(const float* x, const float* w, const float* b, float* y, float* ws, const Conv2dGeom& g) {
+    conv_detail::conv2d_with(x, w, b, y, ws, g, conv_detail::NoChannelEpilogue());
+}
+
+// y = batch_norm(conv2d(x, w, b)) with batch norm's weight bn_w, bias bn_b and
+// running statistics, as dg::batch_norm (dg_modes.h) computes it on conv2d's
+// output; mean and invstd are written as it writes them.  In evaluation mode
+// the normalization, (v - mean) * (invstd * bn_w) + bn_b, is applied to each
+// piece of output as the convolution finishes it (the GEMM's epilogue), while
+// it is in cache: the same arithmetic as the two calls, one pass fewer over y.
+// In training mode the batch's statistics need the whole output first: conv2d
+// into y, then batch norm in place.  ws as conv2d's.
+inline void conv2d_batch_norm(const float* x, const float* w, const float* b, const float* bn_w, const float* bn_b,
+                              float* running_mean, float* running_var, float* y, float* mean, float* invstd,
+                              float* ws, const Conv2dGeom& g, float eps, float momentum, const Mode& mode,
+                              const char* what) {
+    const int64_t OHW = g.OH * g.OW;
+    if (mode.training) {
+        conv2d(x, w, b, y, ws, g);
+        batch_norm(y, bn_w, bn_b, running_mean, running_var, y, mean, invstd, g.N, g.O, OHW, eps, momentum, mode,
+                   what);
+        return;
+    }
+    batch_norm_eval_statistics(running_mean, running_var, mean, invstd, g.O, eps);
+    conv_detail::conv2d_with(x, w, b, y, ws, g, [=](int64_t o, float* c, int64_t n) {
+        modes_detail::normalize_values(c, c, n, mean[o], invstd[o] * bn_w[o], bn_b[o]);
+    });
 }
 
 // dx[N,C,H,W] = the gradient of conv2d with respect to x, given dy[N,O,OH,OW];
