@@ -409,6 +409,8 @@ void conv2d_direct(const float* x, const float* w, const float* b, float* y, con
 // 4608 layers at 2x2 measured 10% slower transposed).
 constexpr int64_t kSmallPlane = 8;
 constexpr int64_t kSmallPlaneWeight = int64_t(1) << 18;
+// Up to this many output positions the transposed product streams (see conv2d_small).
+constexpr int64_t kSmallPlaneStream = 3;
 
 // The forward GEMMs of one image and group for small output planes.  As
 // w[Og, Kg] @ cols[Kg, OHW], C would be a few columns wide: the micro-kernel
@@ -418,12 +420,23 @@ constexpr int64_t kSmallPlaneWeight = int64_t(1) << 18;
 // the weight is the wide operand (packed once per product, read in order)
 // and every column of the tile is an output channel.  Each output is the
 // same sum in the same order (k ascending, the same K blocks), so the result
-// is the same; yt (scratch) is then written out as y[Og, OHW], bias added.
+// is the same (up to 3 positions: dot products, summed in another order);
+// yt (scratch) is then written out as y[Og, OHW], bias added.
 template <class Epi>
 void conv2d_small(const float* cols, const float* wg, const float* bg, float* yg, int64_t Og, int64_t Kg,
                   int64_t OHW, int64_t o_first, const Epi& epi) {
-    float* yt = direct_scratch(OHW * Og);
-    gemm(true, true, OHW, Og, Kg, cols, OHW, wg, Kg, yt, Og);
+    float* yt = direct_scratch(OHW * Og + OHW * Kg);
+    if (OHW <= kSmallPlaneStream) {
+        // One to three positions (a squeeze-excitation's 1x1 convolutions): cols^T
+        // copied row-major, so that the product streams the weight in place as dot
+        // products of its rows (dg_gemm.h's tiny-M path) instead of packing it.
+        float* cols_t = yt + OHW * Og;
+        for (int64_t i = 0; i < OHW; ++i)
+            for (int64_t k = 0; k < Kg; ++k) cols_t[i * Kg + k] = cols[k * OHW + i];
+        gemm(false, true, OHW, Og, Kg, cols_t, Kg, wg, Kg, yt, Og);
+    } else {
+        gemm(true, true, OHW, Og, Kg, cols, OHW, wg, Kg, yt, Og);
+    }
     for (int64_t o = 0; o < Og; ++o) {
         const float v = bg ? bg[o] : 0.0f;
         float* yo = yg + o * OHW;
