@@ -409,43 +409,52 @@ void conv2d_direct(const float* x, const float* w, const float* b, float* y, con
 // 4608 layers at 2x2 measured 10% slower transposed).
 constexpr int64_t kSmallPlane = 8;
 constexpr int64_t kSmallPlaneWeight = int64_t(1) << 18;
-// Up to this many output positions the transposed product streams (see conv2d_small).
-constexpr int64_t kSmallPlaneStream = 3;
 
-// The forward GEMMs of one image and group for small output planes.  As
-// w[Og, Kg] @ cols[Kg, OHW], C would be a few columns wide: the micro-kernel
-// computes a whole tile width (16 or 32 columns) for 4 of them, and the
-// weight is read in place, 12 rows at a time, with a stride.  Transposed,
-//   yt[OHW, Og] = cols^T @ w^T,
-// the weight is the wide operand (packed once per product, read in order)
-// and every column of the tile is an output channel.  Each output is the
-// same sum in the same order (k ascending, the same K blocks), so the result
-// is the same (up to 3 positions: dot products, summed in another order);
-// yt (scratch) is then written out as y[Og, OHW], bias added.
+// The forward GEMM of one group, all images at once, for small output planes.
+// As w[Og, Kg] @ cols[Kg, OHW] per image, C would be a few columns wide: the
+// micro-kernel computes a whole tile width (16 or 32 columns) for 4 of them,
+// and the weight is read in place, 12 rows at a time, with a stride, once per
+// image.  Transposed and over the batch,
+//   yt[N*OHW, Og] = cols_t[N*OHW, Kg] @ w^T,
+// where cols_t holds every image's column matrix transposed (row n*OHW + i:
+// output position i of image n), the weight is the wide operand, packed once
+// per call and read in order, and every column of the tile is an output
+// channel.  Each output is a sum over k in ascending order, in the same K
+// blocks as the per-image product (dot products instead where N*OHW <= 3:
+// the GEMM's tiny-M path streams the weight in place); yt is then written
+// out as y[n, o, i], bias added, and epi runs on each output plane.  cols_t
+// and yt are scratch; ws holds one image's columns (unless pointwise).
 template <class Epi>
-void conv2d_small(const float* cols, const float* wg, const float* bg, float* yg, int64_t Og, int64_t Kg,
-                  int64_t OHW, int64_t o_first, const Epi& epi) {
-    float* yt = direct_scratch(OHW * Og + OHW * Kg);
-    if (OHW <= kSmallPlaneStream) {
-        // One to three positions (a squeeze-excitation's 1x1 convolutions): cols^T
-        // copied row-major, so that the product streams the weight in place as dot
-        // products of its rows (dg_gemm.h's tiny-M path) instead of packing it.
-        float* cols_t = yt + OHW * Og;
-        for (int64_t i = 0; i < OHW; ++i)
-            for (int64_t k = 0; k < Kg; ++k) cols_t[i * Kg + k] = cols[k * OHW + i];
-        gemm(false, true, OHW, Og, Kg, cols_t, Kg, wg, Kg, yt, Og);
-    } else {
-        gemm(true, true, OHW, Og, Kg, cols, OHW, wg, Kg, yt, Og);
-    }
-    for (int64_t o = 0; o < Og; ++o) {
-        const float v = bg ? bg[o] : 0.0f;
-        float* yo = yg + o * OHW;
-        if (bg) {
-            for (int64_t i = 0; i < OHW; ++i) yo[i] = yt[i * Og + o] + v;
-        } else {
-            for (int64_t i = 0; i < OHW; ++i) yo[i] = yt[i * Og + o];
+void conv2d_small(const float* x, const float* wg, const float* bg, float* y, float* ws, const Conv2dGeom& g,
+                  int64_t grp, const Epi& epi) {
+    const int64_t Cg = g.C / g.groups, Og = g.O / g.groups, Kg = Cg * g.KH * g.KW;
+    const int64_t HW = g.H * g.W, OHW = g.OH * g.OW, M = g.N * OHW;
+    float* yt = direct_scratch(M * Og + M * Kg);
+    float* cols_t = yt + M * Og;
+    for (int64_t n = 0; n < g.N; ++n) {
+        const float* cols = x + (n * g.C + grp * Cg) * HW;
+        if (!g.pointwise()) {
+            im2col(cols, Cg, ws, g);
+            cols = ws;
         }
-        epi(o_first + o, yo, OHW);
+        for (int64_t i = 0; i < OHW; ++i) {
+            float* row = cols_t + (n * OHW + i) * Kg;
+            for (int64_t k = 0; k < Kg; ++k) row[k] = cols[k * OHW + i];
+        }
+    }
+    gemm(false, true, M, Og, Kg, cols_t, Kg, wg, Kg, yt, Og);
+    for (int64_t n = 0; n < g.N; ++n) {
+        for (int64_t o = 0; o < Og; ++o) {
+            float* yo = y + (n * g.O + grp * Og + o) * OHW;
+            const float* from = yt + n * OHW * Og + o;
+            if (bg) {
+                const float v = bg[o];
+                for (int64_t i = 0; i < OHW; ++i) yo[i] = from[i * Og] + v;
+            } else {
+                for (int64_t i = 0; i < OHW; ++i) yo[i] = from[i * Og];
+            }
+            epi(grp * Og + o, yo, OHW);
+        }
     }
 }
 
@@ -546,6 +555,11 @@ void conv2d_with(const float* x, const float* w, const float* b, float* y, float
     constexpr bool plain = std::is_same<Epi, NoChannelEpilogue>::value;
     const int64_t Cg = g.C / g.groups, Og = g.O / g.groups, Kg = Cg * g.KH * g.KW;
     const int64_t HW = g.H * g.W, OHW = g.OH * g.OW;
+    if (OHW <= kSmallPlane && Og * Kg <= kSmallPlaneWeight) {
+        for (int64_t grp = 0; grp < g.groups; ++grp)
+            conv2d_small(x, w + grp * Og * Kg, b ? b + grp * Og : nullptr, y, ws, g, grp, epi);
+        return;
+    }
     const bool pointwise = g.pointwise();
     for (int64_t n = 0; n < g.N; ++n) {
         for (int64_t grp = 0; grp < g.groups; ++grp) {
@@ -558,9 +572,7 @@ void conv2d_with(const float* x, const float* w, const float* b, float* y, float
             const float* wg = w + grp * Og * Kg;
             float* yg = y + (n * g.O + grp * Og) * OHW;
             const float* bg = b ? b + grp * Og : nullptr;
-            if (OHW <= kSmallPlane && Og * Kg <= kSmallPlaneWeight) {
-                conv2d_small(cols, wg, bg, yg, Og, Kg, OHW, grp * Og, epi);
-            } else if (bg || !plain) {
+            if (bg || !plain) {
                 const int64_t o_first = grp * Og;
                 gemm(false, false, Og, OHW, Kg, wg, Kg, cols, OHW, yg, OHW,
                      [bg, o_first, &epi](int64_t row, int64_t, float* c, int64_t len) {
