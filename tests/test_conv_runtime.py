@@ -171,6 +171,7 @@ CONV_CASES = [
     Geom(2, 16, 12, 12, 40, 3, 3, pad=1),                 # more rows than one GEMM tile
     Geom(2, 40, 2, 2, 70, 1, 1),                          # 2x2 output planes: the GEMM transposed
     Geom(1, 6, 3, 5, 8, 3, 3, stride=2, pad=1, groups=2),  # 2x3 output planes, im2col, groups 2
+    Geom(9, 65536, 1, 2, 1, 1, 1),                        # small planes, the batch in two products (scratch cap)
 ]
 
 

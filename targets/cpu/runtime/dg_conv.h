@@ -409,6 +409,9 @@ void conv2d_direct(const float* x, const float* w, const float* b, float* y, con
 // 4608 layers at 2x2 measured 10% slower transposed).
 constexpr int64_t kSmallPlane = 8;
 constexpr int64_t kSmallPlaneWeight = int64_t(1) << 18;
+// The most scratch (floats: 4 MiB) conv2d_small's transposed columns and
+// products take; a bigger batch runs in several products.
+constexpr int64_t kSmallPlaneScratch = int64_t(1) << 20;
 
 // The forward GEMM of one group, all images at once, for small output planes.
 // As w[Og, Kg] @ cols[Kg, OHW] per image, C would be a few columns wide: the
@@ -423,37 +426,44 @@ constexpr int64_t kSmallPlaneWeight = int64_t(1) << 18;
 // blocks as the per-image product (dot products instead where N*OHW <= 3:
 // the GEMM's tiny-M path streams the weight in place); yt is then written
 // out as y[n, o, i], bias added, and epi runs on each output plane.  cols_t
-// and yt are scratch; ws holds one image's columns (unless pointwise).
+// and yt are scratch (a batch too big for kSmallPlaneScratch runs in
+// several products); ws holds one image's columns (unless pointwise).
 template <class Epi>
 void conv2d_small(const float* x, const float* wg, const float* bg, float* y, float* ws, const Conv2dGeom& g,
                   int64_t grp, const Epi& epi) {
     const int64_t Cg = g.C / g.groups, Og = g.O / g.groups, Kg = Cg * g.KH * g.KW;
-    const int64_t HW = g.H * g.W, OHW = g.OH * g.OW, M = g.N * OHW;
-    float* yt = direct_scratch(M * Og + M * Kg);
-    float* cols_t = yt + M * Og;
-    for (int64_t n = 0; n < g.N; ++n) {
-        const float* cols = x + (n * g.C + grp * Cg) * HW;
-        if (!g.pointwise()) {
-            im2col(cols, Cg, ws, g);
-            cols = ws;
-        }
-        for (int64_t i = 0; i < OHW; ++i) {
-            float* row = cols_t + (n * OHW + i) * Kg;
-            for (int64_t k = 0; k < Kg; ++k) row[k] = cols[k * OHW + i];
-        }
-    }
-    gemm(false, true, M, Og, Kg, cols_t, Kg, wg, Kg, yt, Og);
-    for (int64_t n = 0; n < g.N; ++n) {
-        for (int64_t o = 0; o < Og; ++o) {
-            float* yo = y + (n * g.O + grp * Og + o) * OHW;
-            const float* from = yt + n * OHW * Og + o;
-            if (bg) {
-                const float v = bg[o];
-                for (int64_t i = 0; i < OHW; ++i) yo[i] = from[i * Og] + v;
-            } else {
-                for (int64_t i = 0; i < OHW; ++i) yo[i] = from[i * Og];
+    const int64_t HW = g.H * g.W, OHW = g.OH * g.OW;
+    // Images per product: as many as keep the scratch within kSmallPlaneScratch floats.
+    const int64_t per_image = OHW * (Kg + Og);
+    const int64_t chunk = std::max<int64_t>(1, std::min(g.N, kSmallPlaneScratch / per_image));
+    float* yt = direct_scratch(chunk * per_image);
+    float* cols_t = yt + chunk * OHW * Og;
+    for (int64_t n0 = 0; n0 < g.N; n0 += chunk) {
+        const int64_t images = std::min(chunk, g.N - n0);
+        for (int64_t m = 0; m < images; ++m) {
+            const float* cols = x + ((n0 + m) * g.C + grp * Cg) * HW;
+            if (!g.pointwise()) {
+                im2col(cols, Cg, ws, g);
+                cols = ws;
             }
-            epi(grp * Og + o, yo, OHW);
+            for (int64_t i = 0; i < OHW; ++i) {
+                float* row = cols_t + (m * OHW + i) * Kg;
+                for (int64_t k = 0; k < Kg; ++k) row[k] = cols[k * OHW + i];
+            }
+        }
+        gemm(false, true, images * OHW, Og, Kg, cols_t, Kg, wg, Kg, yt, Og);
+        for (int64_t m = 0; m < images; ++m) {
+            for (int64_t o = 0; o < Og; ++o) {
+                float* yo = y + ((n0 + m) * g.O + grp * Og + o) * OHW;
+                const float* from = yt + m * OHW * Og + o;
+                if (bg) {
+                    const float v = bg[o];
+                    for (int64_t i = 0; i < OHW; ++i) yo[i] = from[i * Og] + v;
+                } else {
+                    for (int64_t i = 0; i < OHW; ++i) yo[i] = from[i * Og];
+                }
+                epi(grp * Og + o, yo, OHW);
+            }
         }
     }
 }
