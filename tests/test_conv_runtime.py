@@ -152,6 +152,10 @@ CONV_CASES = [
     Geom(3, 5, 8, 9, 5, 3, 3, pad=1, groups=5),           # depthwise (direct loops)
     Geom(2, 4, 10, 9, 8, 3, 3, stride=2, pad=1, groups=4),  # depthwise, multiplier 2 (direct)
     Geom(1, 3, 13, 12, 3, 5, 3, stride=(1, 2), pad=(2, 1), dil=(1, 2), groups=3),  # depthwise, mixed
+    Geom(2, 3, 20, 37, 3, 3, 3, pad=1, groups=3),        # depthwise, wide rows (vectorized along them)
+    Geom(1, 4, 23, 41, 8, 5, 5, stride=2, pad=2, groups=4),  # depthwise wide, stride 2, multiplier 2
+    Geom(1, 2, 19, 60, 2, 3, 5, stride=(1, 3), pad=(3, 1), dil=(2, 1), groups=2),  # wide, stride 3, pad > overlap
+    Geom(2, 20, 6, 7, 20, 3, 3, pad=1, groups=20),        # depthwise narrow, 20 channels: a partial lane block
     Geom(2, 2, 9, 8, 16, 3, 3, pad=1, groups=2),          # one channel per group, 8 outputs (GEMM)
     Geom(2, 1, 10, 10, 8, 5, 5, pad=2),                   # one input channel, GEMM path
     Geom(1, 1, 7, 7, 2, 3, 3, pad=1),                     # one input channel, direct path
@@ -165,6 +169,9 @@ CONV_CASES = [
     Geom(1, 2, 4, 4, 3, 3, 3, pad=2),                     # padding wider than the overlap
     Geom(1, 3, 5, 6, 2, 3, 3, stride=3, pad=2, dil=2),    # stride 3 and dilation
     Geom(2, 16, 12, 12, 40, 3, 3, pad=1),                 # more rows than one GEMM tile
+    Geom(2, 40, 2, 2, 70, 1, 1),                          # 2x2 output planes: the GEMM transposed
+    Geom(1, 6, 3, 5, 8, 3, 3, stride=2, pad=1, groups=2),  # 2x3 output planes, im2col, groups 2
+    Geom(9, 65536, 1, 2, 1, 1, 1),                        # small planes, the batch in two products (scratch cap)
 ]
 
 
@@ -189,6 +196,32 @@ def test_conv2d(driver, g):
         close(driver("conv2d", g, int(bias), inputs=inputs), y)
     close(driver("conv2d_grad_input", g, inputs=[dy, w]), dx)
     close(driver("conv2d_grad_weight", g, inputs=[x, dy]), dw)
+
+
+@pytest.mark.parametrize("g", CONV_CASES, ids=repr)
+def test_conv2d_batch_norm_equals_the_two_calls(driver, g):
+    """dg::conv2d_batch_norm (the conv_batch_norm pass's op): in evaluation mode
+    the normalization in the convolution's epilogue gives conv2d then batch_norm's
+    bits; in training mode too (the two calls, batch norm in place); both near
+    PyTorch's conv2d + batch_norm, running statistics included."""
+    gen = torch.Generator().manual_seed(5)
+    for bias, training in [(True, False), (False, False), (True, True)]:
+        x, w, b, _, y, _, _ = conv_reference(g, gen, bias)
+        if training and g.N * g.OH * g.OW < 2:
+            continue
+        bn_w, bn_b, rm = randn(gen, g.O), randn(gen, g.O), randn(gen, g.O)
+        rv = torch.rand(g.O, generator=gen, dtype=torch.float32) + 0.5
+        inputs = [x, w] + ([b] if bias else []) + [bn_w, bn_b, rm, rv]
+        out = driver("conv2d_batch_norm", g, int(bias), int(training), inputs=inputs)
+        n = y.numel()
+        fused, plain, stats = out[:n], out[n : 2 * n], out[2 * n :].reshape(4, g.O)
+        np.testing.assert_array_equal(fused, plain)
+        np.testing.assert_array_equal(stats[:2], stats[2:])
+        rm_t, rv_t = rm.clone(), rv.clone()
+        want = F.batch_norm(y, rm_t, rv_t, bn_w, bn_b, training=training, momentum=0.1, eps=1e-5)
+        close(fused.reshape(want.shape), want)
+        close(stats[0], rm_t)
+        close(stats[1], rv_t)
 
 
 # Large enough that every loop and GEMM splits over threads.

@@ -217,3 +217,40 @@ def test_fold_substitutes_the_constants_autodiff_makes():
     loss2, grads2 = reference.gradients(folded_graph, inputs, params)
     assert abs(loss0 - loss2) <= 1e-6 * max(1.0, abs(loss0))
     np.testing.assert_allclose(grads2["w"], grads0["w"], rtol=1e-5, atol=1e-7)
+
+
+def test_conv_batch_norm_joins_a_conv_and_its_batch_norm_in_a_model_that_does_not_train():
+    """conv_batch_norm: a conv whose only reader is a batch norm becomes one node with it
+    (ops/modes.py: conv2d_batch_norm) and one runtime call; the reference gives the same
+    outputs and running statistics in both modes; a conv whose output is also read
+    elsewhere, and every conv of a model that trains, stay as they are."""
+    from generator.pipeline import lowered
+
+    def cnn():
+        x = dg.input("x", (dg.dim("N"), 3, 8, 8))
+        a = dg.relu(dg.batch_norm_layer(dg.conv2d_layer(x, 4, (3, 3), padding=1, name="c1"), name="b1"))
+        d = dg.conv2d_layer(a, 4, (3, 3), padding=1, groups=4, bias=False, name="c2")
+        b = dg.batch_norm_layer(d, name="b2")
+        c = dg.conv2d_layer(b, 2, (1, 1), name="c3")  # read twice: not joined
+        return {"y": dg.batch_norm_layer(c, name="b3") + c, "z": b}
+
+    graphs = {level: prepare(dg.model(cnn).build(), level) for level in ("O1", "O2")}
+    ops = [n.op for n in graphs["O2"].nodes]
+    assert ops.count("conv2d_batch_norm") == 2 and ops.count("conv2d") == 1 and ops.count("batch_norm") == 1, ops
+    assert "dg::conv2d_batch_norm(" in "\n".join(str(line) for s in lowered(graphs["O2"]).statements for line in s.lines)
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((3, 3, 8, 8)).astype(np.float32)
+    params = {p.name: (rng.random(p.shape) + 0.5).astype(np.float32) for p in graphs["O1"].params}
+    for training in (False, True):
+        results = {}
+        for level, graph in graphs.items():
+            state = {k: v.copy() for k, v in params.items()}
+            out = reference.run(graph, {"x": x}, state, training=training)
+            results[level] = (out, state)
+        (out1, state1), (out2, state2) = results["O1"], results["O2"]
+        for k in out1:
+            np.testing.assert_array_equal(out1[k], out2[k])
+        for k in state1:
+            np.testing.assert_array_equal(state1[k], state2[k])
+    trained = prepare(load_example("resnet18").build(image=16, width=8), "O2")
+    assert not any(n.op == "conv2d_batch_norm" for n in trained.nodes)

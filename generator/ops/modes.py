@@ -20,7 +20,9 @@ import numpy as np
 from ..codegen.stmt import Named
 from ..ir.shapes import fmt_shape, numel
 from ..reference.rng import dropout_keep
-from .registry import OpDef, register, require_float
+from .conv import _columns as _conv_columns
+from .conv import _geom as _conv_geom
+from .registry import OpDef, get_op, register, require_float
 
 
 @dataclass
@@ -268,3 +270,51 @@ def _float(value) -> str:
     """A float32 literal that C++ reads back to the same float (numpy's shortest repr)."""
     text = str(np.float32(value))
     return (text if "e" in text or "." in text else text + ".0") + "f"
+
+
+@register
+class ConvBatchNorm(OpDef):
+    """[y, mean, invstd] = conv2d_batch_norm(x, w, bn_weight, bn_bias, running_mean, running_var,
+    mode[, b]): batch_norm(conv2d(x, w[, b]), ...), the two ops of a conv -> batch norm pair
+    in a model that does not train (transforms/passes.py: conv_batch_norm), as one runtime
+    call. In evaluation mode the convolution's epilogue normalizes each piece of output
+    while it is in cache, with batch norm's own arithmetic (the same results, one pass
+    fewer over the output); in training mode it is conv2d, then batch norm in place.
+    Attrs: the convolution's geometry and batch norm's eps and momentum."""
+
+    name = "conv2d_batch_norm"
+    multi_output = True
+    cse = False
+    updates_state = (4, 5)
+    output_hints = ("batch_norm", "mean", "invstd")
+
+    def infer(self, inputs, attrs):
+        conv = [inputs[0], inputs[1]] + list(inputs[7:])
+        (y_type,) = get_op("conv2d").infer(conv, attrs)
+        return [y_type] + BatchNorm().infer([_Typed(*y_type)] + list(inputs[2:7]), attrs)[1:]
+
+    def reference(self, args, attrs, dims):
+        (y,) = get_op("conv2d").reference([args[0], args[1]] + list(args[7:]), attrs, dims)
+        return BatchNorm().reference([y] + list(args[2:7]), attrs, dims)
+
+    def lower(self, node, ctx):
+        x, w, bn_w, bn_b, rm, rv, mode = node.inputs[:7]
+        b = ctx.read(node.inputs[7]) if len(node.inputs) == 8 else "nullptr"
+        y, mean, invstd = node.outputs
+        kernel, out_hw = tuple(w.shape[2:]), tuple(y.shape[2:])
+        geom, name = _conv_geom(ctx, node, x.shape, w.shape[0], kernel, out_hw)
+        cols = _conv_columns(node, x.shape, kernel, out_hw)
+        ws = ctx.workspace(f"{y.name}_cols", cols) if cols else "nullptr"
+        what = ctx.string(f"batch norm of the convolution of '{x.name}'")
+        return [geom, ctx.call("dg::conv2d_batch_norm", ctx.read(x), ctx.read(w), b, ctx.read(bn_w), ctx.read(bn_b),
+                               ctx.write(rm), ctx.write(rv), ctx.write(y), ctx.write(mean), ctx.write(invstd), ws,
+                               name, Named("eps", _float(node.attrs["eps"])),
+                               Named("momentum", _float(node.attrs["momentum"])), ctx.read(mode), what)]
+
+
+class _Typed:
+    """A stand-in operand for BatchNorm.infer: the convolution's output type."""
+
+    def __init__(self, dtype, shape, name="conv2d"):
+        self.dtype, self.shape, self.name = dtype, tuple(shape), name
+        self.rank = len(self.shape)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import sympy
 
+from ..ir.graph import Node
 from ..ir.shapes import broadcast
 from ..ops import ARGS, get_op, make_constant
 from ..ops.linalg import epilogue_role
@@ -26,7 +27,8 @@ from .remat import remat
 LEVELS = {
     "O0": [],
     "O1": ["dce", "cse", "fold", "copyprop", "dce"],
-    "O2": ["dce", "cse", "fold", "copyprop", "fuse", "simplify", "epilogue", "remat", "weight_grads_last", "dce"],
+    "O2": ["dce", "cse", "fold", "copyprop", "conv_batch_norm", "fuse", "simplify", "epilogue", "remat",
+           "weight_grads_last", "dce"],
 }
 
 
@@ -255,6 +257,38 @@ def epilogue(graph):
     return graph
 
 
+def conv_batch_norm(graph):
+    """In a model that does not train, a batch norm whose input is a convolution's
+    output that nothing else reads becomes one node with it, `conv2d_batch_norm`
+    (ops/modes.py): at inference the convolution normalizes each piece of its output
+    in its epilogue, while it is in cache, with batch norm's own arithmetic (the
+    same results, no weight rewritten, nothing more kept); in training mode it runs
+    the two as before. A model that trains keeps the two nodes (batch norm's
+    gradient reads the convolution's output)."""
+    if graph.train is not None:
+        return graph
+    (nodes, keep), *_ = regions(graph)
+    uses = _uses(nodes)
+    for bn in list(nodes):
+        if bn.op != "batch_norm":
+            continue
+        y = bn.inputs[0]
+        conv = getattr(y, "producer", None)
+        if conv is None or conv.op != "conv2d" or conv not in nodes or id(y) in keep:
+            continue
+        if len(uses.get(id(y), [])) != 1 or conv.phase != bn.phase:
+            continue
+        x, w = conv.inputs[:2]
+        fused = Node("conv2d_batch_norm", [x, w, *bn.inputs[1:6], *conv.inputs[2:]],
+                     {**conv.attrs, "eps": bn.attrs["eps"], "momentum": bn.attrs["momentum"]},
+                     outputs=bn.outputs, loc=bn.loc, phase=bn.phase)
+        for v in fused.outputs:
+            v.producer = fused
+        nodes.remove(conv)
+        nodes[nodes.index(bn)] = fused
+    return graph
+
+
 def weight_grads_last(graph):
     """In a training graph, the product that makes a parameter's gradient (x^T @ g)
     moves after the backward pass's last read of the parameter (the input gradient
@@ -298,7 +332,8 @@ def simplify(graph):
     return graph
 
 
-PASSES = {"dce": dce, "cse": cse, "copyprop": copyprop, "fuse": fuse, "simplify": simplify, "epilogue": epilogue,
+PASSES = {"dce": dce, "cse": cse, "copyprop": copyprop, "conv_batch_norm": conv_batch_norm, "fuse": fuse,
+          "simplify": simplify, "epilogue": epilogue,
           "fold": fold, "remat": remat, "weight_grads_last": weight_grads_last}
 
 

@@ -34,10 +34,12 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <type_traits>
 #include <vector>
 
 #include "dg_conv_geom.h"
 #include "dg_gemm.h"
+#include "dg_modes.h"
 #include "dg_parallel.h"
 
 namespace dg {
@@ -56,6 +58,14 @@ namespace conv_detail {
 #define DG_CONV_SIMD _Pragma("omp simd")
 #else
 #define DG_CONV_SIMD
+#endif
+
+// Whether dg_gemm.h's vector type (gemm_detail::Vec, vload, vfma, ...) is
+// compiled in: the same test as its DG_GEMM_SIMD, which it does not export.
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+#define DG_CONV_VEC 1
+#else
+#define DG_CONV_VEC 0
 #endif
 
 // Outputs per group up to which a convolution with one input channel per
@@ -183,13 +193,92 @@ inline void for_each_tap_row(const Conv2dGeom& g, Row&& row) {
     }
 }
 
-// Direct forward for one input channel per group (see direct()): each output
-// plane starts at its bias and gets w * (the shifted input plane) added for
-// every kernel position, clipped to the rows and columns that miss the
-// padding.  Planes are shared out over threads.
-inline void conv2d_direct(const float* x, const float* w, const float* b, float* y, const Conv2dGeom& g) {
-    const int64_t W = g.W, OW = g.OW, OHW = g.OH * OW, KK = g.KH * g.KW, sw = g.stride_w;
-    const int64_t O = g.O, Og = g.O / g.groups, planes = g.N * O;
+// This thread's staging buffer for the direct forward loops, at least
+// `floats` floats, 64-byte aligned; it grows on demand and is kept for later
+// calls, so a steady stream of calls allocates nothing.
+inline float* direct_scratch(int64_t floats) {
+    thread_local std::vector<float> buffer;
+    const size_t need = static_cast<size_t>(floats) + 16;
+    if (buffer.size() < need) buffer.resize(need);
+    const uintptr_t at = reinterpret_cast<uintptr_t>(buffer.data());
+    return buffer.data() + ((64 - at % 64) % 64) / sizeof(float);
+}
+
+// The padded input a direct forward reads: rows r = ih + pad_h for r in
+// [0, padded_rows), columns c = iw + pad_w for c in [0, padded_cols), zero
+// outside the input.  Exactly the positions the output windows reach.
+inline int64_t padded_rows(const Conv2dGeom& g) { return (g.OH - 1) * g.stride_h + (g.KH - 1) * g.dil_h + 1; }
+inline int64_t padded_cols(const Conv2dGeom& g) { return (g.OW - 1) * g.stride_w + (g.KW - 1) * g.dil_w + 1; }
+
+// Output columns computed together by conv2d_direct_rows (one AVX-512 vector,
+// two AVX2 ones); and channels computed together by conv2d_direct_channels.
+constexpr int64_t kDirectCols = 16;
+constexpr int64_t kDirectLanes = 16;
+
+// kDirectCols floats in registers (the GEMM's vector type, dg_gemm.h), for
+// the direct forward loops: acc = bias; acc += w * in (a scalar weight, or one
+// weight per lane); stored whole or in part.  One multiply-add per float and
+// step, so every output gets the same operations whatever the vector width.
+struct Piece {
+#if DG_CONV_VEC
+    static constexpr int kVecs = int(kDirectCols) / gemm_detail::kWidth;
+    gemm_detail::Vec v[kVecs];
+    explicit Piece(float bias) {
+        for (int i = 0; i < kVecs; ++i) v[i] = gemm_detail::vbroadcast(&bias);
+    }
+    explicit Piece(const float* bias) {
+        for (int i = 0; i < kVecs; ++i) v[i] = gemm_detail::vload(bias + i * gemm_detail::kWidth);
+    }
+    void fma(const float* w, const float* in) {
+        const gemm_detail::Vec wv = gemm_detail::vbroadcast(w);
+        for (int i = 0; i < kVecs; ++i) v[i] = gemm_detail::vfma(wv, gemm_detail::vload(in + i * gemm_detail::kWidth), v[i]);
+    }
+    void fma_lanes(const float* w, const float* in) {
+        for (int i = 0; i < kVecs; ++i) {
+            const int at = i * gemm_detail::kWidth;
+            v[i] = gemm_detail::vfma(gemm_detail::vload(w + at), gemm_detail::vload(in + at), v[i]);
+        }
+    }
+    void store(float* to, int64_t n) const {
+        if (n == kDirectCols) {
+            for (int i = 0; i < kVecs; ++i) gemm_detail::vstore(to + i * gemm_detail::kWidth, v[i]);
+            return;
+        }
+        alignas(64) float all[kDirectCols];
+        for (int i = 0; i < kVecs; ++i) gemm_detail::vstore(all + i * gemm_detail::kWidth, v[i]);
+        std::memcpy(to, all, n * sizeof(float));
+    }
+#else
+    float v[kDirectCols];
+    explicit Piece(float bias) { std::fill(v, v + kDirectCols, bias); }
+    explicit Piece(const float* bias) { std::copy(bias, bias + kDirectCols, v); }
+    void fma(const float* w, const float* in) {
+        for (int64_t j = 0; j < kDirectCols; ++j) v[j] += *w * in[j];
+    }
+    void fma_lanes(const float* w, const float* in) {
+        for (int64_t j = 0; j < kDirectCols; ++j) v[j] += w[j] * in[j];
+    }
+    void store(float* to, int64_t n) const { std::memcpy(to, v, n * sizeof(float)); }
+#endif
+};
+static_assert(kDirectLanes == kDirectCols, "a Piece holds the lanes of conv2d_direct_channels too");
+
+// Direct forward for one plane at a time, vectorized along the output row
+// (planes at least kDirectCols wide).  The input plane is first copied into a
+// zero-padded staging plane whose columns are dealt into stride_w phases
+// (padded column c goes to phase c % stride_w, place c / stride_w), so that
+// the window tap kw of consecutive outputs reads consecutive floats of one
+// phase whatever the stride: no bounds checks and no strided loads in the
+// loop.  Each piece of kDirectCols outputs of a row then starts at its bias
+// and gets w * (the shifted input) added for every kernel position in order
+// (kh outer, kw inner), in registers, and is stored once.  Planes are shared
+// out over threads.
+template <class Epi>
+void conv2d_direct_rows(const float* x, const float* w, const float* b, float* y, const Conv2dGeom& g, const Epi& epi) {
+    const int64_t H = g.H, W = g.W, OH = g.OH, OW = g.OW, OHW = OH * OW, KH = g.KH, KW = g.KW, KK = KH * KW;
+    const int64_t sh = g.stride_h, sw = g.stride_w, O = g.O, Og = g.O / g.groups, planes = g.N * O;
+    const int64_t PH = padded_rows(g), PC = padded_cols(g);
+    const int64_t PW = (PC + sw - 1) / sw + kDirectCols;  // one phase's row, with slack for the last piece
     const int threads = threads_for(2 * planes * KK * OHW);
 #ifdef _OPENMP
 #pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
@@ -198,20 +287,184 @@ inline void conv2d_direct(const float* x, const float* w, const float* b, float*
 #endif
     for (int64_t p = 0; p < planes; ++p) {
         const int64_t n = p / O, o = p % O;
-        const float* xp = x + (n * g.C + o / Og) * g.H * W;
-        float* yp = y + p * OHW;
-        std::fill(yp, yp + OHW, b ? b[o] : 0.0f);
-        for_each_tap_row(g, [&](int64_t k, int64_t oh, int64_t ih, int64_t off_w, int64_t lo, int64_t hi) {
-            const float wv = w[o * KK + k];
-            const float* xr = xp + ih * W;
-            float* yr = yp + oh * OW;
-            if (sw == 1) {
-                DG_CONV_SIMD
-                for (int64_t ow = lo; ow < hi; ++ow) yr[ow] += wv * xr[ow + off_w];
-            } else {
-                for (int64_t ow = lo; ow < hi; ++ow) yr[ow] += wv * xr[ow * sw + off_w];
+        const float* xp = x + (n * g.C + o / Og) * H * W;
+        float* stage = direct_scratch(sw * PH * PW);
+        std::fill(stage, stage + sw * PH * PW, 0.0f);
+        const int64_t c_lo = std::max<int64_t>(0, g.pad_w), c_hi = std::min(PC, W + g.pad_w);
+        for (int64_t r = std::max<int64_t>(0, g.pad_h); r < std::min(PH, H + g.pad_h); ++r) {
+            const float* xr = xp + (r - g.pad_h) * W - g.pad_w;  // xr[c]: padded column c
+            for (int64_t q = 0; q < sw; ++q) {  // phase q: the columns c = q + j*sw in [c_lo, c_hi)
+                float* dst = stage + (q * PH + r) * PW;
+                const int64_t j_lo = c_lo > q ? (c_lo - q + sw - 1) / sw : 0;
+                const int64_t j_hi = c_hi > q ? (c_hi - q + sw - 1) / sw : 0;
+                if (sw == 1) {
+                    if (j_hi > j_lo) std::memcpy(dst + j_lo, xr + j_lo, (j_hi - j_lo) * sizeof(float));
+                } else {
+                    for (int64_t j = j_lo; j < j_hi; ++j) dst[j] = xr[q + j * sw];
+                }
             }
-        });
+        }
+        const float* wp = w + o * KK;
+        const float bias = b ? b[o] : 0.0f;
+        float* yp = y + p * OHW;
+        for (int64_t oh = 0; oh < OH; ++oh) {
+            for (int64_t ow0 = 0; ow0 < OW; ow0 += kDirectCols) {
+                Piece acc(bias);
+                for (int64_t kh = 0; kh < KH; ++kh) {
+                    const int64_t r = oh * sh + kh * g.dil_h;
+                    for (int64_t kw = 0; kw < KW; ++kw) {
+                        const int64_t c = kw * g.dil_w;
+                        acc.fma(wp + kh * KW + kw, stage + ((c % sw) * PH + r) * PW + c / sw + ow0);
+                    }
+                }
+                acc.store(yp + oh * OW + ow0, std::min(kDirectCols, OW - ow0));
+            }
+        }
+        epi(o, yp, OHW);
+    }
+}
+
+// Direct forward for small planes (narrower than kDirectCols), vectorized
+// across channels instead: kDirectLanes output channels of one image at a
+// time.  Their input planes are staged zero-padded and interleaved (padded
+// position (r, c) holds the kDirectLanes channels' values side by side) and
+// their weights likewise, so every output position is a sum of whole-vector
+// multiply-adds over the kernel positions (kh outer, kw inner), starting at
+// the bias: the same operations in the same order as conv2d_direct_rows.
+// Blocks of channels are shared out over threads.
+template <class Epi>
+void conv2d_direct_channels(const float* x, const float* w, const float* b, float* y, const Conv2dGeom& g,
+                            const Epi& epi) {
+    constexpr int64_t L = kDirectLanes;
+    const int64_t H = g.H, W = g.W, OH = g.OH, OW = g.OW, OHW = OH * OW, KH = g.KH, KW = g.KW, KK = KH * KW;
+    const int64_t O = g.O, Og = g.O / g.groups, blocks_per_image = (O + L - 1) / L, blocks = g.N * blocks_per_image;
+    const int64_t PH = padded_rows(g), PW = padded_cols(g);
+    const int threads = threads_for(2 * g.N * O * KK * OHW);
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
+#else
+    (void)threads;
+#endif
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+        const int64_t n = blk / blocks_per_image, o0 = blk % blocks_per_image * L, lanes = std::min(L, O - o0);
+        float* stage = direct_scratch(PH * PW * L + KK * L + OHW * L);
+        float* wt = stage + PH * PW * L;  // wt[k * L + l] = w[o0 + l, k]
+        float* out = wt + KK * L;         // out[i * L + l] = y[n, o0 + l, i]
+        std::fill(stage, stage + PH * PW * L + KK * L, 0.0f);
+        for (int64_t l = 0; l < lanes; ++l) {
+            const float* xp = x + (n * g.C + (o0 + l) / Og) * H * W;
+            for (int64_t r = std::max<int64_t>(0, g.pad_h); r < std::min(PH, H + g.pad_h); ++r)
+                for (int64_t c = std::max<int64_t>(0, g.pad_w); c < std::min(PW, W + g.pad_w); ++c)
+                    stage[(r * PW + c) * L + l] = xp[(r - g.pad_h) * W + c - g.pad_w];
+            for (int64_t k = 0; k < KK; ++k) wt[k * L + l] = w[(o0 + l) * KK + k];
+        }
+        alignas(64) float bias[L];
+        for (int64_t l = 0; l < L; ++l) bias[l] = b && l < lanes ? b[o0 + l] : 0.0f;
+        for (int64_t oh = 0; oh < OH; ++oh) {
+            for (int64_t ow = 0; ow < OW; ++ow) {
+                Piece acc(bias);
+                for (int64_t kh = 0; kh < KH; ++kh) {
+                    const float* in_row = stage + (oh * g.stride_h + kh * g.dil_h) * PW * L;
+                    for (int64_t kw = 0; kw < KW; ++kw)
+                        acc.fma_lanes(wt + (kh * KW + kw) * L, in_row + (ow * g.stride_w + kw * g.dil_w) * L);
+                }
+                acc.store(out + (oh * OW + ow) * L, L);
+            }
+        }
+        for (int64_t l = 0; l < lanes; ++l) {
+            float* yp = y + (n * O + o0 + l) * OHW;
+            for (int64_t i = 0; i < OHW; ++i) yp[i] = out[i * L + l];
+            epi(o0 + l, yp, OHW);
+        }
+    }
+}
+
+// What conv2d_with applies to each finished piece of an output channel o's
+// plane (epi(o, c, n): c points at n finished outputs of channel o, bias
+// included): nothing, for conv2d.
+struct NoChannelEpilogue {
+    void operator()(int64_t, float*, int64_t) const {}
+};
+
+// Direct forward for one input channel per group (see direct()): every
+// output is its bias plus w * the input over the window's positions inside
+// the input, added in kernel order (padding positions add w * 0).  Wide
+// planes are vectorized along their rows, narrow ones across channels; epi
+// runs on each plane once it is complete.
+template <class Epi = NoChannelEpilogue>
+void conv2d_direct(const float* x, const float* w, const float* b, float* y, const Conv2dGeom& g,
+                   const Epi& epi = Epi()) {
+    if (g.OW >= kDirectCols) {
+        conv2d_direct_rows(x, w, b, y, g, epi);
+    } else {
+        conv2d_direct_channels(x, w, b, y, g, epi);
+    }
+}
+
+// Output planes up to this size (OH*OW: 2x2, 2x4, the last stages of
+// a network at small images) run their GEMMs transposed, see conv2d_small.
+// Only for weights up to kSmallPlaneWeight floats (1 MiB, so that the
+// transposed packing stays in L2): a bigger weight is bound by memory either
+// way, and packing it would add a write and a read of it (ResNet-18's 512 x
+// 4608 layers at 2x2 measured 10% slower transposed).
+constexpr int64_t kSmallPlane = 8;
+constexpr int64_t kSmallPlaneWeight = int64_t(1) << 18;
+// The most scratch (floats: 4 MiB) conv2d_small's transposed columns and
+// products take; a bigger batch runs in several products.
+constexpr int64_t kSmallPlaneScratch = int64_t(1) << 20;
+
+// The forward GEMM of one group, all images at once, for small output planes.
+// As w[Og, Kg] @ cols[Kg, OHW] per image, C would be a few columns wide: the
+// micro-kernel computes a whole tile width (16 or 32 columns) for 4 of them,
+// and the weight is read in place, 12 rows at a time, with a stride, once per
+// image.  Transposed and over the batch,
+//   yt[N*OHW, Og] = cols_t[N*OHW, Kg] @ w^T,
+// where cols_t holds every image's column matrix transposed (row n*OHW + i:
+// output position i of image n), the weight is the wide operand, packed once
+// per call and read in order, and every column of the tile is an output
+// channel.  Each output is a sum over k in ascending order, in the same K
+// blocks as the per-image product (dot products instead where N*OHW <= 3:
+// the GEMM's tiny-M path streams the weight in place); yt is then written
+// out as y[n, o, i], bias added, and epi runs on each output plane.  cols_t
+// and yt are scratch (a batch too big for kSmallPlaneScratch runs in
+// several products); ws holds one image's columns (unless pointwise).
+template <class Epi>
+void conv2d_small(const float* x, const float* wg, const float* bg, float* y, float* ws, const Conv2dGeom& g,
+                  int64_t grp, const Epi& epi) {
+    const int64_t Cg = g.C / g.groups, Og = g.O / g.groups, Kg = Cg * g.KH * g.KW;
+    const int64_t HW = g.H * g.W, OHW = g.OH * g.OW;
+    // Images per product: as many as keep the scratch within kSmallPlaneScratch floats.
+    const int64_t per_image = OHW * (Kg + Og);
+    const int64_t chunk = std::max<int64_t>(1, std::min(g.N, kSmallPlaneScratch / per_image));
+    float* yt = direct_scratch(chunk * per_image);
+    float* cols_t = yt + chunk * OHW * Og;
+    for (int64_t n0 = 0; n0 < g.N; n0 += chunk) {
+        const int64_t images = std::min(chunk, g.N - n0);
+        for (int64_t m = 0; m < images; ++m) {
+            const float* cols = x + ((n0 + m) * g.C + grp * Cg) * HW;
+            if (!g.pointwise()) {
+                im2col(cols, Cg, ws, g);
+                cols = ws;
+            }
+            for (int64_t i = 0; i < OHW; ++i) {
+                float* row = cols_t + (m * OHW + i) * Kg;
+                for (int64_t k = 0; k < Kg; ++k) row[k] = cols[k * OHW + i];
+            }
+        }
+        gemm(false, true, images * OHW, Og, Kg, cols_t, Kg, wg, Kg, yt, Og);
+        for (int64_t m = 0; m < images; ++m) {
+            for (int64_t o = 0; o < Og; ++o) {
+                float* yo = y + ((n0 + m) * g.O + grp * Og + o) * OHW;
+                const float* from = yt + m * OHW * Og + o;
+                if (bg) {
+                    const float v = bg[o];
+                    for (int64_t i = 0; i < OHW; ++i) yo[i] = from[i * Og] + v;
+                } else {
+                    for (int64_t i = 0; i < OHW; ++i) yo[i] = from[i * Og];
+                }
+                epi(grp * Og + o, yo, OHW);
+            }
+        }
     }
 }
 
@@ -297,40 +550,88 @@ inline void conv2d_grad_weight_direct(const float* x, const float* dy, float* dw
 
 }  // namespace conv_detail
 
-// y[N,O,OH,OW] = conv(x[N,C,H,W], w[O,C/groups,KH,KW]) (+ b[O] when b != nullptr):
-// cross-correlation as torch.nn.functional.conv2d, zero padding, dilation and
-// groups (depthwise included).  y is overwritten; ws holds conv2d_workspace(g)
-// floats.
-inline void conv2d(const float* x, const float* w, const float* b, float* y, float* ws, const Conv2dGeom& g) {
-    if (conv_detail::direct(g)) {
-        conv_detail::conv2d_direct(x, w, b, y, g);
+namespace conv_detail {
+
+// conv2d, then epi(o, c, n) on every finished piece of output channel o (see
+// NoChannelEpilogue), while it is still in cache: in the GEMM's epilogue, or
+// after each plane of the direct loops.
+template <class Epi>
+void conv2d_with(const float* x, const float* w, const float* b, float* y, float* ws, const Conv2dGeom& g,
+                 const Epi& epi) {
+    if (direct(g)) {
+        conv2d_direct(x, w, b, y, g, epi);
         return;
     }
+    constexpr bool plain = std::is_same<Epi, NoChannelEpilogue>::value;
     const int64_t Cg = g.C / g.groups, Og = g.O / g.groups, Kg = Cg * g.KH * g.KW;
     const int64_t HW = g.H * g.W, OHW = g.OH * g.OW;
+    if (OHW <= kSmallPlane && Og * Kg <= kSmallPlaneWeight) {
+        for (int64_t grp = 0; grp < g.groups; ++grp)
+            conv2d_small(x, w + grp * Og * Kg, b ? b + grp * Og : nullptr, y, ws, g, grp, epi);
+        return;
+    }
     const bool pointwise = g.pointwise();
     for (int64_t n = 0; n < g.N; ++n) {
         for (int64_t grp = 0; grp < g.groups; ++grp) {
             const float* xg = x + (n * g.C + grp * Cg) * HW;
             const float* cols = xg;
             if (!pointwise) {
-                conv_detail::im2col(xg, Cg, ws, g);
+                im2col(xg, Cg, ws, g);
                 cols = ws;
             }
             const float* wg = w + grp * Og * Kg;
             float* yg = y + (n * g.O + grp * Og) * OHW;
-            if (b) {
-                const float* bg = b + grp * Og;
+            const float* bg = b ? b + grp * Og : nullptr;
+            if (bg || !plain) {
+                const int64_t o_first = grp * Og;
                 gemm(false, false, Og, OHW, Kg, wg, Kg, cols, OHW, yg, OHW,
-                     [bg](int64_t row, int64_t, float* c, int64_t len) {
-                         const float v = bg[row];
-                         for (int64_t j = 0; j < len; ++j) c[j] += v;
+                     [bg, o_first, &epi](int64_t row, int64_t, float* c, int64_t len) {
+                         if (bg) {
+                             const float v = bg[row];
+                             for (int64_t j = 0; j < len; ++j) c[j] += v;
+                         }
+                         epi(o_first + row, c, len);
                      });
             } else {
                 gemm(false, false, Og, OHW, Kg, wg, Kg, cols, OHW, yg, OHW);
             }
         }
     }
+}
+
+}  // namespace conv_detail
+
+// y[N,O,OH,OW] = conv(x[N,C,H,W], w[O,C/groups,KH,KW]) (+ b[O] when b != nullptr):
+// cross-correlation as torch.nn.functional.conv2d, zero padding, dilation and
+// groups (depthwise included).  y is overwritten; ws holds conv2d_workspace(g)
+// floats.
+inline void conv2d(const float* x, const float* w, const float* b, float* y, float* ws, const Conv2dGeom& g) {
+    conv_detail::conv2d_with(x, w, b, y, ws, g, conv_detail::NoChannelEpilogue());
+}
+
+// y = batch_norm(conv2d(x, w, b)) with batch norm's weight bn_w, bias bn_b and
+// running statistics, as dg::batch_norm (dg_modes.h) computes it on conv2d's
+// output; mean and invstd are written as it writes them.  In evaluation mode
+// the normalization, (v - mean) * (invstd * bn_w) + bn_b, is applied to each
+// piece of output as the convolution finishes it (the GEMM's epilogue), while
+// it is in cache: the same arithmetic as the two calls, one pass fewer over y.
+// In training mode the batch's statistics need the whole output first: conv2d
+// into y, then batch norm in place.  ws as conv2d's.
+inline void conv2d_batch_norm(const float* x, const float* w, const float* b, const float* bn_w, const float* bn_b,
+                              float* running_mean, float* running_var, float* y, float* mean, float* invstd,
+                              float* ws, const Conv2dGeom& g, float eps, float momentum, const Mode& mode,
+                              const char* what) {
+    const int64_t OHW = g.OH * g.OW;
+    if (mode.training) {
+        conv2d(x, w, b, y, ws, g);
+        batch_norm(y, bn_w, bn_b, running_mean, running_var, y, mean, invstd, g.N, g.O, OHW, eps, momentum, mode,
+                   what);
+        return;
+    }
+    batch_norm_eval_statistics(running_mean, running_var, mean, invstd, g.O, eps);
+    conv_detail::conv2d_with(x, w, b, y, ws, g, [=](int64_t o, float* c, int64_t n) {
+        modes_detail::normalize_values(c, c, n, mean[o], invstd[o] * bn_w[o], bn_b[o]);
+    });
 }
 
 // dx[N,C,H,W] = the gradient of conv2d with respect to x, given dy[N,O,OH,OW];
@@ -594,3 +895,4 @@ inline void adaptive_avg_pool2d_grad(const float* dy, float* dx, int64_t planes,
 }  // namespace dg
 
 #undef DG_CONV_SIMD
+#undef DG_CONV_VEC

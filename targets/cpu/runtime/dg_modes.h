@@ -27,15 +27,23 @@ namespace modes_detail {
 
 // y = (x - mean) * (invstd * w) + b on channel c, from the statistics as stored:
 // batch_norm and batch_norm_apply compute alike, so a recomputation is exact.
+// to[i] = (from[i] - m) * scale + shift for i < n (from may be to): the
+// normalization every batch norm function here applies, so all round alike.
+inline void normalize_values(const float* from, float* to, int64_t n, float m, float scale, float shift) {
+  for (int64_t i = 0; i < n; ++i)
+    to[i] = (from[i] - m) * scale + shift;
+}
+
 inline void normalize_channel(const float* x, const float* w, const float* b, const float* mean,
                               const float* invstd, float* y, int64_t N, int64_t C, int64_t HW, int64_t c) {
   const float m = mean[c], scale = invstd[c] * w[c], shift = b[c];
-  for (int64_t n = 0; n < N; ++n) {
-    const float* from = x + (n * C + c) * HW;
-    float* to = y + (n * C + c) * HW;
-    for (int64_t i = 0; i < HW; ++i)
-      to[i] = (from[i] - m) * scale + shift;
-  }
+  for (int64_t n = 0; n < N; ++n)
+    normalize_values(x + (n * C + c) * HW, y + (n * C + c) * HW, HW, m, scale, shift);
+}
+
+// 1 / sqrt(var + eps), in double, rounded to float.
+inline float inverse_std(double var, float eps) {
+  return static_cast<float>(1.0 / std::sqrt(var + static_cast<double>(eps)));
 }
 
 }  // namespace modes_detail
@@ -50,7 +58,11 @@ inline void batch_norm(const float* x, const float* w, const float* b, float* ru
                                 std::to_string(count) + " (use eval() for single examples)");
   }
   const int threads = threads_for(2 * N * C * HW);
+#ifdef _OPENMP
 #pragma omp parallel for num_threads(threads) if (threads > 1)
+#else
+  (void)threads;
+#endif
   for (int64_t c = 0; c < C; ++c) {
     double m, var;
     if (mode.training) {
@@ -78,8 +90,18 @@ inline void batch_norm(const float* x, const float* w, const float* b, float* ru
       var = running_var[c];
     }
     mean[c] = static_cast<float>(m);
-    invstd[c] = static_cast<float>(1.0 / std::sqrt(var + static_cast<double>(eps)));
+    invstd[c] = modes_detail::inverse_std(var, eps);
     modes_detail::normalize_channel(x, w, b, mean, invstd, y, N, C, HW, c);
+  }
+}
+
+// The mean and invstd batch_norm uses in evaluation mode: the running
+// statistics, invstd = 1 / sqrt(running_var + eps) (dg::conv2d_batch_norm).
+inline void batch_norm_eval_statistics(const float* running_mean, const float* running_var, float* mean,
+                                       float* invstd, int64_t C, float eps) {
+  for (int64_t c = 0; c < C; ++c) {
+    mean[c] = running_mean[c];
+    invstd[c] = modes_detail::inverse_std(running_var[c], eps);
   }
 }
 
@@ -88,7 +110,11 @@ inline void batch_norm(const float* x, const float* w, const float* b, float* ru
 inline void batch_norm_apply(const float* x, const float* w, const float* b, const float* mean,
                              const float* invstd, float* y, int64_t N, int64_t C, int64_t HW) {
   const int threads = threads_for(2 * N * C * HW);
+#ifdef _OPENMP
 #pragma omp parallel for num_threads(threads) if (threads > 1)
+#else
+  (void)threads;
+#endif
   for (int64_t c = 0; c < C; ++c)
     modes_detail::normalize_channel(x, w, b, mean, invstd, y, N, C, HW, c);
 }
@@ -101,7 +127,11 @@ inline void batch_norm_grad(const float* x, const float* w, const float* mean, c
                             const Mode& mode) {
   const int64_t count = N * HW;
   const int threads = threads_for(3 * N * C * HW);
+#ifdef _OPENMP
 #pragma omp parallel for num_threads(threads) if (threads > 1)
+#else
+  (void)threads;
+#endif
   for (int64_t c = 0; c < C; ++c) {
     const float m = mean[c], inv = invstd[c];
     double sum_g = 0.0, sum_gx = 0.0;
@@ -149,7 +179,11 @@ inline void dropout(const float* x, float* y, int64_t n, float p, float scale, u
   }
   const uint64_t key = dropout_key(mode, stream);
   const int threads = threads_for(8 * n);
+#ifdef _OPENMP
 #pragma omp parallel for num_threads(threads) if (threads > 1)
+#else
+  (void)threads;
+#endif
   for (int64_t i = 0; i < n; ++i)
     y[i] = dropout_keep(key, i, p) ? x[i] * scale : 0.0f;
 }
