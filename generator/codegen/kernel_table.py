@@ -7,8 +7,9 @@ and however large they are: the ReLU after every batch norm of a ResNet is one
 `relu` called with each layer's element count. The table keeps one kernel per
 body and names it after its function chain (relu, add_relu, d_relu). Two
 different bodies with the same chain are told apart by how they read their
-operands (`shape_words`: add_bias, add_rows, mul_strided; then operand by
-operand: mul_x0_strided_out_mapped); a number is the last resort. The name of
+operands (`shape_words`: add_bias, add_rows, mul_strided; then by the value
+the first of them computed: mul_strided_mapped_for_node_c); a number is the
+last resort. The name of
 a body depends only on the bodies before it, so every call of one body,
 wherever it is, calls the same name.
 """
@@ -60,8 +61,11 @@ class KernelTable:
         base = use.chain if not is_reserved(use.chain) else f"{use.chain}_kernel"
         words = use.shape_words
         end = ["epilogue"] if use.kernel.kind == "epilogue" else []  # a functor: add_bias_epilogue
-        candidates = ["_".join([base] + list(dict.fromkeys(w for _, w in words)) + end),
-                      "_".join([base] + [f"{operand}_{w}" for operand, w in words] + end)]
+        first = "_".join([base] + list(dict.fromkeys(w for _, w in words)) + end)
+        candidates = [first]
+        value = "_".join(p for p in use.value.split("_") if not p.isdigit())  # node_c_2 -> node_c
+        if value and not is_reserved(value):  # the value it was first made for: ..._for_node_c
+            candidates.append(f"{first}_for_{value}")
         for name in candidates:
             if name not in taken:
                 return name

@@ -104,6 +104,7 @@ class KernelUse:
     extra: list
     chain: str  # what it computes, for its name: relu, add_relu, d_mean_d_add_relu
     shape_words: list  # how it reads its operands, for a name apart: [("x1", "bias")], [("out", "mapped")]
+    value: str = ""  # the name of the value one call computes (node_c), for a name apart at last
 
 
 def _shape_words(extents, views, row_maps, operands) -> list:
@@ -208,7 +209,8 @@ def ewise_kernel(node, printer_cls=FloatPrinter, views=None, row_maps=None) -> K
         work=_work(elements, [expr]),
     )
     extra = list(maps) + [Named(name, size_expr(size)) for name, size in sizes] + [str(d) for d in dims]
-    return KernelUse(kernel, extra, function_chain(node), _shape_words(extents, views, row_maps, operands))
+    value = node.outputs[0].name if node.outputs else ""
+    return KernelUse(kernel, extra, function_chain(node), _shape_words(extents, views, row_maps, operands), value)
 
 
 # A vectorized elementwise operation costs about what this many GEMM flops do
