@@ -48,7 +48,9 @@ namespace dg {
 // and group (each image's product is added into dw in place).  The CUDA runtime
 // wants more, for its K slices' partial sums: see target.json's
 // "weight_grad_partials" and ops/conv.py.
-constexpr int64_t conv2d_grad_weight_workspace(const Conv2dGeom& g) { return conv2d_workspace(g); }
+constexpr int64_t conv2d_grad_weight_workspace(const Conv2dGeom& g) {
+  return conv2d_workspace(g);
+}
 
 namespace conv_detail {
 
@@ -81,16 +83,16 @@ constexpr int64_t kCopyWork = 8;
 
 // True when conv2d & co. take the direct loops for g.
 constexpr bool direct(const Conv2dGeom& g) {
-    return g.C == g.groups && g.O / g.groups <= kDirectMaxOutputsPerGroup;
+  return g.C == g.groups && g.O / g.groups <= kDirectMaxOutputsPerGroup;
 }
 
 // [lo, hi): the outputs o in [0, out) whose input index o*stride + off lies in
 // [0, in), i.e. those that do not read padding along this axis (lo <= hi).
 inline void valid_range(int64_t off, int64_t stride, int64_t in, int64_t out, int64_t& lo, int64_t& hi) {
-    lo = off >= 0 ? 0 : (-off + stride - 1) / stride;
-    hi = in - off <= 0 ? 0 : (in - off + stride - 1) / stride;
-    hi = std::min(hi, out);
-    lo = std::min(lo, hi);
+  lo = off >= 0 ? 0 : (-off + stride - 1) / stride;
+  hi = in - off <= 0 ? 0 : (in - off + stride - 1) / stride;
+  hi = std::min(hi, out);
+  lo = std::min(lo, hi);
 }
 
 // cols[Cg*KH*KW, OH*OW] = the column matrix of x[Cg, H, W] (one image, one
@@ -98,37 +100,38 @@ inline void valid_range(int64_t off, int64_t stride, int64_t in, int64_t out, in
 // the window lies in the padding, a copy (contiguous when stride_w == 1)
 // elsewhere.  Rows are shared out over threads.
 inline void im2col(const float* x, int64_t Cg, float* cols, const Conv2dGeom& g) {
-    const int64_t H = g.H, W = g.W, OH = g.OH, OW = g.OW, OHW = OH * OW;
-    const int64_t KH = g.KH, KW = g.KW, sh = g.stride_h, sw = g.stride_w;
-    const int64_t rows = Cg * KH * KW;
-    const int threads = threads_for(kCopyWork * rows * OHW);
+  const int64_t H = g.H, W = g.W, OH = g.OH, OW = g.OW, OHW = OH * OW;
+  const int64_t KH = g.KH, KW = g.KW, sh = g.stride_h, sw = g.stride_w;
+  const int64_t rows = Cg * KH * KW;
+  const int threads = threads_for(kCopyWork * rows * OHW);
 #ifdef _OPENMP
 #pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
 #else
-    (void)threads;
+  (void)threads;
 #endif
-    for (int64_t r = 0; r < rows; ++r) {
-        const int64_t c = r / (KH * KW), kh = r / KW % KH, kw = r % KW;
-        const int64_t off_h = kh * g.dil_h - g.pad_h, off_w = kw * g.dil_w - g.pad_w;
-        int64_t oh_lo, oh_hi, ow_lo, ow_hi;
-        valid_range(off_h, sh, H, OH, oh_lo, oh_hi);
-        valid_range(off_w, sw, W, OW, ow_lo, ow_hi);
-        const float* xc = x + c * H * W;
-        float* row = cols + r * OHW;
-        std::fill(row, row + oh_lo * OW, 0.0f);
-        for (int64_t oh = oh_lo; oh < oh_hi; ++oh) {
-            const float* xr = xc + (oh * sh + off_h) * W;
-            float* out = row + oh * OW;
-            std::fill(out, out + ow_lo, 0.0f);
-            if (sw == 1) {
-                if (ow_hi > ow_lo) std::memcpy(out + ow_lo, xr + ow_lo + off_w, (ow_hi - ow_lo) * sizeof(float));
-            } else {
-                for (int64_t ow = ow_lo; ow < ow_hi; ++ow) out[ow] = xr[ow * sw + off_w];
-            }
-            std::fill(out + ow_hi, out + OW, 0.0f);
-        }
-        std::fill(row + oh_hi * OW, row + OHW, 0.0f);
+  for (int64_t r = 0; r < rows; ++r) {
+    const int64_t c = r / (KH * KW), kh = r / KW % KH, kw = r % KW;
+    const int64_t off_h = kh * g.dil_h - g.pad_h, off_w = kw * g.dil_w - g.pad_w;
+    int64_t oh_lo, oh_hi, ow_lo, ow_hi;
+    valid_range(off_h, sh, H, OH, oh_lo, oh_hi);
+    valid_range(off_w, sw, W, OW, ow_lo, ow_hi);
+    const float* xc = x + c * H * W;
+    float* row = cols + r * OHW;
+    std::fill(row, row + oh_lo * OW, 0.0f);
+    for (int64_t oh = oh_lo; oh < oh_hi; ++oh) {
+      const float* xr = xc + (oh * sh + off_h) * W;
+      float* out = row + oh * OW;
+      std::fill(out, out + ow_lo, 0.0f);
+      if (sw == 1) {
+        if (ow_hi > ow_lo) std::memcpy(out + ow_lo, xr + ow_lo + off_w, (ow_hi - ow_lo) * sizeof(float));
+      } else {
+        for (int64_t ow = ow_lo; ow < ow_hi; ++ow)
+          out[ow] = xr[ow * sw + off_w];
+      }
+      std::fill(out + ow_hi, out + OW, 0.0f);
     }
+    std::fill(row + oh_hi * OW, row + OHW, 0.0f);
+  }
 }
 
 // dx[Cg, H, W] = the adjoint of im2col applied to cols: dx is overwritten with
@@ -136,39 +139,41 @@ inline void im2col(const float* x, int64_t Cg, float* cols, const Conv2dGeom& g)
 // added back to it.  Channels are shared out over threads (the rows of one
 // channel all add into its plane).
 inline void col2im(const float* cols, int64_t Cg, float* dx, const Conv2dGeom& g) {
-    const int64_t H = g.H, W = g.W, OH = g.OH, OW = g.OW, OHW = OH * OW;
-    const int64_t KH = g.KH, KW = g.KW, sh = g.stride_h, sw = g.stride_w;
-    const int threads = threads_for(kCopyWork * Cg * KH * KW * OHW);
+  const int64_t H = g.H, W = g.W, OH = g.OH, OW = g.OW, OHW = OH * OW;
+  const int64_t KH = g.KH, KW = g.KW, sh = g.stride_h, sw = g.stride_w;
+  const int threads = threads_for(kCopyWork * Cg * KH * KW * OHW);
 #ifdef _OPENMP
 #pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
 #else
-    (void)threads;
+  (void)threads;
 #endif
-    for (int64_t c = 0; c < Cg; ++c) {
-        float* dxc = dx + c * H * W;
-        std::fill(dxc, dxc + H * W, 0.0f);
-        for (int64_t kh = 0; kh < KH; ++kh) {
-            const int64_t off_h = kh * g.dil_h - g.pad_h;
-            int64_t oh_lo, oh_hi;
-            valid_range(off_h, sh, H, OH, oh_lo, oh_hi);
-            for (int64_t kw = 0; kw < KW; ++kw) {
-                const int64_t off_w = kw * g.dil_w - g.pad_w;
-                int64_t ow_lo, ow_hi;
-                valid_range(off_w, sw, W, OW, ow_lo, ow_hi);
-                const float* row = cols + ((c * KH + kh) * KW + kw) * OHW;
-                for (int64_t oh = oh_lo; oh < oh_hi; ++oh) {
-                    float* dr = dxc + (oh * sh + off_h) * W;
-                    const float* in = row + oh * OW;
-                    if (sw == 1) {
-                        DG_CONV_SIMD
-                        for (int64_t ow = ow_lo; ow < ow_hi; ++ow) dr[ow + off_w] += in[ow];
-                    } else {
-                        for (int64_t ow = ow_lo; ow < ow_hi; ++ow) dr[ow * sw + off_w] += in[ow];
-                    }
-                }
-            }
+  for (int64_t c = 0; c < Cg; ++c) {
+    float* dxc = dx + c * H * W;
+    std::fill(dxc, dxc + H * W, 0.0f);
+    for (int64_t kh = 0; kh < KH; ++kh) {
+      const int64_t off_h = kh * g.dil_h - g.pad_h;
+      int64_t oh_lo, oh_hi;
+      valid_range(off_h, sh, H, OH, oh_lo, oh_hi);
+      for (int64_t kw = 0; kw < KW; ++kw) {
+        const int64_t off_w = kw * g.dil_w - g.pad_w;
+        int64_t ow_lo, ow_hi;
+        valid_range(off_w, sw, W, OW, ow_lo, ow_hi);
+        const float* row = cols + ((c * KH + kh) * KW + kw) * OHW;
+        for (int64_t oh = oh_lo; oh < oh_hi; ++oh) {
+          float* dr = dxc + (oh * sh + off_h) * W;
+          const float* in = row + oh * OW;
+          if (sw == 1) {
+            DG_CONV_SIMD
+            for (int64_t ow = ow_lo; ow < ow_hi; ++ow)
+              dr[ow + off_w] += in[ow];
+          } else {
+            for (int64_t ow = ow_lo; ow < ow_hi; ++ow)
+              dr[ow * sw + off_w] += in[ow];
+          }
         }
+      }
     }
+  }
 }
 
 // Calls row(k, oh, ih, off_w, ow_lo, ow_hi) for every kernel position k =
@@ -178,37 +183,41 @@ inline void col2im(const float* cols, int64_t Cg, float* dx, const Conv2dGeom& g
 // tap, which the direct loops below walk.
 template <typename Row>
 inline void for_each_tap_row(const Conv2dGeom& g, Row&& row) {
-    for (int64_t kh = 0; kh < g.KH; ++kh) {
-        const int64_t off_h = kh * g.dil_h - g.pad_h;
-        int64_t oh_lo, oh_hi;
-        valid_range(off_h, g.stride_h, g.H, g.OH, oh_lo, oh_hi);
-        for (int64_t kw = 0; kw < g.KW; ++kw) {
-            const int64_t off_w = kw * g.dil_w - g.pad_w;
-            int64_t ow_lo, ow_hi;
-            valid_range(off_w, g.stride_w, g.W, g.OW, ow_lo, ow_hi);
-            if (ow_lo == ow_hi) continue;
-            for (int64_t oh = oh_lo; oh < oh_hi; ++oh)
-                row(kh * g.KW + kw, oh, oh * g.stride_h + off_h, off_w, ow_lo, ow_hi);
-        }
+  for (int64_t kh = 0; kh < g.KH; ++kh) {
+    const int64_t off_h = kh * g.dil_h - g.pad_h;
+    int64_t oh_lo, oh_hi;
+    valid_range(off_h, g.stride_h, g.H, g.OH, oh_lo, oh_hi);
+    for (int64_t kw = 0; kw < g.KW; ++kw) {
+      const int64_t off_w = kw * g.dil_w - g.pad_w;
+      int64_t ow_lo, ow_hi;
+      valid_range(off_w, g.stride_w, g.W, g.OW, ow_lo, ow_hi);
+      if (ow_lo == ow_hi) continue;
+      for (int64_t oh = oh_lo; oh < oh_hi; ++oh)
+        row(kh * g.KW + kw, oh, oh * g.stride_h + off_h, off_w, ow_lo, ow_hi);
     }
+  }
 }
 
 // This thread's staging buffer for the direct forward loops, at least
 // `floats` floats, 64-byte aligned; it grows on demand and is kept for later
 // calls, so a steady stream of calls allocates nothing.
 inline float* direct_scratch(int64_t floats) {
-    thread_local std::vector<float> buffer;
-    const size_t need = static_cast<size_t>(floats) + 16;
-    if (buffer.size() < need) buffer.resize(need);
-    const uintptr_t at = reinterpret_cast<uintptr_t>(buffer.data());
-    return buffer.data() + ((64 - at % 64) % 64) / sizeof(float);
+  thread_local std::vector<float> buffer;
+  const size_t need = static_cast<size_t>(floats) + 16;
+  if (buffer.size() < need) buffer.resize(need);
+  const uintptr_t at = reinterpret_cast<uintptr_t>(buffer.data());
+  return buffer.data() + ((64 - at % 64) % 64) / sizeof(float);
 }
 
 // The padded input a direct forward reads: rows r = ih + pad_h for r in
 // [0, padded_rows), columns c = iw + pad_w for c in [0, padded_cols), zero
 // outside the input.  Exactly the positions the output windows reach.
-inline int64_t padded_rows(const Conv2dGeom& g) { return (g.OH - 1) * g.stride_h + (g.KH - 1) * g.dil_h + 1; }
-inline int64_t padded_cols(const Conv2dGeom& g) { return (g.OW - 1) * g.stride_w + (g.KW - 1) * g.dil_w + 1; }
+inline int64_t padded_rows(const Conv2dGeom& g) {
+  return (g.OH - 1) * g.stride_h + (g.KH - 1) * g.dil_h + 1;
+}
+inline int64_t padded_cols(const Conv2dGeom& g) {
+  return (g.OW - 1) * g.stride_w + (g.KW - 1) * g.dil_w + 1;
+}
 
 // Output columns computed together by conv2d_direct_rows (one AVX-512 vector,
 // two AVX2 ones); and channels computed together by conv2d_direct_channels.
@@ -221,44 +230,51 @@ constexpr int64_t kDirectLanes = 16;
 // step, so every output gets the same operations whatever the vector width.
 struct Piece {
 #if DG_CONV_VEC
-    static constexpr int kVecs = int(kDirectCols) / gemm_detail::kWidth;
-    gemm_detail::Vec v[kVecs];
-    explicit Piece(float bias) {
-        for (int i = 0; i < kVecs; ++i) v[i] = gemm_detail::vbroadcast(&bias);
+  static constexpr int kVecs = int(kDirectCols) / gemm_detail::kWidth;
+  gemm_detail::Vec v[kVecs];
+  explicit Piece(float bias) {
+    for (int i = 0; i < kVecs; ++i)
+      v[i] = gemm_detail::vbroadcast(&bias);
+  }
+  explicit Piece(const float* bias) {
+    for (int i = 0; i < kVecs; ++i)
+      v[i] = gemm_detail::vload(bias + i * gemm_detail::kWidth);
+  }
+  void fma(const float* w, const float* in) {
+    const gemm_detail::Vec wv = gemm_detail::vbroadcast(w);
+    for (int i = 0; i < kVecs; ++i)
+      v[i] = gemm_detail::vfma(wv, gemm_detail::vload(in + i * gemm_detail::kWidth), v[i]);
+  }
+  void fma_lanes(const float* w, const float* in) {
+    for (int i = 0; i < kVecs; ++i) {
+      const int at = i * gemm_detail::kWidth;
+      v[i] = gemm_detail::vfma(gemm_detail::vload(w + at), gemm_detail::vload(in + at), v[i]);
     }
-    explicit Piece(const float* bias) {
-        for (int i = 0; i < kVecs; ++i) v[i] = gemm_detail::vload(bias + i * gemm_detail::kWidth);
+  }
+  void store(float* to, int64_t n) const {
+    if (n == kDirectCols) {
+      for (int i = 0; i < kVecs; ++i)
+        gemm_detail::vstore(to + i * gemm_detail::kWidth, v[i]);
+      return;
     }
-    void fma(const float* w, const float* in) {
-        const gemm_detail::Vec wv = gemm_detail::vbroadcast(w);
-        for (int i = 0; i < kVecs; ++i) v[i] = gemm_detail::vfma(wv, gemm_detail::vload(in + i * gemm_detail::kWidth), v[i]);
-    }
-    void fma_lanes(const float* w, const float* in) {
-        for (int i = 0; i < kVecs; ++i) {
-            const int at = i * gemm_detail::kWidth;
-            v[i] = gemm_detail::vfma(gemm_detail::vload(w + at), gemm_detail::vload(in + at), v[i]);
-        }
-    }
-    void store(float* to, int64_t n) const {
-        if (n == kDirectCols) {
-            for (int i = 0; i < kVecs; ++i) gemm_detail::vstore(to + i * gemm_detail::kWidth, v[i]);
-            return;
-        }
-        alignas(64) float all[kDirectCols];
-        for (int i = 0; i < kVecs; ++i) gemm_detail::vstore(all + i * gemm_detail::kWidth, v[i]);
-        std::memcpy(to, all, n * sizeof(float));
-    }
+    alignas(64) float all[kDirectCols];
+    for (int i = 0; i < kVecs; ++i)
+      gemm_detail::vstore(all + i * gemm_detail::kWidth, v[i]);
+    std::memcpy(to, all, n * sizeof(float));
+  }
 #else
-    float v[kDirectCols];
-    explicit Piece(float bias) { std::fill(v, v + kDirectCols, bias); }
-    explicit Piece(const float* bias) { std::copy(bias, bias + kDirectCols, v); }
-    void fma(const float* w, const float* in) {
-        for (int64_t j = 0; j < kDirectCols; ++j) v[j] += *w * in[j];
-    }
-    void fma_lanes(const float* w, const float* in) {
-        for (int64_t j = 0; j < kDirectCols; ++j) v[j] += w[j] * in[j];
-    }
-    void store(float* to, int64_t n) const { std::memcpy(to, v, n * sizeof(float)); }
+  float v[kDirectCols];
+  explicit Piece(float bias) { std::fill(v, v + kDirectCols, bias); }
+  explicit Piece(const float* bias) { std::copy(bias, bias + kDirectCols, v); }
+  void fma(const float* w, const float* in) {
+    for (int64_t j = 0; j < kDirectCols; ++j)
+      v[j] += *w * in[j];
+  }
+  void fma_lanes(const float* w, const float* in) {
+    for (int64_t j = 0; j < kDirectCols; ++j)
+      v[j] += w[j] * in[j];
+  }
+  void store(float* to, int64_t n) const { std::memcpy(to, v, n * sizeof(float)); }
 #endif
 };
 static_assert(kDirectLanes == kDirectCols, "a Piece holds the lanes of conv2d_direct_channels too");
@@ -274,54 +290,56 @@ static_assert(kDirectLanes == kDirectCols, "a Piece holds the lanes of conv2d_di
 // (kh outer, kw inner), in registers, and is stored once.  Planes are shared
 // out over threads.
 template <class Epi>
-void conv2d_direct_rows(const float* x, const float* w, const float* b, float* y, const Conv2dGeom& g, const Epi& epi) {
-    const int64_t H = g.H, W = g.W, OH = g.OH, OW = g.OW, OHW = OH * OW, KH = g.KH, KW = g.KW, KK = KH * KW;
-    const int64_t sh = g.stride_h, sw = g.stride_w, O = g.O, Og = g.O / g.groups, planes = g.N * O;
-    const int64_t PH = padded_rows(g), PC = padded_cols(g);
-    const int64_t PW = (PC + sw - 1) / sw + kDirectCols;  // one phase's row, with slack for the last piece
-    const int threads = threads_for(2 * planes * KK * OHW);
+void conv2d_direct_rows(const float* x, const float* w, const float* b, float* y, const Conv2dGeom& g,
+                        const Epi& epi) {
+  const int64_t H = g.H, W = g.W, OH = g.OH, OW = g.OW, OHW = OH * OW, KH = g.KH, KW = g.KW, KK = KH * KW;
+  const int64_t sh = g.stride_h, sw = g.stride_w, O = g.O, Og = g.O / g.groups, planes = g.N * O;
+  const int64_t PH = padded_rows(g), PC = padded_cols(g);
+  const int64_t PW = (PC + sw - 1) / sw + kDirectCols;  // one phase's row, with slack for the last piece
+  const int threads = threads_for(2 * planes * KK * OHW);
 #ifdef _OPENMP
 #pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
 #else
-    (void)threads;
+  (void)threads;
 #endif
-    for (int64_t p = 0; p < planes; ++p) {
-        const int64_t n = p / O, o = p % O;
-        const float* xp = x + (n * g.C + o / Og) * H * W;
-        float* stage = direct_scratch(sw * PH * PW);
-        std::fill(stage, stage + sw * PH * PW, 0.0f);
-        const int64_t c_lo = std::max<int64_t>(0, g.pad_w), c_hi = std::min(PC, W + g.pad_w);
-        for (int64_t r = std::max<int64_t>(0, g.pad_h); r < std::min(PH, H + g.pad_h); ++r) {
-            const float* xr = xp + (r - g.pad_h) * W - g.pad_w;  // xr[c]: padded column c
-            for (int64_t q = 0; q < sw; ++q) {  // phase q: the columns c = q + j*sw in [c_lo, c_hi)
-                float* dst = stage + (q * PH + r) * PW;
-                const int64_t j_lo = c_lo > q ? (c_lo - q + sw - 1) / sw : 0;
-                const int64_t j_hi = c_hi > q ? (c_hi - q + sw - 1) / sw : 0;
-                if (sw == 1) {
-                    if (j_hi > j_lo) std::memcpy(dst + j_lo, xr + j_lo, (j_hi - j_lo) * sizeof(float));
-                } else {
-                    for (int64_t j = j_lo; j < j_hi; ++j) dst[j] = xr[q + j * sw];
-                }
-            }
+  for (int64_t p = 0; p < planes; ++p) {
+    const int64_t n = p / O, o = p % O;
+    const float* xp = x + (n * g.C + o / Og) * H * W;
+    float* stage = direct_scratch(sw * PH * PW);
+    std::fill(stage, stage + sw * PH * PW, 0.0f);
+    const int64_t c_lo = std::max<int64_t>(0, g.pad_w), c_hi = std::min(PC, W + g.pad_w);
+    for (int64_t r = std::max<int64_t>(0, g.pad_h); r < std::min(PH, H + g.pad_h); ++r) {
+      const float* xr = xp + (r - g.pad_h) * W - g.pad_w;  // xr[c]: padded column c
+      for (int64_t q = 0; q < sw; ++q) {  // phase q: the columns c = q + j*sw in [c_lo, c_hi)
+        float* dst = stage + (q * PH + r) * PW;
+        const int64_t j_lo = c_lo > q ? (c_lo - q + sw - 1) / sw : 0;
+        const int64_t j_hi = c_hi > q ? (c_hi - q + sw - 1) / sw : 0;
+        if (sw == 1) {
+          if (j_hi > j_lo) std::memcpy(dst + j_lo, xr + j_lo, (j_hi - j_lo) * sizeof(float));
+        } else {
+          for (int64_t j = j_lo; j < j_hi; ++j)
+            dst[j] = xr[q + j * sw];
         }
-        const float* wp = w + o * KK;
-        const float bias = b ? b[o] : 0.0f;
-        float* yp = y + p * OHW;
-        for (int64_t oh = 0; oh < OH; ++oh) {
-            for (int64_t ow0 = 0; ow0 < OW; ow0 += kDirectCols) {
-                Piece acc(bias);
-                for (int64_t kh = 0; kh < KH; ++kh) {
-                    const int64_t r = oh * sh + kh * g.dil_h;
-                    for (int64_t kw = 0; kw < KW; ++kw) {
-                        const int64_t c = kw * g.dil_w;
-                        acc.fma(wp + kh * KW + kw, stage + ((c % sw) * PH + r) * PW + c / sw + ow0);
-                    }
-                }
-                acc.store(yp + oh * OW + ow0, std::min(kDirectCols, OW - ow0));
-            }
-        }
-        epi(o, yp, OHW);
+      }
     }
+    const float* wp = w + o * KK;
+    const float bias = b ? b[o] : 0.0f;
+    float* yp = y + p * OHW;
+    for (int64_t oh = 0; oh < OH; ++oh) {
+      for (int64_t ow0 = 0; ow0 < OW; ow0 += kDirectCols) {
+        Piece acc(bias);
+        for (int64_t kh = 0; kh < KH; ++kh) {
+          const int64_t r = oh * sh + kh * g.dil_h;
+          for (int64_t kw = 0; kw < KW; ++kw) {
+            const int64_t c = kw * g.dil_w;
+            acc.fma(wp + kh * KW + kw, stage + ((c % sw) * PH + r) * PW + c / sw + ow0);
+          }
+        }
+        acc.store(yp + oh * OW + ow0, std::min(kDirectCols, OW - ow0));
+      }
+    }
+    epi(o, yp, OHW);
+  }
 }
 
 // Direct forward for small planes (narrower than kDirectCols), vectorized
@@ -335,55 +353,59 @@ void conv2d_direct_rows(const float* x, const float* w, const float* b, float* y
 template <class Epi>
 void conv2d_direct_channels(const float* x, const float* w, const float* b, float* y, const Conv2dGeom& g,
                             const Epi& epi) {
-    constexpr int64_t L = kDirectLanes;
-    const int64_t H = g.H, W = g.W, OH = g.OH, OW = g.OW, OHW = OH * OW, KH = g.KH, KW = g.KW, KK = KH * KW;
-    const int64_t O = g.O, Og = g.O / g.groups, blocks_per_image = (O + L - 1) / L, blocks = g.N * blocks_per_image;
-    const int64_t PH = padded_rows(g), PW = padded_cols(g);
-    const int threads = threads_for(2 * g.N * O * KK * OHW);
+  constexpr int64_t L = kDirectLanes;
+  const int64_t H = g.H, W = g.W, OH = g.OH, OW = g.OW, OHW = OH * OW, KH = g.KH, KW = g.KW, KK = KH * KW;
+  const int64_t O = g.O, Og = g.O / g.groups, blocks_per_image = (O + L - 1) / L,
+                blocks = g.N * blocks_per_image;
+  const int64_t PH = padded_rows(g), PW = padded_cols(g);
+  const int threads = threads_for(2 * g.N * O * KK * OHW);
 #ifdef _OPENMP
 #pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
 #else
-    (void)threads;
+  (void)threads;
 #endif
-    for (int64_t blk = 0; blk < blocks; ++blk) {
-        const int64_t n = blk / blocks_per_image, o0 = blk % blocks_per_image * L, lanes = std::min(L, O - o0);
-        float* stage = direct_scratch(PH * PW * L + KK * L + OHW * L);
-        float* wt = stage + PH * PW * L;  // wt[k * L + l] = w[o0 + l, k]
-        float* out = wt + KK * L;         // out[i * L + l] = y[n, o0 + l, i]
-        std::fill(stage, stage + PH * PW * L + KK * L, 0.0f);
-        for (int64_t l = 0; l < lanes; ++l) {
-            const float* xp = x + (n * g.C + (o0 + l) / Og) * H * W;
-            for (int64_t r = std::max<int64_t>(0, g.pad_h); r < std::min(PH, H + g.pad_h); ++r)
-                for (int64_t c = std::max<int64_t>(0, g.pad_w); c < std::min(PW, W + g.pad_w); ++c)
-                    stage[(r * PW + c) * L + l] = xp[(r - g.pad_h) * W + c - g.pad_w];
-            for (int64_t k = 0; k < KK; ++k) wt[k * L + l] = w[(o0 + l) * KK + k];
-        }
-        alignas(64) float bias[L];
-        for (int64_t l = 0; l < L; ++l) bias[l] = b && l < lanes ? b[o0 + l] : 0.0f;
-        for (int64_t oh = 0; oh < OH; ++oh) {
-            for (int64_t ow = 0; ow < OW; ++ow) {
-                Piece acc(bias);
-                for (int64_t kh = 0; kh < KH; ++kh) {
-                    const float* in_row = stage + (oh * g.stride_h + kh * g.dil_h) * PW * L;
-                    for (int64_t kw = 0; kw < KW; ++kw)
-                        acc.fma_lanes(wt + (kh * KW + kw) * L, in_row + (ow * g.stride_w + kw * g.dil_w) * L);
-                }
-                acc.store(out + (oh * OW + ow) * L, L);
-            }
-        }
-        for (int64_t l = 0; l < lanes; ++l) {
-            float* yp = y + (n * O + o0 + l) * OHW;
-            for (int64_t i = 0; i < OHW; ++i) yp[i] = out[i * L + l];
-            epi(o0 + l, yp, OHW);
-        }
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    const int64_t n = blk / blocks_per_image, o0 = blk % blocks_per_image * L, lanes = std::min(L, O - o0);
+    float* stage = direct_scratch(PH * PW * L + KK * L + OHW * L);
+    float* wt = stage + PH * PW * L;  // wt[k * L + l] = w[o0 + l, k]
+    float* out = wt + KK * L;         // out[i * L + l] = y[n, o0 + l, i]
+    std::fill(stage, stage + PH * PW * L + KK * L, 0.0f);
+    for (int64_t l = 0; l < lanes; ++l) {
+      const float* xp = x + (n * g.C + (o0 + l) / Og) * H * W;
+      for (int64_t r = std::max<int64_t>(0, g.pad_h); r < std::min(PH, H + g.pad_h); ++r)
+        for (int64_t c = std::max<int64_t>(0, g.pad_w); c < std::min(PW, W + g.pad_w); ++c)
+          stage[(r * PW + c) * L + l] = xp[(r - g.pad_h) * W + c - g.pad_w];
+      for (int64_t k = 0; k < KK; ++k)
+        wt[k * L + l] = w[(o0 + l) * KK + k];
     }
+    alignas(64) float bias[L];
+    for (int64_t l = 0; l < L; ++l)
+      bias[l] = b && l < lanes ? b[o0 + l] : 0.0f;
+    for (int64_t oh = 0; oh < OH; ++oh) {
+      for (int64_t ow = 0; ow < OW; ++ow) {
+        Piece acc(bias);
+        for (int64_t kh = 0; kh < KH; ++kh) {
+          const float* in_row = stage + (oh * g.stride_h + kh * g.dil_h) * PW * L;
+          for (int64_t kw = 0; kw < KW; ++kw)
+            acc.fma_lanes(wt + (kh * KW + kw) * L, in_row + (ow * g.stride_w + kw * g.dil_w) * L);
+        }
+        acc.store(out + (oh * OW + ow) * L, L);
+      }
+    }
+    for (int64_t l = 0; l < lanes; ++l) {
+      float* yp = y + (n * O + o0 + l) * OHW;
+      for (int64_t i = 0; i < OHW; ++i)
+        yp[i] = out[i * L + l];
+      epi(o0 + l, yp, OHW);
+    }
+  }
 }
 
 // What conv2d_with applies to each finished piece of an output channel o's
 // plane (epi(o, c, n): c points at n finished outputs of channel o, bias
 // included): nothing, for conv2d.
 struct NoChannelEpilogue {
-    void operator()(int64_t, float*, int64_t) const {}
+  void operator()(int64_t, float*, int64_t) const {}
 };
 
 // Direct forward for one input channel per group (see direct()): every
@@ -394,11 +416,11 @@ struct NoChannelEpilogue {
 template <class Epi = NoChannelEpilogue>
 void conv2d_direct(const float* x, const float* w, const float* b, float* y, const Conv2dGeom& g,
                    const Epi& epi = Epi()) {
-    if (g.OW >= kDirectCols) {
-        conv2d_direct_rows(x, w, b, y, g, epi);
-    } else {
-        conv2d_direct_channels(x, w, b, y, g, epi);
-    }
+  if (g.OW >= kDirectCols) {
+    conv2d_direct_rows(x, w, b, y, g, epi);
+  } else {
+    conv2d_direct_channels(x, w, b, y, g, epi);
+  }
 }
 
 // Output planes up to this size (OH*OW: 2x2, 2x4, the last stages of
@@ -431,94 +453,103 @@ constexpr int64_t kSmallPlaneScratch = int64_t(1) << 20;
 template <class Epi>
 void conv2d_small(const float* x, const float* wg, const float* bg, float* y, float* ws, const Conv2dGeom& g,
                   int64_t grp, const Epi& epi) {
-    const int64_t Cg = g.C / g.groups, Og = g.O / g.groups, Kg = Cg * g.KH * g.KW;
-    const int64_t HW = g.H * g.W, OHW = g.OH * g.OW;
-    // Images per product: as many as keep the scratch within kSmallPlaneScratch floats.
-    const int64_t per_image = OHW * (Kg + Og);
-    const int64_t chunk = std::max<int64_t>(1, std::min(g.N, kSmallPlaneScratch / per_image));
-    float* yt = direct_scratch(chunk * per_image);
-    float* cols_t = yt + chunk * OHW * Og;
-    for (int64_t n0 = 0; n0 < g.N; n0 += chunk) {
-        const int64_t images = std::min(chunk, g.N - n0);
-        for (int64_t m = 0; m < images; ++m) {
-            const float* cols = x + ((n0 + m) * g.C + grp * Cg) * HW;
-            if (!g.pointwise()) {
-                im2col(cols, Cg, ws, g);
-                cols = ws;
-            }
-            for (int64_t i = 0; i < OHW; ++i) {
-                float* row = cols_t + (m * OHW + i) * Kg;
-                for (int64_t k = 0; k < Kg; ++k) row[k] = cols[k * OHW + i];
-            }
-        }
-        gemm(false, true, images * OHW, Og, Kg, cols_t, Kg, wg, Kg, yt, Og);
-        for (int64_t m = 0; m < images; ++m) {
-            for (int64_t o = 0; o < Og; ++o) {
-                float* yo = y + ((n0 + m) * g.O + grp * Og + o) * OHW;
-                const float* from = yt + m * OHW * Og + o;
-                if (bg) {
-                    const float v = bg[o];
-                    for (int64_t i = 0; i < OHW; ++i) yo[i] = from[i * Og] + v;
-                } else {
-                    for (int64_t i = 0; i < OHW; ++i) yo[i] = from[i * Og];
-                }
-                epi(grp * Og + o, yo, OHW);
-            }
-        }
+  const int64_t Cg = g.C / g.groups, Og = g.O / g.groups, Kg = Cg * g.KH * g.KW;
+  const int64_t HW = g.H * g.W, OHW = g.OH * g.OW;
+  // Images per product: as many as keep the scratch within kSmallPlaneScratch floats.
+  const int64_t per_image = OHW * (Kg + Og);
+  const int64_t chunk = std::max<int64_t>(1, std::min(g.N, kSmallPlaneScratch / per_image));
+  float* yt = direct_scratch(chunk * per_image);
+  float* cols_t = yt + chunk * OHW * Og;
+  for (int64_t n0 = 0; n0 < g.N; n0 += chunk) {
+    const int64_t images = std::min(chunk, g.N - n0);
+    for (int64_t m = 0; m < images; ++m) {
+      const float* cols = x + ((n0 + m) * g.C + grp * Cg) * HW;
+      if (!g.pointwise()) {
+        im2col(cols, Cg, ws, g);
+        cols = ws;
+      }
+      for (int64_t i = 0; i < OHW; ++i) {
+        float* row = cols_t + (m * OHW + i) * Kg;
+        for (int64_t k = 0; k < Kg; ++k)
+          row[k] = cols[k * OHW + i];
+      }
     }
+    gemm(false, true, images * OHW, Og, Kg, cols_t, Kg, wg, Kg, yt, Og);
+    for (int64_t m = 0; m < images; ++m) {
+      for (int64_t o = 0; o < Og; ++o) {
+        float* yo = y + ((n0 + m) * g.O + grp * Og + o) * OHW;
+        const float* from = yt + m * OHW * Og + o;
+        if (bg) {
+          const float v = bg[o];
+          for (int64_t i = 0; i < OHW; ++i)
+            yo[i] = from[i * Og] + v;
+        } else {
+          for (int64_t i = 0; i < OHW; ++i)
+            yo[i] = from[i * Og];
+        }
+        epi(grp * Og + o, yo, OHW);
+      }
+    }
+  }
 }
 
 // Direct input gradient for one input channel per group: each input plane is
 // zeroed, then w * dy is added back to the positions its outputs read, for
 // each of the group's outputs and kernel positions.  Planes are shared out.
 inline void conv2d_grad_input_direct(const float* dy, const float* w, float* dx, const Conv2dGeom& g) {
-    const int64_t W = g.W, OW = g.OW, OHW = g.OH * OW, KK = g.KH * g.KW, sw = g.stride_w;
-    const int64_t C = g.C, Og = g.O / g.groups, planes = g.N * C;
-    const int threads = threads_for(2 * g.N * g.O * KK * OHW);
+  const int64_t W = g.W, OW = g.OW, OHW = g.OH * OW, KK = g.KH * g.KW, sw = g.stride_w;
+  const int64_t C = g.C, Og = g.O / g.groups, planes = g.N * C;
+  const int threads = threads_for(2 * g.N * g.O * KK * OHW);
 #ifdef _OPENMP
 #pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
 #else
-    (void)threads;
+  (void)threads;
 #endif
-    for (int64_t p = 0; p < planes; ++p) {
-        const int64_t n = p / C, c = p % C;
-        float* dxp = dx + p * g.H * W;
-        std::fill(dxp, dxp + g.H * W, 0.0f);
-        for (int64_t m = 0; m < Og; ++m) {
-            const int64_t o = c * Og + m;
-            const float* dyp = dy + (n * g.O + o) * OHW;
-            const auto tap = [&](int64_t k, int64_t oh, int64_t ih, int64_t off_w, int64_t lo, int64_t hi) {
-                const float wv = w[o * KK + k];
-                float* dr = dxp + ih * W;
-                const float* gr = dyp + oh * OW;
-                if (sw == 1) {
-                    DG_CONV_SIMD
-                    for (int64_t ow = lo; ow < hi; ++ow) dr[ow + off_w] += wv * gr[ow];
-                } else {
-                    for (int64_t ow = lo; ow < hi; ++ow) dr[ow * sw + off_w] += wv * gr[ow];
-                }
-            };
-            for_each_tap_row(g, tap);
+  for (int64_t p = 0; p < planes; ++p) {
+    const int64_t n = p / C, c = p % C;
+    float* dxp = dx + p * g.H * W;
+    std::fill(dxp, dxp + g.H * W, 0.0f);
+    for (int64_t m = 0; m < Og; ++m) {
+      const int64_t o = c * Og + m;
+      const float* dyp = dy + (n * g.O + o) * OHW;
+      const auto tap = [&](int64_t k, int64_t oh, int64_t ih, int64_t off_w, int64_t lo, int64_t hi) {
+        const float wv = w[o * KK + k];
+        float* dr = dxp + ih * W;
+        const float* gr = dyp + oh * OW;
+        if (sw == 1) {
+          DG_CONV_SIMD
+          for (int64_t ow = lo; ow < hi; ++ow)
+            dr[ow + off_w] += wv * gr[ow];
+        } else {
+          for (int64_t ow = lo; ow < hi; ++ow)
+            dr[ow * sw + off_w] += wv * gr[ow];
         }
+      };
+      for_each_tap_row(g, tap);
     }
+  }
 }
 
 // sum over j in [lo, hi) of a[j] * b[j*stride + off], in 8 independent
 // partial sums (which the compiler can keep in one vector) added up at the end.
-inline float strided_dot(const float* a, const float* b, int64_t stride, int64_t off, int64_t lo, int64_t hi) {
-    float part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    int64_t j = lo;
-    if (stride == 1) {
-        for (; j + 8 <= hi; j += 8) {
-            for (int l = 0; l < 8; ++l) part[l] += a[j + l] * b[j + l + off];
-        }
-    } else {
-        for (; j + 8 <= hi; j += 8) {
-            for (int l = 0; l < 8; ++l) part[l] += a[j + l] * b[(j + l) * stride + off];
-        }
+inline float strided_dot(const float* a, const float* b, int64_t stride, int64_t off, int64_t lo,
+                         int64_t hi) {
+  float part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t j = lo;
+  if (stride == 1) {
+    for (; j + 8 <= hi; j += 8) {
+      for (int l = 0; l < 8; ++l)
+        part[l] += a[j + l] * b[j + l + off];
     }
-    for (int l = 0; j < hi; ++j, ++l) part[l] += a[j] * b[j * stride + off];
-    return ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
+  } else {
+    for (; j + 8 <= hi; j += 8) {
+      for (int l = 0; l < 8; ++l)
+        part[l] += a[j + l] * b[(j + l) * stride + off];
+    }
+  }
+  for (int l = 0; j < hi; ++j, ++l)
+    part[l] += a[j] * b[j * stride + off];
+  return ((part[0] + part[1]) + (part[2] + part[3])) + ((part[4] + part[5]) + (part[6] + part[7]));
 }
 
 // Direct weight gradient for one input channel per group: for each output
@@ -526,26 +557,27 @@ inline float strided_dot(const float* a, const float* b, int64_t stride, int64_t
 // images and the unpadded output rows of dy * (the shifted input row), each
 // row's dot product added into a double.
 inline void conv2d_grad_weight_direct(const float* x, const float* dy, float* dw, const Conv2dGeom& g) {
-    const int64_t W = g.W, OW = g.OW, OHW = g.OH * OW, KK = g.KH * g.KW, sw = g.stride_w;
-    const int64_t O = g.O, Og = g.O / g.groups;
-    const int threads = threads_for(2 * g.N * O * KK * OHW);
+  const int64_t W = g.W, OW = g.OW, OHW = g.OH * OW, KK = g.KH * g.KW, sw = g.stride_w;
+  const int64_t O = g.O, Og = g.O / g.groups;
+  const int threads = threads_for(2 * g.N * O * KK * OHW);
 #ifdef _OPENMP
 #pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
 #else
-    (void)threads;
+  (void)threads;
 #endif
-    for (int64_t o = 0; o < O; ++o) {
-        std::vector<double> acc(KK, 0.0);
-        for (int64_t n = 0; n < g.N; ++n) {
-            const float* xp = x + (n * g.C + o / Og) * g.H * W;
-            const float* dyp = dy + (n * O + o) * OHW;
-            const auto tap = [&](int64_t k, int64_t oh, int64_t ih, int64_t off_w, int64_t lo, int64_t hi) {
-                acc[k] += strided_dot(dyp + oh * OW, xp + ih * W, sw, off_w, lo, hi);
-            };
-            for_each_tap_row(g, tap);
-        }
-        for (int64_t k = 0; k < KK; ++k) dw[o * KK + k] = static_cast<float>(acc[k]);
+  for (int64_t o = 0; o < O; ++o) {
+    std::vector<double> acc(KK, 0.0);
+    for (int64_t n = 0; n < g.N; ++n) {
+      const float* xp = x + (n * g.C + o / Og) * g.H * W;
+      const float* dyp = dy + (n * O + o) * OHW;
+      const auto tap = [&](int64_t k, int64_t oh, int64_t ih, int64_t off_w, int64_t lo, int64_t hi) {
+        acc[k] += strided_dot(dyp + oh * OW, xp + ih * W, sw, off_w, lo, hi);
+      };
+      for_each_tap_row(g, tap);
     }
+    for (int64_t k = 0; k < KK; ++k)
+      dw[o * KK + k] = static_cast<float>(acc[k]);
+  }
 }
 
 }  // namespace conv_detail
@@ -558,45 +590,46 @@ namespace conv_detail {
 template <class Epi>
 void conv2d_with(const float* x, const float* w, const float* b, float* y, float* ws, const Conv2dGeom& g,
                  const Epi& epi) {
-    if (direct(g)) {
-        conv2d_direct(x, w, b, y, g, epi);
-        return;
+  if (direct(g)) {
+    conv2d_direct(x, w, b, y, g, epi);
+    return;
+  }
+  constexpr bool plain = std::is_same<Epi, NoChannelEpilogue>::value;
+  const int64_t Cg = g.C / g.groups, Og = g.O / g.groups, Kg = Cg * g.KH * g.KW;
+  const int64_t HW = g.H * g.W, OHW = g.OH * g.OW;
+  if (OHW <= kSmallPlane && Og * Kg <= kSmallPlaneWeight) {
+    for (int64_t grp = 0; grp < g.groups; ++grp)
+      conv2d_small(x, w + grp * Og * Kg, b ? b + grp * Og : nullptr, y, ws, g, grp, epi);
+    return;
+  }
+  const bool pointwise = g.pointwise();
+  for (int64_t n = 0; n < g.N; ++n) {
+    for (int64_t grp = 0; grp < g.groups; ++grp) {
+      const float* xg = x + (n * g.C + grp * Cg) * HW;
+      const float* cols = xg;
+      if (!pointwise) {
+        im2col(xg, Cg, ws, g);
+        cols = ws;
+      }
+      const float* wg = w + grp * Og * Kg;
+      float* yg = y + (n * g.O + grp * Og) * OHW;
+      const float* bg = b ? b + grp * Og : nullptr;
+      if (bg || !plain) {
+        const int64_t o_first = grp * Og;
+        gemm(false, false, Og, OHW, Kg, wg, Kg, cols, OHW, yg, OHW,
+             [bg, o_first, &epi](int64_t row, int64_t, float* c, int64_t len) {
+               if (bg) {
+                 const float v = bg[row];
+                 for (int64_t j = 0; j < len; ++j)
+                   c[j] += v;
+               }
+               epi(o_first + row, c, len);
+             });
+      } else {
+        gemm(false, false, Og, OHW, Kg, wg, Kg, cols, OHW, yg, OHW);
+      }
     }
-    constexpr bool plain = std::is_same<Epi, NoChannelEpilogue>::value;
-    const int64_t Cg = g.C / g.groups, Og = g.O / g.groups, Kg = Cg * g.KH * g.KW;
-    const int64_t HW = g.H * g.W, OHW = g.OH * g.OW;
-    if (OHW <= kSmallPlane && Og * Kg <= kSmallPlaneWeight) {
-        for (int64_t grp = 0; grp < g.groups; ++grp)
-            conv2d_small(x, w + grp * Og * Kg, b ? b + grp * Og : nullptr, y, ws, g, grp, epi);
-        return;
-    }
-    const bool pointwise = g.pointwise();
-    for (int64_t n = 0; n < g.N; ++n) {
-        for (int64_t grp = 0; grp < g.groups; ++grp) {
-            const float* xg = x + (n * g.C + grp * Cg) * HW;
-            const float* cols = xg;
-            if (!pointwise) {
-                im2col(xg, Cg, ws, g);
-                cols = ws;
-            }
-            const float* wg = w + grp * Og * Kg;
-            float* yg = y + (n * g.O + grp * Og) * OHW;
-            const float* bg = b ? b + grp * Og : nullptr;
-            if (bg || !plain) {
-                const int64_t o_first = grp * Og;
-                gemm(false, false, Og, OHW, Kg, wg, Kg, cols, OHW, yg, OHW,
-                     [bg, o_first, &epi](int64_t row, int64_t, float* c, int64_t len) {
-                         if (bg) {
-                             const float v = bg[row];
-                             for (int64_t j = 0; j < len; ++j) c[j] += v;
-                         }
-                         epi(o_first + row, c, len);
-                     });
-            } else {
-                gemm(false, false, Og, OHW, Kg, wg, Kg, cols, OHW, yg, OHW);
-            }
-        }
-    }
+  }
 }
 
 }  // namespace conv_detail
@@ -606,7 +639,7 @@ void conv2d_with(const float* x, const float* w, const float* b, float* y, float
 // groups (depthwise included).  y is overwritten; ws holds conv2d_workspace(g)
 // floats.
 inline void conv2d(const float* x, const float* w, const float* b, float* y, float* ws, const Conv2dGeom& g) {
-    conv_detail::conv2d_with(x, w, b, y, ws, g, conv_detail::NoChannelEpilogue());
+  conv_detail::conv2d_with(x, w, b, y, ws, g, conv_detail::NoChannelEpilogue());
 }
 
 // y = batch_norm(conv2d(x, w, b)) with batch norm's weight bn_w, bias bn_b and
@@ -617,77 +650,77 @@ inline void conv2d(const float* x, const float* w, const float* b, float* y, flo
 // it is in cache: the same arithmetic as the two calls, one pass fewer over y.
 // In training mode the batch's statistics need the whole output first: conv2d
 // into y, then batch norm in place.  ws as conv2d's.
-inline void conv2d_batch_norm(const float* x, const float* w, const float* b, const float* bn_w, const float* bn_b,
-                              float* running_mean, float* running_var, float* y, float* mean, float* invstd,
-                              float* ws, const Conv2dGeom& g, float eps, float momentum, const Mode& mode,
-                              const char* what) {
-    const int64_t OHW = g.OH * g.OW;
-    if (mode.training) {
-        conv2d(x, w, b, y, ws, g);
-        batch_norm(y, bn_w, bn_b, running_mean, running_var, y, mean, invstd, g.N, g.O, OHW, eps, momentum, mode,
-                   what);
-        return;
-    }
-    batch_norm_eval_statistics(running_mean, running_var, mean, invstd, g.O, eps);
-    conv_detail::conv2d_with(x, w, b, y, ws, g, [=](int64_t o, float* c, int64_t n) {
-        modes_detail::normalize_values(c, c, n, mean[o], invstd[o] * bn_w[o], bn_b[o]);
-    });
+inline void conv2d_batch_norm(const float* x, const float* w, const float* b, const float* bn_w,
+                              const float* bn_b, float* running_mean, float* running_var, float* y,
+                              float* mean, float* invstd, float* ws, const Conv2dGeom& g, float eps,
+                              float momentum, const Mode& mode, const char* what) {
+  const int64_t OHW = g.OH * g.OW;
+  if (mode.training) {
+    conv2d(x, w, b, y, ws, g);
+    batch_norm(y, bn_w, bn_b, running_mean, running_var, y, mean, invstd, g.N, g.O, OHW, eps, momentum, mode,
+               what);
+    return;
+  }
+  batch_norm_eval_statistics(running_mean, running_var, mean, invstd, g.O, eps);
+  conv_detail::conv2d_with(x, w, b, y, ws, g, [=](int64_t o, float* c, int64_t n) {
+    modes_detail::normalize_values(c, c, n, mean[o], invstd[o] * bn_w[o], bn_b[o]);
+  });
 }
 
 // dx[N,C,H,W] = the gradient of conv2d with respect to x, given dy[N,O,OH,OW];
 // dx is overwritten; ws holds conv2d_workspace(g) floats.
 inline void conv2d_grad_input(const float* dy, const float* w, float* dx, float* ws, const Conv2dGeom& g) {
-    if (conv_detail::direct(g)) {
-        conv_detail::conv2d_grad_input_direct(dy, w, dx, g);
-        return;
+  if (conv_detail::direct(g)) {
+    conv_detail::conv2d_grad_input_direct(dy, w, dx, g);
+    return;
+  }
+  const int64_t Cg = g.C / g.groups, Og = g.O / g.groups, Kg = Cg * g.KH * g.KW;
+  const int64_t HW = g.H * g.W, OHW = g.OH * g.OW;
+  const bool pointwise = g.pointwise();
+  for (int64_t n = 0; n < g.N; ++n) {
+    for (int64_t grp = 0; grp < g.groups; ++grp) {
+      const float* wg = w + grp * Og * Kg;
+      const float* dyg = dy + (n * g.O + grp * Og) * OHW;
+      float* dxg = dx + (n * g.C + grp * Cg) * HW;
+      if (pointwise) {
+        gemm(true, false, Cg, HW, Og, wg, Kg, dyg, OHW, dxg, HW);
+      } else {
+        gemm(true, false, Kg, OHW, Og, wg, Kg, dyg, OHW, ws, OHW);
+        conv_detail::col2im(ws, Cg, dxg, g);
+      }
     }
-    const int64_t Cg = g.C / g.groups, Og = g.O / g.groups, Kg = Cg * g.KH * g.KW;
-    const int64_t HW = g.H * g.W, OHW = g.OH * g.OW;
-    const bool pointwise = g.pointwise();
-    for (int64_t n = 0; n < g.N; ++n) {
-        for (int64_t grp = 0; grp < g.groups; ++grp) {
-            const float* wg = w + grp * Og * Kg;
-            const float* dyg = dy + (n * g.O + grp * Og) * OHW;
-            float* dxg = dx + (n * g.C + grp * Cg) * HW;
-            if (pointwise) {
-                gemm(true, false, Cg, HW, Og, wg, Kg, dyg, OHW, dxg, HW);
-            } else {
-                gemm(true, false, Kg, OHW, Og, wg, Kg, dyg, OHW, ws, OHW);
-                conv_detail::col2im(ws, Cg, dxg, g);
-            }
-        }
-    }
+  }
 }
 
 // dw[O,C/groups,KH,KW] = the gradient of conv2d with respect to w, given x and
 // dy (summed over the images); dw is overwritten; ws holds
 // conv2d_grad_weight_workspace(g) floats.
 inline void conv2d_grad_weight(const float* x, const float* dy, float* dw, float* ws, const Conv2dGeom& g) {
-    if (conv_detail::direct(g)) {
-        conv_detail::conv2d_grad_weight_direct(x, dy, dw, g);
-        return;
+  if (conv_detail::direct(g)) {
+    conv_detail::conv2d_grad_weight_direct(x, dy, dw, g);
+    return;
+  }
+  const int64_t Cg = g.C / g.groups, Og = g.O / g.groups, Kg = Cg * g.KH * g.KW;
+  const int64_t HW = g.H * g.W, OHW = g.OH * g.OW;
+  const bool pointwise = g.pointwise();
+  if (g.N == 0) std::fill(dw, dw + g.O * Kg, 0.0f);
+  for (int64_t n = 0; n < g.N; ++n) {
+    for (int64_t grp = 0; grp < g.groups; ++grp) {
+      const float* xg = x + (n * g.C + grp * Cg) * HW;
+      const float* cols = xg;
+      if (!pointwise) {
+        conv_detail::im2col(xg, Cg, ws, g);
+        cols = ws;
+      }
+      const float* dyg = dy + (n * g.O + grp * Og) * OHW;
+      float* dwg = dw + grp * Og * Kg;
+      if (n == 0) {
+        gemm(false, true, Og, Kg, OHW, dyg, OHW, cols, OHW, dwg, Kg);
+      } else {  // the next image's product is added in place: no weight-sized workspace
+        gemm_add(false, true, Og, Kg, OHW, dyg, OHW, cols, OHW, dwg, Kg);
+      }
     }
-    const int64_t Cg = g.C / g.groups, Og = g.O / g.groups, Kg = Cg * g.KH * g.KW;
-    const int64_t HW = g.H * g.W, OHW = g.OH * g.OW;
-    const bool pointwise = g.pointwise();
-    if (g.N == 0) std::fill(dw, dw + g.O * Kg, 0.0f);
-    for (int64_t n = 0; n < g.N; ++n) {
-        for (int64_t grp = 0; grp < g.groups; ++grp) {
-            const float* xg = x + (n * g.C + grp * Cg) * HW;
-            const float* cols = xg;
-            if (!pointwise) {
-                conv_detail::im2col(xg, Cg, ws, g);
-                cols = ws;
-            }
-            const float* dyg = dy + (n * g.O + grp * Og) * OHW;
-            float* dwg = dw + grp * Og * Kg;
-            if (n == 0) {
-                gemm(false, true, Og, Kg, OHW, dyg, OHW, cols, OHW, dwg, Kg);
-            } else {  // the next image's product is added in place: no weight-sized workspace
-                gemm_add(false, true, Og, Kg, OHW, dyg, OHW, cols, OHW, dwg, Kg);
-            }
-        }
-    }
+  }
 }
 
 namespace conv_detail {
@@ -696,25 +729,29 @@ namespace conv_detail {
 // when `work` (operations in all) is big enough.
 template <class Body>
 void for_planes(int64_t planes, int64_t work, const Body& body) {
-    const int threads = threads_for(work);
+  const int threads = threads_for(work);
 #ifdef _OPENMP
 #pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
 #else
-    (void)threads;
+  (void)threads;
 #endif
-    for (int64_t p = 0; p < planes; ++p) body(p);
+  for (int64_t p = 0; p < planes; ++p)
+    body(p);
 }
 
 // True when a pooled maximum y came from the input value v (NaN matches NaN).
-inline bool same_max(float v, float y) { return v == y || (std::isnan(v) && std::isnan(y)); }
+inline bool same_max(float v, float y) {
+  return v == y || (std::isnan(v) && std::isnan(y));
+}
 
 // The number of window positions along one axis that lie inside the padded
 // input [-pad, in + pad), for the window starting at i0 (PyTorch's divisor
 // for avg_pool2d with count_include_pad; k unless ceil_mode cut the window).
 inline int64_t padded_count(int64_t i0, int64_t k, int64_t dil, int64_t in, int64_t pad) {
-    int64_t count = 0;
-    for (int64_t j = 0; j < k; ++j) count += i0 + j * dil < in + pad ? 1 : 0;
-    return count;
+  int64_t count = 0;
+  for (int64_t j = 0; j < k; ++j)
+    count += i0 + j * dil < in + pad ? 1 : 0;
+  return count;
 }
 
 }  // namespace conv_detail
@@ -722,31 +759,31 @@ inline int64_t padded_count(int64_t i0, int64_t k, int64_t dil, int64_t in, int6
 // y[N,C,OH,OW] = the maximum over each window of x[N,C,H,W]; padding positions
 // are ignored (as -inf) and NaN propagates.  y is overwritten.
 inline void max_pool2d(const float* x, float* y, const Conv2dGeom& g) {
-    const int64_t H = g.H, W = g.W, OH = g.OH, OW = g.OW;
-    conv_detail::for_planes(g.N * g.C, g.N * g.C * OH * OW * g.KH * g.KW, [&](int64_t p) {
-        const float* xp = x + p * H * W;
-        float* yp = y + p * OH * OW;
-        for (int64_t oh = 0; oh < OH; ++oh) {
-            const int64_t ih0 = oh * g.stride_h - g.pad_h;
-            for (int64_t ow = 0; ow < OW; ++ow) {
-                const int64_t iw0 = ow * g.stride_w - g.pad_w;
-                float m = -std::numeric_limits<float>::infinity();
-                for (int64_t kh = 0; kh < g.KH; ++kh) {
-                    const int64_t ih = ih0 + kh * g.dil_h;
-                    if (ih < 0 || ih >= H) continue;
-                    const float* xr = xp + ih * W;
-                    for (int64_t kw = 0; kw < g.KW; ++kw) {
-                        const int64_t iw = iw0 + kw * g.dil_w;
-                        if (iw < 0 || iw >= W) continue;
-                        const float v = xr[iw];
-                        // Once m holds NaN, `v > NaN` is false, so the NaN is kept.
-                        if (v > m || std::isnan(v)) m = v;
-                    }
-                }
-                yp[oh * OW + ow] = m;
-            }
+  const int64_t H = g.H, W = g.W, OH = g.OH, OW = g.OW;
+  conv_detail::for_planes(g.N * g.C, g.N * g.C * OH * OW * g.KH * g.KW, [&](int64_t p) {
+    const float* xp = x + p * H * W;
+    float* yp = y + p * OH * OW;
+    for (int64_t oh = 0; oh < OH; ++oh) {
+      const int64_t ih0 = oh * g.stride_h - g.pad_h;
+      for (int64_t ow = 0; ow < OW; ++ow) {
+        const int64_t iw0 = ow * g.stride_w - g.pad_w;
+        float m = -std::numeric_limits<float>::infinity();
+        for (int64_t kh = 0; kh < g.KH; ++kh) {
+          const int64_t ih = ih0 + kh * g.dil_h;
+          if (ih < 0 || ih >= H) continue;
+          const float* xr = xp + ih * W;
+          for (int64_t kw = 0; kw < g.KW; ++kw) {
+            const int64_t iw = iw0 + kw * g.dil_w;
+            if (iw < 0 || iw >= W) continue;
+            const float v = xr[iw];
+            // Once m holds NaN, `v > NaN` is false, so the NaN is kept.
+            if (v > m || std::isnan(v)) m = v;
+          }
         }
-    });
+        yp[oh * OW + ow] = m;
+      }
+    }
+  });
 }
 
 // dx[N,C,H,W] = the gradient of max_pool2d given x, its output y and dy: zeros,
@@ -754,35 +791,35 @@ inline void max_pool2d(const float* x, float* y, const Conv2dGeom& g) {
 // kw inner) whose x equals the window's y (a NaN y: the first NaN), as
 // PyTorch's CPU kernel for ties.  dx is overwritten.
 inline void max_pool2d_grad(const float* x, const float* y, const float* dy, float* dx, const Conv2dGeom& g) {
-    const int64_t H = g.H, W = g.W, OH = g.OH, OW = g.OW;
-    conv_detail::for_planes(g.N * g.C, g.N * g.C * OH * OW * g.KH * g.KW, [&](int64_t p) {
-        const float* xp = x + p * H * W;
-        const float* yp = y + p * OH * OW;
-        const float* gp = dy + p * OH * OW;
-        float* dxp = dx + p * H * W;
-        std::fill(dxp, dxp + H * W, 0.0f);
-        for (int64_t oh = 0; oh < OH; ++oh) {
-            const int64_t ih0 = oh * g.stride_h - g.pad_h;
-            for (int64_t ow = 0; ow < OW; ++ow) {
-                const int64_t iw0 = ow * g.stride_w - g.pad_w;
-                const float m = yp[oh * OW + ow];
-                int64_t at = -1;
-                for (int64_t kh = 0; kh < g.KH && at < 0; ++kh) {
-                    const int64_t ih = ih0 + kh * g.dil_h;
-                    if (ih < 0 || ih >= H) continue;
-                    for (int64_t kw = 0; kw < g.KW; ++kw) {
-                        const int64_t iw = iw0 + kw * g.dil_w;
-                        if (iw < 0 || iw >= W) continue;
-                        if (conv_detail::same_max(xp[ih * W + iw], m)) {
-                            at = ih * W + iw;
-                            break;
-                        }
-                    }
-                }
-                if (at >= 0) dxp[at] += gp[oh * OW + ow];
+  const int64_t H = g.H, W = g.W, OH = g.OH, OW = g.OW;
+  conv_detail::for_planes(g.N * g.C, g.N * g.C * OH * OW * g.KH * g.KW, [&](int64_t p) {
+    const float* xp = x + p * H * W;
+    const float* yp = y + p * OH * OW;
+    const float* gp = dy + p * OH * OW;
+    float* dxp = dx + p * H * W;
+    std::fill(dxp, dxp + H * W, 0.0f);
+    for (int64_t oh = 0; oh < OH; ++oh) {
+      const int64_t ih0 = oh * g.stride_h - g.pad_h;
+      for (int64_t ow = 0; ow < OW; ++ow) {
+        const int64_t iw0 = ow * g.stride_w - g.pad_w;
+        const float m = yp[oh * OW + ow];
+        int64_t at = -1;
+        for (int64_t kh = 0; kh < g.KH && at < 0; ++kh) {
+          const int64_t ih = ih0 + kh * g.dil_h;
+          if (ih < 0 || ih >= H) continue;
+          for (int64_t kw = 0; kw < g.KW; ++kw) {
+            const int64_t iw = iw0 + kw * g.dil_w;
+            if (iw < 0 || iw >= W) continue;
+            if (conv_detail::same_max(xp[ih * W + iw], m)) {
+              at = ih * W + iw;
+              break;
             }
+          }
         }
-    });
+        if (at >= 0) dxp[at] += gp[oh * OW + ow];
+      }
+    }
+  });
 }
 
 // y[N,C,OH,OW] = the sum over each window of x / the window size, padding
@@ -790,106 +827,112 @@ inline void max_pool2d_grad(const float* x, const float* y, const float* dy, flo
 // fewer where an output size rounded up (ceil_mode) cut the window at the far
 // padding edge.  y is overwritten.
 inline void avg_pool2d(const float* x, float* y, const Conv2dGeom& g) {
-    const int64_t H = g.H, W = g.W, OH = g.OH, OW = g.OW;
-    conv_detail::for_planes(g.N * g.C, g.N * g.C * OH * OW * g.KH * g.KW, [&](int64_t p) {
-        const float* xp = x + p * H * W;
-        float* yp = y + p * OH * OW;
-        for (int64_t oh = 0; oh < OH; ++oh) {
-            const int64_t ih0 = oh * g.stride_h - g.pad_h;
-            const int64_t count_h = conv_detail::padded_count(ih0, g.KH, g.dil_h, H, g.pad_h);
-            for (int64_t ow = 0; ow < OW; ++ow) {
-                const int64_t iw0 = ow * g.stride_w - g.pad_w;
-                const int64_t count = count_h * conv_detail::padded_count(iw0, g.KW, g.dil_w, W, g.pad_w);
-                float s = 0.0f;
-                for (int64_t kh = 0; kh < g.KH; ++kh) {
-                    const int64_t ih = ih0 + kh * g.dil_h;
-                    if (ih < 0 || ih >= H) continue;
-                    const float* xr = xp + ih * W;
-                    for (int64_t kw = 0; kw < g.KW; ++kw) {
-                        const int64_t iw = iw0 + kw * g.dil_w;
-                        if (iw >= 0 && iw < W) s += xr[iw];
-                    }
-                }
-                yp[oh * OW + ow] = s / static_cast<float>(count);
-            }
+  const int64_t H = g.H, W = g.W, OH = g.OH, OW = g.OW;
+  conv_detail::for_planes(g.N * g.C, g.N * g.C * OH * OW * g.KH * g.KW, [&](int64_t p) {
+    const float* xp = x + p * H * W;
+    float* yp = y + p * OH * OW;
+    for (int64_t oh = 0; oh < OH; ++oh) {
+      const int64_t ih0 = oh * g.stride_h - g.pad_h;
+      const int64_t count_h = conv_detail::padded_count(ih0, g.KH, g.dil_h, H, g.pad_h);
+      for (int64_t ow = 0; ow < OW; ++ow) {
+        const int64_t iw0 = ow * g.stride_w - g.pad_w;
+        const int64_t count = count_h * conv_detail::padded_count(iw0, g.KW, g.dil_w, W, g.pad_w);
+        float s = 0.0f;
+        for (int64_t kh = 0; kh < g.KH; ++kh) {
+          const int64_t ih = ih0 + kh * g.dil_h;
+          if (ih < 0 || ih >= H) continue;
+          const float* xr = xp + ih * W;
+          for (int64_t kw = 0; kw < g.KW; ++kw) {
+            const int64_t iw = iw0 + kw * g.dil_w;
+            if (iw >= 0 && iw < W) s += xr[iw];
+          }
         }
-    });
+        yp[oh * OW + ow] = s / static_cast<float>(count);
+      }
+    }
+  });
 }
 
 // dx[N,C,H,W] = the gradient of avg_pool2d given dy: zeros, then each dy / its
 // window size (as avg_pool2d) added to every input position of its window.
 // dx is overwritten.
 inline void avg_pool2d_grad(const float* dy, float* dx, const Conv2dGeom& g) {
-    const int64_t H = g.H, W = g.W, OH = g.OH, OW = g.OW;
-    conv_detail::for_planes(g.N * g.C, g.N * g.C * OH * OW * g.KH * g.KW, [&](int64_t p) {
-        const float* gp = dy + p * OH * OW;
-        float* dxp = dx + p * H * W;
-        std::fill(dxp, dxp + H * W, 0.0f);
-        for (int64_t oh = 0; oh < OH; ++oh) {
-            const int64_t ih0 = oh * g.stride_h - g.pad_h;
-            const int64_t count_h = conv_detail::padded_count(ih0, g.KH, g.dil_h, H, g.pad_h);
-            for (int64_t ow = 0; ow < OW; ++ow) {
-                const int64_t iw0 = ow * g.stride_w - g.pad_w;
-                const int64_t count = count_h * conv_detail::padded_count(iw0, g.KW, g.dil_w, W, g.pad_w);
-                const float v = gp[oh * OW + ow] / static_cast<float>(count);
-                for (int64_t kh = 0; kh < g.KH; ++kh) {
-                    const int64_t ih = ih0 + kh * g.dil_h;
-                    if (ih < 0 || ih >= H) continue;
-                    float* dr = dxp + ih * W;
-                    for (int64_t kw = 0; kw < g.KW; ++kw) {
-                        const int64_t iw = iw0 + kw * g.dil_w;
-                        if (iw >= 0 && iw < W) dr[iw] += v;
-                    }
-                }
-            }
+  const int64_t H = g.H, W = g.W, OH = g.OH, OW = g.OW;
+  conv_detail::for_planes(g.N * g.C, g.N * g.C * OH * OW * g.KH * g.KW, [&](int64_t p) {
+    const float* gp = dy + p * OH * OW;
+    float* dxp = dx + p * H * W;
+    std::fill(dxp, dxp + H * W, 0.0f);
+    for (int64_t oh = 0; oh < OH; ++oh) {
+      const int64_t ih0 = oh * g.stride_h - g.pad_h;
+      const int64_t count_h = conv_detail::padded_count(ih0, g.KH, g.dil_h, H, g.pad_h);
+      for (int64_t ow = 0; ow < OW; ++ow) {
+        const int64_t iw0 = ow * g.stride_w - g.pad_w;
+        const int64_t count = count_h * conv_detail::padded_count(iw0, g.KW, g.dil_w, W, g.pad_w);
+        const float v = gp[oh * OW + ow] / static_cast<float>(count);
+        for (int64_t kh = 0; kh < g.KH; ++kh) {
+          const int64_t ih = ih0 + kh * g.dil_h;
+          if (ih < 0 || ih >= H) continue;
+          float* dr = dxp + ih * W;
+          for (int64_t kw = 0; kw < g.KW; ++kw) {
+            const int64_t iw = iw0 + kw * g.dil_w;
+            if (iw >= 0 && iw < W) dr[iw] += v;
+          }
         }
-    });
+      }
+    }
+  });
 }
 
 // The adaptive window [start, end) of output position i of `out` over `size`
 // input positions (PyTorch's adaptive pooling): floor(i*size/out) to
 // ceil((i+1)*size/out).
-inline int64_t adaptive_start(int64_t i, int64_t size, int64_t out) { return i * size / out; }
-inline int64_t adaptive_end(int64_t i, int64_t size, int64_t out) { return ((i + 1) * size + out - 1) / out; }
+inline int64_t adaptive_start(int64_t i, int64_t size, int64_t out) {
+  return i * size / out;
+}
+inline int64_t adaptive_end(int64_t i, int64_t size, int64_t out) {
+  return ((i + 1) * size + out - 1) / out;
+}
 
 // y[planes, OH, OW] = the mean of each adaptive window of x[planes, H, W]
 // (adaptive_avg_pool2d).  y is overwritten.
 inline void adaptive_avg_pool2d(const float* x, float* y, int64_t planes, int64_t H, int64_t W, int64_t OH,
                                 int64_t OW) {
-    conv_detail::for_planes(planes, planes * H * W, [&](int64_t p) {
-        const float* xp = x + p * H * W;
-        float* yp = y + p * OH * OW;
-        for (int64_t oh = 0; oh < OH; ++oh) {
-            const int64_t h0 = adaptive_start(oh, H, OH), h1 = adaptive_end(oh, H, OH);
-            for (int64_t ow = 0; ow < OW; ++ow) {
-                const int64_t w0 = adaptive_start(ow, W, OW), w1 = adaptive_end(ow, W, OW);
-                float s = 0.0f;
-                for (int64_t h = h0; h < h1; ++h)
-                    for (int64_t w = w0; w < w1; ++w) s += xp[h * W + w];
-                yp[oh * OW + ow] = s / static_cast<float>((h1 - h0) * (w1 - w0));
-            }
-        }
-    });
+  conv_detail::for_planes(planes, planes * H * W, [&](int64_t p) {
+    const float* xp = x + p * H * W;
+    float* yp = y + p * OH * OW;
+    for (int64_t oh = 0; oh < OH; ++oh) {
+      const int64_t h0 = adaptive_start(oh, H, OH), h1 = adaptive_end(oh, H, OH);
+      for (int64_t ow = 0; ow < OW; ++ow) {
+        const int64_t w0 = adaptive_start(ow, W, OW), w1 = adaptive_end(ow, W, OW);
+        float s = 0.0f;
+        for (int64_t h = h0; h < h1; ++h)
+          for (int64_t w = w0; w < w1; ++w)
+            s += xp[h * W + w];
+        yp[oh * OW + ow] = s / static_cast<float>((h1 - h0) * (w1 - w0));
+      }
+    }
+  });
 }
 
 // dx[planes, H, W] = the gradient of adaptive_avg_pool2d given dy: zeros, then
 // each dy / its window's size added over its window.  dx is overwritten.
 inline void adaptive_avg_pool2d_grad(const float* dy, float* dx, int64_t planes, int64_t H, int64_t W,
                                      int64_t OH, int64_t OW) {
-    conv_detail::for_planes(planes, planes * H * W, [&](int64_t p) {
-        const float* gp = dy + p * OH * OW;
-        float* dxp = dx + p * H * W;
-        std::fill(dxp, dxp + H * W, 0.0f);
-        for (int64_t oh = 0; oh < OH; ++oh) {
-            const int64_t h0 = adaptive_start(oh, H, OH), h1 = adaptive_end(oh, H, OH);
-            for (int64_t ow = 0; ow < OW; ++ow) {
-                const int64_t w0 = adaptive_start(ow, W, OW), w1 = adaptive_end(ow, W, OW);
-                const float v = gp[oh * OW + ow] / static_cast<float>((h1 - h0) * (w1 - w0));
-                for (int64_t h = h0; h < h1; ++h)
-                    for (int64_t w = w0; w < w1; ++w) dxp[h * W + w] += v;
-            }
-        }
-    });
+  conv_detail::for_planes(planes, planes * H * W, [&](int64_t p) {
+    const float* gp = dy + p * OH * OW;
+    float* dxp = dx + p * H * W;
+    std::fill(dxp, dxp + H * W, 0.0f);
+    for (int64_t oh = 0; oh < OH; ++oh) {
+      const int64_t h0 = adaptive_start(oh, H, OH), h1 = adaptive_end(oh, H, OH);
+      for (int64_t ow = 0; ow < OW; ++ow) {
+        const int64_t w0 = adaptive_start(ow, W, OW), w1 = adaptive_end(ow, W, OW);
+        const float v = gp[oh * OW + ow] / static_cast<float>((h1 - h0) * (w1 - w0));
+        for (int64_t h = h0; h < h1; ++h)
+          for (int64_t w = w0; w < w1; ++w)
+            dxp[h * W + w] += v;
+      }
+    }
+  });
 }
 
 }  // namespace dg

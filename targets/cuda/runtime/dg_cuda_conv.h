@@ -781,13 +781,13 @@ inline void adaptive_avg_pool2d_grad(const float* dy, float* dx, int64_t planes,
 // statistics (the conv_batch_norm pass's op; the CPU runtime applies the
 // normalization in the convolution's epilogue at inference): conv2d into y,
 // then batch norm in place, so the results are those of the two calls.
-inline void conv2d_batch_norm(const float* x, const float* w, const float* b, const float* bn_w, const float* bn_b,
-                              float* running_mean, float* running_var, float* y, float* mean, float* invstd,
-                              float* ws, const Conv2dGeom& g, float eps, float momentum, const Mode& mode,
-                              const char* what) {
+inline void conv2d_batch_norm(const float* x, const float* w, const float* b, const float* bn_w,
+                              const float* bn_b, float* running_mean, float* running_var, float* y,
+                              float* mean, float* invstd, float* ws, const Conv2dGeom& g, float eps,
+                              float momentum, const Mode& mode, const char* what) {
   conv2d(x, w, b, y, ws, g);
-  batch_norm(y, bn_w, bn_b, running_mean, running_var, y, mean, invstd, g.N, g.O, g.OH * g.OW, eps, momentum, mode,
-             what);
+  batch_norm(y, bn_w, bn_b, running_mean, running_var, y, mean, invstd, g.N, g.O, g.OH * g.OW, eps, momentum,
+             mode, what);
 }
 
 }  // namespace dg
