@@ -103,10 +103,7 @@ class _Softmax(OpDef):
     in_place = True
 
     def infer(self, inputs, attrs):
-        require_float(inputs)
-        if not 0 <= attrs["axis"] < inputs[0].rank:
-            raise ValueError(f"axis {attrs['axis']} out of range for rank {inputs[0].rank}")
-        return [("float32", inputs[0].shape)]
+        return _along_axis(inputs, attrs)
 
     def reference(self, args, attrs, dims):
         x = args[0]
@@ -158,10 +155,7 @@ class Cumsum(OpDef):
     name = "cumsum"
 
     def infer(self, inputs, attrs):
-        require_float(inputs)
-        if not 0 <= attrs["axis"] < inputs[0].rank:
-            raise ValueError(f"axis {attrs['axis']} out of range for rank {inputs[0].rank}")
-        return [("float32", inputs[0].shape)]
+        return _along_axis(inputs, attrs)
 
     def reference(self, args, attrs, dims):
         x, axis = args[0], attrs["axis"]
@@ -182,3 +176,11 @@ class Cumsum(OpDef):
         (g,), (x,) = gouts, node.inputs
         attrs = {"axis": node.attrs["axis"], "reverse": not node.attrs["reverse"]}
         return [gb.op("cumsum", [g], attrs, f"d_{x.name}")]
+
+
+def _along_axis(inputs, attrs) -> list:
+    """The output of an op along one axis (softmax, cumsum): a float tensor of x's shape."""
+    require_float(inputs)
+    if not 0 <= attrs["axis"] < inputs[0].rank:
+        raise ValueError(f"axis {attrs['axis']} out of range for rank {inputs[0].rank}")
+    return [("float32", inputs[0].shape)]
