@@ -217,7 +217,10 @@ void gemm(const char* what, const float* a, const float* b, float* c, int64_t M,
   const Gemm<TA, TB, Epilogue> g{a, b, c, M, K, N, ep};
 #ifdef __CUDACC__
   const dim3 grid(static_cast<unsigned>((M + BM - 1) / BM), static_cast<unsigned>((N + BN - 1) / BN));
-  gemm_kernel<<<grid, kGemmThreads, 0, stream()> > >(g);
+  // (clang-format would split the launch's >>>)
+  // clang-format off
+  gemm_kernel<<<grid, kGemmThreads, 0, stream()>>>(g);
+  // clang-format on
   check_launch(what);
 #else
   (void)what;
@@ -253,7 +256,10 @@ void batched(const float* a, const float* b, float* c, int64_t batch, int64_t M,
     part.c += first * c_step;
     const dim3 grid(static_cast<unsigned>((M + BM - 1) / BM), static_cast<unsigned>((N + BN - 1) / BN),
                     static_cast<unsigned>(count));
-    gemm_kernel<<<grid, kGemmThreads, 0, stream()> > >(part, a_step, b_step, c_step);
+    // (clang-format would split the launch's >>>)
+    // clang-format off
+    gemm_kernel<<<grid, kGemmThreads, 0, stream()>>>(part, a_step, b_step, c_step);
+    // clang-format on
     check_launch("batched_matmul");
   }
 #else
