@@ -18,7 +18,9 @@ def _prefixed(case, arrays):
     return {f"{case.name}_{k}": v for k, v in arrays.items()}
 
 
-TESTED_ELSEWHERE = {"recurse", "recurse_grad"}  # tests/test_recursion.py and test_tree_training.py
+# recurse: tests/test_recursion.py and test_tree_training.py; conv2d_batch_norm (made only by the
+# conv_batch_norm pass): test_passes.py and test_conv_runtime.py (bit for bit the two calls)
+TESTED_ELSEWHERE = {"recurse", "recurse_grad", "conv2d_batch_norm"}
 
 
 def test_every_op_and_function_is_in_the_table():

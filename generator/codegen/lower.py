@@ -154,12 +154,12 @@ class LowerCtx:
 
     def _shares(self, v) -> tuple:
         """The operands of an in-place op (elementwise: each element read before it is
-        written) of the shape of its output, whose block v (its output) may take."""
+        written): liveness lets v (its output) take the block of one of its shape, unless
+        the op also reads that block through a view (elements at other positions)."""
         node = v.producer
         if node is None or not get_op(node.op).in_place:
             return ()
-        shape = tuple(node.outputs[0].shape)
-        return tuple(self.data(u) for u in node.inputs if tuple(u.shape) == shape)
+        return tuple(self.data(u) for u in node.inputs)
 
     def workspace(self, hint: str, floats) -> Write:
         """Scratch memory the line being lowered uses and drops (a convolution's

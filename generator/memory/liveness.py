@@ -79,6 +79,7 @@ def liveness(plan) -> Liveness:
         aliased = {root[id(u)] for u in decl.shares if id(u) in root}
         candidates[b.name] = [decls[id(u)].buffer for u in decl.shares
                               if id(u) in decls and id(u) not in root and id(u) not in aliased
+                              and tuple(u.shape) == tuple(decl.value.shape)
                               and decls[id(u)].buffer.phase == b.phase]
     buffer_of = {v: decls[root.get(v, v)].buffer for v in set(root) | set(decls) if root.get(v, v) in decls}
     return Liveness(buffers, candidates, last_read, last_write, statement_at, buffer_of)

@@ -89,7 +89,6 @@ def _recompute(graph, node, backward_readers):
     swapped = {}  # id(forward value) -> its recomputed twin
     swap = [node.outputs[0]] + [v for v in node.inputs if _is_batch_norm_output(v)]
     first = min(graph.nodes.index(r) for v in swap for r in backward_readers(v))
-    first = _start_of_call(graph.nodes, first, node)
     made = []
     for v in node.inputs:
         if _is_batch_norm_output(v) and id(v) not in swapped:
@@ -107,25 +106,6 @@ def _recompute(graph, node, backward_readers):
     for reader in graph.nodes[first + len(made):]:
         if reader.phase == "backward":
             reader.inputs = [swapped.get(id(v), v) for v in reader.inputs]
-
-
-def _start_of_call(nodes, first: int, node) -> int:
-    """Where to make `node` again when its first backward reader is nodes[first]: just
-    before that reader, unless the reader belongs to another call of a user's function
-    than `node` (a residual block's output read by the next block's weight gradient):
-    then before the first statement of that call's gradient, so that each call's
-    gradient runs in one piece (one C++ function, codegen/outline.py) and the value made
-    again is there for the whole of it."""
-    reader = nodes[first].loc
-    own = node.loc
-    if reader is None or reader.call is None or (own is not None and own.call_id == reader.call_id):
-        return first
-    while first > 0:
-        prev = nodes[first - 1]
-        if prev.phase != "backward" or prev.loc is None or prev.loc.call_id != reader.call_id:
-            break
-        first -= 1
-    return first
 
 
 def _twin(graph, v, producer) -> Value:
