@@ -77,16 +77,21 @@ def test_a_function_name_that_a_value_holds_is_not_taken(tmp_path):
 
 
 def test_a_layer_helper_called_in_a_loop_is_one_function_and_computes_the_same(builds):
-    """BERT's encoder layers but the last (which writes the output) are one
-    `transformer_encoder_layer`; the first computes the mask the others read, inline
-    before its call; the built module equals the numpy reference."""
+    """BERT's encoder layers are one `transformer_encoder_layer`, the last too (it writes
+    the output's own vector, which the caller declares); the first computes the mask the
+    others read, inline before its call; each call cites itself with its arguments'
+    values; the built module equals the numpy reference."""
     from module_checks import check_forward
 
     graph = load_example("bert_encoder").build("bert_outlined", layers=4)
     text = project_files(graph)["src/model.cpp"].decode()
     assert len(re.findall(r"^void transformer_encoder_layer\(", text, re.M)) == 1
     run = _run_body(text)
-    assert len(re.findall(r"^\s+transformer_encoder_layer\(", run, re.M)) == 3
+    assert len(re.findall(r"^\s+transformer_encoder_layer\(", run, re.M)) == 4
+    assert "std::vector<float> encoder_layers_3(" in run
+    for i in range(4):
+        assert f"transformer_encoder_layer(x, lengths, d_model=32, nhead=4, dim_feedforward=64, activation='gelu'" \
+            in run and f"name='encoder_layers_{i}')" in run
     assert run.index("dg::length_mask") < re.search(r"^\s+transformer_encoder_layer\(", run, re.M).start()
     module, _ = builds.module(graph)
     check_forward(graph, module, 3)
@@ -101,10 +106,24 @@ def test_each_residual_blocks_gradient_is_one_call():
     shortcut = len(re.findall(r"^\s+basic_block_with_shortcut_backward\(", run, re.M))
     # Where the schedule makes a block's input again inside the next block's gradient (the
     # first and last blocks of a stage here), that block's gradient stays inline.
-    assert plain + shortcut >= 6 and shortcut >= 2
+    # A gradient that holds more than the others (the first block's also makes its first
+    # convolution's weight gradient) is their function's call and the rest inline.
+    assert plain + shortcut >= 7 and shortcut >= 2
     start = text.index("\nvoid basic_block_backward(")
     body = text[start: text.index("\n}\n", start)]
     assert re.search(r"\bd_x\b", body)  # the gradient of the block's input, by the argument's name
+    # Which update is ready: the call's first index plus a constant; a weight's size from
+    # the function's sizes: neither passed by the call.
+    assert re.search(r"gradient_ready\(\*_gradients_only, first_index \+ \d\)", body)
+    assert re.search(r"sgd_update\(conv2_weight, d_conv2_weight, C \* C \* 9, _hyper\)", body)
+    assert "_size" not in body and "index_2" not in body
+
+
+def test_an_argument_that_names_its_parameter_has_no_comment():
+    """`layer1_0_bn1_mean` fills `bn1_mean`: no /*bn1_mean=*/ beside it; `relu` filling `x` keeps /*x=*/."""
+    run = _run_body(project_files(build_example("resnet18"))["src/model.cpp"].decode())
+    assert "/*bn1_mean=*/" not in run and "/*mode=*/" not in run and "/*d_bn2_weight=*/" not in run
+    assert "/*x=*/relu" in run
 
 
 def test_a_long_block_that_runs_once_is_a_member_function():

@@ -147,7 +147,7 @@ class LowerCtx:
                 decls.append(Declare(f"{self.target.scratch_type}<{CTYPE[v.dtype]}>", v.name, [self.size(size)]))
             else:
                 self.pending.append(Declare(f"{self.target.vector_type}<{CTYPE[v.dtype]}>", v.name,
-                                            [self.size(numel(v.shape))]))
+                                            [self.size(numel(v.shape))], element=CTYPE[v.dtype]))
             self.place[id(v)] = f"{v.name}.data()"
             self.owned.add(id(v))
         return Write(self.data(v), self.place[id(v)])

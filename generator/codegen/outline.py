@@ -83,7 +83,21 @@ class CallLine:
     at: int = -1
 
     def __str__(self) -> str:
-        return f"{self.fn}({', '.join(str(a) for a in self.args)});"
+        args = [str(a.arg) if _says_its_name(a) else str(a) for a in self.args]
+        return f"{self.fn}({', '.join(args)});"
+
+
+def _says_its_name(arg: Named) -> bool:
+    """Whether an argument's text already names the parameter it fills (`mode` for
+    `mode`, `layer1_0_bn1_mean` for `bn1_mean`, `d_layer4_1_bn2_weight` for
+    `d_bn2_weight`): then a /*bn1_mean=*/ beside it would repeat it."""
+    text, name = str(arg.arg), arg.name
+    text = text[: -len(".ptr()")] if text.endswith(".ptr()") else text
+    if not re.fullmatch(r"\w+", text):
+        return False
+    if text == name or text.endswith("_" + name):
+        return True
+    return name.startswith("d_") and text.startswith("d_") and text.endswith("_" + name[2:])
 
 
 @dataclass
@@ -101,6 +115,9 @@ class _Instance:
     leaves: list = field(default_factory=list)
     shape: list = field(default_factory=list)  # the structure: what must be equal between calls
     first: object = None  # the plan's statement this call's lines were split from, if they were
+    cut: object = None  # the plan's statement whose first lines end the call, if one is cut
+    vectors: set = field(default_factory=set)  # names of the std::vectors it declares
+    rest: list = field(default_factory=list)  # the cut statement's other lines: inline after the call
 
 
 def outline(plan, graph=None):
@@ -122,6 +139,7 @@ def outline(plan, graph=None):
                 found[part].append(inst)
             except _NotOutlined:
                 continue
+        _split_prefixes(found[part], bases)
         inline[part] = _split_first_uses(found[part], bases)
     later_reads = _reads_after(plan, lists, found, inline)
     taken = _taken_names(plan)
@@ -139,8 +157,7 @@ def outline(plan, graph=None):
 def _outline_part(statements, instances, kept_inline, plan, later_reads, taken, suffix) -> list:
     groups: dict = {}
     for inst in instances:
-        key = (inst.loc.filename, _function_name(inst.loc), tuple(map(repr, inst.shape)))
-        groups.setdefault(key, []).append(inst)
+        groups.setdefault(_group_key(inst), []).append(inst)
     replaced = {}
     names = _variant_names(groups)
     for key, group in groups.items():
@@ -161,7 +178,8 @@ def _outline_part(statements, instances, kept_inline, plan, later_reads, taken, 
             if id(s) in kept_inline:
                 out.append(kept_inline[id(s)])
             out.append(call_statement)
-            skip.update(id(t) for t in inst.statements)
+            out += inst.rest
+            skip.update(id(t) for t in inst.statements + [inst.cut])
         elif id(s) not in skip:
             out.append(s)
     return out
@@ -215,6 +233,49 @@ def _split_first_uses(instances, bases) -> dict:
                 trial.first = head
                 instances[instances.index(inst)] = trial
     return inline
+
+
+def _split_prefixes(instances, bases) -> None:
+    """A call whose lines are those of other calls of the same function plus more
+    statements after them (ResNet's first block's gradient, which ends with its first
+    convolution's weight gradient where the schedule moved the others' later) is a
+    call of their function followed by the rest, inline: the instance becomes its
+    longest prefix that is shaped like a group of two calls or more."""
+    groups: dict = {}
+    for inst in instances:
+        groups.setdefault(_group_key(inst), []).append(inst)
+    shared = {key for key, group in groups.items() if len(group) > 1}
+    for key, group in groups.items():
+        if len(group) > 1:
+            continue
+        inst = group[0]
+        for trial in _prefixes(inst):
+            try:
+                _read_instance(trial, bases)
+            except _NotOutlined:
+                continue
+            if _group_key(trial) in shared:
+                instances[instances.index(inst)] = trial
+                break
+
+
+def _prefixes(inst):
+    """The instance's shorter prefixes, longest first, cut between statements or inside
+    the last one (its remaining lines, `trial.rest`, run inline after the call)."""
+    for n in range(len(inst.statements), 0, -1):
+        last = inst.statements[n - 1]
+        for m in range(len(last.lines) - (1 if n == len(inst.statements) else 0), 0, -1):
+            head = Statement(last.comment, last.lines[:m], last.positions, last.header, last.call, last.helper)
+            trial = _Instance(inst.statements[: n - 1] + [head], inst.loc)
+            trial.cut = last
+            if m < len(last.lines):
+                trial.rest = [Statement(last.comment, last.lines[m:], last.positions, "", last.call, last.helper)]
+            yield trial
+
+
+def _group_key(inst) -> tuple:
+    """Calls with equal keys become one function: the same user's function, lowered alike."""
+    return (inst.loc.filename, _function_name(inst.loc), tuple(map(repr, inst.shape)))
 
 
 def _reads_writes(line):
@@ -317,6 +378,17 @@ def _declared(line) -> str:
 # -- reading one call's lines ----------------------------------------------------------
 
 
+def _vector_of(line) -> str:
+    """The element type of an owned buffer's declaration (`std::vector<float> name(size);`), else ""."""
+    return line.element if isinstance(line, Declare) else ""
+
+
+def _data_of(expr: str, inst: _Instance) -> str:
+    """`out.data()` of a vector the call declares is the vector's name, as an arena piece's is."""
+    m = re.fullmatch(r"(\w+)\.data\(\)", expr)
+    return m.group(1) if m and m.group(1) in inst.vectors else expr
+
+
 def _read_instance(inst: _Instance, bases: dict) -> None:
     strings = [v for _, v in inst.loc.call_args if isinstance(v, str) and v.isidentifier()]
     declared = []
@@ -356,6 +428,7 @@ def _read_instance(inst: _Instance, bases: dict) -> None:
             counts[short] = counts.get(short, 0) + 1
         local = {n: (s if counts[s] == 1 else n) for n, s in local.items()}
     inst.renames = local
+    inst.vectors = {line.name for s in inst.statements for line in s.lines if _vector_of(line)}
     for s in inst.statements:
         inst.shape.append(("statement", s.comment))
         for line in s.lines:
@@ -414,6 +487,10 @@ def _walk(obj, inst: _Instance, slot: str = "") -> None:
         local = inst.renames[obj.buffer.name]
         shape.append(("arena", local, isinstance(obj, GradientDecl)))
         leaves.append(_Leaf("arena", obj, local))
+    elif _vector_of(obj):  # an output's own vector (the last layer's): a piece the caller declares
+        local = inst.renames[obj.name]
+        shape.append(("arena", local, False) if _vector_of(obj) == "float" else ("vector", _vector_of(obj), local))
+        leaves.append(_Leaf("arena", obj, local))
     elif isinstance(obj, EarlyUpdate):
         shape.append(("early_update", obj.report, obj.fused))
         _walk(obj.index, inst, "index")
@@ -427,7 +504,7 @@ def _walk(obj, inst: _Instance, slot: str = "") -> None:
     elif isinstance(obj, Operand):
         words = set(_IDENT.findall(obj.expr))
         if words and words <= set(inst.renames):  # data the call declares (at an offset, maybe)
-            shape.append((type(obj).__name__, "local", _rename(obj.expr, inst.renames)))
+            shape.append((type(obj).__name__, "local", _rename(_data_of(obj.expr, inst), inst.renames)))
         elif words & set(inst.renames):
             raise _NotOutlined  # mixed: not a case lowering makes
         else:
@@ -493,6 +570,11 @@ _ORDER = ("argument", "outside", "size", "label", "arena", "run")
 
 
 def _make_function(group, plan, fn_name, later_reads):
+    for inst in group:  # a view or local another statement reads cannot move into a function
+        for s in inst.statements:
+            for line in s.lines:
+                if not isinstance(line, ArenaDecl) and not _vector_of(line) and _declared(line) in later_reads:
+                    raise _NotOutlined(f"{_declared(line)} is read after the call")
     first = group[0]
     params = []  # [(order, C++ type, name, values across the calls)]
     by_values: dict = {}  # (kind, values across calls) -> parameter name
@@ -534,7 +616,10 @@ def _make_function(group, plan, fn_name, later_reads):
             values = []
             for j, (inst, lv) in enumerate(zip(group, leaves)):
                 decl = lv.payload
-                if decl.buffer.name in later_reads or isinstance(decl, GradientDecl):
+                if _vector_of(decl):  # the caller's, always: it outlives the call
+                    hoisted[j].append(decl)
+                    values.append(f"{decl.name}.data()")
+                elif decl.buffer.name in later_reads or isinstance(decl, GradientDecl):
                     hoisted[j].append(decl)
                     values.append(decl.buffer.name)
                 else:
@@ -551,6 +636,12 @@ def _make_function(group, plan, fn_name, later_reads):
                 replace.append(add_param("const dg::KeptPackedB&", _strip(values[0], first), values, "text", "outside"))
                 continue
             ctype = _text_type(values)
+            derived = _derived(values, leaf.slot, params, group, plan)
+            if derived is not None:  # from parameters the function has: `C`, `9 * C * C`, `first_index + 2`
+                if derived[0] is not None:
+                    add_param(ctype, *derived[0], "text", "size", exact=True)
+                replace.append(derived[1])
+                continue
             label = ctype == "const char*"
             wanted = f"{leaf.slot}_label" if label and leaf.slot else (leaf.slot or "size")
             member = re.match(r"^(\w+)\.(ptr|size)\(\)$", values[0])
@@ -589,8 +680,66 @@ def _make_function(group, plan, fn_name, later_reads):
         head = inst.statements[0]
         args = [Named(n, values[j]) for _, _, n, values in params]
         lines = list(hoisted[j]) + [CallLine(fn_name, args, at=_first_at(inst))]
-        calls.append(Statement("", lines, [p for s in inst.statements for p in s.positions], head.header, head.call))
+        # A layer helper's call has no header (that is for a user's function): its comment
+        # cites the call with its arguments' values (name='encoder_layers_1').
+        comment = f"{inst.loc.short}  {inst.loc.call_text}" if isinstance(inst.loc, _HelperCall) else ""
+        calls.append(Statement(comment, lines, [p for s in inst.statements for p in s.positions], head.header,
+                               head.call))
     return function, calls
+
+
+def _derived(values, slot, params, group, plan):
+    """A per-call integer as an expression of the function's other parameters, so the
+    call need not pass it: a weight's size from its shape's dimensions (`bn2_weight`'s
+    `C`, `conv2_weight`'s `C * C * 9`), a gradient's index (which update is ready) as
+    the first index of the call's parameters plus a constant. Returns (the parameter
+    to add first or None, the expression), or None."""
+    ints = {p[2]: [int(v) for v in p[3]] for p in params if all(re.fullmatch(r"\d+", str(v)) for v in p[3])}
+    if slot == "index" and all(re.fullmatch(r"\d+", v) for v in values):
+        numbers = [int(v) for v in values]
+        # The call's first index: the smallest of its update indices.
+        base = [min(column) for column in zip(*[[int(v) for v in leaf] for leaf in _index_lists(group)])]
+        shift = {n - b for n, b in zip(numbers, base)}
+        if len(shift) != 1:
+            return None
+        d = shift.pop()
+        name = next((n for n, v in ints.items() if v == base), None)
+        new = None
+        if name is None:
+            name = "first_index"
+            if any(p[2] == name for p in params):
+                return None
+            new = (name, [str(b) for b in base])
+        return new, f"{name} + {d}" if d else name
+    shapes = {p.name: p.shape for p in plan.params}
+    member = [re.fullmatch(r"(\w+)\.size\(\)", v) for v in values]
+    if not all(m and m.group(1) in shapes for m in member):
+        return None
+    dims = list(zip(*[shapes[m.group(1)] for m in member]))
+    if len({len(shapes[m.group(1)]) for m in member}) != 1:
+        return None
+    names, constant = [], 1
+    for column in dims:
+        if len(set(column)) == 1:
+            constant *= column[0]
+            continue
+        name = next((n for n, v in ints.items() if v == list(column)), None)
+        if name is None:
+            return None
+        names.append(name)
+    if not names:
+        return None
+    return None, " * ".join(names + ([str(constant)] if constant != 1 else []))
+
+
+def _index_lists(group) -> list:
+    """The update indices of the first call's lines, one list per line (its value in each call)."""
+    lists = [[] for _ in group[0].leaves]
+    for inst in group:
+        for k, leaf in enumerate(inst.leaves):
+            if leaf.kind == "text" and leaf.slot == "index" and re.fullmatch(r"\d+", str(leaf.payload)):
+                lists[k].append(str(leaf.payload))
+    return [values for values in lists if len(values) == len(group)]
 
 
 def _argument_name(inst, value):
@@ -669,13 +818,13 @@ class _Name:
 
 
 def _rebuild(obj, inst, it):
-    if isinstance(obj, ArenaDecl):
+    if isinstance(obj, ArenaDecl) or _vector_of(obj):
         next(it)
         return None  # a parameter of the function
     if isinstance(obj, Operand):
         words = set(_IDENT.findall(obj.expr))
         if words and words <= set(inst.renames):
-            return type(obj)(obj.value, _rename(obj.expr, inst.renames))
+            return type(obj)(obj.value, _rename(_data_of(obj.expr, inst), inst.renames))
         return type(obj)(obj.value, next(it))
     if isinstance(obj, EarlyUpdate):
         return dataclasses.replace(obj, index=_rebuild(obj.index, inst, it), call=_rebuild(obj.call, inst, it))
@@ -716,6 +865,8 @@ def _reads_after(plan, lists, found, inline) -> set:
                 owner[id(t)] = id(inst)
             if inst.first is not None:
                 parts[id(inst.first)] = [inline[part][id(inst.first)], inst.statements[0]]
+            if inst.cut is not None:
+                parts[id(inst.cut)] = [inst.statements[-1]] + inst.rest
     every = [t for statements in lists.values() for s in statements for t in parts.get(id(s), [s])]
     if plan.train is not None:
         every += list(plan.train.loss_statements)

@@ -120,6 +120,7 @@ class Declare:
     init: object = None  # a Call (printed as an expression) or an operand
     note: str = ""
     at: int = -1
+    element: str = ""  # an owned buffer's element type (`float` for `std::vector<float> h(n)`), else ""
 
     def __str__(self) -> str:
         if self.init is not None:
