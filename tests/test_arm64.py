@@ -9,6 +9,7 @@ model here."""
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -126,3 +127,136 @@ def test_project_ships_the_toolchain_file_and_says_how_to_use_it():
     readme = files["README.md"].decode()
     assert "-DCMAKE_TOOLCHAIN_FILE=cmake/aarch64-linux-gnu.cmake" in readme and "-DMLP_ARM_ARCH=" in readme
     assert "MLP_ARM_ARCH" in files["CMakeLists.txt"].decode()
+
+
+# --------------------------------------------------------------------------- the runtime under qemu
+#
+# The runtime's own unit drivers (tests/runtime_driver.cpp, tests/conv_runtime_driver.cpp),
+# cross-compiled with the projects' default target CPU, so that dg_gemm.h compiles its NEON
+# micro-kernel (8 x 12 tile, 4-wide narrow edge tile) and dg_conv.h its vector direct loops;
+# run under qemu on the same cases and with the same tolerances as test_runtime.py and
+# test_conv_runtime.py run them on x86.
+
+from test_runtime import (  # noqa: E402  (helpers only: no test of that file is collected here)
+    CXX_FLAGS,
+    DRIVER_SRC,
+    EDGE_SHAPES,
+    RUNTIME_DIR,
+    TATB,
+    Driver,
+    assert_gemm_close,
+    gemm_reference,
+    rand,
+    run_gemm,
+    same_bits,
+)
+
+ARM_FLAGS = ["-march=armv8.2-a+fp16+dotprod", "-fopenmp"]
+
+
+class QemuDriver(Driver):
+    def call(self, op, *args, inputs=()):
+        stdin = b"".join(np.ascontiguousarray(a).tobytes() for a in inputs)
+        cmd = [QEMU, "-L", SYSROOT, str(self.exe), op, *[str(a) for a in args]]
+        return subprocess.run(cmd, input=stdin, capture_output=True, timeout=120)
+
+
+def _cross_compile(source: Path, exe: Path, flags) -> str:
+    cmd = [CROSS_CXX, *flags, "-I", str(RUNTIME_DIR), str(source), "-o", str(exe)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    assert proc.returncode == 0, f"compile failed:\n{' '.join(cmd)}\n{proc.stderr}"
+    return proc.stderr
+
+
+@pytest.fixture(scope="module")
+def neon(tmp_path_factory):
+    """The runtime driver for aarch64 (runs under qemu)."""
+    _need_cross_tools()
+    exe = tmp_path_factory.mktemp("arm64") / "runtime_driver"
+    diagnostics = _cross_compile(DRIVER_SRC, exe, [*CXX_FLAGS, *ARM_FLAGS])
+    assert diagnostics == "", diagnostics
+    return QemuDriver(exe)
+
+
+def test_runtime_compiles_the_neon_gemm_kernel(neon):
+    proc = neon.call("gemm_info", 2)
+    assert proc.returncode == 0, proc.stderr
+    isa, threads, openmp = proc.stdout.decode().split()
+    assert (isa, openmp) == ("neon", "1") and int(threads) >= 1
+
+
+# test_runtime.py's edge shapes, and the NEON tile's: one less / equal / one more than
+# MR x NR = 8 x 12, the narrow edge tile (N <= 4), K around KC = 256.
+NEON_EDGES = [(7, 11, 3), (8, 12, 255), (9, 13, 256), (17, 25, 257), (16, 4, 9), (9, 3, 5), (15, 23, 100)]
+
+
+@pytest.mark.parametrize("ta,tb", TATB)
+def test_neon_gemm_edge_shapes(neon, ta, tb):
+    for M, N, K in EDGE_SHAPES + NEON_EDGES:
+        a, b, got = run_gemm(neon, ta, tb, M, N, K)
+        assert_gemm_close(got, gemm_reference(a, b, ta, tb, M, N, K), K)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("M,N,K,ta,tb", [(1, 1280, 512, False, False), (3, 33, 20, False, True),
+                                         (64, 512, 784, False, False), (64, 784, 512, False, True),
+                                         (784, 512, 64, True, False), (256, 10, 256, True, False)])
+def test_neon_gemm_model_shapes(neon, M, N, K, ta, tb, threads):
+    a, b, got = run_gemm(neon, ta, tb, M, N, K, threads=threads)
+    assert_gemm_close(got, gemm_reference(a, b, ta, tb, M, N, K), K)
+
+
+@pytest.mark.parametrize("M,N,K,ta,tb", [(2, 100, 30, False, False), (9, 1280, 512, False, False),
+                                         (64, 10, 256, False, False), (7, 13, 29, True, True)])
+def test_neon_gemm_epilogue_once_per_element(neon, M, N, K, ta, tb):
+    bias = rand(N)
+    a, b, got, count, _ = run_gemm(neon, ta, tb, M, N, K, pad=(0, 0, 2), threads=2, bias=bias)
+    assert np.array_equal(count[:, :N], np.ones((M, N), np.float32))
+    assert np.array_equal(count[:, N:], np.zeros((M, 2), np.float32))
+    assert_gemm_close(got[:, :N], np.maximum(gemm_reference(a, b, ta, tb, M, N, K) + bias, 0.0), K)
+
+
+@pytest.mark.parametrize("M,N,K,ta,tb", [(3, 33, 20, True, False), (13, 33, 257, False, True),
+                                         (70, 1280, 512, False, False)])
+def test_neon_gemm_with_packed_b_equals_gemm(neon, M, N, K, ta, tb):
+    lda, ldb, ldc = (M if ta else K) + 1, (K if tb else N) + 2, N + 3
+    a, b = rand(K if ta else M, lda), rand(N if tb else K, ldb)
+    out = neon("gemm_packed", int(ta), int(tb), M, N, K, lda, ldb, ldc, 2, inputs=[a, b, np.zeros((M, ldc), np.float32)])
+    *uses, plain, _ = (x.reshape(M, ldc) for x in np.split(out, 6))
+    assert all(same_bits(use, plain) for use in uses)
+    assert_gemm_close(plain[:, :N], gemm_reference(a, b, ta, tb, M, N, K), K)
+
+
+def test_neon_conv2d(tmp_path):
+    """dg_conv.h with the NEON vector type, forward and both gradients against PyTorch: the
+    cases of test_conv_runtime.py that take the vectorized direct loops (depthwise, one
+    input channel per group), and a few that take the GEMM (im2col, pointwise, 1x1)."""
+    _need_cross_tools()
+    pytest.importorskip("torch")
+    import torch
+    import test_conv_runtime as conv
+
+    exe = tmp_path / "conv_runtime_driver"
+    diagnostics = _cross_compile(conv.DRIVER_SRC, exe, [*conv.CXX_FLAGS, *ARM_FLAGS])
+    assert "warning" not in diagnostics, diagnostics
+
+    class QemuConvDriver(conv.Driver):
+        def run(self, op, geom, *extra, inputs=(), threads=1):
+            stdin = b"".join(np.ascontiguousarray(a, dtype=np.float32).tobytes() for a in inputs)
+            cmd = [QEMU, "-L", SYSROOT, str(self.exe), op, *map(str, geom.args()), *map(str, extra)]
+            env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+            return subprocess.run(cmd, input=stdin, capture_output=True, timeout=120, env=env)
+
+    driver = QemuConvDriver(exe, "neon")
+    gen = torch.Generator().manual_seed(7)
+    direct = [g for g in conv.CONV_CASES if g.C == g.groups and g.C < 100]
+    gemm = [g for g in conv.CONV_CASES if repr(g) in ("N1C3_8x8_O4_k3x3_s(1, 1)_p(0, 0)_d(1, 1)_g1",
+                                                       "N1C8_6x5_O12_k1x1_s(1, 1)_p(0, 0)_d(1, 1)_g1",
+                                                       "N2C40_2x2_O70_k1x1_s(1, 1)_p(0, 0)_d(1, 1)_g1")]
+    assert len(gemm) == 3
+    cases = direct + gemm
+    for g in cases:
+        x, w, b, dy, y, dx, dw = conv.conv_reference(g, gen, True)
+        conv.close(driver("conv2d", g, 1, inputs=[x, w, b]), y)
+        conv.close(driver("conv2d_grad_input", g, inputs=[dy, w]), dx)
+        conv.close(driver("conv2d_grad_weight", g, inputs=[x, dy]), dw)
