@@ -83,6 +83,8 @@ def render(plan, target) -> dict:
         files[path] = env.get_template(template).render(p=plan, target=target.names).encode()
     files[".clang-format"] = (resource_dir("templates") / "project" / "clang-format").read_bytes()
     files[".gitignore"] = (resource_dir("templates") / "project" / "gitignore").read_bytes()
+    for path, source in (target.files or {}).items():
+        files[path] = (resource_dir("templates") / source).read_bytes()
     for header, source in runtime.included(files[path].decode() for path in cpp).items():
         files[f"runtime/{header}"] = source.read_bytes()
     return dict(sorted(files.items()))

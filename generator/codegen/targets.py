@@ -31,6 +31,8 @@ A target is a folder targets/<name>/ with a target.json:
   fuse an update into that product (memory/liveness.py).
 - `early_ready`: compute_gradients() can report a gradient ready as soon as the
   backward pass completes it (CUDA: a gradient is ready when the device is).
+- `files`: {path in the project: path under templates/} of files copied verbatim
+  into every project (the CPU's CMake toolchain file for cross builds to aarch64).
 """
 
 from __future__ import annotations
@@ -64,6 +66,7 @@ class Target:
     early_ready: bool = False
     copy_fn: str = "std::copy"
     names: dict = None  # template-facing names (see the module docstring)
+    files: dict = None  # {project path: file under templates/} copied verbatim
 
     def runtime_sources(self) -> dict:
         """{header name in the project: file it is copied from}."""
@@ -103,4 +106,5 @@ def load_target(name: str) -> Target:
         update_rows=bool(conf.get("update_rows", False)),
         early_ready=bool(conf.get("early_ready", False)),
         copy_fn=conf.get("copy", "std::copy"),
+        files=dict(conf.get("files", {})),
     )

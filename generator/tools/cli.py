@@ -73,8 +73,13 @@ def cmd_generate(args):
 
 
 def cmd_build(args):
-    from .build import build_project
+    from .build import build_project, cross_build
 
+    if args.cross:
+        cross_build(args.project, args.cross, build_dir=args.build_dir, march=args.march)
+        return
+    if args.build_dir or args.march:
+        raise DeepgenError("--build-dir and --march go with --cross (a native build installs the module with pip)")
     build_project(args.project, target_dir=args.target_dir, replace_installed=args.replace_installed)
 
 
@@ -246,6 +251,11 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--target-dir", help="install the module into this folder instead of the environment")
     b.add_argument("--replace-installed", action="store_true",
                    help="let the build replace an installed distribution or module of the same name")
+    b.add_argument("--cross", choices=["aarch64"],
+                   help="cross-compile the C++ library and example program for this CPU instead (CMake with "
+                        "the project's cmake/aarch64-linux-gnu.cmake; needs Debian's g++-aarch64-linux-gnu)")
+    b.add_argument("--build-dir", help="with --cross: the build folder (default: PROJECT/build-aarch64)")
+    b.add_argument("--march", help="with --cross: the target CPU, a -march value (default: armv8.2-a+fp16+dotprod)")
     b.set_defaults(func=cmd_build)
     c = sub.add_parser("check", help="check a model's shapes without generating code")
     c.add_argument("model")

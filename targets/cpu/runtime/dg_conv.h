@@ -64,7 +64,8 @@ namespace conv_detail {
 
 // Whether dg_gemm.h's vector type (gemm_detail::Vec, vload, vfma, ...) is
 // compiled in: the same test as its DG_GEMM_SIMD, which it does not export.
-#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__)) || \
+    (defined(__aarch64__) && defined(__ARM_NEON))
 #define DG_CONV_VEC 1
 #else
 #define DG_CONV_VEC 0
@@ -220,7 +221,8 @@ inline int64_t padded_cols(const Conv2dGeom& g) {
 }
 
 // Output columns computed together by conv2d_direct_rows (one AVX-512 vector,
-// two AVX2 ones); and channels computed together by conv2d_direct_channels.
+// two AVX2 ones, four NEON ones); and channels computed together by
+// conv2d_direct_channels.
 constexpr int64_t kDirectCols = 16;
 constexpr int64_t kDirectLanes = 16;
 

@@ -41,8 +41,9 @@
 //     Small products stay on one thread (dg::threads_for, dg_parallel.h).
 //
 // The micro-kernel is chosen at compile time from the compiler's target macros
-// (-march=native, -mavx2 -mfma, ...): AVX-512, AVX2 + FMA, or portable C++ that
-// the compiler may vectorize by itself.  dg::gemm_isa() names the one compiled.
+// (-march=native, -mavx2 -mfma, ...): AVX-512, AVX2 + FMA, NEON on 64-bit ARM
+// (aarch64), or portable C++ that the compiler may vectorize by itself.
+// dg::gemm_isa() names the one compiled.
 // Without any -m/-march flag x86-64 compilers target SSE2 only, so the portable
 // kernel runs at about a third of the AVX2 speed: build with -march=native
 // (or at least -mavx2 -mfma) where the machine allows.
@@ -84,6 +85,8 @@
 
 #if defined(__AVX__)
 #include <immintrin.h>
+#elif defined(__aarch64__) && defined(__ARM_NEON)
+#include <arm_neon.h>
 #endif
 
 #include "dg_arena.h"
@@ -220,9 +223,74 @@ inline float vsum(Vec v) {  // the lanes' sum
 }
 #define DG_GEMM_SIMD 1
 
+#elif defined(__aarch64__) && defined(__ARM_NEON)
+
+// A64 NEON (every 64-bit ARM CPU has it): 32 vector registers v0-v31 of 128 bits,
+// 4 floats each, and a fused multiply-add (FMLA) that can take one operand from a
+// lane of another register ("by element").  The tile is 8 x 12:
+//   8 rows x 3 vectors = 24 accumulators + 3 for the row of B + 2 for the 8
+//   values of A (two vector loads of a packed panel, used lane by lane, see
+//   vfma_lanes) = 29 registers, 3 left for the compiler.
+// Per k that is 24 FMLAs for 5 vector loads, 4.8 FMLAs per load.  12 x 8 ties
+// (24 + 2 + 3 = 29 registers, 5 loads; not compared on hardware); 4 x 24 needs
+// 7 loads and 31 registers; 8 x 16 would need 32 accumulators.  On cores with
+// two FMLA pipes of 4 cycles latency (Cortex-A76, Neoverse N1: 8 independent
+// FMLAs in flight suffice; there are 24) that is 12 cycles of FMLAs per k with
+// the loads in their shadow.  Compiled by GCC 12 (-O2 -march=armv8.2-a), the loop over k is
+// 32 instructions for those 24 FMLAs (96 multiply-adds): 24 FMLA, 3 loads (LDP q,
+// LDP q, LDR q), 3 adds, compare and branch; no spills.
+// The narrow edge tile is one vector wide (N <= 4).
+// Block sizes from the cache sizes of such cores (64 KiB L1D, 512 KiB - 1 MiB L2),
+// not measured on ARM hardware yet: a B micro-panel of KC x NR = 256 x 12 floats
+// (12 KiB) stays in L1, an A block of MC x KC = 128 x 256 floats (128 KiB) in L2.
+constexpr const char* kIsa = "neon";
+constexpr int MR = 8, NR = 12;
+constexpr int kEdgeCols = 4;
+constexpr int64_t KC = 256, MC = 128, NC = 2040;  // NC: a multiple of NR near 2048
+
+using Vec = float32x4_t;
+constexpr int kWidth = 4;  // floats per vector
+inline Vec vzero() {
+  return vdupq_n_f32(0.0F);
+}
+inline Vec vload(const float* p) {
+  return vld1q_f32(p);
+}
+inline void vstore(float* p, Vec v) {
+  vst1q_f32(p, v);
+}
+inline Vec vbroadcast(const float* p) {
+  return vld1q_dup_f32(p);
+}
+inline Vec vfma(Vec a, Vec b, Vec c) {
+  return vfmaq_f32(c, a, b);
+}  // a * b + c
+inline Vec vadd(Vec a, Vec b) {
+  return vaddq_f32(a, b);
+}
+inline float vsum(Vec v) {  // the lanes' sum
+  return vaddvq_f32(v);
+}
+// acc[i][v] = b[v] * (lane i of a4) + acc[i][v] for i < 4: four rows of a packed A
+// panel come in one vector load, and FMLA (by element) takes each row's value from
+// its lane.  Broadcasting instead, GCC 12 loads the 8 values of A into 8 registers
+// (24 + 3 + 8 = 35 > 32) and spills accumulators to the stack in the loop.
+template <int NV>
+inline void vfma_lanes(Vec (*acc)[NV], const Vec* b, Vec a4) {
+  DG_GEMM_UNROLL
+  for (int v = 0; v < NV; ++v) {
+    acc[0][v] = vfmaq_laneq_f32(acc[0][v], b[v], a4, 0);
+    acc[1][v] = vfmaq_laneq_f32(acc[1][v], b[v], a4, 1);
+    acc[2][v] = vfmaq_laneq_f32(acc[2][v], b[v], a4, 2);
+    acc[3][v] = vfmaq_laneq_f32(acc[3][v], b[v], a4, 3);
+  }
+}
+#define DG_GEMM_SIMD 1
+#define DG_GEMM_LANES 1  // the micro-kernel uses vfma_lanes on packed A
+
 #else
 
-// Plain C++: a 4 x 8 tile is 8 SSE registers (or 8 NEON registers).
+// Plain C++: a 4 x 8 tile is 8 SSE registers.
 constexpr const char* kIsa = "portable";
 constexpr int MR = 4, NR = 8;
 constexpr int kEdgeCols = NR;  // no narrower tile
@@ -287,8 +355,16 @@ inline void micro_kernel(int64_t kc, const float* a, int64_t a_rs, int64_t a_ks,
     DG_GEMM_UNROLL
     for (int v = 0; v < NV; ++v)
       bv[v] = vload(b + v * kWidth);
+#ifdef DG_GEMM_LANES
+    constexpr int kLaneRows = PACKED ? ROWS / 4 * 4 : 0;  // rows of A taken four at a time
     DG_GEMM_UNROLL
-    for (int r = 0; r < ROWS; ++r) {
+    for (int r = 0; r < kLaneRows; r += 4)
+      vfma_lanes<NV>(acc + r, bv, vload(a + r));
+#else
+    constexpr int kLaneRows = 0;
+#endif
+    DG_GEMM_UNROLL
+    for (int r = kLaneRows; r < ROWS; ++r) {
       const Vec ar = vbroadcast(a + r * a_rs);
       DG_GEMM_UNROLL
       for (int v = 0; v < NV; ++v)
@@ -919,7 +995,7 @@ inline void check_args(int64_t M, int64_t N, int64_t K, int64_t lda, int64_t a_w
 
 }  // namespace gemm_detail
 
-// The micro-kernel compiled in: "avx512", "avx2" or "portable".
+// The micro-kernel compiled in: "avx512", "avx2", "neon" or "portable".
 constexpr const char* gemm_isa() {
   return gemm_detail::kIsa;
 }
@@ -1157,3 +1233,4 @@ void gemm(bool ta, int64_t M, const float* A, int64_t lda, const PackedB& B, flo
 
 #undef DG_GEMM_UNROLL
 #undef DG_GEMM_SIMD
+#undef DG_GEMM_LANES

@@ -150,8 +150,8 @@ PYBIND11_MODULE(tiny_tree, m) {
 #endif
         return info;
       },
-      "How this module was built: the GEMM micro-kernel compiled in (avx512, avx2 or portable), OpenMP, "
-      "compiler");
+      "How this module was built: the GEMM micro-kernel compiled in (avx512, avx2, neon or portable), "
+      "OpenMP, compiler");
   py::class_<Model>(m, "Model")
       // Python code reaches the weights only through parameters(), save() and load(), which write a
       // weight freed by its packing back first, so the module holds each weight once by default (the
