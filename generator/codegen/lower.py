@@ -341,6 +341,19 @@ def _input_spec(v, dim_index) -> InputSpec:
     return InputSpec(v.name, CTYPE[v.dtype], v.dtype, fmt_shape(v.shape), checks, v.rank)
 
 
+def _cited_once(specs) -> list:
+    """The parameters in order, each citing its DSL line unless the one before it cites the
+    same (a layer's weight and bias: one comment above both)."""
+    out, last = [], None
+    for spec in specs:
+        comment = spec.comment
+        if comment == last:
+            spec = replace(spec, comment="")
+        out.append(spec)
+        last = comment
+    return out
+
+
 def _param_spec(p) -> ParamSpec:
     prim = p.init.resolve(p.shape)
     seed = f"{p.seed}u" if p.seed is not None else "_seed"  # Network::_init's argument
@@ -578,7 +591,7 @@ def lower(graph, target) -> ProjectPlan:
         dim_count=len(dims),
         inputs=[_input_spec(v, dim_index) for v in forward_inputs],
         all_inputs=[_input_spec(v, dim_index) for v in graph.inputs],
-        params=[_param_spec(p) for p in graph.params],
+        params=_cited_once(_param_spec(p) for p in graph.params),
         mode=graph.mode.name if graph.mode is not None else "",
         outputs=outputs,
         requirements=requirements,

@@ -34,13 +34,11 @@ void Network::_init(std::uint64_t _seed) {
   // tiny.py:30  h = dg.dense(x, 4, act=dg.relu)
   dg::init_uniform(h_w.host(), h_w.size(), _seed, dg::name_stream("h_w"), -0.9258201f, 0.9258201f);
   h_w.host_written();
-  // tiny.py:30  h = dg.dense(x, 4, act=dg.relu)
   dg::init_constant(h_b.host(), h_b.size(), 0.0f);
   h_b.host_written();
   // tiny.py:31  logits = dg.dense(h, 2)
   dg::init_uniform(logits_w.host(), logits_w.size(), _seed, dg::name_stream("logits_w"), -1.0f, 1.0f);
   logits_w.host_written();
-  // tiny.py:31  logits = dg.dense(h, 2)
   dg::init_constant(logits_b.host(), logits_b.size(), 0.0f);
   logits_b.host_written();
 }

@@ -30,11 +30,9 @@ Model::Model(uint64_t seed) {
 void Network::_init(std::uint64_t _seed) {
   // tiny.py:30  h = dg.dense(x, 4, act=dg.relu)
   dg::init_uniform(h_w.ptr(), h_w.size(), _seed, dg::name_stream("h_w"), -0.9258201f, 0.9258201f);
-  // tiny.py:30  h = dg.dense(x, 4, act=dg.relu)
   dg::init_constant(h_b.ptr(), h_b.size(), 0.0f);
   // tiny.py:31  logits = dg.dense(h, 2)
   dg::init_uniform(logits_w.ptr(), logits_w.size(), _seed, dg::name_stream("logits_w"), -1.0f, 1.0f);
-  // tiny.py:31  logits = dg.dense(h, 2)
   dg::init_constant(logits_b.ptr(), logits_b.size(), 0.0f);
 }
 
