@@ -22,6 +22,7 @@ from ..ir.shapes import fmt_shape, numel
 from ..reference.rng import dropout_keep
 from .conv import _columns as _conv_columns
 from .conv import _geom as _conv_geom
+from .conv import conv_weight
 from .registry import OpDef, get_op, register, require_float
 
 
@@ -306,7 +307,7 @@ class ConvBatchNorm(OpDef):
         cols = _conv_columns(node, x.shape, kernel, out_hw)
         ws = ctx.workspace(f"{y.name}_cols", cols) if cols else "nullptr"
         what = ctx.string(f"batch norm of the convolution of '{x.name}'")
-        return [geom, ctx.call("dg::conv2d_batch_norm", ctx.read(x), ctx.read(w), b, ctx.read(bn_w), ctx.read(bn_b),
+        return [geom, ctx.call("dg::conv2d_batch_norm", ctx.read(x), conv_weight(ctx, node, w, out_hw), b, ctx.read(bn_w), ctx.read(bn_b),
                                ctx.write(rm), ctx.write(rv), ctx.write(y), ctx.write(mean), ctx.write(invstd), ws,
                                name, Named("eps", _float(node.attrs["eps"])),
                                Named("momentum", _float(node.attrs["momentum"])), ctx.read(mode), what)]

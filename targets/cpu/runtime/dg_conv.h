@@ -34,12 +34,14 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <stdexcept>
 #include <type_traits>
 #include <vector>
 
 #include "dg_conv_geom.h"
 #include "dg_gemm.h"
 #include "dg_modes.h"
+#include "dg_packed_weights.h"
 #include "dg_parallel.h"
 
 namespace dg {
@@ -435,6 +437,13 @@ constexpr int64_t kSmallPlaneWeight = int64_t(1) << 18;
 // products take; a bigger batch runs in several products.
 constexpr int64_t kSmallPlaneScratch = int64_t(1) << 20;
 
+// Whether conv2d_with runs g's forward GEMMs as conv2d_small (one group only
+// reads a kept packing: the Model's dg::KeptPackedB of w as [Kg, O]).
+constexpr bool small_plane(const Conv2dGeom& g) {
+  return !direct(g) && g.OH * g.OW <= kSmallPlane &&
+         (g.O / g.groups) * (g.C / g.groups * g.KH * g.KW) <= kSmallPlaneWeight;
+}
+
 // The forward GEMM of one group, all images at once, for small output planes.
 // As w[Og, Kg] @ cols[Kg, OHW] per image, C would be a few columns wide: the
 // micro-kernel computes a whole tile width (16 or 32 columns) for 4 of them,
@@ -450,9 +459,11 @@ constexpr int64_t kSmallPlaneScratch = int64_t(1) << 20;
 // out as y[n, o, i], bias added, and epi runs on each output plane.  cols_t
 // and yt are scratch (a batch too big for kSmallPlaneScratch runs in
 // several products); ws holds one image's columns (unless pointwise).
+// packed: w^T already packed (the Model's kept packing, groups == 1), or null
+// to pack wg per call; the same sums either way.
 template <class Epi>
-void conv2d_small(const float* x, const float* wg, const float* bg, float* y, float* ws, const Conv2dGeom& g,
-                  int64_t grp, const Epi& epi) {
+void conv2d_small(const float* x, const float* wg, const PackedB* packed, const float* bg, float* y,
+                  float* ws, const Conv2dGeom& g, int64_t grp, const Epi& epi) {
   const int64_t Cg = g.C / g.groups, Og = g.O / g.groups, Kg = Cg * g.KH * g.KW;
   const int64_t HW = g.H * g.W, OHW = g.OH * g.OW;
   // Images per product: as many as keep the scratch within kSmallPlaneScratch floats.
@@ -474,7 +485,11 @@ void conv2d_small(const float* x, const float* wg, const float* bg, float* y, fl
           row[k] = cols[k * OHW + i];
       }
     }
-    gemm(false, true, images * OHW, Og, Kg, cols_t, Kg, wg, Kg, yt, Og);
+    if (packed != nullptr) {
+      gemm(false, images * OHW, cols_t, Kg, *packed, yt, Og);
+    } else {
+      gemm(false, true, images * OHW, Og, Kg, cols_t, Kg, wg, Kg, yt, Og);
+    }
     for (int64_t m = 0; m < images; ++m) {
       for (int64_t o = 0; o < Og; ++o) {
         float* yo = y + ((n0 + m) * g.O + grp * Og + o) * OHW;
@@ -597,9 +612,9 @@ void conv2d_with(const float* x, const float* w, const float* b, float* y, float
   constexpr bool plain = std::is_same<Epi, NoChannelEpilogue>::value;
   const int64_t Cg = g.C / g.groups, Og = g.O / g.groups, Kg = Cg * g.KH * g.KW;
   const int64_t HW = g.H * g.W, OHW = g.OH * g.OW;
-  if (OHW <= kSmallPlane && Og * Kg <= kSmallPlaneWeight) {
+  if (small_plane(g)) {
     for (int64_t grp = 0; grp < g.groups; ++grp)
-      conv2d_small(x, w + grp * Og * Kg, b ? b + grp * Og : nullptr, y, ws, g, grp, epi);
+      conv2d_small(x, w + grp * Og * Kg, nullptr, b ? b + grp * Og : nullptr, y, ws, g, grp, epi);
     return;
   }
   const bool pointwise = g.pointwise();
@@ -632,13 +647,33 @@ void conv2d_with(const float* x, const float* w, const float* b, float* y, float
   }
 }
 
+// conv2d_with for a weight the Model keeps packed (w: the KeptPackedB of
+// w[O, Kg] read transposed, [Kg, O]): the small-plane product reads the packing
+// (packed at the first call, kept until the parameters change), or the weight
+// as stored where KeptPackedB::use says so.  Only for geometries that take
+// conv2d_small with one group (the generator's rule, ops/conv.py).
+template <class Epi>
+void conv2d_with(const float* x, const KeptPackedB& w, const float* b, float* y, float* ws,
+                 const Conv2dGeom& g, const Epi& epi) {
+  if (!small_plane(g) || g.groups != 1) {
+    throw std::logic_error(
+        "dg::conv2d: a kept weight packing is read by small-plane convolutions of one group "
+        "only (the generator's rule and dg_conv.h's small_plane disagree)");
+  }
+  const KeptPackedB::Use use = w.use(g.N * g.OH * g.OW);
+  conv2d_small(x, use.stored(), use.packed(), b, y, ws, g, 0, epi);
+}
+
 }  // namespace conv_detail
 
 // y[N,O,OH,OW] = conv(x[N,C,H,W], w[O,C/groups,KH,KW]) (+ b[O] when b != nullptr):
 // cross-correlation as torch.nn.functional.conv2d, zero padding, dilation and
 // groups (depthwise included).  y is overwritten; ws holds conv2d_workspace(g)
 // floats.
-inline void conv2d(const float* x, const float* w, const float* b, float* y, float* ws, const Conv2dGeom& g) {
+// W: the weight (const float*), or the Model's kept packing of it
+// (KeptPackedB, small output planes only: conv_detail::small_plane).
+template <class W>
+void conv2d(const float* x, const W& w, const float* b, float* y, float* ws, const Conv2dGeom& g) {
   conv_detail::conv2d_with(x, w, b, y, ws, g, conv_detail::NoChannelEpilogue());
 }
 
@@ -650,10 +685,11 @@ inline void conv2d(const float* x, const float* w, const float* b, float* y, flo
 // it is in cache: the same arithmetic as the two calls, one pass fewer over y.
 // In training mode the batch's statistics need the whole output first: conv2d
 // into y, then batch norm in place.  ws as conv2d's.
-inline void conv2d_batch_norm(const float* x, const float* w, const float* b, const float* bn_w,
-                              const float* bn_b, float* running_mean, float* running_var, float* y,
-                              float* mean, float* invstd, float* ws, const Conv2dGeom& g, float eps,
-                              float momentum, const Mode& mode, const char* what) {
+template <class W>
+void conv2d_batch_norm(const float* x, const W& w, const float* b, const float* bn_w, const float* bn_b,
+                       float* running_mean, float* running_var, float* y, float* mean, float* invstd,
+                       float* ws, const Conv2dGeom& g, float eps, float momentum, const Mode& mode,
+                       const char* what) {
   const int64_t OHW = g.OH * g.OW;
   if (mode.training) {
     conv2d(x, w, b, y, ws, g);
