@@ -677,29 +677,59 @@ void conv2d(const float* x, const W& w, const float* b, float* y, float* ws, con
   conv_detail::conv2d_with(x, w, b, y, ws, g, conv_detail::NoChannelEpilogue());
 }
 
+namespace conv_detail {
+
+// What the conv_batch_norm pass folds after a batch norm, on n normalized
+// values v in place: v + r[i] where r (the residual, read at the same
+// positions) is not null, then relu where relu is set, as the elementwise
+// kernels compute them (relu: dg::math::max_f(0, v), 0 > v ? 0 : v, so a NaN
+// stays NaN and -0 stays -0): the same bits as the separate ops.
+inline void add_relu(float* v, const float* r, int64_t n, bool relu) {
+  if (r != nullptr && relu) {
+    for (int64_t i = 0; i < n; ++i) {
+      const float s = v[i] + r[i];
+      v[i] = 0.0f > s ? 0.0f : s;
+    }
+  } else if (r != nullptr) {
+    for (int64_t i = 0; i < n; ++i)
+      v[i] = v[i] + r[i];
+  } else if (relu) {
+    for (int64_t i = 0; i < n; ++i)
+      v[i] = 0.0f > v[i] ? 0.0f : v[i];
+  }
+}
+
+}  // namespace conv_detail
+
 // y = batch_norm(conv2d(x, w, b)) with batch norm's weight bn_w, bias bn_b and
 // running statistics, as dg::batch_norm (dg_modes.h) computes it on conv2d's
-// output; mean and invstd are written as it writes them.  In evaluation mode
-// the normalization, (v - mean) * (invstd * bn_w) + bn_b, is applied to each
-// piece of output as the convolution finishes it (the GEMM's epilogue), while
-// it is in cache: the same arithmetic as the two calls, one pass fewer over y.
-// In training mode the batch's statistics need the whole output first: conv2d
-// into y, then batch norm in place.  ws as conv2d's.
+// output; mean and invstd are written as it writes them.  Then, as the
+// conv_batch_norm pass folds the ops that follow: residual added (unless null:
+// a tensor of y's shape, not y itself) and relu (when relu), see add_relu.  In
+// evaluation mode the normalization, (v - mean) * (invstd * bn_w) + bn_b, and
+// what follows are applied to each piece of output as the convolution finishes
+// it (the GEMM's epilogue), while it is in cache: the same arithmetic as the
+// separate calls, one pass fewer over y for each.  In training mode the batch's
+// statistics need the whole output first: conv2d into y, then batch norm,
+// residual and relu in place.  w: the weight, or its kept packing (conv2d).
+// ws as conv2d's.
 template <class W>
 void conv2d_batch_norm(const float* x, const W& w, const float* b, const float* bn_w, const float* bn_b,
-                       float* running_mean, float* running_var, float* y, float* mean, float* invstd,
-                       float* ws, const Conv2dGeom& g, float eps, float momentum, const Mode& mode,
-                       const char* what) {
+                       float* running_mean, float* running_var, const float* residual, float* y, float* mean,
+                       float* invstd, float* ws, const Conv2dGeom& g, float eps, float momentum, bool relu,
+                       const Mode& mode, const char* what) {
   const int64_t OHW = g.OH * g.OW;
   if (mode.training) {
     conv2d(x, w, b, y, ws, g);
     batch_norm(y, bn_w, bn_b, running_mean, running_var, y, mean, invstd, g.N, g.O, OHW, eps, momentum, mode,
                what);
+    conv_detail::add_relu(y, residual, g.N * g.O * OHW, relu);
     return;
   }
   batch_norm_eval_statistics(running_mean, running_var, mean, invstd, g.O, eps);
   conv_detail::conv2d_with(x, w, b, y, ws, g, [=](int64_t o, float* c, int64_t n) {
     modes_detail::normalize_values(c, c, n, mean[o], invstd[o] * bn_w[o], bn_b[o]);
+    conv_detail::add_relu(c, residual != nullptr ? residual + (c - y) : nullptr, n, relu);
   });
 }
 
