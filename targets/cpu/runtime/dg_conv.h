@@ -452,15 +452,17 @@ constexpr bool small_plane(const Conv2dGeom& g) {
 //   yt[N*OHW, Og] = cols_t[N*OHW, Kg] @ w^T,
 // where cols_t holds every image's column matrix transposed (row n*OHW + i:
 // output position i of image n), the weight is the wide operand, packed once
-// per call and read in order, and every column of the tile is an output
+// per call (or kept packed by the Model) and read in order, and every column of the tile is an output
 // channel.  Each output is a sum over k in ascending order, in the same K
 // blocks as the per-image product (dot products instead where N*OHW <= 3:
 // the GEMM's tiny-M path streams the weight in place); yt is then written
 // out as y[n, o, i], bias added, and epi runs on each output plane.  cols_t
 // and yt are scratch (a batch too big for kSmallPlaneScratch runs in
 // several products); ws holds one image's columns (unless pointwise).
-// packed: w^T already packed (the Model's kept packing, groups == 1), or null
-// to pack wg per call; the same sums either way.
+// packed: w^T already packed (the Model's kept packing, groups == 1, read by
+// the micro-kernel at every N*OHW: sums in K blocks, the same as per call
+// except where N*OHW <= 3 and Kg is over one K block, dg_gemm.h's KC), or
+// null to pack wg per call.
 template <class Epi>
 void conv2d_small(const float* x, const float* wg, const PackedB* packed, const float* bg, float* y,
                   float* ws, const Conv2dGeom& g, int64_t grp, const Epi& epi) {
