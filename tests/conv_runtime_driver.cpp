@@ -36,6 +36,7 @@
 #include <vector>
 
 #include "dg_conv.h"
+#include "dg_math.h"
 
 namespace {
 
@@ -183,10 +184,14 @@ int run(int argc, char** argv) {
     } else if (op == "conv2d_batch_norm") {
         // Output: the fused call's y, then conv2d followed by batch_norm's y (the same
         // bits expected), then each one's running mean and variance after the call.
+        // Optional (argv[20], argv[21]): a residual (one more input of y's size) added
+        // and relu, after batch_norm in the plain calls as the elementwise kernels do.
         const bool bias = std::stoi(argv[18]) != 0, training = std::stoi(argv[19]) != 0;
+        const bool residual = argc > 20 && std::stoi(argv[20]) != 0, relu = argc > 21 && std::stoi(argv[21]) != 0;
         const auto x = in.take(x_n), w = in.take(w_n);
         const auto b = bias ? in.take(g.O) : std::vector<float>();
         const auto bn_w = in.take(g.O), bn_b = in.take(g.O), rm = in.take(g.O), rv = in.take(g.O);
+        const auto r = residual ? in.take(y_n) : std::vector<float>();
         in.expect_end();
         const dg::Mode mode{training, 0, 0};
         auto fused = nans(y_n), plain = nans(y_n), conv = nans(y_n);
@@ -194,12 +199,16 @@ int run(int argc, char** argv) {
         std::vector<float> mean(g.O), invstd(g.O);
         Workspace ws(dg::conv2d_workspace(g));
         dg::conv2d_batch_norm(x.data(), w.data(), bias ? b.data() : nullptr, bn_w.data(), bn_b.data(), rm1.data(),
-                              rv1.data(), fused.data(), mean.data(), invstd.data(), ws.get(), g, 1e-5f, 0.1f, mode,
-                              "bn");
+                              rv1.data(), residual ? r.data() : nullptr, fused.data(), mean.data(), invstd.data(),
+                              ws.get(), g, 1e-5f, 0.1f, relu, mode, "bn");
         intact = ws.intact();
         dg::conv2d(x.data(), w.data(), bias ? b.data() : nullptr, conv.data(), ws.get(), g);
         dg::batch_norm(conv.data(), bn_w.data(), bn_b.data(), rm2.data(), rv2.data(), plain.data(), mean.data(),
                        invstd.data(), g.N, g.O, g.OH * g.OW, 1e-5f, 0.1f, mode, "bn");
+        for (int64_t i = 0; i < y_n; ++i) {
+            const float v = residual ? plain[i] + r[i] : plain[i];
+            plain[i] = relu ? dg::math::max_f(0.0f, v) : v;
+        }
         for (const auto* v : {&fused, &plain, &rm1, &rv1, &rm2, &rv2}) out.insert(out.end(), v->begin(), v->end());
     } else if (op == "conv2d_grad_input") {
         const auto dy = in.take(y_n), w = in.take(w_n);

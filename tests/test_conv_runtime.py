@@ -203,22 +203,29 @@ def test_conv2d_batch_norm_equals_the_two_calls(driver, g):
     """dg::conv2d_batch_norm (the conv_batch_norm pass's op): in evaluation mode
     the normalization in the convolution's epilogue gives conv2d then batch_norm's
     bits; in training mode too (the two calls, batch norm in place); both near
-    PyTorch's conv2d + batch_norm, running statistics included."""
+    PyTorch's conv2d + batch_norm, running statistics included. The same with the
+    residual add and the relu the pass folds after the batch norm."""
     gen = torch.Generator().manual_seed(5)
-    for bias, training in [(True, False), (False, False), (True, True)]:
+    # (bias, training, residual, relu): the tail the pass folds (residual add, relu) in both modes
+    for bias, training, residual, relu in [(True, False, False, False), (False, False, False, False),
+                                           (True, True, False, False), (False, False, False, True),
+                                           (True, False, True, True), (False, True, True, True),
+                                           (False, False, True, False)]:
         x, w, b, _, y, _, _ = conv_reference(g, gen, bias)
         if training and g.N * g.OH * g.OW < 2:
             continue
         bn_w, bn_b, rm = randn(gen, g.O), randn(gen, g.O), randn(gen, g.O)
         rv = torch.rand(g.O, generator=gen, dtype=torch.float32) + 0.5
-        inputs = [x, w] + ([b] if bias else []) + [bn_w, bn_b, rm, rv]
-        out = driver("conv2d_batch_norm", g, int(bias), int(training), inputs=inputs)
+        r = randn(gen, *y.shape)
+        inputs = [x, w] + ([b] if bias else []) + [bn_w, bn_b, rm, rv] + ([r] if residual else [])
+        out = driver("conv2d_batch_norm", g, int(bias), int(training), int(residual), int(relu), inputs=inputs)
         n = y.numel()
         fused, plain, stats = out[:n], out[n : 2 * n], out[2 * n :].reshape(4, g.O)
         np.testing.assert_array_equal(fused, plain)
         np.testing.assert_array_equal(stats[:2], stats[2:])
         rm_t, rv_t = rm.clone(), rv.clone()
         want = F.batch_norm(y, rm_t, rv_t, bn_w, bn_b, training=training, momentum=0.1, eps=1e-5)
+        want = F.relu(want + r if residual else want) if relu else (want + r if residual else want)
         close(fused.reshape(want.shape), want)
         close(stats[0], rm_t)
         close(stats[1], rv_t)

@@ -223,7 +223,9 @@ def test_conv_batch_norm_joins_a_conv_and_its_batch_norm_in_a_model_that_does_no
     """conv_batch_norm: a conv whose only reader is a batch norm becomes one node with it
     (ops/modes.py: conv2d_batch_norm) and one runtime call; the reference gives the same
     outputs and running statistics in both modes; a conv whose output is also read
-    elsewhere, and every conv of a model that trains, stay as they are."""
+    elsewhere, and every conv of a model that trains, stay as they are. A relu after
+    the batch norm, and a residual add then a relu, join the node too (attrs relu,
+    residual); an add whose result is read twice keeps its relu apart."""
     from generator.pipeline import lowered
 
     def cnn():
@@ -232,12 +234,18 @@ def test_conv_batch_norm_joins_a_conv_and_its_batch_norm_in_a_model_that_does_no
         d = dg.conv2d_layer(a, 4, (3, 3), padding=1, groups=4, bias=False, name="c2")
         b = dg.batch_norm_layer(d, name="b2")
         c = dg.conv2d_layer(b, 2, (1, 1), name="c3")  # read twice: not joined
-        return {"y": dg.batch_norm_layer(c, name="b3") + c, "z": b}
+        e = dg.relu(dg.batch_norm_layer(dg.conv2d_layer(a, 4, (3, 3), padding=1, name="c4"), name="b4") + a)
+        f = dg.batch_norm_layer(dg.conv2d_layer(e, 4, (1, 1), name="c5"), name="b5") + e  # read twice
+        return {"y": dg.batch_norm_layer(c, name="b3") + c, "z": b, "e": dg.relu(f) + f}
 
     graphs = {level: prepare(dg.model(cnn).build(), level) for level in ("O1", "O2")}
     ops = [n.op for n in graphs["O2"].nodes]
-    assert ops.count("conv2d_batch_norm") == 2 and ops.count("conv2d") == 1 and ops.count("batch_norm") == 1, ops
-    assert "dg::conv2d_batch_norm(" in "\n".join(str(line) for s in lowered(graphs["O2"]).statements for line in s.lines)
+    assert ops.count("conv2d_batch_norm") == 4 and ops.count("conv2d") == 1 and ops.count("batch_norm") == 1, ops
+    tails = sorted((n.attrs.get("residual", False), n.attrs.get("relu", False)) for n in graphs["O2"].nodes
+                   if n.op == "conv2d_batch_norm")
+    assert tails == [(False, False), (False, True), (True, False), (True, True)], tails
+    code = "\n".join(str(line) for s in lowered(graphs["O2"]).statements for line in s.lines)
+    assert "dg::conv2d_batch_norm(" in code and "/*relu=*/true" in code
     rng = np.random.default_rng(0)
     x = rng.standard_normal((3, 3, 8, 8)).astype(np.float32)
     params = {p.name: (rng.random(p.shape) + 0.5).astype(np.float32) for p in graphs["O1"].params}

@@ -236,23 +236,26 @@ class LowerCtx:
             self._live = _live_names(self.graph)
         return self._live
 
-    def keeps_packed(self, b) -> bool:
+    def keeps_packed(self, b, matrix: bool = False) -> bool:
         """Whether a forward-pass product reads parameter b through a packing the
-        Model keeps between calls (runtime/dg_packed_weights.h)."""
-        return (self.target.packs_weights and self.phase == "forward" and b.rank == 2
+        Model keeps between calls (runtime/dg_packed_weights.h). matrix: b is
+        read as a matrix whatever its rank (a convolution's weight, [O, C*KH*KW])."""
+        return (self.target.packs_weights and self.phase == "forward" and (matrix or b.rank == 2)
                 and getattr(b, "kind", None) == "param" and any(b is p for p in self.graph.params))
 
-    def packed_operand(self, b, tb: bool) -> list | None:
+    def packed_operand(self, b, tb: bool, shape: tuple | None = None) -> list | None:
         """How a product reads its right operand op(b) packed: [the loop's
         dg::PackedB], or [the Model's dg::KeptPackedB] for a parameter (packed
-        once, kept until it changes; it knows its weight); None to read b as it is."""
+        once, kept until it changes; it knows its weight); None to read b as it is.
+        shape: the [rows, cols] matrix a parameter of another rank is read as
+        (a convolution's weight, ops/conv.py)."""
         key = (id(b), tb)
         if self.loop is not None and key in self.loop.packed:
             return [self.loop.packed[key]]
-        if not self.keeps_packed(b):
+        if not self.keeps_packed(b, matrix=shape is not None):
             return None
         if key not in self.kept:
-            rows, cols = b.shape
+            rows, cols = shape or b.shape
             k, n = (cols, rows) if tb else (rows, cols)
             member = _member_name(self.graph, f"{b.name}_t_packed" if tb else f"{b.name}_packed", self.live_names())
             self.kept[key] = KeptPacking(member, b.name, bool(tb), self.size(k), self.size(n))

@@ -75,6 +75,25 @@ def _columns(node, x_shape, kernel, out_hw):
     return x_shape[1] // node.attrs["groups"] * kernel[0] * kernel[1] * out_hw[0] * out_hw[1]
 
 
+# dg_conv.h's small-plane rule (conv_detail::small_plane): output planes of up to
+# SMALL_PLANE positions with weights of up to SMALL_PLANE_WEIGHT floats per group
+# run as one product over the batch by the transposed weight.
+SMALL_PLANE, SMALL_PLANE_WEIGHT, DIRECT_MAX_OUTPUTS = 8, 1 << 18, 4
+
+
+def conv_weight(ctx, node, w, out_hw):
+    """How a convolution's call reads its weight w: the Model's kept packing of it
+    (dg::KeptPackedB, as for a Linear layer's weight) where the runtime multiplies by
+    it transposed over the whole batch (small output planes, one group: the packing
+    is made once, not at every call), else w as stored. The runtime checks the rule."""
+    O, Cg, KH, KW = w.shape
+    G = node.attrs.get("groups", 1)
+    direct = node.inputs[0].shape[1] == G and O // G <= DIRECT_MAX_OUTPUTS
+    small = not direct and out_hw[0] * out_hw[1] <= SMALL_PLANE and O // G * Cg * KH * KW <= SMALL_PLANE_WEIGHT
+    packed = ctx.packed_operand(w, True, (O, Cg * KH * KW)) if small and G == 1 else None
+    return packed[0] if packed else ctx.read(w)
+
+
 def _pad(x, ph, pw, value=0.0):
     return np.pad(x, ((0, 0), (0, 0), (ph, ph), (pw, pw)), constant_values=value)
 
@@ -183,7 +202,7 @@ class Conv2d(OpDef):
         cols = _columns(node, x.shape, kernel, out_hw)
         ws = ctx.workspace(f"{y.name}_cols", cols) if cols else "nullptr"
         b = ctx.read(node.inputs[2]) if len(node.inputs) == 3 else "nullptr"
-        return [geom, ctx.call("dg::conv2d", ctx.read(x), ctx.read(w), b, ctx.write(y), ws, name)]
+        return [geom, ctx.call("dg::conv2d", ctx.read(x), conv_weight(ctx, node, w, out_hw), b, ctx.write(y), ws, name)]
 
     def grad(self, node, gouts, gb):
         (g,) = gouts

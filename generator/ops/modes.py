@@ -22,6 +22,7 @@ from ..ir.shapes import fmt_shape, numel
 from ..reference.rng import dropout_keep
 from .conv import _columns as _conv_columns
 from .conv import _geom as _conv_geom
+from .conv import conv_weight
 from .registry import OpDef, get_op, register, require_float
 
 
@@ -275,12 +276,14 @@ def _float(value) -> str:
 @register
 class ConvBatchNorm(OpDef):
     """[y, mean, invstd] = conv2d_batch_norm(x, w, bn_weight, bn_bias, running_mean, running_var,
-    mode[, b]): batch_norm(conv2d(x, w[, b]), ...), the two ops of a conv -> batch norm pair
-    in a model that does not train (transforms/passes.py: conv_batch_norm), as one runtime
-    call. In evaluation mode the convolution's epilogue normalizes each piece of output
-    while it is in cache, with batch norm's own arithmetic (the same results, one pass
-    fewer over the output); in training mode it is conv2d, then batch norm in place.
-    Attrs: the convolution's geometry and batch norm's eps and momentum."""
+    mode[, b][, residual]): batch_norm(conv2d(x, w[, b]), ...), the two ops of a conv -> batch
+    norm pair in a model that does not train (transforms/passes.py: conv_batch_norm), as one
+    runtime call; then + residual (attr residual) and relu (attr relu) where the pass folded
+    them too. In evaluation mode the convolution's epilogue normalizes each piece of output
+    while it is in cache, with batch norm's own arithmetic, and adds and rectifies it (the
+    same results, one pass fewer over the output for each); in training mode it is conv2d,
+    then batch norm, residual and relu in place. Attrs: the convolution's geometry, batch
+    norm's eps and momentum, residual and relu (absent: False)."""
 
     name = "conv2d_batch_norm"
     multi_output = True
@@ -288,28 +291,47 @@ class ConvBatchNorm(OpDef):
     updates_state = (4, 5)
     output_hints = ("batch_norm", "mean", "invstd")
 
+    @staticmethod
+    def _split(inputs, attrs):
+        """(conv operands [x, w(, b)], batch norm's [w, b, mean, var, mode], residual or None)."""
+        residual = inputs[-1] if attrs.get("residual") else None
+        rest = list(inputs[: len(inputs) - (residual is not None)])
+        return [rest[0], rest[1]] + rest[7:], rest[2:7], residual
+
     def infer(self, inputs, attrs):
-        conv = [inputs[0], inputs[1]] + list(inputs[7:])
+        conv, bn, residual = self._split(inputs, attrs)
         (y_type,) = get_op("conv2d").infer(conv, attrs)
-        return [y_type] + BatchNorm().infer([_Typed(*y_type)] + list(inputs[2:7]), attrs)[1:]
+        if residual is not None and (residual.dtype, tuple(residual.shape)) != (y_type[0], tuple(y_type[1])):
+            raise ValueError(f"residual '{residual.name}' {fmt_shape(residual.shape)} must be the convolution's "
+                             f"{y_type[0]} {fmt_shape(y_type[1])}")
+        return [y_type] + BatchNorm().infer([_Typed(*y_type)] + bn, attrs)[1:]
 
     def reference(self, args, attrs, dims):
-        (y,) = get_op("conv2d").reference([args[0], args[1]] + list(args[7:]), attrs, dims)
-        return BatchNorm().reference([y] + list(args[2:7]), attrs, dims)
+        conv, bn, residual = self._split(args, attrs)
+        (y,) = get_op("conv2d").reference(conv, attrs, dims)
+        y, *stats = BatchNorm().reference([y] + bn, attrs, dims)
+        if residual is not None:
+            y = y + residual
+        if attrs.get("relu"):
+            y = np.where(0 > y, np.float32(0), y).astype(y.dtype)  # max_f(0, v): a NaN stays NaN
+        return [y, *stats]
 
     def lower(self, node, ctx):
-        x, w, bn_w, bn_b, rm, rv, mode = node.inputs[:7]
-        b = ctx.read(node.inputs[7]) if len(node.inputs) == 8 else "nullptr"
+        (x, w, *conv_b), (bn_w, bn_b, rm, rv, mode), residual = self._split(node.inputs, node.attrs)
+        b = ctx.read(conv_b[0]) if conv_b else "nullptr"
         y, mean, invstd = node.outputs
         kernel, out_hw = tuple(w.shape[2:]), tuple(y.shape[2:])
         geom, name = _conv_geom(ctx, node, x.shape, w.shape[0], kernel, out_hw)
         cols = _conv_columns(node, x.shape, kernel, out_hw)
         ws = ctx.workspace(f"{y.name}_cols", cols) if cols else "nullptr"
         what = ctx.string(f"batch norm of the convolution of '{x.name}'")
-        return [geom, ctx.call("dg::conv2d_batch_norm", ctx.read(x), ctx.read(w), b, ctx.read(bn_w), ctx.read(bn_b),
-                               ctx.write(rm), ctx.write(rv), ctx.write(y), ctx.write(mean), ctx.write(invstd), ws,
-                               name, Named("eps", _float(node.attrs["eps"])),
-                               Named("momentum", _float(node.attrs["momentum"])), ctx.read(mode), what)]
+        r = ctx.read(residual) if residual is not None else "nullptr"
+        return [geom, ctx.call("dg::conv2d_batch_norm", ctx.read(x), conv_weight(ctx, node, w, out_hw), b,
+                               ctx.read(bn_w), ctx.read(bn_b), ctx.write(rm), ctx.write(rv), Named("residual", r),
+                               ctx.write(y), ctx.write(mean), ctx.write(invstd), ws, name,
+                               Named("eps", _float(node.attrs["eps"])),
+                               Named("momentum", _float(node.attrs["momentum"])),
+                               Named("relu", "true" if node.attrs.get("relu") else "false"), ctx.read(mode), what)]
 
 
 class _Typed:

@@ -263,8 +263,12 @@ def conv_batch_norm(graph):
     (ops/modes.py): at inference the convolution normalizes each piece of its output
     in its epilogue, while it is in cache, with batch norm's own arithmetic (the
     same results, no weight rewritten, nothing more kept); in training mode it runs
-    the two as before. A model that trains keeps the two nodes (batch norm's
-    gradient reads the convolution's output)."""
+    the two as before. What follows the batch norm joins the node too, as far as
+    it is a residual add of a tensor of the output's shape (attr residual: the last
+    operand), then a relu (attr relu), each the only reader of what it reads: the
+    epilogue applies them as well (add_relu in runtime/dg_conv.h, the same bits).
+    A model that trains keeps the two nodes (batch norm's gradient reads the
+    convolution's output)."""
     if graph.train is not None:
         return graph
     (nodes, keep), *_ = regions(graph)
@@ -282,11 +286,50 @@ def conv_batch_norm(graph):
         fused = Node("conv2d_batch_norm", [x, w, *bn.inputs[1:6], *conv.inputs[2:]],
                      {**conv.attrs, "eps": bn.attrs["eps"], "momentum": bn.attrs["momentum"]},
                      outputs=bn.outputs, loc=bn.loc, phase=bn.phase)
-        for v in fused.outputs:
-            v.producer = fused
         nodes.remove(conv)
         nodes[nodes.index(bn)] = fused
+        for role in ("residual", "relu"):
+            _join_tail(nodes, keep, uses, fused, role)
+        for v in fused.outputs:
+            v.producer = fused
     return graph
+
+
+def _join_tail(nodes, keep, uses, fused, role):
+    """conv_batch_norm's tail: the fused node takes over its output's only reader
+    when that is an elementwise `role` ("residual": out + r with r of out's shape;
+    "relu": max(0, out)); the fused node moves to the reader's place (r is made
+    before it)."""
+    out = fused.outputs[0]
+    readers = uses.get(id(out), [])
+    if id(out) in keep or len(readers) != 1 or role in fused.attrs:
+        return
+    node = readers[0]
+    if node.op != "ewise" or "expr" not in node.attrs or node.phase != fused.phase or node not in nodes or len(node.outputs) != 1:
+        return
+    if tuple(node.outputs[0].shape) != tuple(out.shape) or node.outputs[0].dtype != out.dtype:
+        return
+    if role == "relu":
+        if len(node.inputs) != 1 or node.attrs["expr"] != sympy.Max(ARGS[0], 0):
+            return
+        extra = []
+    else:
+        if len(node.inputs) != 2 or node.attrs["expr"] != ARGS[0] + ARGS[1] or "relu" in fused.attrs:
+            return
+        (r,) = [v for v in node.inputs if v is not out] or [out]
+        if r is out or tuple(r.shape) != tuple(out.shape) or r.dtype != out.dtype:
+            return
+        extra = [r]
+    # The node moves later: nothing between may read its other outputs or the running statistics it updates.
+    watched = {id(v) for v in fused.outputs[1:] + fused.inputs[4:6]}
+    between = nodes[nodes.index(fused) + 1 : nodes.index(node)]
+    if any(id(v) in watched for n in between for v in n.inputs):
+        return
+    fused.inputs = fused.inputs + extra
+    fused.attrs = {**fused.attrs, role: True}
+    fused.outputs = [node.outputs[0]] + fused.outputs[1:]
+    nodes.remove(fused)
+    nodes[nodes.index(node)] = fused
 
 
 def weight_grads_last(graph):

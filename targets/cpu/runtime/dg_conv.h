@@ -34,12 +34,14 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <stdexcept>
 #include <type_traits>
 #include <vector>
 
 #include "dg_conv_geom.h"
 #include "dg_gemm.h"
 #include "dg_modes.h"
+#include "dg_packed_weights.h"
 #include "dg_parallel.h"
 
 namespace dg {
@@ -437,6 +439,13 @@ constexpr int64_t kSmallPlaneWeight = int64_t(1) << 18;
 // products take; a bigger batch runs in several products.
 constexpr int64_t kSmallPlaneScratch = int64_t(1) << 20;
 
+// Whether conv2d_with runs g's forward GEMMs as conv2d_small (one group only
+// reads a kept packing: the Model's dg::KeptPackedB of w as [Kg, O]).
+constexpr bool small_plane(const Conv2dGeom& g) {
+  return !direct(g) && g.OH * g.OW <= kSmallPlane &&
+         (g.O / g.groups) * (g.C / g.groups * g.KH * g.KW) <= kSmallPlaneWeight;
+}
+
 // The forward GEMM of one group, all images at once, for small output planes.
 // As w[Og, Kg] @ cols[Kg, OHW] per image, C would be a few columns wide: the
 // micro-kernel computes a whole tile width (16 or 32 columns) for 4 of them,
@@ -445,16 +454,20 @@ constexpr int64_t kSmallPlaneScratch = int64_t(1) << 20;
 //   yt[N*OHW, Og] = cols_t[N*OHW, Kg] @ w^T,
 // where cols_t holds every image's column matrix transposed (row n*OHW + i:
 // output position i of image n), the weight is the wide operand, packed once
-// per call and read in order, and every column of the tile is an output
+// per call (or kept packed by the Model) and read in order, and every column of the tile is an output
 // channel.  Each output is a sum over k in ascending order, in the same K
 // blocks as the per-image product (dot products instead where N*OHW <= 3:
 // the GEMM's tiny-M path streams the weight in place); yt is then written
 // out as y[n, o, i], bias added, and epi runs on each output plane.  cols_t
 // and yt are scratch (a batch too big for kSmallPlaneScratch runs in
 // several products); ws holds one image's columns (unless pointwise).
+// packed: w^T already packed (the Model's kept packing, groups == 1, read by
+// the micro-kernel at every N*OHW: sums in K blocks, the same as per call
+// except where N*OHW <= 3 and Kg is over one K block, dg_gemm.h's KC), or
+// null to pack wg per call.
 template <class Epi>
-void conv2d_small(const float* x, const float* wg, const float* bg, float* y, float* ws, const Conv2dGeom& g,
-                  int64_t grp, const Epi& epi) {
+void conv2d_small(const float* x, const float* wg, const PackedB* packed, const float* bg, float* y,
+                  float* ws, const Conv2dGeom& g, int64_t grp, const Epi& epi) {
   const int64_t Cg = g.C / g.groups, Og = g.O / g.groups, Kg = Cg * g.KH * g.KW;
   const int64_t HW = g.H * g.W, OHW = g.OH * g.OW;
   // Images per product: as many as keep the scratch within kSmallPlaneScratch floats.
@@ -476,7 +489,11 @@ void conv2d_small(const float* x, const float* wg, const float* bg, float* y, fl
           row[k] = cols[k * OHW + i];
       }
     }
-    gemm(false, true, images * OHW, Og, Kg, cols_t, Kg, wg, Kg, yt, Og);
+    if (packed != nullptr) {
+      gemm(false, images * OHW, cols_t, Kg, *packed, yt, Og);
+    } else {
+      gemm(false, true, images * OHW, Og, Kg, cols_t, Kg, wg, Kg, yt, Og);
+    }
     for (int64_t m = 0; m < images; ++m) {
       for (int64_t o = 0; o < Og; ++o) {
         float* yo = y + ((n0 + m) * g.O + grp * Og + o) * OHW;
@@ -599,9 +616,9 @@ void conv2d_with(const float* x, const float* w, const float* b, float* y, float
   constexpr bool plain = std::is_same<Epi, NoChannelEpilogue>::value;
   const int64_t Cg = g.C / g.groups, Og = g.O / g.groups, Kg = Cg * g.KH * g.KW;
   const int64_t HW = g.H * g.W, OHW = g.OH * g.OW;
-  if (OHW <= kSmallPlane && Og * Kg <= kSmallPlaneWeight) {
+  if (small_plane(g)) {
     for (int64_t grp = 0; grp < g.groups; ++grp)
-      conv2d_small(x, w + grp * Og * Kg, b ? b + grp * Og : nullptr, y, ws, g, grp, epi);
+      conv2d_small(x, w + grp * Og * Kg, nullptr, b ? b + grp * Og : nullptr, y, ws, g, grp, epi);
     return;
   }
   const bool pointwise = g.pointwise();
@@ -634,38 +651,89 @@ void conv2d_with(const float* x, const float* w, const float* b, float* y, float
   }
 }
 
+// conv2d_with for a weight the Model keeps packed (w: the KeptPackedB of
+// w[O, Kg] read transposed, [Kg, O]): the small-plane product reads the packing
+// (packed at the first call, kept until the parameters change), or the weight
+// as stored where KeptPackedB::use says so.  Only for geometries that take
+// conv2d_small with one group (the generator's rule, ops/conv.py).
+template <class Epi>
+void conv2d_with(const float* x, const KeptPackedB& w, const float* b, float* y, float* ws,
+                 const Conv2dGeom& g, const Epi& epi) {
+  if (!small_plane(g) || g.groups != 1) {
+    throw std::logic_error(
+        "dg::conv2d: a kept weight packing is read by small-plane convolutions of one group "
+        "only (the generator's rule and dg_conv.h's small_plane disagree)");
+  }
+  const KeptPackedB::Use use = w.use(g.N * g.OH * g.OW);
+  conv2d_small(x, use.stored(), use.packed(), b, y, ws, g, 0, epi);
+}
+
 }  // namespace conv_detail
 
 // y[N,O,OH,OW] = conv(x[N,C,H,W], w[O,C/groups,KH,KW]) (+ b[O] when b != nullptr):
 // cross-correlation as torch.nn.functional.conv2d, zero padding, dilation and
 // groups (depthwise included).  y is overwritten; ws holds conv2d_workspace(g)
 // floats.
-inline void conv2d(const float* x, const float* w, const float* b, float* y, float* ws, const Conv2dGeom& g) {
+// W: the weight (const float*), or the Model's kept packing of it
+// (KeptPackedB, small output planes only: conv_detail::small_plane).
+template <class W>
+void conv2d(const float* x, const W& w, const float* b, float* y, float* ws, const Conv2dGeom& g) {
   conv_detail::conv2d_with(x, w, b, y, ws, g, conv_detail::NoChannelEpilogue());
 }
 
+namespace conv_detail {
+
+// What the conv_batch_norm pass folds after a batch norm, on n normalized
+// values v in place: v + r[i] where r (the residual, read at the same
+// positions) is not null, then relu where relu is set, as the elementwise
+// kernels compute them (relu: dg::math::max_f(0, v), 0 > v ? 0 : v, so a NaN
+// stays NaN and -0 stays -0): the same bits as the separate ops.
+inline void add_relu(float* v, const float* r, int64_t n, bool relu) {
+  if (r != nullptr && relu) {
+    for (int64_t i = 0; i < n; ++i) {
+      const float s = v[i] + r[i];
+      v[i] = 0.0f > s ? 0.0f : s;
+    }
+  } else if (r != nullptr) {
+    for (int64_t i = 0; i < n; ++i)
+      v[i] = v[i] + r[i];
+  } else if (relu) {
+    for (int64_t i = 0; i < n; ++i)
+      v[i] = 0.0f > v[i] ? 0.0f : v[i];
+  }
+}
+
+}  // namespace conv_detail
+
 // y = batch_norm(conv2d(x, w, b)) with batch norm's weight bn_w, bias bn_b and
 // running statistics, as dg::batch_norm (dg_modes.h) computes it on conv2d's
-// output; mean and invstd are written as it writes them.  In evaluation mode
-// the normalization, (v - mean) * (invstd * bn_w) + bn_b, is applied to each
-// piece of output as the convolution finishes it (the GEMM's epilogue), while
-// it is in cache: the same arithmetic as the two calls, one pass fewer over y.
-// In training mode the batch's statistics need the whole output first: conv2d
-// into y, then batch norm in place.  ws as conv2d's.
-inline void conv2d_batch_norm(const float* x, const float* w, const float* b, const float* bn_w,
-                              const float* bn_b, float* running_mean, float* running_var, float* y,
-                              float* mean, float* invstd, float* ws, const Conv2dGeom& g, float eps,
-                              float momentum, const Mode& mode, const char* what) {
+// output; mean and invstd are written as it writes them.  Then, as the
+// conv_batch_norm pass folds the ops that follow: residual added (unless null:
+// a tensor of y's shape, not y itself) and relu (when relu), see add_relu.  In
+// evaluation mode the normalization, (v - mean) * (invstd * bn_w) + bn_b, and
+// what follows are applied to each piece of output as the convolution finishes
+// it (the GEMM's epilogue), while it is in cache: the same arithmetic as the
+// separate calls, one pass fewer over y for each.  In training mode the batch's
+// statistics need the whole output first: conv2d into y, then batch norm,
+// residual and relu in place.  w: the weight, or its kept packing (conv2d).
+// ws as conv2d's.
+template <class W>
+void conv2d_batch_norm(const float* x, const W& w, const float* b, const float* bn_w, const float* bn_b,
+                       float* running_mean, float* running_var, const float* residual, float* y, float* mean,
+                       float* invstd, float* ws, const Conv2dGeom& g, float eps, float momentum, bool relu,
+                       const Mode& mode, const char* what) {
   const int64_t OHW = g.OH * g.OW;
   if (mode.training) {
     conv2d(x, w, b, y, ws, g);
     batch_norm(y, bn_w, bn_b, running_mean, running_var, y, mean, invstd, g.N, g.O, OHW, eps, momentum, mode,
                what);
+    conv_detail::add_relu(y, residual, g.N * g.O * OHW, relu);
     return;
   }
   batch_norm_eval_statistics(running_mean, running_var, mean, invstd, g.O, eps);
   conv_detail::conv2d_with(x, w, b, y, ws, g, [=](int64_t o, float* c, int64_t n) {
     modes_detail::normalize_values(c, c, n, mean[o], invstd[o] * bn_w[o], bn_b[o]);
+    conv_detail::add_relu(c, residual != nullptr ? residual + (c - y) : nullptr, n, relu);
   });
 }
 

@@ -779,15 +779,24 @@ inline void adaptive_avg_pool2d_grad(const float* dy, float* dx, int64_t planes,
 
 // y = batch_norm(conv2d(x, w, b)) with batch norm's weight, bias and running
 // statistics (the conv_batch_norm pass's op; the CPU runtime applies the
-// normalization in the convolution's epilogue at inference): conv2d into y,
-// then batch norm in place, so the results are those of the two calls.
+// normalization in the convolution's epilogue at inference), then residual
+// added (unless null: a tensor of y's shape) and relu (when relu), as the pass
+// folds them: conv2d into y, then batch norm, residual and relu in place, so
+// the results are those of the separate calls (relu: 0 > v ? 0 : v, as
+// dg::math::max_f(0, v)).
 inline void conv2d_batch_norm(const float* x, const float* w, const float* b, const float* bn_w,
-                              const float* bn_b, float* running_mean, float* running_var, float* y,
-                              float* mean, float* invstd, float* ws, const Conv2dGeom& g, float eps,
-                              float momentum, const Mode& mode, const char* what) {
+                              const float* bn_b, float* running_mean, float* running_var,
+                              const float* residual, float* y, float* mean, float* invstd, float* ws,
+                              const Conv2dGeom& g, float eps, float momentum, bool relu, const Mode& mode,
+                              const char* what) {
   conv2d(x, w, b, y, ws, g);
   batch_norm(y, bn_w, bn_b, running_mean, running_var, y, mean, invstd, g.N, g.O, g.OH * g.OW, eps, momentum,
              mode, what);
+  if (residual == nullptr && !relu) return;
+  for_each("conv2d_batch_norm residual and relu", g.N * g.O * g.OH * g.OW, [=] DG_HD(int64_t i) {
+    const float v = residual != nullptr ? y[i] + residual[i] : y[i];
+    y[i] = relu && 0.0f > v ? 0.0f : v;
+  });
 }
 
 }  // namespace dg
