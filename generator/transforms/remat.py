@@ -7,8 +7,9 @@ relu's output (the relu's own gradient and the next convolution's weight gradien
 read it). The second is a function of the first and of batch norm's per-channel
 statistics, which are kept anyway: `relu((x - mean) * invstd * w + b)`. So the
 backward pass recomputes it (a `batch_norm_apply`, then the same elementwise node)
-just before its first reader, and the forward copy dies as soon as the forward
-pass is done with it: about half of ResNet-18's training activations.
+just before its first reader (or before the gradient of the user's function call
+that reader is in the middle of: _before_its_call), and the forward copy dies as
+soon as the forward pass is done with it: about half of ResNet-18's training activations.
 
 An elementwise node E is recomputed when
   * it runs in the forward pass, the backward pass reads its output, and its output
@@ -88,7 +89,7 @@ def _recompute(graph, node, backward_readers):
     output (or one of its batch norm inputs) and make those readers read it."""
     swapped = {}  # id(forward value) -> its recomputed twin
     swap = [node.outputs[0]] + [v for v in node.inputs if _is_batch_norm_output(v)]
-    first = min(graph.nodes.index(r) for v in swap for r in backward_readers(v))
+    first = _before_its_call(graph.nodes, min(graph.nodes.index(r) for v in swap for r in backward_readers(v)))
     made = []
     for v in node.inputs:
         if _is_batch_norm_output(v) and id(v) not in swapped:
@@ -106,6 +107,34 @@ def _recompute(graph, node, backward_readers):
     for reader in graph.nodes[first + len(made):]:
         if reader.phase == "backward":
             reader.inputs = [swapped.get(id(v), v) for v in reader.inputs]
+
+
+def _before_its_call(nodes, k) -> int:
+    """Where a recomputation read first by nodes[k] goes: just before it, unless nodes[k]
+    lies inside the gradient of a call of a user's function whose later nodes come from
+    other statements of that function (a residual block's shortcut weight gradient, which
+    reads the block's input, is followed by the block's other gradients): then before the
+    first node of that call's gradient, so the call's gradient is one piece of code
+    (codegen/outline.py makes it one function call). A reader among its call gradient's
+    last statement's nodes (the next block's first convolution's weight gradient) keeps
+    the recomputation just before it: the value lives no longer than it must."""
+    call = _call_id(nodes[k])
+    if call is None:
+        return k
+    end = k
+    while end + 1 < len(nodes) and nodes[end + 1].phase == "backward" and _call_id(nodes[end + 1]) == call:
+        end += 1
+    if all(n.loc.stmt_line == nodes[k].loc.stmt_line for n in nodes[k:end + 1]):
+        return k
+    start = k
+    while start > 0 and nodes[start - 1].phase == "backward" and _call_id(nodes[start - 1]) == call:
+        start -= 1
+    return start
+
+
+def _call_id(node):
+    loc = node.loc
+    return loc.call_id if loc is not None and loc.call is not None else None
 
 
 def _twin(graph, v, producer) -> Value:
