@@ -743,9 +743,14 @@ def _index_lists(group) -> list:
 
 
 def _argument_name(inst, value):
-    """The user's function parameter that received `value` in this call, if one did."""
+    """The user's function parameter that received `value` in this call, if one did (or
+    the value it is made again from, for the gradient: `relu_1_again` is `relu_1`)."""
     for name, given in inst.loc.call_args:
         if given is value:
+            return name
+    again = getattr(value, "name", "")
+    for name, given in inst.loc.call_args:
+        if hasattr(given, "dtype") and again.startswith(f"{getattr(given, 'name', '')}_again"):
             return name
     return None
 
