@@ -128,7 +128,8 @@ def test_a_header_is_needed_for_what_the_code_calls_not_what_comments_and_string
     code = 'dg::conv2d(x);  // then dg::schedule_levels\ndg::require(ok, "dg::gather_rows failed");'
     assert runtime.used_by(code) == ["dg_conv.h", "dg_tensor.h"]
     assert set(runtime.included(['#include "dg_conv.h"'])) == {"dg_conv.h", "dg_conv_geom.h", "dg_gemm.h",
-                                                                "dg_parallel.h", "dg_arena.h", "dg_modes.h", "dg_rng.h"}
+                                                                "dg_parallel.h", "dg_arena.h", "dg_modes.h", "dg_rng.h",
+                                                                "dg_packed_weights.h", "dg_tensor.h"}
     try:
         runtime.used_by("dg::no_such_function(1);")
     except KeyError as e:
