@@ -95,17 +95,29 @@ class RecurseSpec:
         return self.steps is not None
 
     @property
+    def prefixes(self) -> tuple:
+        """What tells the two cells' values apart in the generated names: leaf_h beside
+        node_h for trees, first_h (the first time step's) beside step_h for sequences."""
+        return cell_prefixes(self.sequences)
+
+    @property
     def nb(self) -> int:
         """How many of the op's inputs describe the batch: (children, words, roots)
         of trees, (lengths,) of sequences; the free values follow them."""
         return 1 if self.sequences else 3
 
 
+def cell_prefixes(sequences: bool) -> tuple:
+    """(the first cell's prefix, the other cell's): trees' leaves and internal nodes, or
+    sequences' first time steps and later steps."""
+    return ("first_", "step_") if sequences else ("leaf_", "node_")
+
+
 def _placeholder(builder, base, dtype, shape):
     return Value(builder.names.unique(base), dtype, tuple(shape), kind="cell", explicit=True)
 
 
-def _trace(builder, fn, args, what, loc):
+def _trace(builder, fn, args, what, loc, prefix):
     """Run a cell function; returns (its nodes, its state Values)."""
     start = len(builder.graph.nodes)
     result = fn(*args)
@@ -116,8 +128,9 @@ def _trace(builder, fn, args, what, loc):
     if not isinstance(result, (tuple, list)) or not result or not all(isinstance(t, Tensor) for t in result):
         raise ModelError(f"the {what} cell must return a Tensor or a tuple of Tensors, got {result!r}", loc, "recurse")
     # Named when the model is finished, after the user's variables with a prefix
-    # that tells the cells apart: leaf_i (leaf cell) beside node_i (internal cell).
-    builder.regions.append((nodes, "leaf_" if what == "leaf" else "node_"))
+    # that tells the cells apart: leaf_i (leaf cell) beside node_i (internal cell),
+    # first_i beside step_i (a sequence's first time step and the later ones).
+    builder.regions.append((nodes, prefix))
     return nodes, [t.value for t in result]
 
 
@@ -182,8 +195,9 @@ def build_recursion(batch_inputs, leaf, internal, names, loc, *, arity, dag=Fals
     state tensors. `child_names(count)` may name the children's placeholders."""
     b = current()
     rows = sympy.Symbol(b.names.unique("rows"), integer=True, nonnegative=True)
-    leaf_words = _placeholder(b, "leaf_words", "int64", (rows,))
-    leaf_nodes, leaf_out = _trace(b, leaf, (Tensor(leaf_words),), "leaf", loc)
+    first, later = cell_prefixes(steps is not None)
+    leaf_words = _placeholder(b, f"{first}words", "int64", (rows,))
+    leaf_nodes, leaf_out = _trace(b, leaf, (Tensor(leaf_words),), "leaf", loc, first)
     for v in leaf_out:
         if v.dtype != "float32" or v.rank < 1 or not same(v.shape[0], rows):
             raise ModelError(
@@ -193,7 +207,7 @@ def build_recursion(batch_inputs, leaf, internal, names, loc, *, arity, dag=Fals
     if len(names) != len(leaf_out):
         raise ModelError(f"names {names} do not match the {len(leaf_out)} state tensors of the leaf cell", loc, what)
     shapes = [tuple(v.shape[1:]) for v in leaf_out]
-    node_words = _placeholder(b, "node_words", "int64", (rows,))
+    node_words = _placeholder(b, f"{later}words", "int64", (rows,))
     user = child_names(len(shapes)) if child_names else None  # ((h_l, c_l), (h_r, c_r)) = children
     children = [
         [_placeholder(b, user[k][j] if user else f"child{k}_{names[j]}", "float32", (rows,) + shapes[j])
@@ -201,7 +215,7 @@ def build_recursion(batch_inputs, leaf, internal, names, loc, *, arity, dag=Fals
         for k in range(arity)
     ]
     args = (Tensor(node_words), [tuple(Tensor(v) for v in slot) for slot in children])
-    internal_nodes, internal_out = _trace(b, internal, args, "internal", loc)
+    internal_nodes, internal_out = _trace(b, internal, args, "internal", loc, later)
     if len(internal_out) != len(leaf_out) or any(
         v.dtype != "float32" or len(v.shape) != 1 + len(s) or not all(same(a, c) for a, c in zip(v.shape, (rows,) + s))
         for v, s in zip(internal_out, shapes)

@@ -99,14 +99,15 @@ class LoopScope:
         outer |= {v.name for n in graph.nodes for v in n.inputs + n.outputs}
         outer |= {k.member for k in ctx.kept.values()}
         self.taken = outer | {str(self.spec.rows)}
+        first, later = self.spec.prefixes
         for cell in cells:  # a value the scope declares must not hide one of the function's: leaf_zeros
-            prefix = "node_" if cell.children else "leaf_"
+            prefix = later if cell.children else first
             for v in [u for slot in cell.children for u in slot] + [u for n in cell.nodes for u in n.outputs]:
                 if v.name in outer:
                     v.name = self.name(prefix + v.name)
         self.taken |= {v.name for cell in cells for v in cell_values(cell)}
         for cell in cells:  # a numbered name (numbered: BackSpec): its base if free again, else leaf_<base>
-            prefix = "node_" if cell.children else "leaf_"
+            prefix = later if cell.children else first
             for v in [u for n in cell.nodes for u in n.outputs]:
                 base = (numbered or {}).get(v.name)
                 free = [b for b in (base, prefix + str(base)) if base and b not in self.taken and not is_reserved(b)]

@@ -132,7 +132,7 @@ def differentiate_cell(gb: GradBuilder, spec, cell, keep=(), wanted=None) -> Bac
     backprop(gb, nodes, grads, reaching(nodes, wrt))
     d_children = [[grads.get(id(v)) for v in slot] for slot in children]
     d_free = {i: grads[id(v)] for i, v in enumerate(spec.free) if v.dtype == "float32" and id(v) in grads}
-    prefix = "leaf_" if not cell.children else "node_"
+    prefix = spec.prefixes[1] if cell.children else spec.prefixes[0]
     for i, v in d_free.items():  # d_u names the parameter's whole gradient (a Model member): node_d_u a piece
         if v.producer is not None and v.producer in gb.nodes[start:]:
             v.name = names.unique(f"{prefix}d_{spec.free[i].name}")
