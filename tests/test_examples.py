@@ -5,6 +5,7 @@ generated project's own test, and the C++ example program."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -149,6 +150,7 @@ def test_cpp_example_program_runs(example):
     graph, _, where = example
     proc = subprocess.run([str(where / "build" / f"{graph.name}_example")], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+    assert re.match(r"build_info: gemm_kernel (avx512|avx2|neon|portable), openmp (on|off), compiler ", proc.stdout), proc.stdout
     for name, _ in graph.outputs:
         assert f"{name}: shape [" in proc.stdout
 

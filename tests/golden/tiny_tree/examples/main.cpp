@@ -4,6 +4,8 @@
 //   --weights  parameters from a file that save() wrote (Python or C++); default: drawn from seed 0
 //   --input    an input from a .npy file (dtype and shape are checked); default: the example's own
 //   --output   the outputs into an .npz file; each output's shape and sum are printed either way
+// Its first line says how it was built: the GEMM micro-kernel compiled in (avx512, avx2, neon
+// or portable), OpenMP and the compiler, as build_info() of the Python module does.
 #include <cstdio>
 #include <stdexcept>
 #include <string>
@@ -11,6 +13,7 @@
 
 #include "tiny_tree/model.h"
 #include "dg_example.h"
+#include "dg_gemm.h"
 
 // In the model's namespace: its names are the example's, whatever sits at global scope.
 namespace tiny_tree {
@@ -19,7 +22,22 @@ namespace {
 const char kUsage[] =
     "usage: tiny_tree_example [--weights W.npz] [--input NAME=FILE.npy ...] [--output OUT.npz]";
 
+void print_build_info() {
+#ifdef _OPENMP
+  const char* openmp = "on";
+#else
+  const char* openmp = "off";
+#endif
+#ifdef __VERSION__
+  const char* compiler = __VERSION__;
+#else
+  const char* compiler = "unknown";
+#endif
+  std::printf("build_info: gemm_kernel %s, openmp %s, compiler %s\n", dg::gemm_isa(), openmp, compiler);
+}
+
 int run(const dg::ExampleOptions& options) {
+  print_build_info();
   Model model(/*seed=*/0);
   if (!options.weights.empty()) model.load(options.weights);
   Inputs inputs;
