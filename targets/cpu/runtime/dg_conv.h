@@ -236,6 +236,7 @@ struct Piece {
 #if DG_CONV_VEC
   static constexpr int kVecs = int(kDirectCols) / gemm_detail::kWidth;
   gemm_detail::Vec v[kVecs];
+  Piece() = default;  // uninitialized
   explicit Piece(float bias) {
     for (int i = 0; i < kVecs; ++i)
       v[i] = gemm_detail::vbroadcast(&bias);
@@ -268,6 +269,7 @@ struct Piece {
   }
 #else
   float v[kDirectCols];
+  Piece() = default;  // uninitialized
   explicit Piece(float bias) { std::fill(v, v + kDirectCols, bias); }
   explicit Piece(const float* bias) { std::copy(bias, bias + kDirectCols, v); }
   void fma(const float* w, const float* in) {
@@ -282,6 +284,43 @@ struct Piece {
 #endif
 };
 static_assert(kDirectLanes == kDirectCols, "a Piece holds the lanes of conv2d_direct_channels too");
+
+// Output rows conv2d_direct_rows computes together: R rows of kDirectCols
+// outputs are R*kDirectCols/width independent sums (8 AVX2 vectors for R = 4),
+// enough to hide the multiply-add latency, and each weight is broadcast once
+// for all R rows.
+constexpr int kDirectRows = 4;
+
+// This thread's tap offsets for conv2d_direct_rows (at least `n`), kept like
+// direct_scratch's buffer.
+inline int64_t* direct_taps(int64_t n) {
+  thread_local std::vector<int64_t> buffer;
+  if (buffer.size() < static_cast<size_t>(n)) buffer.resize(n);
+  return buffer.data();
+}
+
+// R output rows of one plane for conv2d_direct_rows, kDirectCols outputs at a
+// time: row i's outputs start at bias and get w[k] * in[i * row_step + tap[k]
+// + (column)] added for k = 0 .. KK-1 in order (kh outer, kw inner), in
+// registers, then are stored to y + i * OW.  The tap offsets are computed once
+// per plane, so the loop has no index arithmetic beyond additions.
+template <int R>
+inline void direct_row_pass(const float* in, int64_t row_step, const int64_t* tap, int64_t KK, const float* w,
+                            float bias, float* y, int64_t OW) {
+  for (int64_t ow0 = 0; ow0 < OW; ow0 += kDirectCols) {
+    Piece acc[R];
+    for (int i = 0; i < R; ++i)
+      acc[i] = Piece(bias);
+    for (int64_t k = 0; k < KK; ++k) {
+      const float* at = in + tap[k] + ow0;
+      for (int i = 0; i < R; ++i)
+        acc[i].fma(w + k, at + i * row_step);
+    }
+    const int64_t n = std::min(kDirectCols, OW - ow0);
+    for (int i = 0; i < R; ++i)
+      acc[i].store(y + i * OW + ow0, n);
+  }
+}
 
 // Direct forward for one plane at a time, vectorized along the output row
 // (planes at least kDirectCols wide).  The input plane is first copied into a
@@ -326,34 +365,54 @@ void conv2d_direct_rows(const float* x, const float* w, const float* b, float* y
         }
       }
     }
+    int64_t* tap = direct_taps(KK);  // tap[kh*KW + kw]: where tap (kh, kw) of output (0, 0) starts
+    for (int64_t kh = 0; kh < KH; ++kh) {
+      for (int64_t kw = 0; kw < KW; ++kw) {
+        const int64_t c = kw * g.dil_w;
+        tap[kh * KW + kw] = ((c % sw) * PH + kh * g.dil_h) * PW + c / sw;
+      }
+    }
     const float* wp = w + o * KK;
     const float bias = b ? b[o] : 0.0f;
     float* yp = y + p * OHW;
-    for (int64_t oh = 0; oh < OH; ++oh) {
-      for (int64_t ow0 = 0; ow0 < OW; ow0 += kDirectCols) {
-        Piece acc(bias);
-        for (int64_t kh = 0; kh < KH; ++kh) {
-          const int64_t r = oh * sh + kh * g.dil_h;
-          for (int64_t kw = 0; kw < KW; ++kw) {
-            const int64_t c = kw * g.dil_w;
-            acc.fma(wp + kh * KW + kw, stage + ((c % sw) * PH + r) * PW + c / sw + ow0);
-          }
-        }
-        acc.store(yp + oh * OW + ow0, std::min(kDirectCols, OW - ow0));
-      }
-    }
+    int64_t oh = 0;
+    for (; oh + kDirectRows <= OH; oh += kDirectRows)
+      direct_row_pass<kDirectRows>(stage + oh * sh * PW, sh * PW, tap, KK, wp, bias, yp + oh * OW, OW);
+    for (; oh < OH; ++oh)
+      direct_row_pass<1>(stage + oh * sh * PW, sh * PW, tap, KK, wp, bias, yp + oh * OW, OW);
     epi(o, yp, OHW);
   }
 }
 
+// [lo, hi): the taps k in [0, K) whose padded index at + k*dil lies inside the
+// input, [pad, pad + in) (lo <= hi): the taps of a window starting at padded
+// index `at` that do not read padding.  Called for every output position, so
+// dilation 1 (the usual case) takes no division.
+inline void inside_taps(int64_t at, int64_t pad, int64_t in, int64_t dil, int64_t K, int64_t& lo,
+                        int64_t& hi) {
+  if (dil == 1) {
+    lo = std::max<int64_t>(0, pad - at);
+    hi = std::max<int64_t>(0, pad + in - at);
+  } else {
+    lo = at >= pad ? 0 : (pad - at + dil - 1) / dil;
+    hi = pad + in - at <= 0 ? 0 : (pad + in - at + dil - 1) / dil;
+  }
+  hi = std::min(hi, K);
+  lo = std::min(lo, hi);
+}
+
 // Direct forward for small planes (narrower than kDirectCols), vectorized
 // across channels instead: kDirectLanes output channels of one image at a
-// time.  Their input planes are staged zero-padded and interleaved (padded
-// position (r, c) holds the kDirectLanes channels' values side by side) and
-// their weights likewise, so every output position is a sum of whole-vector
-// multiply-adds over the kernel positions (kh outer, kw inner), starting at
-// the bias: the same operations in the same order as conv2d_direct_rows.
-// Blocks of channels are shared out over threads.
+// time.  Their input planes are staged interleaved (padded position (r, c)
+// holds the kDirectLanes channels' values side by side) and their weights
+// likewise, so every output position is a sum of whole-vector multiply-adds
+// over the kernel positions (kh outer, kw inner), starting at the bias, as in
+// conv2d_direct_rows, except that the taps reading padding are skipped
+// (inside_taps): on these small planes most of a 5x5 window is padding (a 2x2
+// plane's output reads 4 of its 25 taps).  Skipping a w * 0 term changes no
+// finite sum except for the sign of a zero (-0 + 0 is +0); an infinite or NaN
+// weight over padding gives no NaN here.  Blocks of channels are shared out
+// over threads.
 template <class Epi>
 void conv2d_direct_channels(const float* x, const float* w, const float* b, float* y, const Conv2dGeom& g,
                             const Epi& epi) {
@@ -373,7 +432,9 @@ void conv2d_direct_channels(const float* x, const float* w, const float* b, floa
     float* stage = direct_scratch(PH * PW * L + KK * L + OHW * L);
     float* wt = stage + PH * PW * L;  // wt[k * L + l] = w[o0 + l, k]
     float* out = wt + KK * L;         // out[i * L + l] = y[n, o0 + l, i]
-    std::fill(stage, stage + PH * PW * L + KK * L, 0.0f);
+    // Only in-input positions are staged and read (inside_taps); a partial
+    // block's unused lanes are zeros.
+    if (lanes < L) std::fill(stage, stage + PH * PW * L + KK * L, 0.0f);
     for (int64_t l = 0; l < lanes; ++l) {
       const float* xp = x + (n * g.C + (o0 + l) / Og) * H * W;
       for (int64_t r = std::max<int64_t>(0, g.pad_h); r < std::min(PH, H + g.pad_h); ++r)
@@ -386,11 +447,15 @@ void conv2d_direct_channels(const float* x, const float* w, const float* b, floa
     for (int64_t l = 0; l < L; ++l)
       bias[l] = b && l < lanes ? b[o0 + l] : 0.0f;
     for (int64_t oh = 0; oh < OH; ++oh) {
+      int64_t kh_lo, kh_hi;
+      inside_taps(oh * g.stride_h, g.pad_h, H, g.dil_h, KH, kh_lo, kh_hi);
       for (int64_t ow = 0; ow < OW; ++ow) {
+        int64_t kw_lo, kw_hi;
+        inside_taps(ow * g.stride_w, g.pad_w, W, g.dil_w, KW, kw_lo, kw_hi);
         Piece acc(bias);
-        for (int64_t kh = 0; kh < KH; ++kh) {
+        for (int64_t kh = kh_lo; kh < kh_hi; ++kh) {
           const float* in_row = stage + (oh * g.stride_h + kh * g.dil_h) * PW * L;
-          for (int64_t kw = 0; kw < KW; ++kw)
+          for (int64_t kw = kw_lo; kw < kw_hi; ++kw)
             acc.fma_lanes(wt + (kh * KW + kw) * L, in_row + (ow * g.stride_w + kw * g.dil_w) * L);
         }
         acc.store(out + (oh * OW + ow) * L, L);
