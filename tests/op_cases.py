@@ -27,6 +27,7 @@ class Case:
     funcs: tuple = ()  # named elementwise functions it exercises
     tol: float = 1e-5
     grad_ops: tuple = ()  # ops that only its gradient uses
+    differentiable: bool = True  # False: a step function (finite differences cannot check it)
 
 
 def _f(shape, low=-2.0, high=2.0):
@@ -40,6 +41,27 @@ def _softmax_additive(x, mask):
     z = x + mask
     e = np.exp(z - z.max(-1, keepdims=True))
     return e / e.sum(-1, keepdims=True)
+
+
+def bf16_nearest(x):
+    """x rounded to bfloat16 by search: of the two bfloat16 values around x (its
+    float32 bits truncated to the top 16, and the next one up in magnitude), the
+    nearer in float64, on a tie the one whose last kept bit is 0; NaN stays NaN."""
+    x = np.asarray(x, dtype=np.float32)
+    with np.errstate(invalid="ignore", over="ignore"):  # NaN and the step past the largest float
+        bits = x.view(np.uint32)
+        low = (bits & np.uint32(0xFFFF0000)).view(np.float32).astype(np.float64)
+        up = (bits & np.uint32(0xFFFF0000)).astype(np.uint64) + 0x10000  # one bfloat16 step away from zero
+        high = (up & 0xFFFFFFFF).astype(np.uint32).view(np.float32).astype(np.float64)
+        # past the largest finite bfloat16 the next step is 2^128, which float32 holds as infinity
+        high = np.where(np.isinf(high) & ~np.isinf(low), np.copysign(2.0**128, low), high)
+        x64 = x.astype(np.float64)
+        d_low, d_high = np.abs(x64 - low), np.abs(high - x64)
+        low_even = ((bits >> 16) & 1) == 0
+        pick_low = (d_low < d_high) | ((d_low == d_high) & low_even) | (x64 == low)
+        out = np.where(pick_low, low, high).astype(np.float32)
+        out = np.where(np.isnan(x), x, out)
+    return out
 
 
 def _sigmoid(x):
@@ -147,6 +169,8 @@ def _cases():
                                                     >= np.arange(a["x"].shape[2])[None, None, :], 0.0, -np.inf)),
              {"x": _f((N, T, T), -5, 5), "m": ((N, T), "int32", 1, 2)}, ("key_mask", "causal_mask", "softmax", "ewise",
                                                                           "reshape")),
+        Case("round_bf16", lambda t: dg.round_bf16(t["x"]), lambda a: bf16_nearest(a["x"]),
+             {"x": _f((N, 4, 9), -3, 3)}, ("round_bf16",), tol=0, differentiable=False),
         Case("sum_all", lambda t: dg.sum(t["x"]), lambda a: np.sum(a["x"]), {"x": _f((N, 4, 5))}, ("sum",), tol=1e-4),
         Case("sum_axis1_keep", lambda t: dg.sum(t["x"], axis=1, keepdims=True), lambda a: np.sum(a["x"], 1, keepdims=True),
              {"x": _f((N, 4, 5))}, ("sum",)),

@@ -15,7 +15,7 @@ from op_cases import CASES, DIMS, case_inputs
 
 # Ops whose operands are not differentiable (integer ids) are still differentiated
 # with respect to their float operands.
-DIFFERENTIABLE = [c for c in CASES if any(dtype == "float32" for _, dtype, _, _ in c.inputs.values())]
+DIFFERENTIABLE = [c for c in CASES if c.differentiable and any(dtype == "float32" for _, dtype, _, _ in c.inputs.values())]
 
 
 def _loss_model(case):

@@ -611,6 +611,7 @@ def lower(graph, target) -> ProjectPlan:
         param_floats=sum(int(np.prod(p.shape)) for p in graph.params if p.kind == "param"),
         py_self=_stub_name("self", graph.inputs),
         py_on_ready=_stub_name("on_ready", graph.inputs),
+        precision=graph.precision,
     )
 
 

@@ -260,4 +260,5 @@ class ProjectPlan:
     functions: list = field(default_factory=list)  # [outline.Function]: a user's function called more than once
     methods: list = field(default_factory=list)  # [sections.Method]: a long block that runs once
     py_self: str = "self"
+    precision: str = "fp32"  # "bf16": products read operands rounded to bfloat16 (transforms/precision.py)
     py_on_ready: str = "on_ready"

@@ -30,7 +30,7 @@ from .source import user_loc
 
 __all__ = [
     "input", "param", "elementwise", "leaky_relu", "elu", "matmul", "bmm", "sum", "mean", "max",
-    "softmax", "log_softmax", "cumsum", "reshape", "expand", "transpose", "concat", "split", "slice_axis",
+    "softmax", "log_softmax", "cumsum", "round_bf16", "reshape", "expand", "transpose", "concat", "split", "slice_axis",
     "gather", "dense", "linear", "embedding", "add", "sub", "mul", "div", "pow",
     "maximum", "minimum",
 ]
@@ -249,6 +249,13 @@ def cumsum(x, axis, name=None):
     x = _tensor(x, "cumsum")
     axis = _axis(x, axis, "cumsum", user_loc())
     return current().add("cumsum", [x], {"axis": axis, "reverse": False}, name=name)[0]
+
+
+def round_bf16(x, name=None):
+    """x rounded to bfloat16 (round to nearest, ties to even; NaN stays NaN), kept as
+    float32: the step `--precision bf16` puts before every product's operands."""
+    x = _tensor(x, "round_bf16")
+    return current().add("round_bf16", [x], {}, name=name)[0]
 
 
 def expand(x, shape, name=None):

@@ -161,10 +161,14 @@ class TrainSpec:
         return list(self.optimizer.hyper) + [("weight_decay", self.weight_decay)]
 
 
-def train(loss, optimizer: Optimizer | None = None, weight_decay: float = 0.0):
+def train(loss, optimizer: Optimizer | None = None, weight_decay: float = 0.0, precision: str = "fp32"):
     """Make the model trainable: the generated module gets train_step(**inputs),
-    which minimizes `loss` (a scalar) with `optimizer` (default sgd(0.01))."""
+    which minimizes `loss` (a scalar) with `optimizer` (default sgd(0.01)).
+    `precision` is "fp32": bf16 training is not implemented yet."""
     b, loc = current(), user_loc()
+    if precision != "fp32":
+        raise ModelError(f"dg.train(precision={precision!r}): only fp32 training is implemented; bf16 inference "
+                         "is `deepgen generate MODEL.py --precision bf16` (issue #41)", loc, "train")
     if not isinstance(loss, Tensor):
         raise ModelError(f"dg.train needs the loss Tensor, got {type(loss).__name__}", loc, "train")
     if loss.shape != () or loss.dtype != "float32":

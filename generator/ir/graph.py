@@ -68,6 +68,8 @@ class Graph:
     # The train/eval mode (with the dropout draw counter), a Value of dtype "mode" that
     # the ops whose behavior depends on it read; None when no op does.
     mode: object = None
+    # "fp32", or "bf16": every product's operands rounded to bfloat16 (transforms/precision.py).
+    precision: str = "fp32"
 
     @property
     def trainable(self) -> list:

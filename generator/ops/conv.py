@@ -163,6 +163,7 @@ class Conv2d(OpDef):
 
     name = "conv2d"
     describe = _describe
+    products = (0, 1)
 
     def infer(self, inputs, attrs):
         if len(inputs) not in (2, 3):

@@ -50,6 +50,7 @@ def epilogue_role(v, out_shape):
 @register
 class MatMul(OpDef):
     name = "matmul"
+    products = (0, 1)
 
     def fold(self, node, consts):
         """A product by zeros is zeros (unless an epilogue adds to it)."""
@@ -155,6 +156,7 @@ class BatchedMatMul(OpDef):
     the leading (batch) axes, which both operands have alike."""
 
     name = "bmm"
+    products = (0, 1)
 
     def fold(self, node, consts):
         return 0.0 if 0.0 in consts[:2] else None

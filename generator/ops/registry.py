@@ -39,6 +39,9 @@ here too, so that a new op needs no edit in the stages:
                   to stay below (a table's rows, a class count), or None.
 - `sample_inputs(node, rng, dims)` inputs the node needs made together (a batch of
                   trees), for recorded outputs and examples; {} by default.
+- `products`      operand indices that are the factors of a product the op computes
+                  (matmul's a and b, a convolution's x and w): `--precision bf16` rounds
+                  them to bfloat16 before the op (transforms/precision.py).
 - `memory_note`   a line the memory report adds for a model that holds the op.
 - `helpers(node)` module functions the bindings generate for it (trees from nested
                   Python tuples), as plain data.
@@ -59,6 +62,7 @@ class OpDef:
     cse = True
     updates_state = ()
     output_hints = ()
+    products = ()
     memory_note = ""
 
     def regions(self, node) -> list:

@@ -13,6 +13,7 @@ from ..errors import DeepgenError
 
 def _graph(args):
     from ..frontend.loader import load_model
+    from ..transforms.precision import set_precision
     from ..ir.names import check_project_name
 
     model = load_model(args.model)
@@ -27,7 +28,10 @@ def _graph(args):
             check_project_name(model.name)
         except ValueError as e:
             raise DeepgenError(f"{e} (the model's function name); pass --name") from None
-    return model.build(name, **_options(getattr(args, "option", None) or []))
+    graph = model.build(name, **_options(getattr(args, "option", None) or []))
+    for note in set_precision(graph, getattr(args, "precision", "fp32")):
+        print(note)
+    return graph
 
 
 def _options(items) -> dict:
@@ -232,6 +236,7 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("model", help="model file, FILE.py or FILE.py:NAME")
     g.add_argument("-o", "--output", required=True, type=_path, help="folder to write the project into")
     from ..codegen.targets import available
+    from ..transforms.precision import PRECISIONS
 
     g.add_argument("--target", default="cpu", choices=available())
     g.add_argument("--name", help="project and module name (default: the model's name)")
@@ -243,6 +248,9 @@ def parser() -> argparse.ArgumentParser:
                    help="optimization level: -O0 none, -O1 SSA passes and constant folding, "
                         "-O2 also elementwise and GEMM-epilogue fusion (default)")
     g.add_argument("--report", action="store_true", help="print what each optimization pass changed")
+    g.add_argument("--precision", default="fp32", choices=PRECISIONS,
+                   help="fp32 (default), or bf16: every product's operands (weights included) rounded to "
+                        "bfloat16, accumulation and elementwise math in float32 (inference only; int8: not yet)")
     g.add_argument("--replace-installed", action="store_true",
                    help="allow a project name that is an installed distribution or module (building replaces it)")
     g.set_defaults(func=cmd_generate)
@@ -268,6 +276,7 @@ def parser() -> argparse.ArgumentParser:
     mem.add_argument("--plot", help="write a PNG of live bytes over the schedule")
     mem.add_argument("-O", dest="opt", default="O2", choices=["O0", "O1", "O2"], type=lambda s: s if s.startswith("O") else "O" + s,
                      help="optimization level the analysis assumes (as for generate)")
+    mem.add_argument("--precision", default="fp32", choices=PRECISIONS, help="the precision the analysis assumes (as for generate)")
     mem.set_defaults(func=cmd_memory)
     i = sub.add_parser("ir", help="print a model's graph")
     i.add_argument("model")

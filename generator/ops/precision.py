@@ -1,0 +1,40 @@
+"""Reduced precision: the rounding step that `--precision bf16` puts before every
+product's operands (transforms/precision.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..codegen.stmt import Named
+from ..ir.shapes import numel
+from .registry import OpDef, register, require_float
+
+
+def round_to_bf16(x) -> np.ndarray:
+    """x rounded to the nearest bfloat16 value, ties to even, kept in a float32
+    (its low 16 bits zero): the float32 bits plus 0x7FFF plus the lowest kept bit,
+    the low 16 bits then cleared. A NaN stays the same NaN; the largest finite
+    floats round up to infinity, as round-to-nearest-even does."""
+    x32 = np.asarray(x, dtype=np.float32)
+    bits = x32.view(np.uint32).astype(np.uint64)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).astype(np.uint32).view(np.float32)
+    return np.where(np.isnan(x32), x32, rounded).astype(np.asarray(x).dtype)
+
+
+@register
+class RoundBf16(OpDef):
+    """y = x rounded to bfloat16 (round to nearest, ties to even), stored as float32."""
+
+    name = "round_bf16"
+    in_place = True
+
+    def infer(self, inputs, attrs):
+        require_float(inputs)
+        return [("float32", inputs[0].shape)]
+
+    def reference(self, args, attrs, dims):
+        return [round_to_bf16(args[0])]
+
+    def lower(self, node, ctx):
+        (x,) = node.inputs
+        return [ctx.call("dg::round_bf16", ctx.read(x), ctx.write(node.outputs[0]), Named("n", ctx.size(numel(x.shape))))]

@@ -1,0 +1,65 @@
+"""The precision a model is generated in (`deepgen generate --precision`).
+
+bf16 inference: the operands of every product (each operand an OpDef lists in
+`products`: matmul's and bmm's a and b, a convolution's input and weight) are
+rounded to bfloat16 by a `round_bf16` node before the product, weights included;
+the product multiplies and accumulates in float32 and everything else (bias
+adds, activations, normalization, softmax) stays float32. The rounding is an
+ordinary node, so the reference interpreter computes exactly what the generated
+code does, and the C++ shows it as a named call (`dg::round_bf16`). A value that
+several products read is rounded once.
+"""
+
+from __future__ import annotations
+
+from ..errors import DeepgenError
+from ..ir.graph import Node, Value
+from ..ops import get_op
+from .autodiff import train_only_inputs
+from .passes import dce
+
+PRECISIONS = ("fp32", "bf16", "int8")
+
+
+def set_precision(graph, precision: str) -> list:
+    """Rewrite the graph in place for `precision` (fp32 leaves it as built); returns
+    notes for the user (what a bf16 generation left out)."""
+    if precision not in PRECISIONS:
+        raise DeepgenError(f"--precision {precision!r}: expected one of {', '.join(PRECISIONS)}")
+    if precision == "fp32":
+        return []
+    if precision == "int8":
+        raise DeepgenError("--precision int8 is not implemented yet (issue #41); fp32 and bf16 are")
+    notes = []
+    if graph.train is not None:  # bf16 training is not implemented: the project is the inference part
+        labels = train_only_inputs(graph)
+        graph.inputs = [v for v in graph.inputs if all(v is not w for w in labels)]
+        graph.train = None
+        dce(graph)  # the loss and what only it reads
+        notes.append(f"bf16: inference only: '{graph.name}' calls dg.train, but bf16 training is not implemented "
+                     f"yet, so the project has forward() and no train_step()"
+                     + (f" (and forward() does not take {', '.join(v.name for v in labels)})" if labels else ""))
+    for node in graph.nodes:
+        if get_op(node.op).regions(node):
+            raise DeepgenError(f"--precision bf16: the recursive op '{node.op}' ({node.outputs[0].name}) is not "
+                               "supported in bf16 yet; generate this model with --precision fp32")
+    _round_products(graph)
+    graph.precision = precision
+    return notes
+
+
+def _round_products(graph):
+    rounded = {}  # id(value) -> its bf16 value, made before the first product that reads it
+    nodes = []
+    for node in graph.nodes:
+        for i in get_op(node.op).products:
+            v = node.inputs[i]
+            if id(v) not in rounded:
+                out = Value(graph.names.unique(f"{v.name}_bf16"), "float32", tuple(v.shape), loc=node.loc)
+                rounding = Node("round_bf16", [v], {}, outputs=[out], loc=node.loc, phase=node.phase)
+                out.producer = rounding
+                nodes.append(rounding)
+                rounded[id(v)] = out
+            node.inputs[i] = rounded[id(v)]
+        nodes.append(node)
+    graph.nodes[:] = nodes

@@ -1,0 +1,154 @@
+"""Reduced precision (`deepgen generate --precision bf16`): the rounding itself on
+edge values, the MLP and LeNet generated in bf16 against the reference (which
+rounds exactly as the C++ does), and how far bf16 moves the outputs from fp32."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import generator as dg
+from conftest import load_example
+from generator.errors import DeepgenError
+from generator.ops.precision import round_to_bf16
+from generator.reference import interpreter as reference
+from generator.transforms.precision import set_precision
+from op_cases import bf16_nearest
+
+N = dg.dim("N")
+
+# float32 bit patterns and the bfloat16 (as float32 bits) each rounds to
+EDGES = {
+    0x3F800000: 0x3F800000,  # 1.0, exact
+    0x3F808000: 0x3F800000,  # 1 + 2^-8: a tie, to the even 1.0
+    0x3F818000: 0x3F820000,  # 1 + 3 * 2^-8: a tie, to the even 1 + 2^-6
+    0x3F808001: 0x3F810000,  # just above the tie: up
+    0x3F807FFF: 0x3F800000,  # just below: down
+    0xBF808000: 0xBF800000,  # -(1 + 2^-8): ties to even, the sign kept
+    0xBF818000: 0xBF820000,
+    0x7F7FFFFF: 0x7F800000,  # the largest finite float: past the last bfloat16 midpoint, to +inf
+    0xFF7FFFFF: 0xFF800000,  # and its negative to -inf
+    0x7F7F7FFF: 0x7F7F0000,  # below that midpoint: the largest finite bfloat16
+    0x7F7F8000: 0x7F800000,  # on it: a tie, to the even (inf, exponent all ones, mantissa 0)
+    0x7F800000: 0x7F800000,  # +inf
+    0xFF800000: 0xFF800000,  # -inf
+    0x00000000: 0x00000000,  # +0
+    0x80000000: 0x80000000,  # -0
+    0x00000001: 0x00000000,  # the smallest subnormal: to +0
+    0x00008000: 0x00000000,  # a subnormal tie: to the even 0
+    0x00018000: 0x00020000,  # a subnormal tie: to the even 2 * 2^16 ulps
+    0x00008001: 0x00010000,  # just above a tie: the smallest bfloat16 subnormal
+    0x807FFFFF: 0x80800000,  # the largest negative subnormal: up to -2^-126, a normal
+    0x007F7FFF: 0x007F0000,
+}
+NANS = [0x7FC00000, 0x7F800001, 0x7FFFFFFF, 0xFFC00000, 0xFFFFFFFF, 0xFF800001]
+
+
+def _floats(bits) -> np.ndarray:
+    return np.array(list(bits), dtype=np.uint32).view(np.float32)
+
+
+def _random_bits(count, seed=0) -> np.ndarray:
+    """Random float32 bit patterns (every exponent), plus ties of every upper half."""
+    rng = np.random.default_rng(seed)
+    anything = rng.integers(0, 2**32, count, dtype=np.uint64).astype(np.uint32)
+    ties = (rng.integers(0, 2**16, count // 4, dtype=np.uint64).astype(np.uint32) << 16) | np.uint32(0x8000)
+    return np.concatenate([anything, ties]).view(np.float32)
+
+
+def _same_bits(got, want_bits, what):
+    got_bits = np.asarray(got, dtype=np.float32).view(np.uint32)
+    bad = np.flatnonzero(got_bits != np.asarray(want_bits, dtype=np.uint32))
+    assert bad.size == 0, [f"{what}: {int(b):#010x}" for b in bad[:5]]
+
+
+def test_reference_rounding_on_edge_values():
+    x = _floats(EDGES)
+    _same_bits(round_to_bf16(x), list(EDGES.values()), "reference")
+    _same_bits(bf16_nearest(x), list(EDGES.values()), "oracle")
+    nans = _floats(NANS)
+    _same_bits(round_to_bf16(nans), NANS, "reference NaN")  # the same NaN, payload and sign kept
+
+
+def test_reference_rounding_equals_the_search_oracle():
+    """The reference's add-and-mask against op_cases.bf16_nearest, which picks the
+    nearer of the two neighbouring bfloat16 values in float64."""
+    x = _random_bits(1 << 20)
+    got, want = round_to_bf16(x), bf16_nearest(x)
+    nan = np.isnan(x)
+    _same_bits(got[~nan], want[~nan].view(np.uint32), "random")
+    _same_bits(got[nan], x[nan].view(np.uint32), "random NaN")
+
+
+@pytest.fixture(scope="module")
+def rounding_module(builds):
+    def rounding():
+        x = dg.input("x", (N,))
+        return {"y": dg.round_bf16(x)}
+
+    graph = dg.model(rounding).build("bf16_rounding")
+    return builds.module(graph)[0]
+
+
+def test_generated_rounding_on_edge_values(rounding_module):
+    model = rounding_module.Model(seed=0)
+    x = np.concatenate([_floats(EDGES), _floats(NANS)])
+    got = model.forward(x=x)["y"]
+    _same_bits(got, list(EDGES.values()) + NANS, "generated")
+    x = _random_bits(1 << 18, seed=1)
+    _same_bits(model.forward(x=x)["y"], round_to_bf16(x).view(np.uint32), "generated random")
+
+
+def _error(got, want) -> float:
+    """The largest difference relative to the largest magnitude of `want`."""
+    return float(np.abs(np.asarray(got, np.float64) - want).max() / np.abs(want).max())
+
+
+# (example, input name, input shape without the batch, output)
+MODELS = [("mlp", "x", (784,), "logits"), ("lenet", "images", (1, 8, 8), "probs")]
+
+
+@pytest.mark.parametrize("name,input_name,shape,output", MODELS, ids=[m[0] for m in MODELS])
+def test_bf16_model_matches_reference_and_differs_from_fp32(name, input_name, shape, output, builds):
+    fp32 = load_example(name).build()
+    graph = load_example(name).build(f"{name}_bf16")
+    notes = set_precision(graph, "bf16")
+    assert graph.train is None and "no train_step()" in notes[0]
+    assert [v.name for v in graph.inputs] == [input_name]
+    module, _ = builds.module(graph)
+    assert module.build_info()["precision"] == "bf16"
+    assert not hasattr(module.Model, "train_step")
+
+    params = reference.init_params(graph, seed=3)
+    model = module.Model(seed=3)
+    for k, v in model.parameters().items():  # the same weights: the Model draws the reference's
+        np.testing.assert_array_equal(v, params[k], err_msg=k)
+    rng = np.random.default_rng(5)
+    for batch in (1, 7, 64):
+        x = rng.normal(size=(batch,) + shape).astype(np.float32)
+        got = model.forward(**{input_name: x})[output]
+        want = reference.run(graph, {input_name: x}, params)[output]
+        exact = reference.run(fp32, {input_name: x}, params)[output]
+        # generated == reference up to float32 accumulation order (an order difference can move a
+        # value across a bfloat16 rounding boundary: one element then differs by one bf16 step)
+        assert _error(got, want) <= 1e-4, (batch, _error(got, want))
+        # and bf16 is not fp32: about bfloat16's relative precision (2^-8 per rounding) away
+        assert 1e-4 < _error(want, exact) < 2**-4, (batch, _error(want, exact))
+
+
+def test_precision_errors():
+    graph = load_example("mlp").build()
+    assert set_precision(graph, "fp32") == [] and graph.precision == "fp32" and graph.train is not None
+    with pytest.raises(DeepgenError, match="int8 is not implemented yet"):
+        set_precision(graph, "int8")
+    with pytest.raises(DeepgenError, match="expected one of"):
+        set_precision(graph, "fp16")
+
+    def trains_in_bf16():
+        x = dg.input("x", (N, 3))
+        y = dg.dense(x, 2)
+        dg.train(dg.mean(y * y), precision="bf16")
+        return {"y": y}
+
+    with pytest.raises(dg.ModelError, match="only fp32 training"):
+        dg.model(trains_in_bf16).build()
