@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import sympy
 
 import generator as dg
 from conftest import load_example
 from generator.errors import DeepgenError
 from generator.ops.precision import round_to_bf16
+from generator.pipeline import lowered, prepare
 from generator.reference import interpreter as reference
 from generator.transforms.precision import set_precision
 from op_cases import bf16_nearest
@@ -104,6 +106,9 @@ def _error(got, want) -> float:
     return float(np.abs(np.asarray(got, np.float64) - want).max() / np.abs(want).max())
 
 
+# generated vs reference, of the output's largest magnitude (see the test below)
+ORDER_TOLERANCE = 2.5e-4
+
 # (example, input name, input shape without the batch, output)
 MODELS = [("mlp", "x", (784,), "logits"), ("lenet", "images", (1, 8, 8), "probs")]
 
@@ -119,6 +124,9 @@ def test_bf16_model_matches_reference_and_differs_from_fp32(name, input_name, sh
     assert module.build_info()["precision"] == "bf16"
     assert not hasattr(module.Model, "train_step")
 
+    memory_graph = load_example(name).build(f"{name}_bf16")
+    set_precision(memory_graph, "bf16")
+    forward_floats = sympy.sympify(lowered(prepare(memory_graph)).memory["forward_floats"])
     params = reference.init_params(graph, seed=3)
     model = module.Model(seed=3)
     for k, v in model.parameters().items():  # the same weights: the Model draws the reference's
@@ -127,13 +135,19 @@ def test_bf16_model_matches_reference_and_differs_from_fp32(name, input_name, sh
     for batch in (1, 7, 64):
         x = rng.normal(size=(batch,) + shape).astype(np.float32)
         got = model.forward(**{input_name: x})[output]
+        stats = model.memory_stats()  # the arena holds the rounded copies: the plan counts them
+        assert stats["peak_bytes"] == stats["predicted_peak_bytes"] == 4 * int(forward_floats.subs({d: batch for d in memory_graph.dims}))
         want = reference.run(graph, {input_name: x}, params)[output]
         exact = reference.run(fp32, {input_name: x}, params)[output]
-        # generated == reference up to float32 accumulation order (an order difference can move a
-        # value across a bfloat16 rounding boundary: one element then differs by one bf16 step)
-        assert _error(got, want) <= 1e-4, (batch, _error(got, want))
-        # and bf16 is not fp32: about bfloat16's relative precision (2^-8 per rounding) away
-        assert 1e-4 < _error(want, exact) < 2**-4, (batch, _error(want, exact))
+        print(f"{name} N={batch}: generated vs reference {_error(got, want):.2e}, bf16 vs fp32 {_error(want, exact):.2e}"
+              f" (of the largest |{output}|)")
+        # generated == reference up to float32 accumulation order, and where an order difference
+        # moves an activation across a bfloat16 rounding boundary, that element differs by one bf16
+        # step (2^-8 of it): seen 5e-5 at N=64 in the MLP, where the fp32 ones are 1e-7
+        assert _error(got, want) <= ORDER_TOLERANCE, (batch, _error(got, want))
+        # and bf16 is not fp32: about bfloat16's relative precision (2^-8 per rounding) away, seen
+        # 1.3e-3 to 4.3e-3: well outside the tolerance above, so the comparison can fail
+        assert 2 * ORDER_TOLERANCE < _error(want, exact) < 2**-4, (batch, _error(want, exact))
 
 
 def test_precision_errors():
@@ -152,3 +166,41 @@ def test_precision_errors():
 
     with pytest.raises(dg.ModelError, match="only fp32 training"):
         dg.model(trains_in_bf16).build()
+
+
+def test_trained_digits_mlp_predicts_the_same_in_bf16(builds):
+    """examples/digits.py trained in fp32 (the reference's train_step, 8 epochs), then run
+    in bf16 by the generated module: its held-out predictions agree with fp32's."""
+    pytest.importorskip("sklearn")
+    import runpy
+
+    from conftest import ROOT
+
+    example = runpy.run_path(str(ROOT / "examples" / "digits.py"))
+    train_set, test_set = example["load_data"](0)
+    fp32 = load_example("digits").build()
+    params, state, step = reference.init_params(fp32, seed=0), {}, 0
+    rng = np.random.default_rng(0)
+    for _ in range(8):
+        order = rng.permutation(len(train_set["labels"]))
+        for start in range(0, len(order), 32):
+            pick, step = order[start : start + 32], step + 1
+            batch = {"pixels": train_set["pixels"][pick], "labels": train_set["labels"][pick]}
+            reference.train_step(fp32, batch, params, state, step)
+
+    graph = load_example("digits").build("digits_bf16")
+    set_precision(graph, "bf16")
+    model = builds.module(graph)[0].Model(seed=0)
+    for name, view in model.parameters().items():
+        view[...] = params[name]
+    pixels, labels = test_set["pixels"], test_set["labels"]
+    got = model.forward(pixels=pixels)["probs"]
+    want = reference.run(fp32, {"pixels": pixels}, params)["probs"]
+    agree = float(np.mean(got.argmax(1) == want.argmax(1)))
+    fp32_accuracy = float(np.mean(want.argmax(1) == labels))
+    bf16_accuracy = float(np.mean(got.argmax(1) == labels))
+    print(f"digits, {len(labels)} held-out images: fp32 accuracy {fp32_accuracy:.4f}, bf16 {bf16_accuracy:.4f}, "
+          f"agreement {agree:.4f}, largest probability difference {np.abs(got - want).max():.2e}")
+    assert fp32_accuracy > 0.9
+    assert agree >= 0.99 and bf16_accuracy >= 0.99 * fp32_accuracy
+    assert _error(got, reference.run(graph, {"pixels": pixels}, params)["probs"]) <= ORDER_TOLERANCE
