@@ -204,3 +204,30 @@ def test_trained_digits_mlp_predicts_the_same_in_bf16(builds):
     assert fp32_accuracy > 0.9
     assert agree >= 0.99 and bf16_accuracy >= 0.99 * fp32_accuracy
     assert _error(got, reference.run(graph, {"pixels": pixels}, params)["probs"]) <= ORDER_TOLERANCE
+
+
+def test_bf16_on_the_cuda_target_emulated(tmp_path):
+    """The CUDA target rounds with dg_cuda_precision.h's round_bf16: LeNet in bf16, built
+    with DG_CUDA_EMULATE (every kernel on the CPU), against the reference."""
+    import importlib
+    import sys
+
+    from generator.codegen.writer import write_project
+    from generator.pipeline import project_files
+    from test_cuda import _cmake
+
+    graph = load_example("lenet").build("lenet_bf16_emu")
+    set_precision(graph, "bf16")
+    write_project(tmp_path / "src", project_files(graph, "cuda"), force=True)
+    _cmake(tmp_path / "src", tmp_path / "build", {"DG_CUDA_EMULATE": "ON", "CMAKE_BUILD_TYPE": "Debug",
+                                                  "CMAKE_CXX_FLAGS_DEBUG": "-O1", "LENET_BF16_EMU_EXAMPLE": "OFF"})
+    sys.path.insert(0, str(tmp_path / "build"))
+    try:
+        module = importlib.import_module(graph.name)
+    finally:
+        sys.path.remove(str(tmp_path / "build"))
+    assert module.build_info()["precision"] == "bf16"
+    x = np.random.default_rng(1).normal(size=(16, 1, 8, 8)).astype(np.float32)
+    got = module.Model(seed=3).forward(images=x)["probs"]
+    want = reference.run(graph, {"images": x}, reference.init_params(graph, seed=3))["probs"]
+    assert _error(got, want) <= ORDER_TOLERANCE
