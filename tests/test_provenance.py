@@ -101,7 +101,8 @@ def test_a_multi_line_call_is_quoted_whole_in_errors(tmp_path):
 def test_bert_layers_name_every_value_after_name():
     """transformer_encoder_layer(name="encoder_layers_0") names what it makes
     encoder_layers_0_q, ..._scores, ..., and its result encoder_layers_0; each layer of the
-    loop is a statement of its own in the C++, quoted whole."""
+    loop is a call of its own in the C++, citing the line with its arguments' values (the
+    first layer's mask, inline before its call, under the line quoted whole)."""
     path = ROOT / "examples" / "bert_encoder.py"
     graph = load_model(f"{path}:bert_encoder").build()
     layer_nodes = [n for n in graph.nodes if n.loc and n.loc.line == 44]
@@ -117,4 +118,8 @@ def test_bert_layers_name_every_value_after_name():
     run = cpp[cpp.index("Network::_run"):]
     quoted = ('// bert_encoder.py:44  x = dg.transformer_encoder_layer(x, lengths, H, cfg["heads"], cfg["ffn"], '
               'activation="gelu", eps=1e-12, name=f"encoder_layers_{i}")')
-    assert run.count(quoted) == 2
+    assert run.count(quoted) == 1
+    for i in range(2):
+        assert re.search(rf"// bert_encoder\.py:44  transformer_encoder_layer\(x, lengths, .*name='encoder_layers_{i}'\)\n",
+                         run), i
+    assert len(re.findall(r"^\s+transformer_encoder_layer\(", run, re.M)) == 2
