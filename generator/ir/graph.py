@@ -51,6 +51,13 @@ class Node:
     # forward | loss (needs training-only inputs) | backward
     phase: str = "forward"
 
+    @property
+    def user_call(self):
+        """Which call of a user's function made this node (a residual block's), or None
+        (the model's own lines)."""
+        loc = self.loc
+        return loc.call_id if loc is not None and loc.call is not None else None
+
 
 @dataclass
 class Graph:

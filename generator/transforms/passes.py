@@ -147,6 +147,9 @@ def fuse(graph):
     elementwise, in the same phase, and reads it at full shape (no broadcast, so
     nothing is recomputed). The fused node remembers every DSL line it holds."""
     for nodes, keep in list(regions(graph)):
+        # Nodes of different calls of a user's function, or of a call and the model's own
+        # lines, are not merged: each call's code, and its gradient's, stays one C++ function
+        # of the same shape as the other calls' (codegen/outline.py).
         changed = True
         while changed:
             changed = False
@@ -159,7 +162,7 @@ def fuse(graph):
                     if (producer is None or producer.op != "ewise" or producer not in nodes
                             or len(uses.get(id(u), [])) != 1 or id(u) in keep
                             or producer.phase != consumer.phase
-                            or _call_of(producer) != _call_of(consumer)
+                            or producer.user_call != consumer.user_call
                             or tuple(u.shape) != tuple(consumer.outputs[0].shape)
                             or len({id(v) for v in consumer.inputs + producer.inputs}) - 1 > MAX_OPERANDS):
                         continue
@@ -170,16 +173,6 @@ def fuse(graph):
                 if changed:
                     break
     return graph
-
-
-def _call_of(node):
-    """Which call of a user's function made `node` (None: the model's own lines). Fusion
-    does not merge the model's own lines into a call's (the pooling's gradient into the
-    last residual block's): each call's code, and its gradient's, stays one C++ function
-    of the same shape as the other calls' (codegen/outline.py). Between two calls it
-    does (a block's input gradient, summed from the next block, into its relu's)."""
-    loc = node.loc
-    return loc.call_id if loc is not None and loc.call is not None else None
 
 
 def _merge(producer, consumer, k):

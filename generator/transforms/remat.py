@@ -118,23 +118,18 @@ def _before_its_call(nodes, k) -> int:
     (codegen/outline.py makes it one function call). A reader among its call gradient's
     last statement's nodes (the next block's first convolution's weight gradient) keeps
     the recomputation just before it: the value lives no longer than it must."""
-    call = _call_id(nodes[k])
+    call = nodes[k].user_call
     if call is None:
         return k
     end = k
-    while end + 1 < len(nodes) and nodes[end + 1].phase == "backward" and _call_id(nodes[end + 1]) == call:
+    while end + 1 < len(nodes) and nodes[end + 1].phase == "backward" and nodes[end + 1].user_call == call:
         end += 1
     if all(n.loc.stmt_line == nodes[k].loc.stmt_line for n in nodes[k:end + 1]):
         return k
     start = k
-    while start > 0 and nodes[start - 1].phase == "backward" and _call_id(nodes[start - 1]) == call:
+    while start > 0 and nodes[start - 1].phase == "backward" and nodes[start - 1].user_call == call:
         start -= 1
     return start
-
-
-def _call_id(node):
-    loc = node.loc
-    return loc.call_id if loc is not None and loc.call is not None else None
 
 
 def _twin(graph, v, producer) -> Value:
