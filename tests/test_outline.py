@@ -75,7 +75,8 @@ def test_calls_whose_code_differs_are_variants_named_by_what_differs():
 def test_a_function_name_that_a_value_holds_is_not_taken(tmp_path):
     source = BLOCKS.replace('dg.param("head"', 'dg.param("block"')  # a member of the Network
     text = _model_cpp(tmp_path, source)
-    assert re.search(r"^void block_2\(", text, re.M) and not re.search(r"^void block\(", text, re.M)
+    # block_3: the calls' results are block_0 .. block_2 (each named after its call's name=)
+    assert re.search(r"^void block_3\(", text, re.M) and not re.search(r"^void block\(", text, re.M)
 
 
 def test_a_layer_helper_called_in_a_loop_is_one_function_and_computes_the_same(builds):
@@ -122,10 +123,11 @@ def test_each_residual_blocks_gradient_is_one_call():
 
 
 def test_an_argument_that_names_its_parameter_has_no_comment():
-    """`layer1_0_bn1_mean` fills `bn1_mean`: no /*bn1_mean=*/ beside it; `relu` filling `x` keeps /*x=*/."""
+    """`layer1_0_bn1_mean` fills `bn1_mean`: no /*bn1_mean=*/ beside it; `layer1_0` (the first
+    block's result, named after its call) filling `x` keeps /*x=*/, and `result` too."""
     run = _run_body(project_files(build_example("resnet18"))["src/model.cpp"].decode())
     assert "/*bn1_mean=*/" not in run and "/*mode=*/" not in run and "/*d_bn2_weight=*/" not in run
-    assert "/*x=*/relu" in run
+    assert "/*x=*/layer1_0," in run and "/*result=*/layer1_0," in run
 
 
 def test_a_long_block_that_runs_once_is_a_member_function():

@@ -399,7 +399,7 @@ def _read_instance(inst: _Instance, bases: dict) -> None:
             name = _declared(line)
             if name:
                 declared.append(name)
-    local = {}
+    local, results = {}, set()
     # A name made from a tensor argument's (the gradient of the block's input, d_relu_4)
     # is made from the parameter's name inside (d_x); other names as the user asked.
     arguments = {v.name: n for n, v in inst.loc.call_args if hasattr(v, "dtype") and hasattr(v, "name")}
@@ -418,9 +418,12 @@ def _read_instance(inst: _Instance, bases: dict) -> None:
                 break
         if short in strings:  # named just `name=` (a layer helper's result): the call's output
             short = "out"
+            results.add(name)
         if short[0].isdigit() or keyword.iskeyword(short):
             short = name
         local[name] = short
+    if any(local[n] == "out" for n in local if n not in results):  # the user's own `out`
+        local.update({n: "result" for n in results})
     local = _last_takes_stem(local, arguments)
     if len(set(local.values())) != len(local):  # two names would become one: keep them whole
         counts = {}
@@ -794,8 +797,13 @@ def _text_type(values) -> str:
 
 def _strip(name: str, inst: _Instance) -> str:
     """`name` without this call's name prefix (`layer2_0_conv1_weight` -> `conv1_weight`),
-    or without another call's (`encoder_layers_0_keys`, made by the first layer -> `keys`)."""
+    or without another call's (`encoder_layers_0_keys`, made by the first layer -> `keys`);
+    the call's own name (`layer2_0`, what it returned) is `result`, its gradient `d_result`,
+    its recomputation `result_again`."""
     for _, v in inst.loc.call_args:
+        own = re.fullmatch(rf"(d_)?{re.escape(v)}(_again)?(_\d+)?", name) if isinstance(v, str) else None
+        if own:  # what the call returned (layer2_0), its gradient, it made again
+            return f"{own.group(1) or ''}result{own.group(2) or ''}"
         if isinstance(v, str) and name.startswith(v + "_") and len(name) > len(v) + 1:
             short = name[len(v) + 1 :]
             if short.isidentifier() and not keyword.iskeyword(short):

@@ -255,7 +255,7 @@ def _name_values(graph: Graph, names: NameTable, preferred: dict, prefix: str = 
         runs.append(current)
     for run in runs:
         targets = assigned_names(run[-1].loc)
-        base = targets[0] if targets and len(targets) == 1 else None
+        base = targets[0] if targets and len(targets) == 1 else _returned_by_named_call(run[-1].loc)
         for node in run:
             last = node is run[-1]
             main = preferred.get(id(node.outputs[0])) if get_op(node.op).output_hints else None
@@ -268,7 +268,7 @@ def _name_values(graph: Graph, names: NameTable, preferred: dict, prefix: str = 
                     v.name = f"{main}_{v.name}"
                 elif last and targets and len(targets) == len(node.outputs):
                     v.name = targets[i]
-                elif last and base and i == 0 and get_op(node.op).output_hints:
+                elif last and base and i == 0 and (get_op(node.op).output_hints or not targets):
                     v.name = base  # the main result; the others are base_<hint> (bn_mean)
                 elif base:
                     v.name = f"{base}_{v.name}"
@@ -279,6 +279,16 @@ def _name_values(graph: Graph, names: NameTable, preferred: dict, prefix: str = 
                     raise ModelError(f"name {v.name!r} is already used in this model", node.loc)
             else:
                 v.name = names.unique(prefix + v.name)
+
+
+def _returned_by_named_call(loc) -> str | None:
+    """The call's `name=` for what a user's function returns (`return dg.relu(out + shortcut)`
+    in `basic_block(x, ..., name='layer1_0')` makes `layer1_0`, as PyTorch names a block's
+    output after the block), when the function was given one; else None."""
+    if loc is None or loc.call is None or not in_return(loc):
+        return None
+    name = dict(loc.call_args).get("name")
+    return name if isinstance(name, str) and name.isidentifier() else None
 
 
 def _check_dims_bound(graph: Graph):
