@@ -281,3 +281,52 @@ def test_errors_name_the_users_line_and_values():
 
     msg = _error(truth_value)
     assert "no truth value" in msg and "dg.cond" in msg and "return x if x > 0 else -x" in msg
+
+
+@pytest.fixture(scope="module")
+def gated_cuda_emulated():
+    """The same model for the CUDA target, built with DG_CUDA_EMULATE (every kernel
+    body a host loop), as tests/test_cuda.py builds the op table."""
+    import importlib
+    import sys
+
+    from conftest import _cache_root
+    from generator.codegen.writer import write_project
+    from generator.pipeline import project_files
+    from test_cuda import _cmake, _digest
+
+    graph = _gated().build("gated_emu")
+    files = project_files(graph, "cuda")
+    defines = {"DG_CUDA_EMULATE": "ON", "CMAKE_BUILD_TYPE": "Debug", "CMAKE_CXX_FLAGS_DEBUG": "-O1",
+               "GATED_EMU_EXAMPLE": "OFF"}
+    where = _cache_root() / f"cuda-emulated-gated_emu-{_digest(files, sys.version, defines)}"
+    if not (where / "build" / ".ok").is_file():
+        write_project(where / "src_tree", files, force=True)
+        _cmake(where / "src_tree", where / "build", defines)
+        (where / "build" / ".ok").write_text("ok\n")
+    sys.path.insert(0, str(where / "build"))
+    try:
+        module = importlib.import_module("gated_emu")
+    finally:
+        sys.path.remove(str(where / "build"))
+    return graph, module, files
+
+
+def test_cuda_target_emulated_matches_reference(gated_cuda_emulated):
+    graph, module, files = gated_cuda_emulated
+    code = b"\n".join(data for path, data in files.items() if path.endswith((".cu", ".h")))
+    assert b"dg::where(" in code and b"dg_cuda_logic.h" in code
+    for seed, n, sign in ((0, 5, None), (2, 3, 1.0), (3, 1, -1.0)):
+        inputs = _inputs(seed, n, sign)
+        got = module.Model(seed=7).forward(x=inputs["x"], y=inputs["y"])
+        want = reference.run(graph, inputs, reference.init_params(graph, seed=7))
+        for name in ("picked", "logits"):
+            np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6, err_msg=name)
+    model = module.Model(seed=3)
+    start = {k: np.array(v) for k, v in model.parameters().items()}
+    inputs = _inputs(6, 6)
+    loss = model.train_step(**inputs)
+    want_loss, want_grads = reference.gradients(graph, inputs, start)
+    assert abs(loss - want_loss) <= 1e-5 * max(1.0, abs(want_loss))
+    for name, g in want_grads.items():
+        np.testing.assert_allclose(np.asarray(model.gradients()[name]), g, rtol=1e-4, atol=1e-6, err_msg=name)
