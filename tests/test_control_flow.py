@@ -89,12 +89,31 @@ def test_reference_matches_numpy():
         np.testing.assert_allclose(got["logits"], _oracle_logits(params, inputs["x"]), rtol=1e-5, atol=1e-6)
 
 
+def test_cond_returns_what_the_branches_return():
+    """A tuple from each branch, several operands, a rank-3 result: per example, its branch's."""
+
+    @dg.model
+    def pair():
+        x = dg.input("x", (N, 2, 3))
+        s = dg.input("s", (N,))
+        a, b = dg.cond(s >= 0.0, lambda u, v: (u * 2.0, dg.exp(v)), lambda u, v: (u - 1.0, v * v), x, s)
+        return {"a": a, "b": b}
+
+    graph = pair.build()
+    x = np.arange(12, dtype=np.float32).reshape(2, 2, 3) / 7
+    s = np.array([0.5, -0.25], dtype=np.float32)
+    got = reference.run(graph, {"x": x, "s": s})
+    np.testing.assert_allclose(got["a"], np.stack([x[0] * 2, x[1] - 1]), rtol=1e-6)
+    np.testing.assert_allclose(got["b"], np.array([np.exp(0.5), 0.0625], dtype=np.float32), rtol=1e-6)
+
+
 def test_graph_reads_as_written():
     text = str(_gated().build())
-    assert "below: bool[N, 4] = x < y" in text
-    assert "x == 1.0" not in text and "x == y" in text
-    assert "picked: f32[N, 4] = where(odd, x, " in text
-    assert "where(x_eq_y, 1.0, picked)" in text or "1.0, picked)" in text
+    for line in ("below: bool[N, 4] = x < y", "inside_greater_equal: bool[N, 4] = x >= -0.5",
+                 "odd: bool[N, 4] = odd_logical_not != odd_greater", "same: f32[N, 4] = where(same_equal, 1.0, picked)",
+                 "hidden_then_rows: bool[N, 1] = reshape(confident, shape=(N, 1))",
+                 "hidden: f32[N, 6] = where(hidden_then_rows, hidden_tanh, hidden_relu)"):
+        assert line in text, line
 
 
 def test_where_gradient_matches_finite_differences():
@@ -330,3 +349,143 @@ def test_cuda_target_emulated_matches_reference(gated_cuda_emulated):
     assert abs(loss - want_loss) <= 1e-5 * max(1.0, abs(want_loss))
     for name, g in want_grads.items():
         np.testing.assert_allclose(np.asarray(model.gradients()[name]), g, rtol=1e-4, atol=1e-6, err_msg=name)
+
+
+# -- while_loop (masked, unrolled: docs/ARCHITECTURE.md "dg.while_loop masks") --------
+
+MAX_STEPS = 4
+
+
+def _grower():
+    @dg.model
+    def grower():
+        x = dg.input("x", (N, 3))
+        labels = dg.input("labels", (N,), dtype="int64")
+        w = dg.param("w", (3, 3), init=dg.normal(0, 0.6), seed=1)
+        (h, total), steps, every = dg.while_loop(
+            lambda s: dg.sum(s[0] * s[0], 1) < 3.0,
+            lambda s: (dg.tanh(s[0] @ w) + s[0], s[1] + dg.sum(s[0], 1, keepdims=True)),
+            (x, dg.sum(x, 1, keepdims=True)), MAX_STEPS, outputs=True)
+        logits = dg.dense(h * total, 2, name="head")
+        dg.train(dg.softmax_cross_entropy(logits, labels), dg.sgd(lr=0.1))
+        return {"logits": logits, "steps": steps, "every": every[0]}
+
+    return grower
+
+
+def _numpy_grower(p, x, module=np):
+    """Each example on its own: iterate while |h|^2 < 3, at most MAX_STEPS times."""
+    logits, steps, every = [], [], []
+    for row in x:
+        h, total, count = row[None, :], module.sum(row)[None, None] if module is np else row.sum().reshape(1, 1), 0
+        kept = []
+        while count < MAX_STEPS and _number((h * h).sum()) < 3.0:
+            h, total = module.tanh(h @ p["w"]) + h, total + h.sum(1, keepdims=True)
+            count += 1
+            kept.append(h)
+        logits.append((h * total) @ p["head_w"] + p["head_b"])
+        steps.append(count)
+        every.append(kept)
+    return logits, steps, every
+
+
+def _number(t) -> float:
+    return float(t.detach()) if hasattr(t, "detach") else float(t)
+
+
+def _grower_inputs(seed, n):
+    rng = np.random.default_rng(seed)
+    x = rng.uniform(-1.2, 1.2, (n, 3)).astype(np.float32)
+    x[0] = [1.5, 1.2, 0.0]  # already done: no step
+    return {"x": x, "labels": rng.integers(0, 2, n).astype(np.int64)}
+
+
+def test_while_loop_reference_matches_a_per_example_loop():
+    graph = _grower().build()
+    params = reference.init_params(graph, seed=2)
+    inputs = _grower_inputs(0, 6)
+    got = reference.run(graph, inputs, params)
+    logits, steps, every = _numpy_grower(params, inputs["x"])
+    assert len(set(steps)) >= 3, steps  # examples stop at different steps
+    np.testing.assert_array_equal(got["steps"], np.array(steps, dtype=np.float32))
+    np.testing.assert_allclose(got["logits"], np.concatenate(logits), rtol=1e-5, atol=1e-6)
+    for n, kept in enumerate(every):
+        want = np.zeros((MAX_STEPS, 3), np.float32)
+        for t, h in enumerate(kept):
+            want[t] = h[0]
+        np.testing.assert_allclose(got["every"][n], want, rtol=1e-5, atol=1e-6)
+
+
+def test_while_loop_gradient_matches_finite_differences():
+    graph = _grower().build()
+    inputs = _grower_inputs(1, 5)
+    inputs64 = dict(inputs, x=inputs["x"].astype(np.float64))
+    params = {k: v.astype(np.float64) for k, v in reference.init_params(graph, seed=2).items()}
+    _, grads = reference.gradients(graph, inputs64, params, float_dtype=np.float64)
+    eps = 1e-6
+    for name, p in params.items():
+        numeric = np.zeros(p.size)
+        for i in range(p.size):
+            loss = []
+            for delta in (eps, -eps):
+                shifted = {k: v.copy() for k, v in params.items()}
+                shifted[name].reshape(-1)[i] += delta
+                loss.append(reference.gradients(graph, inputs64, shifted, float_dtype=np.float64)[0])
+            numeric[i] = (loss[0] - loss[1]) / (2 * eps)
+        np.testing.assert_allclose(grads[name].reshape(-1), numeric, rtol=1e-5, atol=1e-7, err_msg=name)
+
+
+@pytest.fixture(scope="module")
+def grower(builds):
+    graph = _grower().build()
+    module, _ = builds.module(graph)
+    return graph, module
+
+
+def test_while_loop_generated_matches_reference_and_pytorch(grower):
+    torch = pytest.importorskip("torch")
+    graph, module = grower
+    for seed, n in ((3, 1), (4, 7)):
+        inputs = _grower_inputs(seed, n)
+        got = module.Model(seed=5).forward(x=inputs["x"])
+        want = reference.run(graph, inputs, reference.init_params(graph, seed=5))
+        for name in ("logits", "steps", "every"):
+            np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6, err_msg=name)
+    memory = lowered(prepare(_grower().build())).memory
+    model = module.Model(seed=6)
+    start = {k: np.array(v) for k, v in model.parameters().items()}
+    inputs = _grower_inputs(5, 6)
+    model.forward(x=inputs["x"])
+    stats = model.memory_stats()
+    assert stats["peak_bytes"] == stats["predicted_peak_bytes"] == 4 * int(sympy.sympify(memory["forward_floats"]).subs({N: 6}))
+    loss = model.train_step(**inputs)
+    p = {k: torch.tensor(v, dtype=torch.float64, requires_grad=True) for k, v in start.items()}
+    logits, _, _ = _numpy_grower(p, torch.tensor(inputs["x"], dtype=torch.float64), module=torch)
+    want = torch.nn.functional.cross_entropy(torch.cat(logits), torch.tensor(inputs["labels"]))
+    want.backward()
+    assert abs(loss - want.item()) <= 1e-5 * max(1.0, abs(want.item()))
+    for name, t in p.items():
+        np.testing.assert_allclose(np.asarray(model.gradients()[name]), t.grad.numpy(), rtol=1e-4, atol=1e-6, err_msg=name)
+    stats = model.memory_stats()
+    assert stats["peak_bytes"] == stats["predicted_peak_bytes"] == 4 * int(sympy.sympify(memory["train_floats"]).subs({N: 6}))
+
+
+def test_while_loop_errors_name_the_users_line():
+    def symbolic_steps():
+        x = dg.input("x", (N, 3))
+        return dg.while_loop(lambda h: dg.sum(h, 1) < 1.0, lambda h: h + 1.0, x, N)[0]
+
+    assert "max_steps must be a positive int" in _error(symbolic_steps)
+
+    def cond_per_element():
+        x = dg.input("x", (N, 3))
+        return dg.while_loop(lambda h: h < 1.0, lambda h: h + 1.0, x, 3)[0]
+
+    msg = _error(cond_per_element)
+    assert "cond_fn must return bool [N]" in msg and "bool[N, 3]" in msg and "dg.while_loop(lambda h: h < 1.0" in msg
+
+    def body_changes_shape():
+        x = dg.input("x", (N, 3))
+        return dg.while_loop(lambda h: dg.sum(h, 1) < 1.0, lambda h: dg.sum(h, 1, keepdims=True), x, 3)[0]
+
+    assert "body_fn changes state 0's shape: 'x' [N, 3]" in _error(body_changes_shape)

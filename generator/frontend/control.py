@@ -19,8 +19,9 @@ from .builder import Tensor, current
 from ..errors import ModelError
 from ..ir.shapes import fmt_shape, same
 from .source import user_loc
+from ..ops import ARGS as _ARGS
 
-__all__ = ["logical_and", "logical_or", "logical_not", "where", "cond"]
+__all__ = ["logical_and", "logical_or", "logical_not", "where", "cond", "while_loop"]
 
 _OPERATOR = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
 _LABEL = {"lt": "less", "le": "less_equal", "gt": "greater", "ge": "greater_equal", "eq": "equal", "ne": "not_equal"}
@@ -149,6 +150,81 @@ def cond(pred, then_fn, else_fn, *operands):
     return results[0] if single else tuple(results)
 
 
-def _per_example(pred, rank):
+def _per_example(pred, rank, label="then_rows"):
     """pred [N] as [N, 1, ...] of the given rank: a view, no copy."""
-    return current().add("reshape", [pred], {"shape": (pred.shape[0],) + (1,) * (rank - 1)}, label="then_rows")[0]
+    return current().add("reshape", [pred], {"shape": (pred.shape[0],) + (1,) * (rank - 1)}, label=label)[0]
+
+
+def _states(state, what, loc):
+    items = list(state) if isinstance(state, (tuple, list)) else [state]
+    if not items or not all(isinstance(t, Tensor) and t.dtype == "float32" and t.ndim >= 1 for t in items):
+        raise ModelError(f"{what} must be a float32 tensor or a tuple of them, each with the batch first, got {state!r}",
+                         loc, "while_loop")
+    return items
+
+
+def while_loop(cond_fn, body_fn, state, max_steps, outputs: bool = False):
+    """Per example: while cond_fn(state) holds and fewer than max_steps steps ran,
+    state = body_fn(state). Returns (final_state, steps), steps being each example's
+    count of iterations as float32 [N]; with outputs=True, also every step's state
+    [N, max_steps, ...] (zeros past each example's count), one per component.
+
+    state is a float32 tensor or a tuple of them with the batch first; body_fn
+    returns the same structure and shapes, cond_fn returns bool [N]. This first
+    version masks (docs/ARCHITECTURE.md, "dg.while_loop masks"): max_steps is an int
+    and the loop is unrolled, each step running the body on the whole batch and
+    keeping, with where, the new state of the examples still iterating; the
+    gradient flows through the steps each example took."""
+    loc = user_loc()
+    if not callable(cond_fn) or not callable(body_fn):
+        raise ModelError("while_loop(cond_fn, body_fn, state, max_steps): cond_fn and body_fn must be functions",
+                         loc, "while_loop")
+    if not isinstance(max_steps, int) or isinstance(max_steps, bool) or max_steps < 1:
+        raise ModelError(f"max_steps must be a positive int (a symbolic dim is not supported yet), got {max_steps!r}",
+                         loc, "while_loop")
+    single = not isinstance(state, (tuple, list))
+    current_state = _states(state, "state", loc)
+    batch = current_state[0].shape[0]
+    for t in current_state:
+        if not same(t.shape[0], batch):
+            raise ModelError(f"state '{t.name}' {fmt_shape(t.shape)} must have the batch {fmt_shape((batch,))} first, "
+                             f"like '{current_state[0].name}' {fmt_shape(current_state[0].shape)}", loc, "while_loop")
+    b = current()
+    running = None  # bool [N]: examples still iterating
+    steps = None
+    kept = [[] for _ in current_state]
+    for _ in range(max_steps):
+        go = cond_fn(current_state[0] if single else tuple(current_state))
+        if not isinstance(go, Tensor) or go.dtype != "bool" or go.ndim != 1 or not same(go.shape[0], batch):
+            got = go.value.type_str() if isinstance(go, Tensor) else repr(go)
+            raise ModelError(f"cond_fn must return bool [{batch}] (one per example), got {got}", loc, "while_loop")
+        running = go if running is None else b.add("logical", [running, go], {"fn": "and"}, label="still_running")[0]
+        rows = {}  # rank -> running as [N, 1, ...]
+        new = body_fn(current_state[0] if single else tuple(current_state))
+        if single == isinstance(new, (tuple, list)):
+            raise ModelError("body_fn must return the structure of the state (a tensor, or a tuple as long)", loc, "while_loop")
+        new = _states(new, "body_fn's result", loc)
+        if len(new) != len(current_state):
+            raise ModelError(f"body_fn returns {len(new)} tensor(s) for a state of {len(current_state)}", loc, "while_loop")
+        nxt = []
+        for k, (old, n) in enumerate(zip(current_state, new)):
+            if len(old.shape) != len(n.shape) or not all(same(x, y) for x, y in zip(old.shape, n.shape)):
+                raise ModelError(f"body_fn changes state {k}'s shape: '{old.name}' {fmt_shape(old.shape)} becomes "
+                                 f"'{n.name}' {fmt_shape(n.shape)}", loc, "while_loop")
+            if n.ndim not in rows:
+                rows[n.ndim] = running if n.ndim == 1 else _per_example(running, n.ndim, "running_rows")
+            flags = rows[n.ndim]
+            nxt.append(b.add("where", [flags, n, old], {"values": (None, None)}, label=f"state{k}")[0])
+            if outputs:
+                step_state = b.add("where", [flags, n], {"values": (None, 0.0)}, label=f"state{k}_kept")[0]
+                kept[k].append(b.add("reshape", [step_state], {"shape": (batch, 1) + tuple(n.shape[1:])},
+                                     label="step_rows")[0])
+        current_state = nxt
+        one = b.add("where", [running], {"values": (1.0, 0.0)}, label="stepped")[0]
+        steps = one if steps is None else b.add("ewise", [steps, one], {"fn": "add", "expr": _ARGS[0] + _ARGS[1]},
+                                                label="steps")[0]
+    final = current_state[0] if single else tuple(current_state)
+    if not outputs:
+        return final, steps
+    every = [b.add("concat", parts, {"axis": 1}, label="every_step")[0] if len(parts) > 1 else parts[0] for parts in kept]
+    return final, steps, (every[0] if single else tuple(every))

@@ -36,12 +36,18 @@ CMP = {
 NUMERIC = ("float32", "int32", "int64", "bool")
 
 
+MAX_RANK = 8  # the runtime's kMaxBroadcastRank
+
+
 def _broadcast(inputs, what):
     try:
-        return tuple(broadcast([v.shape for v in inputs]))
+        shape = tuple(broadcast([v.shape for v in inputs]))
     except ValueError as e:
         names = ", ".join(f"'{v.name}' {fmt_shape(v.shape)}" for v in inputs)
         raise ValueError(f"{what}: operands do not broadcast ({e}): {names}") from None
+    if len(shape) > MAX_RANK:
+        raise ValueError(f"{what}: the result {fmt_shape(shape)} has more than {MAX_RANK} axes")
+    return shape
 
 
 def _steps(v, out_shape):

@@ -11,6 +11,7 @@
 
 #include <cstdint>
 #include <stdexcept>
+#include <type_traits>
 
 #include "dg_cuda.h"
 #include "dg_cuda_compat.h"
@@ -65,7 +66,10 @@ DG_HD inline float read(float value, int64_t) {
 }
 
 template <typename A, typename B>
-DG_HD inline bool compare_one(A a, B b, Compare how) {
+DG_HD inline bool compare_one(A a_in, B b_in, Compare how) {
+  // Mixed types compare as double (as numpy compares int64 with a float: exactly for ids below 2^53).
+  using Common = typename std::conditional<std::is_same<A, B>::value, A, double>::type;
+  const Common a = static_cast<Common>(a_in), b = static_cast<Common>(b_in);
   switch (how) {
     case Compare::less:
       return a < b;
