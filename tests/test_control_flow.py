@@ -292,6 +292,12 @@ def test_errors_name_the_users_line_and_values():
         x = dg.input("x", (N, 4))
         return x if x > 0 else -x
 
+    def infinite_number():
+        x = dg.input("x", (N, 4))
+        return dg.where(x > 0, x, float("-inf"))
+
+    assert "the number must be a finite float32, got -inf" in _error(infinite_number)
+
     def bool_output():
         x = dg.input("x", (N, 4))
         return {"positive": x > 0}

@@ -29,8 +29,8 @@ _LABEL = {"lt": "less", "le": "less_equal", "gt": "greater", "ge": "greater_equa
 
 def _number(x, what):
     if isinstance(x, numbers.Real) and not isinstance(x, bool):
-        if not math.isfinite(float(x)):
-            raise ModelError(f"{what}: the number must be finite, got {x!r}", user_loc(), what)
+        if not math.isfinite(float(x)) or abs(float(x)) > 3.4028234663852886e38:
+            raise ModelError(f"{what}: the number must be a finite float32, got {x!r}", user_loc(), what)
         return float(x)
     return None
 
