@@ -18,6 +18,7 @@ from .frontend.sequences import gru, lstm, scan
 from .frontend.vision import *  # noqa: F401,F403
 from .frontend.attention import *  # noqa: F401,F403
 from .frontend.windows import *  # noqa: F401,F403
+from .frontend.control import *  # noqa: F401,F403
 from .frontend.train import adam, bce_with_logits, mse, sgd, softmax_cross_entropy, train
 from .importers import from_torch  # noqa: F401  (torch is imported only when it runs)
 

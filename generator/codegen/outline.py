@@ -780,7 +780,7 @@ def _make_writable(params, name) -> None:
 
 
 def _ctype(value) -> str:
-    return {"float32": "float", "int32": "std::int32_t", "int64": "std::int64_t"}.get(getattr(value, "dtype", ""), "float")
+    return {"float32": "float", "int32": "std::int32_t", "int64": "std::int64_t", "bool": "std::uint8_t"}.get(getattr(value, "dtype", ""), "float")
 
 
 def _text_type(values) -> str:

@@ -18,7 +18,8 @@ from dataclasses import dataclass, field, fields, is_dataclass
 
 # The C++ type of each dtype, qualified: a user value may be called int64_t (a local,
 # or a kernel's argument).
-CTYPE = {"float32": "float", "int32": "std::int32_t", "int64": "std::int64_t"}
+# bool is one byte, 0 or 1 (numpy's layout; std::vector<bool> packs bits and has no data()): ops/logic.py
+CTYPE = {"float32": "float", "int32": "std::int32_t", "int64": "std::int64_t", "bool": "std::uint8_t"}
 
 
 @dataclass(frozen=True, eq=False)

@@ -50,7 +50,8 @@ class Tensor:
         return f"Tensor({self.value.name}: {self.value.type_str()})"
 
     def __bool__(self):
-        raise TypeError("a deepgen Tensor has no truth value while the graph is being built")
+        raise TypeError("a deepgen Tensor has no truth value while the graph is being built "
+                        "(choose per example at run time with dg.where or dg.cond)")
 
     # Operators are defined in dsl.py (they need the op functions).
 
@@ -232,6 +233,9 @@ def _collect_outputs(result, loc):
     for (key, t), what in zip(items, which):
         if not isinstance(t, Tensor):
             raise ModelError(f"output {what} is a {type(t).__name__}, not a Tensor", loc)
+        if t.dtype == "bool":  # (ops/logic.py) a project's outputs are numbers for now
+            raise ModelError(f"output {what} ('{t.name}') is a bool tensor, which cannot be an output yet: "
+                             f"return dg.where({t.name}, 1.0, 0.0) for 0/1 floats", loc)
     return items
 
 

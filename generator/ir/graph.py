@@ -15,7 +15,7 @@ from .printing import format_graph
 from .shapes import fmt_shape
 
 DTYPES = ("float32", "int32", "int64")
-SHORT_DTYPE = {"float32": "f32", "int32": "i32", "int64": "i64", "mode": "mode"}
+SHORT_DTYPE = {"float32": "f32", "int32": "i32", "int64": "i64", "bool": "bool", "mode": "mode"}
 
 
 @dataclass(eq=False)

@@ -1,0 +1,230 @@
+"""Booleans and data-dependent control flow in the DSL: comparisons (the Python
+operators `<`, `<=`, `>`, `>=`, `==`, `!=` on tensors), `logical_and/or/not`,
+`where`, and `cond`.
+
+`cond(pred, then_fn, else_fn, *operands)` runs, for each example n, then_fn on
+example n's operands where pred[n] is true and else_fn where it is false. Both
+branches are traced once, on the whole batch, and their results are selected per
+example with `where` (the masking rule: docs/ARCHITECTURE.md, "dg.cond masks"):
+no per-example work and no data-dependent sizes, so the arena plan is exact; the
+gradient reaches each branch only on its own examples (where's gradient is 0 on
+the other side)."""
+
+from __future__ import annotations
+
+import math
+import numbers
+
+from .builder import Tensor, current
+from ..errors import ModelError
+from ..ir.shapes import fmt_shape, same
+from .source import user_loc
+from ..ops import ARGS as _ARGS
+
+__all__ = ["logical_and", "logical_or", "logical_not", "where", "cond", "while_loop"]
+
+_OPERATOR = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
+_LABEL = {"lt": "less", "le": "less_equal", "gt": "greater", "ge": "greater_equal", "eq": "equal", "ne": "not_equal"}
+
+
+def _number(x, what):
+    if isinstance(x, numbers.Real) and not isinstance(x, bool):
+        if not math.isfinite(float(x)) or abs(float(x)) > 3.4028234663852886e38:
+            raise ModelError(f"{what}: the number must be a finite float32, got {x!r}", user_loc(), what)
+        return float(x)
+    return None
+
+
+def _compare(cmp, a, b):
+    if isinstance(b, Tensor):
+        return current().add("compare", [a, b], {"cmp": cmp}, label=_LABEL[cmp])[0]
+    value = _number(b, _LABEL[cmp])
+    if value is None:
+        return NotImplemented  # `x == None` and the like: Python's own answer
+    return current().add("compare", [a], {"cmp": cmp, "value": value}, label=_LABEL[cmp])[0]
+
+
+for _cmp, _name in (("lt", "__lt__"), ("le", "__le__"), ("gt", "__gt__"), ("ge", "__ge__"), ("eq", "__eq__"), ("ne", "__ne__")):
+    setattr(Tensor, _name, lambda a, b, cmp=_cmp: _compare(cmp, a, b))
+Tensor.__hash__ = object.__hash__  # a Tensor is still a dict key (by identity) with == defined
+
+
+def _bools(what, *xs):
+    for x in xs:
+        if not isinstance(x, Tensor):
+            raise ModelError(f"{what} takes bool tensors (comparisons' results), got {x!r}", user_loc(), what)
+
+
+def logical_and(a, b, name=None) -> Tensor:
+    """a and b elementwise (bool tensors, numpy broadcasting)."""
+    _bools("logical_and", a, b)
+    return current().add("logical", [a, b], {"fn": "and"}, label="logical_and", name=name)[0]
+
+
+def logical_or(a, b, name=None) -> Tensor:
+    """a or b elementwise (bool tensors, numpy broadcasting)."""
+    _bools("logical_or", a, b)
+    return current().add("logical", [a, b], {"fn": "or"}, label="logical_or", name=name)[0]
+
+
+def logical_not(a, name=None) -> Tensor:
+    """not a elementwise (a bool tensor)."""
+    _bools("logical_not", a)
+    return current().add("logical", [a], {"fn": "not"}, label="logical_not", name=name)[0]
+
+
+Tensor.__and__ = lambda a, b: logical_and(a, b)
+Tensor.__or__ = lambda a, b: logical_or(a, b)
+Tensor.__invert__ = lambda a: logical_not(a)
+
+
+def where(condition, a, b, name=None) -> Tensor:
+    """cond ? a : b elementwise, numpy broadcasting; a and b are float32 tensors or
+    numbers. The gradient flows to a where cond holds and to b where it does not."""
+    if not isinstance(condition, Tensor):
+        raise ModelError(f"where's condition must be a bool tensor, got {condition!r}", user_loc(), "where")
+    tensors, values = [condition], []
+    for x in (a, b):
+        if isinstance(x, Tensor):
+            tensors.append(x)
+            values.append(None)
+        else:
+            value = _number(x, "where")
+            if value is None:
+                raise ModelError(f"where's operands must be tensors or numbers, got {x!r}", user_loc(), "where")
+            values.append(value)
+    return current().add("where", tensors, {"values": tuple(values)}, label="where", name=name)[0]
+
+
+def _flat(result, what, branch):
+    """A branch's result as a list of tensors (one tensor, or a tuple/list of them)."""
+    items = list(result) if isinstance(result, (tuple, list)) else [result]
+    if not items or not all(isinstance(t, Tensor) for t in items):
+        raise ModelError(f"{what}: {branch} must return a tensor or a tuple of tensors, got {result!r}", user_loc(), what)
+    return items
+
+
+def cond(pred, then_fn, else_fn, *operands):
+    """Per example n: then_fn(operands)[n] where pred[n], else else_fn(operands)[n].
+
+    pred is bool [N]; every operand and every result of both branches has the batch
+    N first; the branches return the same structure (a tensor or a tuple) of the same
+    shapes. Both branches run on the whole batch and the results are selected with
+    where (masking: see the module's docstring); returns what the branches return."""
+    loc = user_loc()
+    if not isinstance(pred, Tensor) or pred.dtype != "bool" or pred.ndim != 1:
+        got = pred.value.type_str() if isinstance(pred, Tensor) else repr(pred)
+        raise ModelError(f"pred must be a bool tensor [N] (one per example, e.g. x.sum(1) > 0), got {got}", loc, "cond")
+    if not callable(then_fn) or not callable(else_fn):
+        raise ModelError("cond(pred, then_fn, else_fn, *operands): then_fn and else_fn must be functions", loc, "cond")
+    batch = pred.shape[0]
+    for i, x in enumerate(operands):
+        if not isinstance(x, Tensor):
+            raise ModelError(f"operand {i} must be a tensor, got {x!r}", loc, "cond")
+        if x.ndim == 0 or not same(x.shape[0], batch):
+            raise ModelError(f"operand '{x.name}' {fmt_shape(x.shape)} must have the batch first, "
+                             f"like pred '{pred.name}' {fmt_shape(pred.shape)}", loc, "cond")
+    then_out = then_fn(*operands)
+    else_out = else_fn(*operands)
+    single = not isinstance(then_out, (tuple, list))
+    taken, other = _flat(then_out, "cond", "then_fn"), _flat(else_out, "cond", "else_fn")
+    if len(taken) != len(other) or single != (not isinstance(else_out, (tuple, list))):
+        raise ModelError(f"then_fn returns {len(taken)} tensor(s) and else_fn {len(other)}: they must return the same structure",
+                         loc, "cond")
+    b = current()
+    results = []
+    for k, (t, e) in enumerate(zip(taken, other)):
+        if t.dtype != "float32" or e.dtype != "float32":
+            raise ModelError(f"result {k} of the branches must be float32, got '{t.name}' {t.dtype} and '{e.name}' {e.dtype}",
+                             loc, "cond")
+        if len(t.shape) != len(e.shape) or not all(same(x, y) for x, y in zip(t.shape, e.shape)):
+            raise ModelError(f"result {k} of the branches differs in shape: then_fn's '{t.name}' {fmt_shape(t.shape)}, "
+                             f"else_fn's '{e.name}' {fmt_shape(e.shape)}", loc, "cond")
+        if t.ndim == 0 or not same(t.shape[0], batch):
+            raise ModelError(f"result {k} of the branches, '{t.name}' {fmt_shape(t.shape)}, must have the batch "
+                             f"{fmt_shape((batch,))} first (one row per example)", loc, "cond")
+        # pred [N] against [N, ...]: one flag per example, as [N, 1, ...].
+        flags = pred if t.ndim == 1 else _per_example(pred, t.ndim)
+        attrs = {"values": (None, None), "cond": True}  # dg.cond's selection (the C++ says so)
+        results.append(b.add("where", [flags, t, e], attrs, label="where")[0])
+    return results[0] if single else tuple(results)
+
+
+def _per_example(pred, rank, label="then_rows"):
+    """pred [N] as [N, 1, ...] of the given rank: a view, no copy."""
+    return current().add("reshape", [pred], {"shape": (pred.shape[0],) + (1,) * (rank - 1)}, label=label)[0]
+
+
+def _states(state, what, loc):
+    items = list(state) if isinstance(state, (tuple, list)) else [state]
+    if not items or not all(isinstance(t, Tensor) and t.dtype == "float32" and t.ndim >= 1 for t in items):
+        raise ModelError(f"{what} must be a float32 tensor or a tuple of them, each with the batch first, got {state!r}",
+                         loc, "while_loop")
+    return items
+
+
+def while_loop(cond_fn, body_fn, state, max_steps, outputs: bool = False):
+    """Per example: while cond_fn(state) holds and fewer than max_steps steps ran,
+    state = body_fn(state). Returns (final_state, steps), steps being each example's
+    count of iterations as float32 [N]; with outputs=True, also every step's state
+    [N, max_steps, ...] (zeros past each example's count), one per component.
+
+    state is a float32 tensor or a tuple of them with the batch first; body_fn
+    returns the same structure and shapes, cond_fn returns bool [N]. This first
+    version masks (docs/ARCHITECTURE.md, "dg.while_loop masks"): max_steps is an int
+    and the loop is unrolled, each step running the body on the whole batch and
+    keeping, with where, the new state of the examples still iterating; the
+    gradient flows through the steps each example took."""
+    loc = user_loc()
+    if not callable(cond_fn) or not callable(body_fn):
+        raise ModelError("while_loop(cond_fn, body_fn, state, max_steps): cond_fn and body_fn must be functions",
+                         loc, "while_loop")
+    if not isinstance(max_steps, int) or isinstance(max_steps, bool) or max_steps < 1:
+        raise ModelError(f"max_steps must be a positive int (a symbolic dim is not supported yet), got {max_steps!r}",
+                         loc, "while_loop")
+    single = not isinstance(state, (tuple, list))
+    current_state = _states(state, "state", loc)
+    batch = current_state[0].shape[0]
+    for t in current_state:
+        if not same(t.shape[0], batch):
+            raise ModelError(f"state '{t.name}' {fmt_shape(t.shape)} must have the batch {fmt_shape((batch,))} first, "
+                             f"like '{current_state[0].name}' {fmt_shape(current_state[0].shape)}", loc, "while_loop")
+    b = current()
+    running = None  # bool [N]: examples still iterating
+    steps = None
+    kept = [[] for _ in current_state]
+    for _ in range(max_steps):
+        go = cond_fn(current_state[0] if single else tuple(current_state))
+        if not isinstance(go, Tensor) or go.dtype != "bool" or go.ndim != 1 or not same(go.shape[0], batch):
+            got = go.value.type_str() if isinstance(go, Tensor) else repr(go)
+            raise ModelError(f"cond_fn must return bool [{batch}] (one per example), got {got}", loc, "while_loop")
+        running = go if running is None else b.add("logical", [running, go], {"fn": "and"}, label="still_running")[0]
+        rows = {}  # rank -> running as [N, 1, ...]
+        new = body_fn(current_state[0] if single else tuple(current_state))
+        if single == isinstance(new, (tuple, list)):
+            raise ModelError("body_fn must return the structure of the state (a tensor, or a tuple as long)", loc, "while_loop")
+        new = _states(new, "body_fn's result", loc)
+        if len(new) != len(current_state):
+            raise ModelError(f"body_fn returns {len(new)} tensor(s) for a state of {len(current_state)}", loc, "while_loop")
+        nxt = []
+        for k, (old, n) in enumerate(zip(current_state, new)):
+            if len(old.shape) != len(n.shape) or not all(same(x, y) for x, y in zip(old.shape, n.shape)):
+                raise ModelError(f"body_fn changes state {k}'s shape: '{old.name}' {fmt_shape(old.shape)} becomes "
+                                 f"'{n.name}' {fmt_shape(n.shape)}", loc, "while_loop")
+            if n.ndim not in rows:
+                rows[n.ndim] = running if n.ndim == 1 else _per_example(running, n.ndim, "running_rows")
+            flags = rows[n.ndim]
+            nxt.append(b.add("where", [flags, n, old], {"values": (None, None)}, label=f"state{k}")[0])
+            if outputs:
+                step_state = b.add("where", [flags, n], {"values": (None, 0.0)}, label=f"state{k}_kept")[0]
+                kept[k].append(b.add("reshape", [step_state], {"shape": (batch, 1) + tuple(n.shape[1:])},
+                                     label="step_rows")[0])
+        current_state = nxt
+        one = b.add("where", [running], {"values": (1.0, 0.0)}, label="stepped")[0]
+        steps = one if steps is None else b.add("ewise", [steps, one], {"fn": "add", "expr": _ARGS[0] + _ARGS[1]},
+                                                label="steps")[0]
+    final = current_state[0] if single else tuple(current_state)
+    if not outputs:
+        return final, steps
+    every = [b.add("concat", parts, {"axis": 1}, label="every_step")[0] if len(parts) > 1 else parts[0] for parts in kept]
+    return final, steps, (every[0] if single else tuple(every))
