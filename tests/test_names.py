@@ -26,7 +26,7 @@ import generator as dg
 from generator.errors import DeepgenError
 from generator.ir.names import CPP_GLOBALS, KEYWORDS, MACROS, check_project_name, names_macro, problem_with
 
-from conftest import ROOT
+from conftest import CHECK_BUILD_FLAGS, ROOT
 from platform_names import compiler_globals, compiler_macros, write_list
 
 TINY = str(ROOT / "tests" / "models" / "tiny.py")
@@ -150,7 +150,8 @@ def test_user_names_compile_and_compute(builds):
     # The dim is i0 (the kernels' loop index before #38), the rest each once among the
     # inputs, parameters and nodes, and all of them outputs.
     graph = dg.model(names_model([n for n in names if n != "i0"], "i0"), name="m").build()
-    module, where = builds.module(graph)
+    # -O0: a clash is a compile error or a wrong value, whatever GCC's optimization level.
+    module, where = builds.module(graph, flags=CHECK_BUILD_FLAGS)
     tests = where / "src_tree" / "tests"
     env = dict(os.environ, PYTHONPATH=str(where / "build"))
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tests)],
