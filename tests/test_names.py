@@ -11,6 +11,7 @@ code uses, compiled and run against the reference.
 from __future__ import annotations
 
 import ast
+import functools
 import io
 import os
 import re
@@ -52,10 +53,12 @@ def _py_identifiers(text: str) -> set[str]:
     return {t.string for t in tokenize.generate_tokens(io.StringIO(text).readline) if t.type == tokenize.NAME}
 
 
-def generated_identifiers() -> set[str]:
+@functools.lru_cache(maxsize=None)
+def generated_identifiers() -> frozenset[str]:
     """Every identifier in the files deepgen generates for the tiny models (forward
     only, training, a recursion, dropout, the CUDA target), and the old and failing
-    names above: the names a user must be able to use."""
+    names above: the names a user must be able to use. (Generated once for both tests
+    that read it.)"""
     from generator.frontend.loader import load_model
     from generator.pipeline import project_files
 
@@ -64,7 +67,7 @@ def generated_identifiers() -> set[str]:
         files = project_files(load_model(f"{TINY}:{model}").build(model), target=target)
         names |= _identifiers(files)
     names |= _identifiers(project_files(dropout_mlp.build("dropout_mlp")))
-    return names
+    return frozenset(names)
 
 
 def _identifiers(files) -> set[str]:
