@@ -11,6 +11,7 @@ code uses, compiled and run against the reference.
 from __future__ import annotations
 
 import ast
+import functools
 import io
 import os
 import re
@@ -26,7 +27,7 @@ import generator as dg
 from generator.errors import DeepgenError
 from generator.ir.names import CPP_GLOBALS, KEYWORDS, MACROS, check_project_name, names_macro, problem_with
 
-from conftest import ROOT
+from conftest import CHECK_BUILD_FLAGS, ROOT
 from platform_names import compiler_globals, compiler_macros, write_list
 
 TINY = str(ROOT / "tests" / "models" / "tiny.py")
@@ -52,10 +53,12 @@ def _py_identifiers(text: str) -> set[str]:
     return {t.string for t in tokenize.generate_tokens(io.StringIO(text).readline) if t.type == tokenize.NAME}
 
 
-def generated_identifiers() -> set[str]:
+@functools.lru_cache(maxsize=None)
+def generated_identifiers() -> frozenset[str]:
     """Every identifier in the files deepgen generates for the tiny models (forward
     only, training, a recursion, dropout, the CUDA target), and the old and failing
-    names above: the names a user must be able to use."""
+    names above: the names a user must be able to use. (Generated once for both tests
+    that read it.)"""
     from generator.frontend.loader import load_model
     from generator.pipeline import project_files
 
@@ -64,7 +67,7 @@ def generated_identifiers() -> set[str]:
         files = project_files(load_model(f"{TINY}:{model}").build(model), target=target)
         names |= _identifiers(files)
     names |= _identifiers(project_files(dropout_mlp.build("dropout_mlp")))
-    return names
+    return frozenset(names)
 
 
 def _identifiers(files) -> set[str]:
@@ -150,7 +153,8 @@ def test_user_names_compile_and_compute(builds):
     # The dim is i0 (the kernels' loop index before #38), the rest each once among the
     # inputs, parameters and nodes, and all of them outputs.
     graph = dg.model(names_model([n for n in names if n != "i0"], "i0"), name="m").build()
-    module, where = builds.module(graph)
+    # -O0: a clash is a compile error or a wrong value, whatever GCC's optimization level.
+    module, where = builds.module(graph, flags=CHECK_BUILD_FLAGS)
     tests = where / "src_tree" / "tests"
     env = dict(os.environ, PYTHONPATH=str(where / "build"))
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tests)],
