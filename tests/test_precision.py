@@ -153,8 +153,6 @@ def test_bf16_model_matches_reference_and_differs_from_fp32(name, input_name, sh
 def test_precision_errors():
     graph = load_example("mlp").build()
     assert set_precision(graph, "fp32") == [] and graph.precision == "fp32" and graph.train is not None
-    with pytest.raises(DeepgenError, match="int8 is not implemented yet"):
-        set_precision(graph, "int8")
     with pytest.raises(DeepgenError, match="expected one of"):
         set_precision(graph, "fp16")
 

@@ -1,0 +1,108 @@
+"""`--precision int8`: every matmul by a weight (a dense layer's product, the weight
+stored [K, P] or, with tb, [P, K]) becomes a `matmul_int8` node (ops/quantize.py)
+that reads two new buffers beside the weight:
+
+- `<weight>_input_scale` [1]: the static scale of the activation the weight
+  multiplies (calibrated by `deepgen quantize`: max |x| / 127; one per weight,
+  over every product that reads it);
+- `<weight>_scale` [P]: the weight's per-output-channel scale (max |w_j| / 127).
+
+Both are module state (kind "state", like batch norm's running statistics): saved
+and loaded with the weights under those names, zeros in a new Model, which the
+product refuses at run time. The weight itself stays a float32 parameter.
+
+Everything else stays float32: convolutions, bmm (attention's products), products
+of two activations, and the products inside recursive ops' cells.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import DeepgenError
+from ..frontend import initializers as inits
+from ..ir.graph import Value
+from ..ops.quantize import MAX_K
+
+
+def int8_products(graph) -> list:
+    """The nodes `--precision int8` rewrites, in order: matmuls whose right operand
+    is a parameter (not transposed on the left, no epilogue yet)."""
+    return [n for n in graph.nodes
+            if n.op == "matmul" and len(n.inputs) == 2 and not n.attrs.get("ta") and "epilogue" not in n.attrs
+            and n.inputs[1].kind == "param"]
+
+
+def scale_names(graph) -> dict:
+    """{weight name: (input scale name, weight scale name)} of an int8 graph."""
+    return {n.inputs[1].name: (n.inputs[2].name, n.inputs[3].name) for n in graph.nodes if n.op == "matmul_int8"}
+
+
+def rewrite_int8(graph) -> list:
+    """Rewrite the products in place; returns the names of the weights now used in int8."""
+    scales = {}  # id(weight) -> (input scale, weight scale)
+    for node in int8_products(graph):
+        x, w = node.inputs
+        tb = bool(node.attrs.get("tb"))
+        k, p = (w.shape[1], w.shape[0]) if tb else w.shape
+        if not isinstance(k, int) or k > MAX_K:
+            raise DeepgenError(f"--precision int8: the product by '{w.name}' sums K={k} terms, more than {MAX_K} "
+                               "(int32 sums of int8 products could overflow)")
+        if id(w) not in scales:
+            made = []
+            for suffix, shape in (("input_scale", (1,)), ("scale", (p,))):
+                v = Value(graph.names.unique(f"{w.name}_{suffix}"), "float32", shape, kind="state", loc=w.loc,
+                          init=inits.zeros(), explicit=True)
+                graph.params.append(v)
+                made.append(v)
+            scales[id(w)] = tuple(made)
+        xs, ws = scales[id(w)]
+        node.op = "matmul_int8"
+        node.inputs = [x, w, xs, ws]
+        node.attrs = {**({"tb": True} if tb else {}), "x_scale": xs.name, "w_scale": ws.name}
+    return [n.inputs[1].name for n in graph.nodes if n.op == "matmul_int8"]
+
+
+def float_twin(graph):
+    """The same graph with each matmul_int8 back to its float32 matmul (the values,
+    scales included, are shared): what calibration runs."""
+    from dataclasses import replace
+
+    from ..ir.graph import Node
+
+    nodes = []
+    for n in graph.nodes:
+        if n.op == "matmul_int8":
+            n = Node("matmul", n.inputs[:2], {"tb": True} if n.attrs.get("tb") else {}, outputs=n.outputs, loc=n.loc,
+                     phase=n.phase)
+        nodes.append(n)
+    return replace(graph, nodes=nodes, precision="fp32")
+
+
+def calibrate(graph, batches, params: dict) -> dict:
+    """The scales of an int8 graph: {name: float32 array}. Each weight's input scale
+    is max |x| / 127 over every batch (a dict of inputs) and every product that
+    reads the weight, x computed in float32 (the fp32 model); each weight scale is
+    max |w_j| / 127 per output channel. Max-abs, no clipping: see ARCHITECTURE."""
+    from ..ops.quantize import input_scale, weight_scales
+    from ..reference.interpreter import run
+
+    twin = float_twin(graph)
+    products = [n for n in twin.nodes if n.op == "matmul" and any(n.outputs[0] is m.outputs[0]
+                                                                   for m in graph.nodes if m.op == "matmul_int8")]
+    names = scale_names(graph)
+    peaks = {w: 0.0 for w in names}
+    xs = [n.inputs[0] for n in products]
+    for batch in batches:
+        got = run(twin, batch, params, values=xs)
+        for n in products:
+            a = got[n.inputs[0].name]
+            if a.size:
+                peaks[n.inputs[1].name] = max(peaks[n.inputs[1].name], float(np.abs(a).max()))
+    scales = {}
+    for n in graph.nodes:
+        if n.op == "matmul_int8" and n.inputs[2].name not in scales:
+            w = n.inputs[1]
+            scales[n.inputs[2].name] = input_scale(peaks[w.name])
+            scales[n.inputs[3].name] = weight_scales(np.asarray(params[w.name], np.float32), bool(n.attrs.get("tb")))
+    return scales

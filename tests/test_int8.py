@@ -1,0 +1,110 @@
+"""int8 inference (`deepgen generate --precision int8`, `deepgen quantize`): the
+quantization formula, a small MLP generated in int8 against the reference (exactly
+equal: integer sums, the same float steps), the trained digits MLP's accuracy in
+int8, the error for scales never loaded, and the quantize command's errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import sympy
+
+import generator as dg
+from conftest import ROOT, load_example
+from generator.errors import DeepgenError
+from generator.ops.quantize import MAX_K, matmul_int8, quantize, weight_scales
+from generator.pipeline import lowered, prepare
+from generator.reference import interpreter as reference
+from generator.tools.cli import main as cli
+from generator.transforms.precision import set_precision
+
+N = dg.dim("N")
+
+MODEL_FILE = '''
+import generator as dg
+N = dg.dim("N")
+
+@dg.model
+def mlp_int8():
+    x = dg.input("x", (N, 37))
+    h = dg.dense(x, 21, act=dg.relu, name="fc1")
+    w = dg.param("proj_w", (6, 21))
+    z = dg.matmul(h, w, tb=True)  # a PyTorch-layout weight, [out, in]
+    y = dg.dense(dg.tanh(z), 3, name="fc2")
+    return {"y": y}
+'''
+
+
+def test_quantize_rounds_half_to_even_and_clamps():
+    x = np.array([0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 0.49999997, 126.5, 127.5, 300.0, -300.0, 0.0], np.float32)
+    assert quantize(x, np.float32(1.0)).tolist() == [0, 2, 2, 0, -2, -2, 0, 126, 127, 127, -127, 0]
+    # the scale is used as a float32 reciprocal: x * (1 / s), one rounding each
+    s = np.float32(0.1)
+    x = np.arange(-20, 21, dtype=np.float32) * np.float32(0.05)
+    want = np.clip(np.rint(x * (np.float32(1) / s)), -127, 127)
+    assert quantize(x, s).tolist() == want.astype(int).tolist()
+    w = np.array([[1.0, 0.0], [-2.0, 0.0], [0.5, 0.0]], np.float32)  # [K=3, P=2]: channel 1 all zeros
+    assert weight_scales(w, tb=False).tolist() == [np.float32(2.0) / np.float32(127), 1.0]
+    assert MAX_K * 127 * 127 <= 2**31 - 1 < (MAX_K + 1) * 127 * 127
+    with pytest.raises(ValueError, match="'s' is 0: it was never set"):
+        matmul_int8(np.ones((1, 3), np.float32), w, np.zeros(1, np.float32), np.ones(2, np.float32), False, ("s", "t"))
+
+
+def _mlp_files(tmp_path, rows=200, seed=0):
+    """The model file, its float32 weights (seed 0) and calibration inputs."""
+    model = tmp_path / "mlp_int8.py"
+    model.write_text(MODEL_FILE)
+    from generator.frontend.loader import load_model
+
+    fp32 = load_model(str(model)).build()
+    params = reference.init_params(fp32, seed=seed)
+    np.savez(tmp_path / "w.npz", **params)
+    x = np.random.default_rng(seed).normal(size=(rows, 37)).astype(np.float32)
+    np.savez(tmp_path / "calib.npz", x=x)
+    return model, fp32, params, x
+
+
+def test_mlp_int8_generated_equals_reference(tmp_path, builds, capsys):
+    from generator.frontend.loader import load_model
+
+    model_file, fp32, params, x = _mlp_files(tmp_path)
+    assert cli(["quantize", str(model_file), "--weights", str(tmp_path / "w.npz"),
+                "--calibrate", str(tmp_path / "calib.npz"), "-o", str(tmp_path / "wq.npz")]) == 0
+    out = capsys.readouterr().out
+    assert "fc1_w_input_scale" in out and "proj_w_scale" in out and "int8 agrees with fp32" in out, out
+    with np.load(tmp_path / "wq.npz") as f:
+        wq = {k: f[k] for k in f.files}
+    for k, v in params.items():  # every array of W.npz, unchanged
+        np.testing.assert_array_equal(wq[k], v)
+    assert sorted(set(wq) - set(params)) == sorted(f"{w}_{s}" for w in ("fc1_w", "proj_w", "fc2_w")
+                                                     for s in ("input_scale", "scale"))
+    assert wq["proj_w_scale"].shape == (6,) and wq["fc1_w_scale"].shape == (21,) and wq["fc2_w_input_scale"].shape == (1,)
+    np.testing.assert_array_equal(wq["fc1_w_input_scale"], [np.abs(x).max() / np.float32(127)])
+
+    graph = load_model(str(model_file)).build()
+    set_precision(graph, "int8")
+    assert [n.op for n in graph.nodes].count("matmul_int8") == 3
+    module, project = builds.module(graph)
+    assert module.build_info()["precision"] == "int8"
+    text = (project / "src_tree" / "src" / "model.cpp").read_text()
+    model = module.Model(seed=0)
+    with pytest.raises(ValueError, match=r"int8 scale 'fc1_w_input_scale' is 0: it was never set; run `deepgen quantize"):
+        model.forward(x=x[:2])
+    model.load(str(tmp_path / "wq.npz"))
+    forward_floats = sympy.sympify(lowered(prepare(graph)).memory["forward_floats"])
+    for rows in (1, 5, 64, 200):
+        got = model.forward(x=x[:rows])["y"]
+        want = reference.run(graph, {"x": x[:rows]}, wq)["y"]
+        np.testing.assert_array_equal(got, want)  # bit for bit
+        exact = reference.run(fp32, {"x": x[:rows]}, params)["y"]
+        assert 0 < np.abs(want - exact).max() < 0.05 * np.abs(exact).max()  # int8, and close to fp32
+        stats = model.memory_stats()  # the int8 copies are arena pieces: the plan counts them
+        assert stats["peak_bytes"] == stats["predicted_peak_bytes"] == 4 * int(forward_floats.subs({N: rows}))
+    # large and odd values: every AVX2 lane, the K and N tails, clamping (a stale scale)
+    big = np.random.default_rng(1).normal(scale=40, size=(33, 37)).astype(np.float32)
+    np.testing.assert_array_equal(model.forward(x=big)["y"], reference.run(graph, {"x": big}, wq)["y"])
+    # each step a named call, with its scale's name
+    for call in ("dg::quantize_int8(x, dg::int8_data(x_q), fc1_w_input_scale.ptr()",
+                 "dg::quantize_weight_int8(proj_w.ptr(), dg::int8_data(proj_w_q), proj_w_scale.ptr()",
+                 "dg::matmul_int8(dg::int8_data(h_q), dg::int8_data(proj_w_q), proj_w_input_scale.ptr(), proj_w_scale.ptr()"):
+        assert call in " ".join(text.split()), call
