@@ -108,3 +108,106 @@ def test_mlp_int8_generated_equals_reference(tmp_path, builds, capsys):
                  "dg::quantize_weight_int8(proj_w.ptr(), dg::int8_data(proj_w_q), proj_w_scale.ptr()",
                  "dg::matmul_int8(dg::int8_data(h_q), dg::int8_data(proj_w_q), proj_w_input_scale.ptr(), proj_w_scale.ptr()"):
         assert call in " ".join(text.split()), call
+
+
+def test_trained_digits_mlp_in_int8(tmp_path, builds, capsys):
+    """examples/digits.py trained in fp32 (the reference's train_step, 8 epochs), quantized
+    by `deepgen quantize` on the training images, run in int8 by the generated module on
+    the 360 held-out ones: equal to the int8 reference, accuracy within 1% relative of fp32."""
+    pytest.importorskip("sklearn")
+    import runpy
+
+    example = runpy.run_path(str(ROOT / "examples" / "digits.py"))
+    train_set, test_set = example["load_data"](0)
+    fp32 = load_example("digits").build()
+    params, state, step = reference.init_params(fp32, seed=0), {}, 0
+    rng = np.random.default_rng(0)
+    for _ in range(8):
+        order = rng.permutation(len(train_set["labels"]))
+        for start in range(0, len(order), 32):
+            pick, step = order[start : start + 32], step + 1
+            batch = {"pixels": train_set["pixels"][pick], "labels": train_set["labels"][pick]}
+            reference.train_step(fp32, batch, params, state, step)
+    np.savez(tmp_path / "w.npz", **params)
+    np.savez(tmp_path / "train.npz", **train_set)  # pixels and labels: the report gives both accuracies
+    assert cli(["quantize", str(ROOT / "examples" / "digits.py"), "--weights", str(tmp_path / "w.npz"),
+                "--calibrate", str(tmp_path / "train.npz"), "-o", str(tmp_path / "wq.npz")]) == 0
+    report = capsys.readouterr().out
+    assert "accuracy against 'labels': fp32" in report, report
+    print(report)
+
+    graph = load_example("digits").build("digits_int8")
+    notes = set_precision(graph, "int8")
+    assert "no train_step()" in notes[0] and "hidden_w, logits_w" in notes[1], notes
+    model = builds.module(graph)[0].Model(seed=0)
+    model.load(str(tmp_path / "wq.npz"))
+    with np.load(tmp_path / "wq.npz") as f:
+        wq = {k: f[k] for k in f.files}
+    pixels, labels = test_set["pixels"], test_set["labels"]
+    got = model.forward(pixels=pixels)["probs"]
+    # the logits are equal bit for bit (as in the MLP test); the softmax's float32 exp and sum
+    # are not bitwise the reference's: a few ulps
+    np.testing.assert_allclose(got, reference.run(graph, {"pixels": pixels}, wq)["probs"], rtol=2e-5, atol=1e-7)
+    want = reference.run(fp32, {"pixels": pixels}, params)["probs"]
+    agree = float(np.mean(got.argmax(1) == want.argmax(1)))
+    fp32_accuracy = float(np.mean(want.argmax(1) == labels))
+    int8_accuracy = float(np.mean(got.argmax(1) == labels))
+    print(f"digits, {len(labels)} held-out images: fp32 accuracy {fp32_accuracy:.4f}, int8 {int8_accuracy:.4f}, "
+          f"top-1 agreement {agree:.4f}, largest probability difference {np.abs(got - want).max():.2e}")
+    assert fp32_accuracy > 0.9
+    assert int8_accuracy >= 0.99 * fp32_accuracy and agree >= 0.97
+
+
+def test_quantize_command_errors(tmp_path, capsys):
+    model_file, _, params, x = _mlp_files(tmp_path, rows=8)
+    out = tmp_path / "wq.npz"
+
+    def quantize_fails(*args, weights="w.npz", calib="calib.npz"):
+        argv = ["quantize", str(model_file), "--weights", str(tmp_path / weights), "--calibrate", str(tmp_path / calib),
+                "-o", str(out), *args]
+        assert cli(argv) == 1
+        return capsys.readouterr().err
+
+    out.write_text("mine")
+    assert "exists; pass --force" in quantize_fails()
+    assert out.read_text() == "mine"  # never overwritten without --force
+    out.unlink()
+    err = quantize_fails(weights="nope.npz")
+    assert "--weights" in err and "nope.npz: no such file" in err, err
+    np.savez(tmp_path / "other.npz", y=x)
+    err = quantize_fails(calib="other.npz")
+    assert "unknown array(s) y" in err and "the model's inputs are: x" in err, err
+    np.savez(tmp_path / "empty.npz")
+    assert "missing input(s) x" in quantize_fails(calib="empty.npz")
+    np.savez(tmp_path / "partial.npz", **{k: v for k, v in params.items() if k != "fc2_b"})
+    assert "missing parameter(s) fc2_b" in quantize_fails(weights="partial.npz")
+    np.savez(tmp_path / "bad.npz", **{**params, "fc1_w": params["fc1_w"][:3]})
+    assert "'fc1_w' has shape (3, 21)" in quantize_fails(weights="bad.npz")
+    (tmp_path / "text.npz").write_text("not a zip")
+    assert "not a readable .npz file" in quantize_fails(calib="text.npz")
+    assert not out.exists()
+    assert cli(["quantize", str(model_file), "--weights", str(tmp_path / "w.npz"), "--calibrate",
+                str(tmp_path / "calib.npz"), "-o", str(out)]) == 0 and out.exists()
+    assert cli(["quantize", str(model_file), "--weights", str(tmp_path / "w.npz"), "--calibrate",
+                str(tmp_path / "calib.npz"), "-o", str(out), "--force"]) == 0
+
+
+def test_int8_leaves_convolutions_attention_and_cells_in_float32():
+    """Only products by a weight run in int8: a convolution, bmm and a product of two
+    activations stay float32 nodes."""
+    def mixed():
+        x = dg.input("x", (N, 4, 6))
+        q = dg.dense(x, 6, name="q")
+        scores = dg.matmul(q, x, tb=True)  # [N, 4, 4]: two activations, a bmm
+        w = dg.param("w", (6, 5))
+        y = dg.matmul(dg.reshape(dg.matmul(scores, x), (N * 4, 6)), w)
+        return {"y": y}
+
+    graph = dg.model(mixed).build()
+    set_precision(graph, "int8")
+    ops = [n.op for n in graph.nodes]
+    assert ops.count("matmul_int8") == 2 and "bmm" in ops and "matmul" not in ops, ops
+    states = {p.name: p.shape for p in graph.params if p.kind == "state"}
+    assert states == {"q_w_input_scale": (1,), "q_w_scale": (6,), "w_input_scale": (1,), "w_scale": (5,)}
+    with pytest.raises(ValueError, match="int8 scale 'q_w_input_scale' is 0: it was never set"):
+        reference.run(graph, {"x": np.ones((2, 4, 6), np.float32)})
