@@ -211,3 +211,53 @@ def test_int8_leaves_convolutions_attention_and_cells_in_float32():
     assert states == {"q_w_input_scale": (1,), "q_w_scale": (6,), "w_input_scale": (1,), "w_scale": (5,)}
     with pytest.raises(ValueError, match="int8 scale 'q_w_input_scale' is 0: it was never set"):
         reference.run(graph, {"x": np.ones((2, 4, 6), np.float32)})
+
+
+def _int8_drivers(tmp_path) -> dict:
+    import shutil
+    import subprocess
+    from concurrent.futures import ThreadPoolExecutor
+
+    cxx = shutil.which("g++")
+    if cxx is None:
+        pytest.skip("g++ not found")
+    builds = {"native": ["-march=native"], "portable": ["-march=x86-64"]}  # x86-64: SSE2, no AVX2
+
+    def build(name):
+        exe = tmp_path / f"int8_driver_{name}"
+        cmd = [cxx, "-std=c++17", "-O2", "-fopenmp", "-Wall", "-Wextra", *builds[name], "-I",
+               str(ROOT / "targets" / "cpu" / "runtime"), str(ROOT / "tests" / "int8_driver.cpp"), "-o", str(exe)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        assert proc.returncode == 0 and "warning" not in proc.stderr, proc.stderr
+        return name, exe
+
+    with ThreadPoolExecutor(2) as pool:
+        return dict(pool.map(build, builds))
+
+
+def test_runtime_int8_equals_reference_portable_and_avx2(tmp_path):
+    """dg_int8.h's three calls, built for this CPU (AVX2 here) and for baseline x86-64
+    (the portable loops), on one and two threads: equal to the numpy reference bit for
+    bit at sizes that leave every tail (K % 16, N % 4, the quantizer's 16-wide blocks)."""
+    import os
+    import subprocess
+
+    drivers = _int8_drivers(tmp_path)
+    rng = np.random.default_rng(7)
+    for m, k, n, tb in ((1, 1, 1, False), (3, 16, 4, True), (5, 37, 6, False), (17, 64, 10, True), (64, 300, 33, False)):
+        x = rng.normal(scale=3, size=(m, k)).astype(np.float32)
+        x[0, 0] = 1000.0  # clamped
+        w = rng.normal(size=(n, k) if tb else (k, n)).astype(np.float32)
+        xs = np.array([2.5 / 127], np.float32)
+        if m == 3:  # ties: x * (1 / 1) = k + 0.5 rounds to the even neighbour
+            x, xs = ((np.arange(m * k) - 24) / 2).reshape(m, k).astype(np.float32), np.ones(1, np.float32)
+        ws = weight_scales(w, tb) * np.float32(0.9)  # a scale below the largest weight: clamping
+        want = matmul_int8(x, w, xs, ws, tb)
+        stdin = b"".join(a.tobytes() for a in (x, w, xs, ws))
+        for name, exe in drivers.items():
+            for threads in (1, 2):
+                proc = subprocess.run([str(exe), str(m), str(k), str(n), "1" if tb else "0"], input=stdin,
+                                      capture_output=True, timeout=60, env=dict(os.environ, OMP_NUM_THREADS=str(threads)))
+                assert proc.returncode == 0, proc.stderr.decode()
+                got = np.frombuffer(proc.stdout, np.float32).reshape(m, n)
+                np.testing.assert_array_equal(got, want, err_msg=f"{name}, {threads} threads, {m}x{k}x{n} tb={tb}")
