@@ -151,3 +151,39 @@ class MatMulInt8(OpDef):
         x, w, xs, ws = node.inputs
         tb = "^T" if node.attrs.get("tb") else ""
         return f"matmul_int8({x.name}, {w.name}{tb}; scales {xs.name}, {ws.name})"
+
+
+# What transforms/quantize.py, calibration and `deepgen quantize` ask about the ops
+# (the stages name no op: ARCHITECTURE, "What a stage may know").
+
+def int8_candidates(graph) -> list:
+    """The nodes `--precision int8` rewrites, in order: matmuls whose right operand
+    is a parameter (not transposed on the left, no epilogue yet)."""
+    return [n for n in graph.nodes
+            if n.op == "matmul" and len(n.inputs) == 2 and not n.attrs.get("ta") and "epilogue" not in n.attrs
+            and n.inputs[1].kind == "param"]
+
+
+def to_int8(node, x_scale, w_scale) -> None:
+    """Turn a candidate matmul into matmul_int8 in place, reading the two scales."""
+    x, w = node.inputs
+    tb = bool(node.attrs.get("tb"))
+    node.op = "matmul_int8"
+    node.inputs = [x, w, x_scale, w_scale]
+    node.attrs = {**({"tb": True} if tb else {}), "x_scale": x_scale.name, "w_scale": w_scale.name}
+
+
+def int8_nodes(graph) -> list:
+    return [n for n in graph.nodes if n.op == "matmul_int8"]
+
+
+def float_twin(graph):
+    """The same graph with each matmul_int8 back to its float32 matmul (the values,
+    scales included, are shared; the nodes at the same places): what calibration runs."""
+    from dataclasses import replace
+
+    from ..ir.graph import Node
+
+    nodes = [Node("matmul", n.inputs[:2], {"tb": True} if n.attrs.get("tb") else {}, outputs=n.outputs, loc=n.loc,
+                  phase=n.phase) if n.op == "matmul_int8" else n for n in graph.nodes]
+    return replace(graph, nodes=nodes, precision="fp32")

@@ -34,6 +34,7 @@ def quantize(model_spec: str, weights: str, calibrate_path: str, output: str, fo
     from ..reference.interpreter import run
     from ..transforms.autodiff import train_only_inputs
     from ..transforms.precision import set_precision
+    from ..ops.quantize import int8_nodes
     from ..transforms.quantize import calibrate
 
     if os.path.exists(output) and not force:
@@ -43,7 +44,7 @@ def quantize(model_spec: str, weights: str, calibrate_path: str, output: str, fo
     label_inputs = train_only_inputs(fp32) if fp32.train is not None else []
     graph = model.build(None, **(options or {}))
     set_precision(graph, "int8")
-    if not any(n.op == "matmul_int8" for n in graph.nodes):
+    if not int8_nodes(graph):
         raise DeepgenError(f"'{graph.name}' has no product by a weight that int8 would quantize (only matmuls "
                            "whose right operand is a parameter run in int8)")
     params = _load_npz(weights, "--weights")
@@ -105,7 +106,7 @@ def quantize(model_spec: str, weights: str, calibrate_path: str, output: str, fo
     buf = io.BytesIO()
     np.savez(buf, **quantized)
     write_atomic(output, buf.getvalue())
-    products = [n for n in graph.nodes if n.op == "matmul_int8"]
+    products = int8_nodes(graph)
     log(f"quantized {graph.name}: {len(products)} product(s) by a weight in int8, scales calibrated (max |x| / 127) "
         f"on {count} rows of {calibrate_path}")
     for n in products:

@@ -8,6 +8,10 @@ adds, activations, normalization, softmax) stays float32. The rounding is an
 ordinary node, so the reference interpreter computes exactly what the generated
 code does, and the C++ shows it as a named call (`dg::round_bf16`). A value that
 several products read is rounded once.
+
+int8 inference: every matmul by a weight becomes a `matmul_int8` node with static
+scales that are buffers (transforms/quantize.py, ops/quantize.py); the rest stays
+float32.
 """
 
 from __future__ import annotations

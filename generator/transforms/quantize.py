@@ -22,27 +22,19 @@ import numpy as np
 from ..errors import DeepgenError
 from ..frontend import initializers as inits
 from ..ir.graph import Value
-from ..ops.quantize import MAX_K
-
-
-def int8_products(graph) -> list:
-    """The nodes `--precision int8` rewrites, in order: matmuls whose right operand
-    is a parameter (not transposed on the left, no epilogue yet)."""
-    return [n for n in graph.nodes
-            if n.op == "matmul" and len(n.inputs) == 2 and not n.attrs.get("ta") and "epilogue" not in n.attrs
-            and n.inputs[1].kind == "param"]
+from ..ops.quantize import MAX_K, float_twin, int8_candidates, int8_nodes, to_int8
 
 
 def scale_names(graph) -> dict:
     """{weight name: (input scale name, weight scale name)} of an int8 graph."""
-    return {n.inputs[1].name: (n.inputs[2].name, n.inputs[3].name) for n in graph.nodes if n.op == "matmul_int8"}
+    return {n.inputs[1].name: (n.inputs[2].name, n.inputs[3].name) for n in int8_nodes(graph)}
 
 
 def rewrite_int8(graph) -> list:
     """Rewrite the products in place; returns the names of the weights now used in int8."""
     scales = {}  # id(weight) -> (input scale, weight scale)
-    for node in int8_products(graph):
-        x, w = node.inputs
+    for node in int8_candidates(graph):
+        w = node.inputs[1]
         tb = bool(node.attrs.get("tb"))
         k, p = (w.shape[1], w.shape[0]) if tb else w.shape
         if not isinstance(k, int) or k > MAX_K:
@@ -56,27 +48,8 @@ def rewrite_int8(graph) -> list:
                 graph.params.append(v)
                 made.append(v)
             scales[id(w)] = tuple(made)
-        xs, ws = scales[id(w)]
-        node.op = "matmul_int8"
-        node.inputs = [x, w, xs, ws]
-        node.attrs = {**({"tb": True} if tb else {}), "x_scale": xs.name, "w_scale": ws.name}
-    return [n.inputs[1].name for n in graph.nodes if n.op == "matmul_int8"]
-
-
-def float_twin(graph):
-    """The same graph with each matmul_int8 back to its float32 matmul (the values,
-    scales included, are shared): what calibration runs."""
-    from dataclasses import replace
-
-    from ..ir.graph import Node
-
-    nodes = []
-    for n in graph.nodes:
-        if n.op == "matmul_int8":
-            n = Node("matmul", n.inputs[:2], {"tb": True} if n.attrs.get("tb") else {}, outputs=n.outputs, loc=n.loc,
-                     phase=n.phase)
-        nodes.append(n)
-    return replace(graph, nodes=nodes, precision="fp32")
+        to_int8(node, *scales[id(w)])
+    return list(dict.fromkeys(n.inputs[1].name for n in int8_nodes(graph)))
 
 
 def calibrate(graph, batches, params: dict) -> dict:
@@ -88,8 +61,8 @@ def calibrate(graph, batches, params: dict) -> dict:
     from ..reference.interpreter import run
 
     twin = float_twin(graph)
-    products = [n for n in twin.nodes if n.op == "matmul" and any(n.outputs[0] is m.outputs[0]
-                                                                   for m in graph.nodes if m.op == "matmul_int8")]
+    at = [graph.nodes.index(n) for n in int8_nodes(graph)]
+    products = [twin.nodes[i] for i in at]  # the float32 matmuls in their places
     names = scale_names(graph)
     peaks = {w: 0.0 for w in names}
     xs = [n.inputs[0] for n in products]
@@ -100,8 +73,8 @@ def calibrate(graph, batches, params: dict) -> dict:
             if a.size:
                 peaks[n.inputs[1].name] = max(peaks[n.inputs[1].name], float(np.abs(a).max()))
     scales = {}
-    for n in graph.nodes:
-        if n.op == "matmul_int8" and n.inputs[2].name not in scales:
+    for n in int8_nodes(graph):
+        if n.inputs[2].name not in scales:
             w = n.inputs[1]
             scales[n.inputs[2].name] = input_scale(peaks[w.name])
             scales[n.inputs[3].name] = weight_scales(np.asarray(params[w.name], np.float32), bool(n.attrs.get("tb")))

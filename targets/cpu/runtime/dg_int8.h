@@ -31,17 +31,23 @@
 namespace dg {
 
 // An arena piece (float*) holding int8 values.
-inline int8_t* int8_data(float* p) { return reinterpret_cast<int8_t*>(p); }
-inline const int8_t* int8_data(const float* p) { return reinterpret_cast<const int8_t*>(p); }
+inline int8_t* int8_data(float* p) {
+  return reinterpret_cast<int8_t*>(p);
+}
+inline const int8_t* int8_data(const float* p) {
+  return reinterpret_cast<const int8_t*>(p);
+}
 
 // Throws unless scale[0..n) are positive and finite.
 inline void check_int8_scales(const float* scale, int64_t n, const char* scale_name) {
   for (int64_t i = 0; i < n; ++i) {
     const float s = scale[i];
     if (s > 0.0f && std::isfinite(s)) continue;
-    const std::string name = std::string("int8 scale '") + scale_name + "'" + (n > 1 ? "[" + std::to_string(i) + "]" : "");
+    const std::string name =
+        std::string("int8 scale '") + scale_name + "'" + (n > 1 ? "[" + std::to_string(i) + "]" : "");
     if (s == 0.0f)
-      throw std::invalid_argument(name + " is 0: it was never set; run `deepgen quantize MODEL.py --weights W.npz "
+      throw std::invalid_argument(name +
+                                  " is 0: it was never set; run `deepgen quantize MODEL.py --weights W.npz "
                                   "--calibrate DATA.npz -o Wq.npz` and load Wq.npz");
     throw std::invalid_argument(name + " is " + std::to_string(s) + ": a scale must be positive and finite");
   }
@@ -58,18 +64,22 @@ inline void quantize_int8_span(const float* x, int8_t* q, float inv, int64_t n) 
 #if defined(__AVX2__)
   const __m256 vinv = _mm256_set1_ps(inv), lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
   for (; i + 16 <= n; i += 16) {
-    __m256 a = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), vinv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m256 b = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i + 8), vinv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 a = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), vinv),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 b = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i + 8), vinv),
+                               _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     a = _mm256_max_ps(lo, _mm256_min_ps(hi, a));
     b = _mm256_max_ps(lo, _mm256_min_ps(hi, b));
-    const __m256i words = _mm256_packs_epi32(_mm256_cvtps_epi32(a), _mm256_cvtps_epi32(b));  // lanes: a0-3 b0-3 a4-7 b4-7
+    const __m256i words =
+        _mm256_packs_epi32(_mm256_cvtps_epi32(a), _mm256_cvtps_epi32(b));  // lanes: a0-3 b0-3 a4-7 b4-7
     const __m128i bytes = _mm_packs_epi16(_mm256_castsi256_si128(words), _mm256_extracti128_si256(words, 1));
     // bytes: a0-3 b0-3 a4-7 b4-7 -> a0-7 b0-7
     const __m128i order = _mm_shuffle_epi32(bytes, _MM_SHUFFLE(3, 1, 2, 0));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i), order);
   }
 #endif
-  for (; i < n; ++i) q[i] = quantize_int8_value(x[i], inv);
+  for (; i < n; ++i)
+    q[i] = quantize_int8_value(x[i], inv);
 }
 
 // The activation x[rows, K] quantized with its one scale (scale[0]) into q[rows, K].
@@ -81,23 +91,26 @@ inline void quantize_int8(const float* x, int8_t* q, const float* scale, int64_t
 
 // The weight quantized per output channel into q[P, K] (row j: channel j, with
 // scale[j]); the weight is stored [K, P] (a dense layer's), or [P, K] when stored_PK.
-inline void quantize_weight_int8(const float* w, int8_t* q, const float* scale, int64_t P, int64_t K, bool stored_PK,
-                                 const char* scale_name) {
+inline void quantize_weight_int8(const float* w, int8_t* q, const float* scale, int64_t P, int64_t K,
+                                 bool stored_PK, const char* scale_name) {
   check_int8_scales(scale, P, scale_name);
   if (stored_PK) {
-    for (int64_t j = 0; j < P; ++j) quantize_int8_span(w + j * K, q + j * K, 1.0f / scale[j], K);
+    for (int64_t j = 0; j < P; ++j)
+      quantize_int8_span(w + j * K, q + j * K, 1.0f / scale[j], K);
     return;
   }
   for (int64_t j = 0; j < P; ++j) {
     const float inv = 1.0f / scale[j];
-    for (int64_t k = 0; k < K; ++k) q[j * K + k] = quantize_int8_value(w[k * P + j], inv);
+    for (int64_t k = 0; k < K; ++k)
+      q[j * K + k] = quantize_int8_value(w[k * P + j], inv);
   }
 }
 
 // sum_k a[k] * b[k] of two int8 rows, exact in int32 (K * 127 * 127 < 2^31).
 inline int32_t dot_int8(const int8_t* a, const int8_t* b, int64_t K) {
   int32_t s = 0;
-  for (int64_t k = 0; k < K; ++k) s += int32_t(a[k]) * int32_t(b[k]);
+  for (int64_t k = 0; k < K; ++k)
+    s += int32_t(a[k]) * int32_t(b[k]);
   return s;
 }
 
@@ -120,8 +133,8 @@ inline __m256i load_int8_as_int16(const int8_t* p) {
 // sums are exact int32 in any order; the AVX2 path sign-extends 16 int8 values
 // to int16 and multiplies pairs with _mm256_madd_epi16 (each pair sum at most
 // 2 * 127 * 127, exact), four output columns at a time.
-inline void matmul_int8(const int8_t* a, const int8_t* b, const float* a_scale, const float* b_scale, float* c,
-                        int64_t M, int64_t K, int64_t N) {
+inline void matmul_int8(const int8_t* a, const int8_t* b, const float* a_scale, const float* b_scale,
+                        float* c, int64_t M, int64_t K, int64_t N) {
   const float xs = a_scale[0];
   const double work = 2.0 * double(M) * double(N) * double(K);
   const int threads = threads_for(work < 1e18 ? int64_t(work) : int64_t(1e18));
@@ -146,10 +159,12 @@ inline void matmul_int8(const int8_t* a, const int8_t* b, const float* a_scale, 
                                sum_lanes(s1) + dot_int8(row + k, b0 + K + k, K - k),
                                sum_lanes(s2) + dot_int8(row + k, b0 + 2 * K + k, K - k),
                                sum_lanes(s3) + dot_int8(row + k, b0 + 3 * K + k, K - k)};
-      for (int t = 0; t < 4; ++t) out[j + t] = static_cast<float>(sums[t]) * (xs * b_scale[j + t]);
+      for (int t = 0; t < 4; ++t)
+        out[j + t] = static_cast<float>(sums[t]) * (xs * b_scale[j + t]);
     }
 #endif
-    for (; j < N; ++j) out[j] = static_cast<float>(dot_int8(row, b + j * K, K)) * (xs * b_scale[j]);
+    for (; j < N; ++j)
+      out[j] = static_cast<float>(dot_int8(row, b + j * K, K)) * (xs * b_scale[j]);
   }
 }
 
