@@ -103,6 +103,15 @@ def test_mlp_int8_generated_equals_reference(tmp_path, builds, capsys):
     # large and odd values: every AVX2 lane, the K and N tails, clamping (a stale scale)
     big = np.random.default_rng(1).normal(scale=40, size=(33, 37)).astype(np.float32)
     np.testing.assert_array_equal(model.forward(x=big)["y"], reference.run(graph, {"x": big}, wq)["y"])
+    # the project's own test: its expected outputs come with scales calibrated on its sample inputs
+    import os
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"],
+                          cwd=project / "src_tree", capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, PYTHONPATH=str(project / "build")))
+    assert proc.returncode == 0, proc.stdout[-3000:]
     # each step a named call, with its scale's name
     for call in ("dg::quantize_int8(x, dg::int8_data(x_q), fc1_w_input_scale.ptr()",
                  "dg::quantize_weight_int8(proj_w.ptr(), dg::int8_data(proj_w_q), proj_w_scale.ptr()",
