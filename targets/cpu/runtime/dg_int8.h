@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "dg_parallel.h"
 
@@ -99,11 +100,19 @@ inline void quantize_weight_int8(const float* w, int8_t* q, const float* scale, 
       quantize_int8_span(w + j * K, q + j * K, 1.0f / scale[j], K);
     return;
   }
-  for (int64_t j = 0; j < P; ++j) {
-    const float inv = 1.0f / scale[j];
-    for (int64_t k = 0; k < K; ++k)
-      q[j * K + k] = quantize_int8_value(w[k * P + j], inv);
-  }
+  // A transpose: in 64 x 64 tiles, so that the reads (rows of w) and the writes
+  // (rows of q) each stay within a few cache lines per row.
+  constexpr int64_t T = 64;
+  std::vector<float> inv(P);
+  for (int64_t j = 0; j < P; ++j)
+    inv[j] = 1.0f / scale[j];
+  for (int64_t j0 = 0; j0 < P; j0 += T)
+    for (int64_t k0 = 0; k0 < K; k0 += T) {
+      const int64_t j1 = std::min(P, j0 + T), k1 = std::min(K, k0 + T);
+      for (int64_t k = k0; k < k1; ++k)
+        for (int64_t j = j0; j < j1; ++j)
+          q[j * K + k] = quantize_int8_value(w[k * P + j], inv[j]);
+    }
 }
 
 // sum_k a[k] * b[k] of two int8 rows, exact in int32 (K * 127 * 127 < 2^31).
