@@ -109,9 +109,23 @@ inline void quantize_weight_int8(const float* w, int8_t* q, const float* scale, 
   for (int64_t j0 = 0; j0 < P; j0 += T)
     for (int64_t k0 = 0; k0 < K; k0 += T) {
       const int64_t j1 = std::min(P, j0 + T), k1 = std::min(K, k0 + T);
-      for (int64_t k = k0; k < k1; ++k)
-        for (int64_t j = j0; j < j1; ++j)
+      for (int64_t k = k0; k < k1; ++k) {
+        int64_t j = j0;
+#if defined(__AVX2__)
+        const __m256 lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
+        for (; j + 8 <= j1; j += 8) {  // the same float steps as quantize_int8_value, 8 channels at once
+          __m256 r = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(w + k * P + j), _mm256_loadu_ps(&inv[j])),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+          alignas(32) int32_t v[8];
+          _mm256_store_si256(reinterpret_cast<__m256i*>(v),
+                             _mm256_cvtps_epi32(_mm256_max_ps(lo, _mm256_min_ps(hi, r))));
+          for (int t = 0; t < 8; ++t)
+            q[(j + t) * K + k] = static_cast<int8_t>(v[t]);
+        }
+#endif
+        for (; j < j1; ++j)
           q[j * K + k] = quantize_int8_value(w[k * P + j], inv[j]);
+      }
     }
 }
 
