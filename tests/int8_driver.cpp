@@ -28,7 +28,7 @@ int main(int argc, char** argv) {
   std::vector<int8_t> qx(M * K), qw(N * K);
   dg::quantize_int8(x.data(), qx.data(), xs.data(), M, K, "x_scale");
   dg::quantize_weight_int8(w.data(), qw.data(), ws.data(), N, K, stored_PK, "w_scale");
-  dg::matmul_int8(qx.data(), qw.data(), xs.data(), ws.data(), y.data(), M, K, N);
+  dg::matmul_int8(qx.data(), qw.data(), xs.data(), ws.data(), y.data(), M, K, N, !stored_PK);
   std::fwrite(y.data(), sizeof(float), y.size(), stdout);
   return 0;
 }

@@ -253,7 +253,9 @@ def test_runtime_int8_equals_reference_portable_and_avx2(tmp_path):
 
     drivers = _int8_drivers(tmp_path)
     rng = np.random.default_rng(7)
-    for m, k, n, tb in ((1, 1, 1, False), (3, 16, 4, True), (5, 37, 6, False), (17, 64, 10, True), (64, 300, 33, False), (9, 130, 70, False)):
+    cases = [(1, 1, 1, False), (3, 16, 4, True), (5, 37, 6, False), (17, 64, 10, True), (64, 300, 33, False),
+             (9, 130, 70, False), (4, 37, 20, False)]  # (M, K, N, weight stored [N, K])
+    for m, k, n, tb in cases:
         x = rng.normal(scale=3, size=(m, k)).astype(np.float32)
         x[0, 0] = 1000.0  # clamped
         w = rng.normal(size=(n, k) if tb else (k, n)).astype(np.float32)

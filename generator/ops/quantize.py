@@ -135,7 +135,7 @@ class MatMulInt8(OpDef):
         m = numel(x.shape[:-1])
         row_floats = (k + 3) // 4  # an int8 row of K bytes, in whole floats of the arena
         qx = ctx.workspace(f"{x.name}_q", m * row_floats)
-        qw = ctx.workspace(f"{w.name}_q", p * row_floats)
+        qw = ctx.workspace(f"{w.name}_q", (numel(w.shape) + 3) // 4)  # in the weight's stored layout
         xs_r, ws_r = ctx.read(xs), ctx.read(ws)
         size = ctx.size
         return [
@@ -144,7 +144,8 @@ class MatMulInt8(OpDef):
             ctx.call("dg::quantize_weight_int8", ctx.read(w), Int8Data(qw), ws_r, Named("P", size(p)), Named("K", size(k)),
                      Named("stored_PK", "true" if tb else "false"), Named("scale_name", ctx.string(ws.name))),
             ctx.call("dg::matmul_int8", Int8Data(Read(qx.value, qx.expr)), Int8Data(Read(qw.value, qw.expr)), xs_r, ws_r,
-                     ctx.write(node.outputs[0]), Named("M", size(m)), Named("K", size(k)), Named("N", size(p))),
+                     ctx.write(node.outputs[0]), Named("M", size(m)), Named("K", size(k)), Named("N", size(p)),
+                     Named("B_stored_KN", "false" if tb else "true")),
         ]
 
     def describe(self, node):

@@ -3,6 +3,7 @@
 //
 //   quantize_int8         the activation, with its static per-tensor scale
 //   quantize_weight_int8  the float32 weight, with its per-output-channel scales
+//                         (kept in the weight's stored layout)
 //   matmul_int8           int8 x int8 products summed exactly in int32, then
 //                         y[i][j] = float(sum) * (x_scale * w_scale[j])
 //
@@ -90,8 +91,28 @@ inline void quantize_int8(const float* x, int8_t* q, const float* scale, int64_t
   quantize_int8_span(x, q, 1.0f / scale[0], rows * K);
 }
 
-// The weight quantized per output channel into q[P, K] (row j: channel j, with
-// scale[j]); the weight is stored [K, P] (a dense layer's), or [P, K] when stored_PK.
+// q[i] = quantize(x[i], scale[i]): a row of a weight stored [K, P], each element
+// with its output channel's inverse scale inv[i].
+inline void quantize_int8_columns(const float* x, int8_t* q, const float* inv, int64_t n) {
+  int64_t i = 0;
+#if defined(__AVX2__)
+  const __m256 lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
+  for (; i + 8 <= n; i += 8) {  // the same float steps as quantize_int8_value, 8 channels at once
+    const __m256 r = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(inv + i)),
+                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    alignas(32) int32_t v[8];
+    _mm256_store_si256(reinterpret_cast<__m256i*>(v),
+                       _mm256_cvtps_epi32(_mm256_max_ps(lo, _mm256_min_ps(hi, r))));
+    for (int t = 0; t < 8; ++t)
+      q[i + t] = static_cast<int8_t>(v[t]);
+  }
+#endif
+  for (; i < n; ++i)
+    q[i] = quantize_int8_value(x[i], inv[i]);
+}
+
+// The weight quantized per output channel (channel j with scale[j]), kept in its
+// stored layout: [K, P] (a dense layer's), or [P, K] when stored_PK.
 inline void quantize_weight_int8(const float* w, int8_t* q, const float* scale, int64_t P, int64_t K,
                                  bool stored_PK, const char* scale_name) {
   check_int8_scales(scale, P, scale_name);
@@ -100,33 +121,11 @@ inline void quantize_weight_int8(const float* w, int8_t* q, const float* scale, 
       quantize_int8_span(w + j * K, q + j * K, 1.0f / scale[j], K);
     return;
   }
-  // A transpose: in 64 x 64 tiles, so that the reads (rows of w) and the writes
-  // (rows of q) each stay within a few cache lines per row.
-  constexpr int64_t T = 64;
   std::vector<float> inv(P);
   for (int64_t j = 0; j < P; ++j)
     inv[j] = 1.0f / scale[j];
-  for (int64_t j0 = 0; j0 < P; j0 += T)
-    for (int64_t k0 = 0; k0 < K; k0 += T) {
-      const int64_t j1 = std::min(P, j0 + T), k1 = std::min(K, k0 + T);
-      for (int64_t k = k0; k < k1; ++k) {
-        int64_t j = j0;
-#if defined(__AVX2__)
-        const __m256 lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
-        for (; j + 8 <= j1; j += 8) {  // the same float steps as quantize_int8_value, 8 channels at once
-          __m256 r = _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(w + k * P + j), _mm256_loadu_ps(&inv[j])),
-                                     _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-          alignas(32) int32_t v[8];
-          _mm256_store_si256(reinterpret_cast<__m256i*>(v),
-                             _mm256_cvtps_epi32(_mm256_max_ps(lo, _mm256_min_ps(hi, r))));
-          for (int t = 0; t < 8; ++t)
-            q[(j + t) * K + k] = static_cast<int8_t>(v[t]);
-        }
-#endif
-        for (; j < j1; ++j)
-          q[j * K + k] = quantize_int8_value(w[k * P + j], inv[j]);
-      }
-    }
+  for (int64_t k = 0; k < K; ++k)
+    quantize_int8_columns(w + k * P, q + k * P, inv.data(), P);
 }
 
 // sum_k a[k] * b[k] of two int8 rows, exact in int32 (K * 127 * 127 < 2^31).
@@ -152,15 +151,57 @@ inline __m256i load_int8_as_int16(const int8_t* p) {
 #endif
 
 // c[M, N] = float(a[M, K] . b[N, K]^T) * (a_scale[0] * b_scale[j]): a is the
-// quantized activation, b the quantized weight (row j: output channel j). The
+// quantized activation, b the quantized weight (row j: output channel j, as a
+// weight stored [P, K] is). The
 // sums are exact int32 in any order; the AVX2 path sign-extends 16 int8 values
 // to int16 and multiplies pairs with _mm256_madd_epi16 (each pair sum at most
 // 2 * 127 * 127, exact), four output columns at a time.
+//
+// With b_stored_KN, b is [K, N] (a dense layer's weight as stored): the AVX2 path
+// then runs along a row of c, 16 columns at a time, two k at once: the pairs
+// (b[k][j], b[k + 1][j]) of 16 columns interleaved as int16 and _mm256_madd_epi16
+// with the pair (a[i][k], a[i][k + 1]).
 inline void matmul_int8(const int8_t* a, const int8_t* b, const float* a_scale, const float* b_scale,
-                        float* c, int64_t M, int64_t K, int64_t N) {
+                        float* c, int64_t M, int64_t K, int64_t N, bool b_stored_KN) {
   const float xs = a_scale[0];
   const double work = 2.0 * double(M) * double(N) * double(K);
   const int threads = threads_for(work < 1e18 ? int64_t(work) : int64_t(1e18));
+  if (b_stored_KN) {
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+    for (int64_t i = 0; i < M; ++i) {
+      const int8_t* row = a + i * K;
+      float* out = c + i * N;
+      int64_t j = 0;
+#if defined(__AVX2__)
+      for (; j + 16 <= N; j += 16) {
+        __m256i lo_sum = _mm256_setzero_si256(), hi_sum = lo_sum;
+        for (int64_t k = 0; k < K; k += 2) {
+          const bool pair = k + 1 < K;
+          const __m256i b0 = load_int8_as_int16(b + k * N + j);
+          const __m256i b1 = pair ? load_int8_as_int16(b + (k + 1) * N + j) : _mm256_setzero_si256();
+          const int32_t a_pair = int32_t(uint16_t(int16_t(row[k]))) | (int32_t(pair ? row[k + 1] : 0) << 16);
+          const __m256i x = _mm256_set1_epi32(a_pair);
+          // per 128-bit lane: unpacklo holds columns 0-3 (8-11), unpackhi 4-7 (12-15)
+          lo_sum = _mm256_add_epi32(lo_sum, _mm256_madd_epi16(_mm256_unpacklo_epi16(b0, b1), x));
+          hi_sum = _mm256_add_epi32(hi_sum, _mm256_madd_epi16(_mm256_unpackhi_epi16(b0, b1), x));
+        }
+        alignas(32) int32_t sums[16];
+        _mm256_store_si256(reinterpret_cast<__m256i*>(sums), _mm256_permute2x128_si256(lo_sum, hi_sum, 0x20));
+        _mm256_store_si256(reinterpret_cast<__m256i*>(sums + 8),
+                           _mm256_permute2x128_si256(lo_sum, hi_sum, 0x31));
+        for (int t = 0; t < 16; ++t)
+          out[j + t] = static_cast<float>(sums[t]) * (xs * b_scale[j + t]);
+      }
+#endif
+      for (; j < N; ++j) {
+        int32_t s = 0;
+        for (int64_t k = 0; k < K; ++k)
+          s += int32_t(row[k]) * int32_t(b[k * N + j]);
+        out[j] = static_cast<float>(s) * (xs * b_scale[j]);
+      }
+    }
+    return;
+  }
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
   for (int64_t i = 0; i < M; ++i) {
     const int8_t* row = a + i * K;
