@@ -254,7 +254,7 @@ def test_runtime_int8_equals_reference_portable_and_avx2(tmp_path):
     drivers = _int8_drivers(tmp_path)
     rng = np.random.default_rng(7)
     cases = [(1, 1, 1, False), (3, 16, 4, True), (5, 37, 6, False), (17, 64, 10, True), (64, 300, 33, False),
-             (9, 130, 70, False), (4, 37, 20, False)]  # (M, K, N, weight stored [N, K])
+             (9, 130, 70, False), (4, 37, 20, False), (6, 33, 17, False), (7, 37, 20, False)]  # (M, K, N, tb)
     for m, k, n, tb in cases:
         x = rng.normal(scale=3, size=(m, k)).astype(np.float32)
         x[0, 0] = 1000.0  # clamped

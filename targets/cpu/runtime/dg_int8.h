@@ -150,55 +150,88 @@ inline __m256i load_int8_as_int16(const int8_t* p) {
 }
 #endif
 
+// R rows of c = float(a . b) * scales with b stored [K, N] (see matmul_int8). The
+// AVX2 path runs 16 columns at a time, two k at once: the pairs (b[k][j],
+// b[k + 1][j]) interleaved as int16, _mm256_madd_epi16 with each row's pair
+// (a[r][k], a[r][k + 1]) broadcast; R rows share each load of b.
+template <int R>
+inline void matmul_int8_kn_rows(const int8_t* a, const int8_t* b, float xs, const float* b_scale, float* c,
+                                int64_t K, int64_t N) {
+  int64_t j = 0;
+#if defined(__AVX2__)
+  // Each row's pairs (a[r][k], a[r][k + 1]) as the int32 that _mm256_madd_epi16 reads
+  // (a[r][K] taken as 0), made once for all the column blocks.
+  const int64_t half = (K + 1) / 2;
+  std::vector<int32_t> pairs(R * half);
+  for (int r = 0; r < R; ++r)
+    for (int64_t k = 0; k < K; k += 2) {
+      const int32_t high = k + 1 < K ? int32_t(a[r * K + k + 1]) : 0;
+      pairs[r * half + k / 2] = int32_t(uint16_t(int16_t(a[r * K + k]))) | int32_t(uint32_t(high) << 16);
+    }
+  for (; j + 16 <= N; j += 16) {
+    __m256i lo_sum[R], hi_sum[R];
+    for (int r = 0; r < R; ++r)
+      lo_sum[r] = hi_sum[r] = _mm256_setzero_si256();
+    for (int64_t k = 0; k < K; k += 2) {
+      const bool pair = k + 1 < K;
+      const __m256i b0 = load_int8_as_int16(b + k * N + j);
+      const __m256i b1 = pair ? load_int8_as_int16(b + (k + 1) * N + j) : _mm256_setzero_si256();
+      // per 128-bit lane: unpacklo holds columns 0-3 (and 8-11), unpackhi 4-7 (and 12-15)
+      const __m256i b_lo = _mm256_unpacklo_epi16(b0, b1), b_hi = _mm256_unpackhi_epi16(b0, b1);
+      for (int r = 0; r < R; ++r) {
+        const __m256i x = _mm256_set1_epi32(pairs[r * half + k / 2]);
+        lo_sum[r] = _mm256_add_epi32(lo_sum[r], _mm256_madd_epi16(b_lo, x));
+        hi_sum[r] = _mm256_add_epi32(hi_sum[r], _mm256_madd_epi16(b_hi, x));
+      }
+    }
+    for (int r = 0; r < R; ++r) {
+      alignas(32) int32_t sums[16];
+      _mm256_store_si256(reinterpret_cast<__m256i*>(sums),
+                         _mm256_permute2x128_si256(lo_sum[r], hi_sum[r], 0x20));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(sums + 8),
+                         _mm256_permute2x128_si256(lo_sum[r], hi_sum[r], 0x31));
+      for (int t = 0; t < 16; ++t)
+        c[r * N + j + t] = static_cast<float>(sums[t]) * (xs * b_scale[j + t]);
+    }
+  }
+#endif
+  for (; j < N; ++j)
+    for (int r = 0; r < R; ++r) {
+      int32_t s = 0;
+      for (int64_t k = 0; k < K; ++k)
+        s += int32_t(a[r * K + k]) * int32_t(b[k * N + j]);
+      c[r * N + j] = static_cast<float>(s) * (xs * b_scale[j]);
+    }
+}
+
 // c[M, N] = float(a[M, K] . b[N, K]^T) * (a_scale[0] * b_scale[j]): a is the
 // quantized activation, b the quantized weight (row j: output channel j, as a
 // weight stored [P, K] is). The
 // sums are exact int32 in any order; the AVX2 path sign-extends 16 int8 values
 // to int16 and multiplies pairs with _mm256_madd_epi16 (each pair sum at most
 // 2 * 127 * 127, exact), four output columns at a time.
-//
-// With b_stored_KN, b is [K, N] (a dense layer's weight as stored): the AVX2 path
-// then runs along a row of c, 16 columns at a time, two k at once: the pairs
-// (b[k][j], b[k + 1][j]) of 16 columns interleaved as int16 and _mm256_madd_epi16
-// with the pair (a[i][k], a[i][k + 1]).
+// With b_stored_KN, b is [K, N] (a dense layer's weight as stored), four rows of
+// c at a time (matmul_int8_kn_rows).
 inline void matmul_int8(const int8_t* a, const int8_t* b, const float* a_scale, const float* b_scale,
                         float* c, int64_t M, int64_t K, int64_t N, bool b_stored_KN) {
   const float xs = a_scale[0];
   const double work = 2.0 * double(M) * double(N) * double(K);
   const int threads = threads_for(work < 1e18 ? int64_t(work) : int64_t(1e18));
   if (b_stored_KN) {
+    const int64_t blocks = (M + 3) / 4;
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
-    for (int64_t i = 0; i < M; ++i) {
-      const int8_t* row = a + i * K;
-      float* out = c + i * N;
-      int64_t j = 0;
-#if defined(__AVX2__)
-      for (; j + 16 <= N; j += 16) {
-        __m256i lo_sum = _mm256_setzero_si256(), hi_sum = lo_sum;
-        for (int64_t k = 0; k < K; k += 2) {
-          const bool pair = k + 1 < K;
-          const __m256i b0 = load_int8_as_int16(b + k * N + j);
-          const __m256i b1 = pair ? load_int8_as_int16(b + (k + 1) * N + j) : _mm256_setzero_si256();
-          const int32_t a_pair = int32_t(uint16_t(int16_t(row[k]))) | (int32_t(pair ? row[k + 1] : 0) << 16);
-          const __m256i x = _mm256_set1_epi32(a_pair);
-          // per 128-bit lane: unpacklo holds columns 0-3 (8-11), unpackhi 4-7 (12-15)
-          lo_sum = _mm256_add_epi32(lo_sum, _mm256_madd_epi16(_mm256_unpacklo_epi16(b0, b1), x));
-          hi_sum = _mm256_add_epi32(hi_sum, _mm256_madd_epi16(_mm256_unpackhi_epi16(b0, b1), x));
-        }
-        alignas(32) int32_t sums[16];
-        _mm256_store_si256(reinterpret_cast<__m256i*>(sums), _mm256_permute2x128_si256(lo_sum, hi_sum, 0x20));
-        _mm256_store_si256(reinterpret_cast<__m256i*>(sums + 8),
-                           _mm256_permute2x128_si256(lo_sum, hi_sum, 0x31));
-        for (int t = 0; t < 16; ++t)
-          out[j + t] = static_cast<float>(sums[t]) * (xs * b_scale[j + t]);
-      }
-#endif
-      for (; j < N; ++j) {
-        int32_t s = 0;
-        for (int64_t k = 0; k < K; ++k)
-          s += int32_t(row[k]) * int32_t(b[k * N + j]);
-        out[j] = static_cast<float>(s) * (xs * b_scale[j]);
-      }
+    for (int64_t block = 0; block < blocks; ++block) {
+      const int64_t i = 4 * block, rows = std::min<int64_t>(4, M - i);
+      const int8_t* a_rows = a + i * K;
+      float* c_rows = c + i * N;
+      if (rows == 4)
+        matmul_int8_kn_rows<4>(a_rows, b, xs, b_scale, c_rows, K, N);
+      else if (rows == 3)
+        matmul_int8_kn_rows<3>(a_rows, b, xs, b_scale, c_rows, K, N);
+      else if (rows == 2)
+        matmul_int8_kn_rows<2>(a_rows, b, xs, b_scale, c_rows, K, N);
+      else
+        matmul_int8_kn_rows<1>(a_rows, b, xs, b_scale, c_rows, K, N);
     }
     return;
   }
