@@ -197,8 +197,14 @@ def test_quantize_command_errors(tmp_path, capsys):
     assert not out.exists()
     assert cli(["quantize", str(model_file), "--weights", str(tmp_path / "w.npz"), "--calibrate",
                 str(tmp_path / "calib.npz"), "-o", str(out)]) == 0 and out.exists()
-    assert cli(["quantize", str(model_file), "--weights", str(tmp_path / "w.npz"), "--calibrate",
+    # a trained fp32 Model's save() holds its optimizer state: left out (the int8 project refuses it)
+    np.savez(tmp_path / "trained.npz", **params, **{"optimizer/fc1_w/m": params["fc1_w"], "optimizer/step": np.int64(3)})
+    capsys.readouterr()
+    assert cli(["quantize", str(model_file), "--weights", str(tmp_path / "trained.npz"), "--calibrate",
                 str(tmp_path / "calib.npz"), "-o", str(out), "--force"]) == 0
+    assert "not its optimizer state: 2 arrays" in capsys.readouterr().out
+    with np.load(out) as f:
+        assert not [k for k in f.files if k.startswith("optimizer/")] and set(params) < set(f.files)
 
 
 def test_int8_leaves_convolutions_attention_and_cells_in_float32():

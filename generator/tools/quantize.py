@@ -1,6 +1,7 @@
 """`deepgen quantize MODEL.py --weights W.npz --calibrate DATA.npz -o Wq.npz`: the
 scales of the model's int8 products (transforms/quantize.py), calibrated by the
-numpy reference on DATA.npz, written beside every array of W.npz; then a report of
+numpy reference on DATA.npz, written beside every array of W.npz (but its optimizer
+state, which an int8 project, inference only, refuses to load); then a report of
 how the int8 model agrees with the fp32 one on the calibration data."""
 
 from __future__ import annotations
@@ -103,6 +104,11 @@ def quantize(model_spec: str, weights: str, calibrate_path: str, output: str, fo
         report["fp32_accuracy"] = float(np.mean(fp32_top == truth))
         report["int8_accuracy"] = float(np.mean(int8_top == truth))
 
+    # An fp32 Model's save() after training adds its optimizer state: the int8 project runs
+    # inference only and its load() refuses such arrays, so they are left out.
+    dropped = sorted(k for k in quantized if k.startswith("optimizer/"))
+    for k in dropped:
+        del quantized[k]
     buf = io.BytesIO()
     np.savez(buf, **quantized)
     write_atomic(output, buf.getvalue())
@@ -116,5 +122,6 @@ def quantize(model_spec: str, weights: str, calibrate_path: str, output: str, fo
     log(f"top-1 of '{output_name}': int8 agrees with fp32 on {report['agreement']:.2%} of {count} rows")
     if labels:
         log(f"accuracy against '{labels[0].name}': fp32 {report['fp32_accuracy']:.2%}, int8 {report['int8_accuracy']:.2%}")
-    log(f"wrote {output}: the {len(params)} arrays of {weights} and {len(scales)} scales")
+    kept = len(params) - len(dropped)
+    log(f"wrote {output}: the {kept} arrays of {weights}{' (not its optimizer state: ' + str(len(dropped)) + ' arrays the int8 project would refuse)' if dropped else ''} and {len(scales)} scales")
     return report
