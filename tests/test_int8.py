@@ -226,6 +226,10 @@ def test_int8_leaves_convolutions_attention_and_cells_in_float32():
     assert states == {"q_w_input_scale": (1,), "q_w_scale": (6,), "w_input_scale": (1,), "w_scale": (5,)}
     with pytest.raises(ValueError, match="int8 scale 'q_w_input_scale' is 0: it was never set"):
         reference.run(graph, {"x": np.ones((2, 4, 6), np.float32)})
+    from generator.pipeline import project_files
+
+    with pytest.raises(DeepgenError, match="the cuda target has no int8 runtime"):
+        project_files(graph, "cuda")
 
 
 def _int8_drivers(tmp_path) -> dict:

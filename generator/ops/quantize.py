@@ -127,8 +127,8 @@ class MatMulInt8(OpDef):
 
     def lower(self, node, ctx):
         x, w, xs, ws = node.inputs
-        if ctx.target.name != "cpu":
-            raise DeepgenError(f"--precision int8 is implemented for the cpu target only, not {ctx.target.name}")
+        if "dg_int8.h" not in ctx.target.runtime:  # the target's runtime has no int8 kernels (CUDA, for now)
+            raise DeepgenError(f"--precision int8: the {ctx.target.name} target has no int8 runtime (dg_int8.h) yet")
         tb = node.attrs.get("tb", False)
         k = x.shape[-1]
         p = w.shape[0] if tb else w.shape[1]
