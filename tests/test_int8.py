@@ -291,7 +291,7 @@ def test_lenet_int8_convolutions_stay_float32(builds):
     can move an activation across a rounding boundary of the int8 quantizer (one quantum of
     it, which moves a product by at most x_scale * max |w_j|), so generated vs reference
     is not exact here: seen 4e-8 of a probability, 1e-3 allowed, every top-1 equal."""
-    from generator.transforms.quantize import calibrate
+    from generator.reference.quantize import calibrate
 
     graph = load_example("lenet").build("lenet_int8")
     set_precision(graph, "int8")

@@ -15,6 +15,7 @@ import math
 import numpy as np
 
 from ..reference.interpreter import init_params, run, train_step
+from ..reference.quantize import calibrate
 from ..reference.samples import sample_dims, sample_inputs
 from ..ir.shapes import evaluate
 from .plan import Recording
@@ -92,8 +93,6 @@ def _expected_npz(graph) -> bytes | None:
     params = init_params(graph, seed=0)
     arrays = {f"input/{k}": v for k, v in inputs.items()}
     if graph.precision == "int8":  # the scales, calibrated on these inputs: the test loads them
-        from ..transforms.quantize import calibrate
-
         scales = calibrate(graph, [inputs], params)
         params.update(scales)
         arrays.update({f"param/{k}": v for k, v in scales.items()})

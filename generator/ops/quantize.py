@@ -27,12 +27,13 @@ to whole floats).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from ..codegen.stmt import Read, Named
 from ..errors import DeepgenError
+from ..ir.graph import Node
 from ..ir.shapes import fmt_shape, numel, same
 from .registry import OpDef, register, require_float
 
@@ -181,10 +182,6 @@ def int8_nodes(graph) -> list:
 def float_twin(graph):
     """The same graph with each matmul_int8 back to its float32 matmul (the values,
     scales included, are shared; the nodes at the same places): what calibration runs."""
-    from dataclasses import replace
-
-    from ..ir.graph import Node
-
     nodes = [Node("matmul", n.inputs[:2], {"tb": True} if n.attrs.get("tb") else {}, outputs=n.outputs, loc=n.loc,
                   phase=n.phase) if n.op == "matmul_int8" else n for n in graph.nodes]
     return replace(graph, nodes=nodes, precision="fp32")

@@ -12,6 +12,13 @@ import os
 import numpy as np
 
 from ..errors import DeepgenError
+from ..fileio import write_atomic
+from ..frontend.loader import load_model
+from ..ops.quantize import int8_nodes
+from ..reference.interpreter import run
+from ..reference.quantize import calibrate
+from ..transforms.autodiff import train_only_inputs
+from ..transforms.precision import set_precision
 
 BATCH = 256  # calibration rows per reference run
 
@@ -30,14 +37,6 @@ def quantize(model_spec: str, weights: str, calibrate_path: str, output: str, fo
              options: dict | None = None, log=print) -> dict:
     """Writes `output` and returns the report's figures: {"agreement", "fp32_accuracy", "int8_accuracy",
     "count", "scales"} (accuracies None without labels)."""
-    from ..fileio import write_atomic
-    from ..frontend.loader import load_model
-    from ..reference.interpreter import run
-    from ..transforms.autodiff import train_only_inputs
-    from ..transforms.precision import set_precision
-    from ..ops.quantize import int8_nodes
-    from ..transforms.quantize import calibrate
-
     if os.path.exists(output) and not force:
         raise DeepgenError(f"-o {output} exists; pass --force to replace it")
     model = load_model(model_spec)

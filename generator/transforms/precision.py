@@ -21,6 +21,7 @@ from ..ir.graph import Node, Value
 from ..ops import get_op
 from .autodiff import train_only_inputs
 from .passes import dce
+from .quantize import rewrite_int8
 
 PRECISIONS = ("fp32", "bf16", "int8")
 
@@ -42,8 +43,6 @@ def set_precision(graph, precision: str) -> list:
                      f"implemented yet, so the project has forward() and no train_step()"
                      + (f" (and forward() does not take {', '.join(v.name for v in labels)})" if labels else ""))
     if precision == "int8":  # transforms/quantize.py
-        from .quantize import rewrite_int8
-
         weights = rewrite_int8(graph)
         notes.append(f"int8: {len(weights)} product(s) by a weight run in int8 ({', '.join(weights) or 'none'}), "
                      "everything else in float32; their scales come from `deepgen quantize`")

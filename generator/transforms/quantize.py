@@ -17,12 +17,11 @@ of two activations, and the products inside recursive ops' cells.
 
 from __future__ import annotations
 
-import numpy as np
+from dataclasses import replace
 
 from ..errors import DeepgenError
-from ..frontend import initializers as inits
 from ..ir.graph import Value
-from ..ops.quantize import MAX_K, float_twin, int8_candidates, int8_nodes, to_int8
+from ..ops.quantize import MAX_K, int8_candidates, int8_nodes, to_int8
 
 
 def scale_names(graph) -> dict:
@@ -42,40 +41,13 @@ def rewrite_int8(graph) -> list:
                                "(int32 sums of int8 products could overflow)")
         if id(w) not in scales:
             made = []
+            # zeros: the weight's initializer type (frontend's Init) as the constant 0
+            zeros = replace(w.init, kind="constant", a=0.0, b=0.0)
             for suffix, shape in (("input_scale", (1,)), ("scale", (p,))):
                 v = Value(graph.names.unique(f"{w.name}_{suffix}"), "float32", shape, kind="state", loc=w.loc,
-                          init=inits.zeros(), explicit=True)
+                          init=zeros, explicit=True)
                 graph.params.append(v)
                 made.append(v)
             scales[id(w)] = tuple(made)
         to_int8(node, *scales[id(w)])
     return list(dict.fromkeys(n.inputs[1].name for n in int8_nodes(graph)))
-
-
-def calibrate(graph, batches, params: dict) -> dict:
-    """The scales of an int8 graph: {name: float32 array}. Each weight's input scale
-    is max |x| / 127 over every batch (a dict of inputs) and every product that
-    reads the weight, x computed in float32 (the fp32 model); each weight scale is
-    max |w_j| / 127 per output channel. Max-abs, no clipping: see ARCHITECTURE."""
-    from ..ops.quantize import input_scale, weight_scales
-    from ..reference.interpreter import run
-
-    twin = float_twin(graph)
-    at = [graph.nodes.index(n) for n in int8_nodes(graph)]
-    products = [twin.nodes[i] for i in at]  # the float32 matmuls in their places
-    names = scale_names(graph)
-    peaks = {w: 0.0 for w in names}
-    xs = [n.inputs[0] for n in products]
-    for batch in batches:
-        got = run(twin, batch, params, values=xs)
-        for n in products:
-            a = got[n.inputs[0].name]
-            if a.size:
-                peaks[n.inputs[1].name] = max(peaks[n.inputs[1].name], float(np.abs(a).max()))
-    scales = {}
-    for n in int8_nodes(graph):
-        if n.inputs[2].name not in scales:
-            w = n.inputs[1]
-            scales[n.inputs[2].name] = input_scale(peaks[w.name])
-            scales[n.inputs[3].name] = weight_scales(np.asarray(params[w.name], np.float32), bool(n.attrs.get("tb")))
-    return scales
