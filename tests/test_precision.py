@@ -135,7 +135,7 @@ def test_bf16_model_matches_reference_and_differs_from_fp32(name, input_name, sh
     for batch in (1, 7, 64):
         x = rng.normal(size=(batch,) + shape).astype(np.float32)
         got = model.forward(**{input_name: x})[output]
-        stats = model.memory_stats()  # the arena holds the rounded copies: the plan counts them
+        stats = model.memory_stats()  # the arena holds the rounded activations: the plan counts them
         assert stats["peak_bytes"] == stats["predicted_peak_bytes"] == 4 * int(forward_floats.subs({d: batch for d in memory_graph.dims}))
         want = reference.run(graph, {input_name: x}, params)[output]
         exact = reference.run(fp32, {input_name: x}, params)[output]
@@ -148,6 +148,32 @@ def test_bf16_model_matches_reference_and_differs_from_fp32(name, input_name, sh
         # and bf16 is not fp32: about bfloat16's relative precision (2^-8 per rounding) away, seen
         # 1.3e-3 to 4.3e-3: well outside the tolerance above, so the comparison can fail
         assert 2 * ORDER_TOLERANCE < _error(want, exact) < 2**-4, (batch, _error(want, exact))
+
+
+def test_bf16_weights_are_rounded_once_by_their_packing(builds):
+    """A weight's rounding is done by its kept packing (no dg::round_bf16 of a weight in
+    run()), once per change: a weight written through parameters() is rounded and packed
+    again before the next forward(), which then matches the reference on the new weights."""
+    graph = load_example("mlp").build("mlp_bf16")  # the build test_bf16_model_matches_reference made
+    set_precision(graph, "bf16")
+    module, project = builds.module(graph)
+    run = (project / "src_tree" / "src" / "model.cpp").read_text()
+    header = (project / "src_tree" / "include" / "mlp_bf16" / "model.h").read_text()
+    assert "dg::round_bf16(x, x_bf16" in run and "dg::round_bf16(h1_w" not in run
+    assert "h1_w_bf16_packed{" in header and "/*stands_in=*/false, /*prepare=*/dg::round_bf16}" in header
+    params = reference.init_params(graph, seed=3)
+    model = module.Model(seed=3)
+    x = np.random.default_rng(6).normal(size=(3, 784)).astype(np.float32)
+    before = model.forward(x=x)["logits"]
+    assert _error(before, reference.run(graph, {"x": x}, params)["logits"]) <= ORDER_TOLERANCE
+    assert model.memory_stats()["packed_weight_bytes"] > 0  # the forward pass packed (and rounded) them
+    params["h1_w"] = (params["h1_w"] * np.float32(-1.5)).astype(np.float32)
+    views = model.parameters()
+    views["h1_w"][...] = params["h1_w"]
+    del views
+    after = model.forward(x=x)["logits"]
+    want = reference.run(graph, {"x": x}, params)["logits"]
+    assert _error(after, want) <= ORDER_TOLERANCE and _error(before, want) > 0.1
 
 
 def test_precision_errors():

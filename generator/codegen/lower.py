@@ -118,11 +118,12 @@ class LowerCtx:
 
     def kept_packings(self) -> list:
         """The KeptPackings, each marked whether it may stand in for its weight:
-        the forward pass reads that weight through this one packing only."""
+        the forward pass reads that weight through this one packing only (and the
+        packing holds the weight's own floats, nothing it prepared from them)."""
         layouts = {}
-        for pid, _ in self.kept:
-            layouts[pid] = layouts.get(pid, 0) + 1
-        return [replace(k, stands_in=layouts[pid] == 1 and pid not in self.plain_reads)
+        for k in self.kept.values():
+            layouts[k.param] = layouts.get(k.param, 0) + 1
+        return [replace(k, stands_in=not k.prepare and layouts[k.param] == 1 and pid not in self.plain_reads)
                 for (pid, _), k in self.kept.items()]
 
     def write(self, v) -> Write:
@@ -246,20 +247,49 @@ class LowerCtx:
     def packed_operand(self, b, tb: bool, shape: tuple | None = None) -> list | None:
         """How a product reads its right operand op(b) packed: [the loop's
         dg::PackedB], or [the Model's dg::KeptPackedB] for a parameter (packed
-        once, kept until it changes; it knows its weight); None to read b as it is.
+        once, kept until it changes; it knows its weight) or for a parameter's
+        rounding that the packing applies (`prepared`); None to read b as it is.
         shape: the [rows, cols] matrix a parameter of another rank is read as
         (a convolution's weight, ops/conv.py)."""
         key = (id(b), tb)
         if self.loop is not None and key in self.loop.packed:
             return [self.loop.packed[key]]
-        if not self.keeps_packed(b, matrix=shape is not None):
+        param, prepare = self.prepared(b)
+        if not self.keeps_packed(param, matrix=shape is not None):
             return None
         if key not in self.kept:
             rows, cols = shape or b.shape
             k, n = (cols, rows) if tb else (rows, cols)
             member = _member_name(self.graph, f"{b.name}_t_packed" if tb else f"{b.name}_packed", self.live_names())
-            self.kept[key] = KeptPacking(member, b.name, bool(tb), self.size(k), self.size(n))
+            self.kept[key] = KeptPacking(member, param.name, bool(tb), self.size(k), self.size(n), prepare=prepare)
         return [self.kept[key].member]
+
+    def prepared(self, b) -> tuple:
+        """(the parameter, the function its kept packing applies as it packs) when b
+        is made from a parameter by an op a packing can apply (OpDef.prepared_by_packing:
+        a weight's bf16 rounding); else (b, "")."""
+        node = b.producer
+        fn = get_op(node.op).prepared_by_packing if node is not None else ""
+        if fn and len(node.inputs) == 1 and getattr(node.inputs[0], "kind", None) == "param":
+            return node.inputs[0], fn
+        return b, ""
+
+    def packing_prepares(self, node) -> bool:
+        """Whether every reader of node's result reads it through a kept packing that
+        applies the node itself (OpDef.packed_read, prepared): then the node emits nothing."""
+        out = node.outputs[0]
+        param, fn = self.prepared(out)
+        readers, keep = self._reading()
+        users = readers.get(id(out), [])
+        if not fn or not users or id(out) in keep or id(out) in self.outputs:
+            return False
+        for user in users:
+            how = get_op(user.op).packed_read(user)
+            if how is None or user.inputs[how[0]] is not out or sum(u is out for u in user.inputs) != 1:
+                return False
+            if not self.keeps_packed(param, matrix=how[2] is not None):
+                return False
+        return True
 
     def call(self, fn: str, *args, template: str = "") -> Call:
         return Call(fn, list(args), template)

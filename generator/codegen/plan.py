@@ -220,11 +220,13 @@ class KeptPacking:
     K: str
     N: str
     stands_in: bool = False  # the forward pass reads the param through this packing only
+    prepare: str = ""  # a function the packing applies to the param as it packs it (dg::round_bf16)
 
     def __str__(self) -> str:
         tb, stands_in = ("true" if flag else "false" for flag in (self.tb, self.stands_in))
+        prepare = f", /*prepare=*/{self.prepare}" if self.prepare else ""
         return (f"dg::KeptPackedB {self.member}{{_version, {self.param}, /*tb=*/{tb}, /*K=*/{self.K}, /*N=*/{self.N}, "
-                f"/*stands_in=*/{stands_in}}};")
+                f"/*stands_in=*/{stands_in}{prepare}}};")
 
 
 @dataclass

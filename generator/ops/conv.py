@@ -81,16 +81,26 @@ def _columns(node, x_shape, kernel, out_hw):
 SMALL_PLANE, SMALL_PLANE_WEIGHT, DIRECT_MAX_OUTPUTS = 8, 1 << 18, 4
 
 
-def conv_weight(ctx, node, w, out_hw):
-    """How a convolution's call reads its weight w: the Model's kept packing of it
-    (dg::KeptPackedB, as for a Linear layer's weight) where the runtime multiplies by
-    it transposed over the whole batch (small output planes, one group: the packing
-    is made once, not at every call), else w as stored. The runtime checks the rule."""
+def kept_weight_read(node):
+    """(1, tb, [O, C*KH*KW]) where a convolution reads its weight (operand 1) through
+    the Model's kept packing (dg::KeptPackedB, as for a Linear layer's weight): the
+    runtime multiplies by it transposed over the whole batch (small output planes,
+    one group: the packing is made once, not at every call); else None. The runtime
+    checks the rule."""
+    x, w, y = node.inputs[0], node.inputs[1], node.outputs[0]
     O, Cg, KH, KW = w.shape
     G = node.attrs.get("groups", 1)
-    direct = node.inputs[0].shape[1] == G and O // G <= DIRECT_MAX_OUTPUTS
-    small = not direct and out_hw[0] * out_hw[1] <= SMALL_PLANE and O // G * Cg * KH * KW <= SMALL_PLANE_WEIGHT
-    packed = ctx.packed_operand(w, True, (O, Cg * KH * KW)) if small and G == 1 else None
+    OH, OW = y.shape[2:]
+    direct = x.shape[1] == G and O // G <= DIRECT_MAX_OUTPUTS
+    small = not direct and OH * OW <= SMALL_PLANE and O // G * Cg * KH * KW <= SMALL_PLANE_WEIGHT
+    return (1, True, (O, Cg * KH * KW)) if small and G == 1 else None
+
+
+def conv_weight(ctx, node, w):
+    """How a convolution's call reads its weight w: its kept packing where
+    kept_weight_read says so and the Model keeps it, else w as stored."""
+    kept = kept_weight_read(node)
+    packed = ctx.packed_operand(w, True, kept[2]) if kept else None
     return packed[0] if packed else ctx.read(w)
 
 
@@ -189,6 +199,9 @@ class Conv2d(OpDef):
         OH, OW = _window(x, (KH, KW), attrs, f"a {KH}x{KW} kernel")
         return [("float32", (x.shape[0], O, OH, OW))]
 
+    def packed_read(self, node):
+        return kept_weight_read(node)
+
     def reference(self, args, attrs, dims):
         y = _conv_ref(args[0], args[1], attrs)
         if len(args) == 3:
@@ -203,7 +216,7 @@ class Conv2d(OpDef):
         cols = _columns(node, x.shape, kernel, out_hw)
         ws = ctx.workspace(f"{y.name}_cols", cols) if cols else "nullptr"
         b = ctx.read(node.inputs[2]) if len(node.inputs) == 3 else "nullptr"
-        return [geom, ctx.call("dg::conv2d", ctx.read(x), conv_weight(ctx, node, w, out_hw), b, ctx.write(y), ws, name)]
+        return [geom, ctx.call("dg::conv2d", ctx.read(x), conv_weight(ctx, node, w), b, ctx.write(y), ws, name)]
 
     def grad(self, node, gouts, gb):
         (g,) = gouts

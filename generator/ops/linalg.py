@@ -75,6 +75,10 @@ class MatMul(OpDef):
             )
         return [("float32", tuple(sa[:-1]) + (sb[1],))]
 
+    def packed_read(self, node):
+        """b, as stored, where a is not transposed (lower: ctx.packed_operand)."""
+        return None if node.attrs.get("ta") else (1, bool(node.attrs.get("tb")), None)
+
     def reference(self, args, attrs, dims):
         a, b = args[:2]
         a = a.T if attrs.get("ta") else a

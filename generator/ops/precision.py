@@ -27,6 +27,7 @@ class RoundBf16(OpDef):
 
     name = "round_bf16"
     in_place = True
+    prepared_by_packing = "dg::round_bf16"  # a weight's kept packing rounds it as it packs
 
     def infer(self, inputs, attrs):
         require_float(inputs)
@@ -36,5 +37,7 @@ class RoundBf16(OpDef):
         return [round_to_bf16(args[0])]
 
     def lower(self, node, ctx):
+        if ctx.packing_prepares(node):
+            return []  # each reader's kept packing of the weight rounds it, once per change
         (x,) = node.inputs
         return [ctx.call("dg::round_bf16", ctx.read(x), ctx.write(node.outputs[0]), Named("n", ctx.size(numel(x.shape))))]

@@ -42,6 +42,13 @@ here too, so that a new op needs no edit in the stages:
 - `products`      operand indices that are the factors of a product the op computes
                   (matmul's a and b, a convolution's x and w): `--precision bf16` rounds
                   them to bfloat16 before the op (transforms/precision.py).
+- `packed_read(node)` the operand the node's lowering reads through the Model's kept
+                  packing when that operand is a parameter (codegen/lower.py keeps_packed):
+                  (index, tb, the [rows, cols] matrix it is read as or None), else None.
+- `prepared_by_packing` for an op of one operand: the runtime function `f(x, y, n)` a
+                  kept packing of that operand can apply as it packs it (`dg::round_bf16`):
+                  where every reader reads the op's result through such a packing, the op
+                  itself is lowered to nothing (the weight is rounded once per change).
 - `memory_note`   a line the memory report adds for a model that holds the op.
 - `helpers(node)` module functions the bindings generate for it (trees from nested
                   Python tuples), as plain data.
@@ -63,6 +70,7 @@ class OpDef:
     updates_state = ()
     output_hints = ()
     products = ()
+    prepared_by_packing = ""
     memory_note = ""
 
     def regions(self, node) -> list:
@@ -73,6 +81,9 @@ class OpDef:
         """Every read of `old` in the node's sub-graphs and attrs reads `new`."""
 
     def fold(self, node, consts):
+        return None
+
+    def packed_read(self, node):
         return None
 
     def constant(self, node):

@@ -37,6 +37,7 @@
 #include <memory>
 #include <mutex>
 #include <new>
+#include <stdexcept>
 #include <vector>
 
 #include "dg_gemm.h"
@@ -138,10 +139,24 @@ class ParameterVersion {
 // keep_plain_weights is false, the call that packs it frees the stored
 // weight (Tensor::release), and ParameterVersion::restore_plain() writes it back
 // from the packing (exactly) before anything reads or writes it as stored.
+//
+// prepare: a function `prepare(weight, out, n)` the packing applies to the
+// weight's n floats before it packs them (dg::round_bf16 in a bf16 project: the
+// weight is rounded once per change, not at every call), or null. A prepared
+// packing is always what the products read (at every M, and per call, unkept,
+// while a view or a step may be writing the weight), and never stands in.
 class KeptPackedB {
  public:
-  KeptPackedB(ParameterVersion& version, Tensor<float>& weight, bool tb, int64_t K, int64_t N, bool stands_in)
-      : version_(version), weight_(weight), tb_(tb), K_(K), N_(N), stands_in_(stands_in) {
+  using Prepare = void (*)(const float*, float*, int64_t);
+  KeptPackedB(ParameterVersion& version, Tensor<float>& weight, bool tb, int64_t K, int64_t N, bool stands_in,
+              Prepare prepare = nullptr)
+      : version_(version),
+        weight_(weight),
+        tb_(tb),
+        K_(K),
+        N_(N),
+        stands_in_(stands_in && prepare == nullptr),
+        prepare_(prepare) {
     if (stands_in_) version_.stand_ins_.push_back(this);
   }
   KeptPackedB(const KeptPackedB&) = delete;
@@ -172,6 +187,7 @@ class KeptPackedB {
   // weight where the product should read it in place: a view may be writing it.
   Use use(int64_t M) const {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (prepare_ != nullptr) return use_prepared(M);
     const bool stored = weight_.allocated();
     const bool watched = version_.watched();
     const bool frees = stands_in_ && !version_.plain_kept() && watched;  // the packing becomes the only copy
@@ -238,8 +254,45 @@ class KeptPackedB {
     Storage storage;
     uint64_t version;  // the parameters' count it was packed at
     PackedB packed;
+    const float* from = nullptr;  // a prepared packing: the stored weight it was made from
   };
   size_t bytes_now() const { return sizeof(float) * static_cast<size_t>(PackedB::storage_floats(K_, N_)); }
+  // use() of a packing that prepares the weight, with mutex_ held: the prepared
+  // floats packed now if the kept packing is missing, older than the parameters
+  // or made from another stored weight; made for this call only, and not kept,
+  // while the weight may change under it (a view is alive, a step runs).
+  Use use_prepared(int64_t M) const {
+    if (M <= 0) {  // no product to make: nothing is read
+      plain_readers_.fetch_add(1, std::memory_order_acq_rel);
+      return Use(this, nullptr, weight_.ptr());
+    }
+    if (!weight_.allocated())  // the generator never lets another packing of it stand in
+      throw std::logic_error("dg::KeptPackedB: the weight a prepared packing reads was freed");
+    const uint64_t now = version_.current();
+    if (!version_.watched()) {
+      std::shared_ptr<Packing> once = prepared_packing(now, Storage());
+      return Use(nullptr, std::shared_ptr<const PackedB>(once, &once->packed), nullptr);
+    }
+    if (!kept_ || kept_->version != now || kept_->from != weight_.ptr()) {
+      Storage storage;
+      if (kept_ && kept_.use_count() == 1) storage = std::move(kept_->storage);  // no call reads it now
+      kept_ = prepared_packing(now, std::move(storage));
+    }
+    return Use(nullptr, std::shared_ptr<const PackedB>(kept_, &kept_->packed), nullptr);
+  }
+  // The weight prepared into a scratch copy, packed from it (into `storage`, or
+  // new storage), the copy dropped: the packing has no source (read packed).
+  std::shared_ptr<Packing> prepared_packing(uint64_t now, Storage storage) const {
+    std::vector<float> prepared(static_cast<size_t>(numel(weight_.shape)));
+    prepare_(weight_.ptr(), prepared.data(), static_cast<int64_t>(prepared.size()));
+    if (!storage) storage.reset(static_cast<float*>(::operator new(bytes_now(), std::align_val_t(64))));
+    auto fresh =
+        std::make_shared<Packing>(std::move(storage), now, tb_, K_, N_, prepared.data(), tb_ ? K_ : N_);
+    fresh->packed.packed();
+    fresh->packed.set_source(nullptr);
+    fresh->from = weight_.ptr();
+    return fresh;
+  }
   // restore_plain() with mutex_ held.
   void restore_plain_locked() {
     if (weight_.allocated() || !kept_) return;
@@ -253,6 +306,7 @@ class KeptPackedB {
   bool tb_;
   int64_t K_, N_;
   bool stands_in_;
+  Prepare prepare_;
   mutable std::mutex mutex_;
   mutable std::shared_ptr<Packing> kept_;
   mutable std::atomic<int64_t> plain_readers_{0};  // Uses reading the stored weight now
