@@ -179,8 +179,6 @@ def test_bf16_weights_are_rounded_once_by_their_packing(builds):
 def test_precision_errors():
     graph = load_example("mlp").build()
     assert set_precision(graph, "fp32") == [] and graph.precision == "fp32" and graph.train is not None
-    with pytest.raises(DeepgenError, match="int8 is not implemented yet"):
-        set_precision(graph, "int8")
     with pytest.raises(DeepgenError, match="expected one of"):
         set_precision(graph, "fp16")
 

@@ -75,7 +75,8 @@ class Graph:
     # The train/eval mode (with the dropout draw counter), a Value of dtype "mode" that
     # the ops whose behavior depends on it read; None when no op does.
     mode: object = None
-    # "fp32", or "bf16": every product's operands rounded to bfloat16 (transforms/precision.py).
+    # "fp32", "bf16": every product's operands rounded to bfloat16 (transforms/precision.py), or
+    # "int8": products by a weight in int8 (transforms/quantize.py).
     precision: str = "fp32"
 
     @property

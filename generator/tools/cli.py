@@ -1,4 +1,4 @@
-"""The `deepgen` command line: generate, build, check, ir, memory, from-torch, from-onnx, compare."""
+"""The `deepgen` command line: generate, build, quantize, check, ir, memory, from-torch, from-onnx, compare."""
 
 from __future__ import annotations
 
@@ -85,6 +85,13 @@ def cmd_build(args):
     if args.build_dir or args.march:
         raise DeepgenError("--build-dir and --march go with --cross (a native build installs the module with pip)")
     build_project(args.project, target_dir=args.target_dir, replace_installed=args.replace_installed)
+
+
+def cmd_quantize(args):
+    from .quantize import quantize
+
+    quantize(args.model, args.weights, args.calibrate, args.output, force=args.force,
+             options=_options(args.option or []))
 
 
 def cmd_check(args):
@@ -250,7 +257,8 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--report", action="store_true", help="print what each optimization pass changed")
     g.add_argument("--precision", default="fp32", choices=PRECISIONS,
                    help="fp32 (default), or bf16: every product's operands (weights included) rounded to "
-                        "bfloat16, accumulation and elementwise math in float32 (inference only; int8: not yet)")
+                        "bfloat16, accumulation and elementwise math in float32; or int8: every product by a weight "
+                        "(dense layers) in int8 with int32 sums, scales from `deepgen quantize` (both inference only)")
     g.add_argument("--replace-installed", action="store_true",
                    help="allow a project name that is an installed distribution or module (building replaces it)")
     g.set_defaults(func=cmd_generate)
@@ -265,6 +273,14 @@ def parser() -> argparse.ArgumentParser:
     b.add_argument("--build-dir", help="with --cross: the build folder (default: PROJECT/build-aarch64)")
     b.add_argument("--march", help="with --cross: the target CPU, a -march value (default: armv8.2-a+fp16+dotprod)")
     b.set_defaults(func=cmd_build)
+    q = sub.add_parser("quantize", help="calibrate the int8 scales of a model (--precision int8) and write them beside its weights")
+    q.add_argument("model", help="model file, FILE.py or FILE.py:NAME")
+    q.add_argument("--weights", required=True, help="its float32 weights (.npz, as Model.save writes)")
+    q.add_argument("--calibrate", required=True, metavar="DATA.npz",
+                   help="calibration inputs, one array per input of the model (with the labels, the report gives both accuracies)")
+    q.add_argument("-o", "--output", required=True, type=_path, help="the weights file to write: every array of --weights and the scales")
+    q.add_argument("--force", action="store_true", help="replace the -o file if it exists")
+    q.set_defaults(func=cmd_quantize)
     c = sub.add_parser("check", help="check a model's shapes without generating code")
     c.add_argument("model")
     c.set_defaults(func=cmd_check)
@@ -321,7 +337,7 @@ def parser() -> argparse.ArgumentParser:
     cm.add_argument("--build-dir", type=_path, help="keep the debug project and its build here (default: a "
                                                      "temporary folder, removed afterwards)")
     cm.set_defaults(func=cmd_compare)
-    for command in (g, c, mem, i):
+    for command in (g, c, mem, i, q):
         command.add_argument("--option", action="append", metavar="NAME=VALUE",
                              help="a keyword argument of the model function (repeatable), e.g. --option size=base")
     for command in sub.choices.values():

@@ -8,6 +8,10 @@ adds, activations, normalization, softmax) stays float32. The rounding is an
 ordinary node, so the reference interpreter computes exactly what the generated
 code does, and the C++ shows it as a named call (`dg::round_bf16`). A value that
 several products read is rounded once.
+
+int8 inference: every matmul by a weight becomes a `matmul_int8` node with static
+scales that are buffers (transforms/quantize.py, ops/quantize.py); the rest stays
+float32.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from ..ir.graph import Node, Value
 from ..ops import get_op
 from .autodiff import train_only_inputs
 from .passes import dce
+from .quantize import rewrite_int8
 
 PRECISIONS = ("fp32", "bf16", "int8")
 
@@ -28,17 +33,21 @@ def set_precision(graph, precision: str) -> list:
         raise DeepgenError(f"--precision {precision!r}: expected one of {', '.join(PRECISIONS)}")
     if precision == "fp32":
         return []
-    if precision == "int8":
-        raise DeepgenError("--precision int8 is not implemented yet (issue #41); fp32 and bf16 are")
     notes = []
-    if graph.train is not None:  # bf16 training is not implemented: the project is the inference part
+    if graph.train is not None:  # reduced-precision training is not implemented: the project is the inference part
         labels = train_only_inputs(graph)
         graph.inputs = [v for v in graph.inputs if all(v is not w for w in labels)]
         graph.train = None
         dce(graph)  # the loss and what only it reads
-        notes.append(f"bf16: inference only: '{graph.name}' calls dg.train, but bf16 training is not implemented "
-                     f"yet, so the project has forward() and no train_step()"
+        notes.append(f"{precision}: inference only: '{graph.name}' calls dg.train, but {precision} training is not "
+                     f"implemented yet, so the project has forward() and no train_step()"
                      + (f" (and forward() does not take {', '.join(v.name for v in labels)})" if labels else ""))
+    if precision == "int8":  # transforms/quantize.py
+        weights = rewrite_int8(graph)
+        notes.append(f"int8: {len(weights)} product(s) by a weight run in int8 ({', '.join(weights) or 'none'}), "
+                     "everything else in float32; their scales come from `deepgen quantize`")
+        graph.precision = precision
+        return notes
     for node in graph.nodes:
         if get_op(node.op).regions(node):
             raise DeepgenError(f"--precision bf16: the recursive op '{node.op}' ({node.outputs[0].name}) is not "

@@ -1,0 +1,187 @@
+"""int8 inference: `matmul_int8`, the product `--precision int8` puts in place of
+every matmul by a weight (transforms/quantize.py).
+
+y[..., j] = float(sum_k qx[..., k] * qw[j, k]) * (x_scale * w_scale[j])
+
+- qx = quantize(x, x_scale): the activation, one static scale per tensor
+  (`<weight>_input_scale`, shape [1], calibrated by `deepgen quantize`);
+- qw = quantize(w[j, :], w_scale[j]): the weight, one scale per output channel
+  (`<weight>_scale`, shape [P]: max |w_j| / 127), quantized on every call (the
+  weight stays a float32 parameter);
+- quantize(v, s) = clamp(round_half_even(v * (1 / s)), -127, 127) as int8, where
+  1 / s is a float32 division and v * (1 / s) a float32 product: numpy's np.rint
+  and C++'s std::nearbyint (and _mm256_round_ps) round the same float alike;
+- the sum is exact in int32 (K * 127 * 127 < 2^31: the rewrite checks K), the
+  float32 conversion of the sum rounds to nearest, and the scale product
+  x_scale * w_scale[j] is one float32 multiply done first, then the other.
+
+So the numpy reference below and the generated C++ (runtime dg_int8.h) agree
+bit for bit. A scale that is 0 (never loaded: a new Model's buffers are zeros),
+negative or not finite is an error naming it.
+
+The C++ is three named calls: dg::quantize_int8 of the activation, dg::quantize_weight_int8
+of the weight, dg::matmul_int8 of the two; the int8 copies are arena pieces
+(`<name>_q`, counted by the memory plan at one byte per element, rows rounded up
+to whole floats).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from ..codegen.stmt import Read, Named
+from ..errors import DeepgenError
+from ..ir.graph import Node
+from ..ir.shapes import fmt_shape, numel, same
+from .registry import OpDef, register, require_float
+
+QMAX = 127
+# The largest K whose int32 sums cannot overflow: K * 127 * 127 <= 2^31 - 1.
+MAX_K = (2**31 - 1) // (QMAX * QMAX)
+
+
+def check_scale(scale, name: str) -> np.ndarray:
+    s = np.asarray(scale, dtype=np.float32)
+    bad = ~(np.isfinite(s) & (s > 0))
+    if bad.any():
+        value = float(s.reshape(-1)[np.flatnonzero(bad.reshape(-1))[0]])
+        raise ValueError(f"int8 scale '{name}' is {value:g}: it was never set (load the weights file that "
+                         "`deepgen quantize` writes)" if value == 0 else
+                         f"int8 scale '{name}' is {value:g}: a scale must be positive and finite")
+    return s
+
+
+def quantize(x, scale) -> np.ndarray:
+    """clamp(rint(x * (1 / scale)), -127, 127) as int8; `scale` broadcasts against x
+    (a per-tensor [1] or a per-row [P, 1])."""
+    inv = np.float32(1.0) / np.asarray(scale, dtype=np.float32)
+    return np.clip(np.rint(np.asarray(x, dtype=np.float32) * inv), -QMAX, QMAX).astype(np.int8)
+
+
+def weight_rows(w, tb: bool) -> np.ndarray:
+    """The weight as [P, K] rows, one per output channel (w is [K, P], or [P, K] when tb)."""
+    return w if tb else w.T
+
+
+def weight_scales(w, tb: bool) -> np.ndarray:
+    """Per output channel max |w_j| / 127 in float32; a channel of zeros gets 1 (its
+    int8 row is zeros with any scale, and 0 means "never set")."""
+    peak = np.abs(np.asarray(weight_rows(w, tb), dtype=np.float32)).max(axis=1)
+    return np.where(peak > 0, peak / np.float32(QMAX), np.float32(1.0)).astype(np.float32)
+
+
+def input_scale(peak) -> np.ndarray:
+    """The activation's scale from its calibrated max |x| (1 when it was always 0)."""
+    peak = np.float32(peak)
+    return np.array([peak / np.float32(QMAX) if peak > 0 else 1.0], dtype=np.float32)
+
+
+def matmul_int8(x, w, x_scale, w_scale, tb: bool, names=("x_scale", "w_scale")) -> np.ndarray:
+    xs = check_scale(x_scale, names[0])
+    ws = check_scale(w_scale, names[1])
+    qx = quantize(x, xs[0])
+    qw = quantize(weight_rows(w, tb), ws[:, None])
+    # int8 x int8 sums are exact in float64 (|sum| < 2^31 < 2^53), where BLAS computes them fast
+    acc = np.matmul(qx.astype(np.float64), qw.T.astype(np.float64)).astype(np.int32)
+    return acc.astype(np.float32) * (xs[0] * ws)
+
+
+@dataclass(frozen=True)
+class Int8Data:
+    """An arena piece (a float*) read or written as int8: `dg::int8_data(x_q)`."""
+
+    op: object  # a Read or Write
+
+    def __str__(self) -> str:
+        return f"dg::int8_data({self.op})"
+
+
+@register
+class MatMulInt8(OpDef):
+    """y = x @ w (w stored [K, P], or [P, K] with tb) in int8 with int32 sums:
+    operands x, w, x_scale [1], w_scale [P]; attrs tb and the scales' names."""
+
+    name = "matmul_int8"
+
+    def infer(self, inputs, attrs):
+        require_float(inputs)
+        if len(inputs) != 4:
+            raise ValueError(f"matmul_int8 takes x, w, x_scale, w_scale, got {len(inputs)} operands")
+        x, w, xs, ws = inputs
+        if x.rank < 1 or w.rank != 2:
+            raise ValueError(f"expected x[..., K] and a 2-D weight, got '{x.name}' {fmt_shape(x.shape)} "
+                             f"and '{w.name}' {fmt_shape(w.shape)}")
+        k, p = (w.shape[1], w.shape[0]) if attrs.get("tb") else w.shape
+        if not same(x.shape[-1], k):
+            raise ValueError(f"inner dimensions differ: '{x.name}' {fmt_shape(x.shape)}, weight '{w.name}' "
+                             f"{fmt_shape(w.shape)}{' (stored [P, K])' if attrs.get('tb') else ''}")
+        if tuple(xs.shape) != (1,) or len(ws.shape) != 1 or not same(ws.shape[0], p):
+            raise ValueError(f"scales: expected '{xs.name}' [1] and '{ws.name}' [{p}], got "
+                             f"{fmt_shape(xs.shape)} and {fmt_shape(ws.shape)}")
+        return [("float32", tuple(x.shape[:-1]) + (p,))]
+
+    def reference(self, args, attrs, dims):
+        x, w, xs, ws = args
+        return [matmul_int8(x, w, xs, ws, attrs.get("tb", False), (attrs["x_scale"], attrs["w_scale"]))]
+
+    def lower(self, node, ctx):
+        x, w, xs, ws = node.inputs
+        if "dg_int8.h" not in ctx.target.runtime:  # the target's runtime has no int8 kernels (CUDA, for now)
+            raise DeepgenError(f"--precision int8: the {ctx.target.name} target has no int8 runtime (dg_int8.h) yet")
+        tb = node.attrs.get("tb", False)
+        k = x.shape[-1]
+        p = w.shape[0] if tb else w.shape[1]
+        m = numel(x.shape[:-1])
+        row_floats = (k + 3) // 4  # an int8 row of K bytes, in whole floats of the arena
+        qx = ctx.workspace(f"{x.name}_q", m * row_floats)
+        qw = ctx.workspace(f"{w.name}_q", (numel(w.shape) + 3) // 4)  # in the weight's stored layout
+        xs_r, ws_r = ctx.read(xs), ctx.read(ws)
+        size = ctx.size
+        return [
+            ctx.call("dg::quantize_int8", ctx.read(x), Int8Data(qx), xs_r, Named("rows", size(m)), Named("K", size(k)),
+                     Named("scale_name", ctx.string(xs.name))),
+            ctx.call("dg::quantize_weight_int8", ctx.read(w), Int8Data(qw), ws_r, Named("P", size(p)), Named("K", size(k)),
+                     Named("stored_PK", "true" if tb else "false"), Named("scale_name", ctx.string(ws.name))),
+            ctx.call("dg::matmul_int8", Int8Data(Read(qx.value, qx.expr)), Int8Data(Read(qw.value, qw.expr)), xs_r, ws_r,
+                     ctx.write(node.outputs[0]), Named("M", size(m)), Named("K", size(k)), Named("N", size(p)),
+                     Named("B_stored_KN", "false" if tb else "true")),
+        ]
+
+    def describe(self, node):
+        x, w, xs, ws = node.inputs
+        tb = "^T" if node.attrs.get("tb") else ""
+        return f"matmul_int8({x.name}, {w.name}{tb}; scales {xs.name}, {ws.name})"
+
+
+# What transforms/quantize.py, calibration and `deepgen quantize` ask about the ops
+# (the stages name no op: ARCHITECTURE, "What a stage may know").
+
+def int8_candidates(graph) -> list:
+    """The nodes `--precision int8` rewrites, in order: matmuls whose right operand
+    is a parameter (not transposed on the left, no epilogue yet)."""
+    return [n for n in graph.nodes
+            if n.op == "matmul" and len(n.inputs) == 2 and not n.attrs.get("ta") and "epilogue" not in n.attrs
+            and n.inputs[1].kind == "param"]
+
+
+def to_int8(node, x_scale, w_scale) -> None:
+    """Turn a candidate matmul into matmul_int8 in place, reading the two scales."""
+    x, w = node.inputs
+    tb = bool(node.attrs.get("tb"))
+    node.op = "matmul_int8"
+    node.inputs = [x, w, x_scale, w_scale]
+    node.attrs = {**({"tb": True} if tb else {}), "x_scale": x_scale.name, "w_scale": w_scale.name}
+
+
+def int8_nodes(graph) -> list:
+    return [n for n in graph.nodes if n.op == "matmul_int8"]
+
+
+def float_twin(graph):
+    """The same graph with each matmul_int8 back to its float32 matmul (the values,
+    scales included, are shared; the nodes at the same places): what calibration runs."""
+    nodes = [Node("matmul", n.inputs[:2], {"tb": True} if n.attrs.get("tb") else {}, outputs=n.outputs, loc=n.loc,
+                  phase=n.phase) if n.op == "matmul_int8" else n for n in graph.nodes]
+    return replace(graph, nodes=nodes, precision="fp32")

@@ -1,0 +1,317 @@
+"""int8 inference (`deepgen generate --precision int8`, `deepgen quantize`): the
+quantization formula, a small MLP generated in int8 against the reference (exactly
+equal: integer sums, the same float steps), the trained digits MLP's accuracy in
+int8, the error for scales never loaded, and the quantize command's errors."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import sympy
+
+import generator as dg
+from conftest import ROOT, load_example
+from generator.errors import DeepgenError
+from generator.ops.quantize import MAX_K, matmul_int8, quantize, weight_scales
+from generator.pipeline import lowered, prepare
+from generator.reference import interpreter as reference
+from generator.tools.cli import main as cli
+from generator.transforms.precision import set_precision
+
+N = dg.dim("N")
+
+MODEL_FILE = '''
+import generator as dg
+N = dg.dim("N")
+
+@dg.model
+def mlp_int8():
+    x = dg.input("x", (N, 37))
+    h = dg.dense(x, 21, act=dg.relu, name="fc1")
+    w = dg.param("proj_w", (6, 21))
+    z = dg.matmul(h, w, tb=True)  # a PyTorch-layout weight, [out, in]
+    y = dg.dense(dg.tanh(z), 3, name="fc2")
+    return {"y": y}
+'''
+
+
+def test_quantize_rounds_half_to_even_and_clamps():
+    x = np.array([0.5, 1.5, 2.5, -0.5, -1.5, -2.5, 0.49999997, 126.5, 127.5, 300.0, -300.0, 0.0], np.float32)
+    assert quantize(x, np.float32(1.0)).tolist() == [0, 2, 2, 0, -2, -2, 0, 126, 127, 127, -127, 0]
+    # the scale is used as a float32 reciprocal: x * (1 / s), one rounding each
+    s = np.float32(0.1)
+    x = np.arange(-20, 21, dtype=np.float32) * np.float32(0.05)
+    want = np.clip(np.rint(x * (np.float32(1) / s)), -127, 127)
+    assert quantize(x, s).tolist() == want.astype(int).tolist()
+    w = np.array([[1.0, 0.0], [-2.0, 0.0], [0.5, 0.0]], np.float32)  # [K=3, P=2]: channel 1 all zeros
+    assert weight_scales(w, tb=False).tolist() == [np.float32(2.0) / np.float32(127), 1.0]
+    assert MAX_K * 127 * 127 <= 2**31 - 1 < (MAX_K + 1) * 127 * 127
+    with pytest.raises(ValueError, match="'s' is 0: it was never set"):
+        matmul_int8(np.ones((1, 3), np.float32), w, np.zeros(1, np.float32), np.ones(2, np.float32), False, ("s", "t"))
+
+
+def _mlp_files(tmp_path, rows=200, seed=0):
+    """The model file, its float32 weights (seed 0) and calibration inputs."""
+    model = tmp_path / "mlp_int8.py"
+    model.write_text(MODEL_FILE)
+    from generator.frontend.loader import load_model
+
+    fp32 = load_model(str(model)).build()
+    params = reference.init_params(fp32, seed=seed)
+    np.savez(tmp_path / "w.npz", **params)
+    x = np.random.default_rng(seed).normal(size=(rows, 37)).astype(np.float32)
+    np.savez(tmp_path / "calib.npz", x=x)
+    return model, fp32, params, x
+
+
+def test_mlp_int8_generated_equals_reference(tmp_path, builds, capsys):
+    from generator.frontend.loader import load_model
+
+    model_file, fp32, params, x = _mlp_files(tmp_path)
+    assert cli(["quantize", str(model_file), "--weights", str(tmp_path / "w.npz"),
+                "--calibrate", str(tmp_path / "calib.npz"), "-o", str(tmp_path / "wq.npz")]) == 0
+    out = capsys.readouterr().out
+    assert "fc1_w_input_scale" in out and "proj_w_scale" in out and "int8 agrees with fp32" in out, out
+    with np.load(tmp_path / "wq.npz") as f:
+        wq = {k: f[k] for k in f.files}
+    for k, v in params.items():  # every array of W.npz, unchanged
+        np.testing.assert_array_equal(wq[k], v)
+    assert sorted(set(wq) - set(params)) == sorted(f"{w}_{s}" for w in ("fc1_w", "proj_w", "fc2_w")
+                                                     for s in ("input_scale", "scale"))
+    assert wq["proj_w_scale"].shape == (6,) and wq["fc1_w_scale"].shape == (21,) and wq["fc2_w_input_scale"].shape == (1,)
+    np.testing.assert_array_equal(wq["fc1_w_input_scale"], [np.abs(x).max() / np.float32(127)])
+
+    graph = load_model(str(model_file)).build()
+    set_precision(graph, "int8")
+    assert [n.op for n in graph.nodes].count("matmul_int8") == 3
+    module, project = builds.module(graph)
+    assert module.build_info()["precision"] == "int8"
+    text = (project / "src_tree" / "src" / "model.cpp").read_text()
+    model = module.Model(seed=0)
+    with pytest.raises(ValueError, match=r"int8 scale 'fc1_w_input_scale' is 0: it was never set; run `deepgen quantize"):
+        model.forward(x=x[:2])
+    model.load(str(tmp_path / "wq.npz"))
+    forward_floats = sympy.sympify(lowered(prepare(graph)).memory["forward_floats"])
+    for rows in (1, 5, 64, 200):
+        got = model.forward(x=x[:rows])["y"]
+        want = reference.run(graph, {"x": x[:rows]}, wq)["y"]
+        np.testing.assert_array_equal(got, want)  # bit for bit
+        exact = reference.run(fp32, {"x": x[:rows]}, params)["y"]
+        assert 0 < np.abs(want - exact).max() < 0.05 * np.abs(exact).max()  # int8, and close to fp32
+        stats = model.memory_stats()  # the int8 copies are arena pieces: the plan counts them
+        assert stats["peak_bytes"] == stats["predicted_peak_bytes"] == 4 * int(forward_floats.subs({N: rows}))
+    # large and odd values: every AVX2 lane, the K and N tails, clamping (a stale scale)
+    big = np.random.default_rng(1).normal(scale=40, size=(33, 37)).astype(np.float32)
+    np.testing.assert_array_equal(model.forward(x=big)["y"], reference.run(graph, {"x": big}, wq)["y"])
+    # the project's own test: its expected outputs come with scales calibrated on its sample inputs
+    import os
+    import subprocess
+    import sys
+
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"],
+                          cwd=project / "src_tree", capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, PYTHONPATH=str(project / "build")))
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    # each step a named call, with its scale's name
+    for call in ("dg::quantize_int8(x, dg::int8_data(x_q), fc1_w_input_scale.ptr()",
+                 "dg::quantize_weight_int8(proj_w.ptr(), dg::int8_data(proj_w_q), proj_w_scale.ptr()",
+                 "dg::matmul_int8(dg::int8_data(h_q), dg::int8_data(proj_w_q), proj_w_input_scale.ptr(), proj_w_scale.ptr()"):
+        assert call in " ".join(text.split()), call
+
+
+def test_trained_digits_mlp_in_int8(tmp_path, builds, capsys):
+    """examples/digits.py trained in fp32 (the reference's train_step, 8 epochs), quantized
+    by `deepgen quantize` on the training images, run in int8 by the generated module on
+    the 360 held-out ones: equal to the int8 reference, accuracy within 1% relative of fp32."""
+    pytest.importorskip("sklearn")
+    import runpy
+
+    example = runpy.run_path(str(ROOT / "examples" / "digits.py"))
+    train_set, test_set = example["load_data"](0)
+    fp32 = load_example("digits").build()
+    params, state, step = reference.init_params(fp32, seed=0), {}, 0
+    rng = np.random.default_rng(0)
+    for _ in range(8):
+        order = rng.permutation(len(train_set["labels"]))
+        for start in range(0, len(order), 32):
+            pick, step = order[start : start + 32], step + 1
+            batch = {"pixels": train_set["pixels"][pick], "labels": train_set["labels"][pick]}
+            reference.train_step(fp32, batch, params, state, step)
+    np.savez(tmp_path / "w.npz", **params)
+    np.savez(tmp_path / "train.npz", **train_set)  # pixels and labels: the report gives both accuracies
+    assert cli(["quantize", str(ROOT / "examples" / "digits.py"), "--weights", str(tmp_path / "w.npz"),
+                "--calibrate", str(tmp_path / "train.npz"), "-o", str(tmp_path / "wq.npz")]) == 0
+    report = capsys.readouterr().out
+    assert "accuracy against 'labels': fp32" in report, report
+    print(report)
+
+    graph = load_example("digits").build("digits_int8")
+    notes = set_precision(graph, "int8")
+    assert "no train_step()" in notes[0] and "hidden_w, logits_w" in notes[1], notes
+    model = builds.module(graph)[0].Model(seed=0)
+    model.load(str(tmp_path / "wq.npz"))
+    with np.load(tmp_path / "wq.npz") as f:
+        wq = {k: f[k] for k in f.files}
+    pixels, labels = test_set["pixels"], test_set["labels"]
+    got = model.forward(pixels=pixels)["probs"]
+    # the logits are equal bit for bit (as in the MLP test); the softmax's float32 exp and sum
+    # are not bitwise the reference's: a few ulps
+    np.testing.assert_allclose(got, reference.run(graph, {"pixels": pixels}, wq)["probs"], rtol=2e-5, atol=1e-7)
+    want = reference.run(fp32, {"pixels": pixels}, params)["probs"]
+    agree = float(np.mean(got.argmax(1) == want.argmax(1)))
+    fp32_accuracy = float(np.mean(want.argmax(1) == labels))
+    int8_accuracy = float(np.mean(got.argmax(1) == labels))
+    print(f"digits, {len(labels)} held-out images: fp32 accuracy {fp32_accuracy:.4f}, int8 {int8_accuracy:.4f}, "
+          f"top-1 agreement {agree:.4f}, largest probability difference {np.abs(got - want).max():.2e}")
+    assert fp32_accuracy > 0.9
+    assert int8_accuracy >= 0.99 * fp32_accuracy and agree >= 0.97
+
+
+def test_quantize_command_errors(tmp_path, capsys):
+    model_file, _, params, x = _mlp_files(tmp_path, rows=8)
+    out = tmp_path / "wq.npz"
+
+    def quantize_fails(*args, weights="w.npz", calib="calib.npz"):
+        argv = ["quantize", str(model_file), "--weights", str(tmp_path / weights), "--calibrate", str(tmp_path / calib),
+                "-o", str(out), *args]
+        assert cli(argv) == 1
+        return capsys.readouterr().err
+
+    out.write_text("mine")
+    assert "exists; pass --force" in quantize_fails()
+    assert out.read_text() == "mine"  # never overwritten without --force
+    out.unlink()
+    err = quantize_fails(weights="nope.npz")
+    assert "--weights" in err and "nope.npz: no such file" in err, err
+    np.savez(tmp_path / "other.npz", y=x)
+    err = quantize_fails(calib="other.npz")
+    assert "unknown array(s) y" in err and "the model's inputs are: x" in err, err
+    np.savez(tmp_path / "empty.npz")
+    assert "missing input(s) x" in quantize_fails(calib="empty.npz")
+    np.savez(tmp_path / "partial.npz", **{k: v for k, v in params.items() if k != "fc2_b"})
+    assert "missing parameter(s) fc2_b" in quantize_fails(weights="partial.npz")
+    np.savez(tmp_path / "bad.npz", **{**params, "fc1_w": params["fc1_w"][:3]})
+    assert "'fc1_w' has shape (3, 21)" in quantize_fails(weights="bad.npz")
+    (tmp_path / "text.npz").write_text("not a zip")
+    assert "not a readable .npz file" in quantize_fails(calib="text.npz")
+    assert not out.exists()
+    assert cli(["quantize", str(model_file), "--weights", str(tmp_path / "w.npz"), "--calibrate",
+                str(tmp_path / "calib.npz"), "-o", str(out)]) == 0 and out.exists()
+    # a trained fp32 Model's save() holds its optimizer state: left out (the int8 project refuses it)
+    np.savez(tmp_path / "trained.npz", **params, **{"optimizer/fc1_w/m": params["fc1_w"], "optimizer/step": np.int64(3)})
+    capsys.readouterr()
+    assert cli(["quantize", str(model_file), "--weights", str(tmp_path / "trained.npz"), "--calibrate",
+                str(tmp_path / "calib.npz"), "-o", str(out), "--force"]) == 0
+    assert "not its optimizer state: 2 arrays" in capsys.readouterr().out
+    with np.load(out) as f:
+        assert not [k for k in f.files if k.startswith("optimizer/")] and set(params) < set(f.files)
+
+
+def test_int8_leaves_convolutions_attention_and_cells_in_float32():
+    """Only products by a weight run in int8: a convolution, bmm and a product of two
+    activations stay float32 nodes."""
+    def mixed():
+        x = dg.input("x", (N, 4, 6))
+        q = dg.dense(x, 6, name="q")
+        scores = dg.matmul(q, x, tb=True)  # [N, 4, 4]: two activations, a bmm
+        w = dg.param("w", (6, 5))
+        y = dg.matmul(dg.reshape(dg.matmul(scores, x), (N * 4, 6)), w)
+        return {"y": y}
+
+    graph = dg.model(mixed).build()
+    set_precision(graph, "int8")
+    ops = [n.op for n in graph.nodes]
+    assert ops.count("matmul_int8") == 2 and "bmm" in ops and "matmul" not in ops, ops
+    states = {p.name: p.shape for p in graph.params if p.kind == "state"}
+    assert states == {"q_w_input_scale": (1,), "q_w_scale": (6,), "w_input_scale": (1,), "w_scale": (5,)}
+    with pytest.raises(ValueError, match="int8 scale 'q_w_input_scale' is 0: it was never set"):
+        reference.run(graph, {"x": np.ones((2, 4, 6), np.float32)})
+    from generator.pipeline import project_files
+
+    with pytest.raises(DeepgenError, match="the cuda target has no int8 runtime"):
+        project_files(graph, "cuda")
+
+
+def _int8_drivers(tmp_path) -> dict:
+    import shutil
+    import subprocess
+    from concurrent.futures import ThreadPoolExecutor
+
+    cxx = shutil.which("g++")
+    if cxx is None:
+        pytest.skip("g++ not found")
+    builds = {"native": ["-march=native"], "portable": ["-march=x86-64"]}  # x86-64: SSE2, no AVX2
+
+    def build(name):
+        exe = tmp_path / f"int8_driver_{name}"
+        cmd = [cxx, "-std=c++17", "-O2", "-fopenmp", "-Wall", "-Wextra", *builds[name], "-I",
+               str(ROOT / "targets" / "cpu" / "runtime"), str(ROOT / "tests" / "int8_driver.cpp"), "-o", str(exe)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        assert proc.returncode == 0 and "warning" not in proc.stderr, proc.stderr
+        return name, exe
+
+    with ThreadPoolExecutor(2) as pool:
+        return dict(pool.map(build, builds))
+
+
+def test_runtime_int8_equals_reference_portable_and_avx2(tmp_path):
+    """dg_int8.h's three calls, built for this CPU (AVX2 here) and for baseline x86-64
+    (the portable loops), on one and two threads: equal to the numpy reference bit for
+    bit at sizes that leave every tail (K % 16, N % 4, the quantizer's 16-wide blocks)."""
+    import os
+    import subprocess
+
+    drivers = _int8_drivers(tmp_path)
+    rng = np.random.default_rng(7)
+    cases = [(1, 1, 1, False), (3, 16, 4, True), (5, 37, 6, False), (17, 64, 10, True), (64, 300, 33, False),
+             (9, 130, 70, False), (4, 37, 20, False), (6, 33, 17, False), (7, 37, 20, False)]  # (M, K, N, tb)
+    for m, k, n, tb in cases:
+        x = rng.normal(scale=3, size=(m, k)).astype(np.float32)
+        x[0, 0] = 1000.0  # clamped
+        w = rng.normal(size=(n, k) if tb else (k, n)).astype(np.float32)
+        xs = np.array([2.5 / 127], np.float32)
+        if m == 3:  # ties: x * (1 / 1) = k + 0.5 rounds to the even neighbour
+            x, xs = ((np.arange(m * k) - 24) / 2).reshape(m, k).astype(np.float32), np.ones(1, np.float32)
+        ws = weight_scales(w, tb) * np.float32(0.9)  # a scale below the largest weight: clamping
+        want = matmul_int8(x, w, xs, ws, tb)
+        stdin = b"".join(a.tobytes() for a in (x, w, xs, ws))
+        for name, exe in drivers.items():
+            for threads in (1, 2):
+                proc = subprocess.run([str(exe), str(m), str(k), str(n), "1" if tb else "0"], input=stdin,
+                                      capture_output=True, timeout=60, env=dict(os.environ, OMP_NUM_THREADS=str(threads)))
+                assert proc.returncode == 0, proc.stderr.decode()
+                got = np.frombuffer(proc.stdout, np.float32).reshape(m, n)
+                np.testing.assert_array_equal(got, want, err_msg=f"{name}, {threads} threads, {m}x{k}x{n} tb={tb}")
+
+
+def test_lenet_int8_convolutions_stay_float32(builds):
+    """LeNet in int8: its two convolutions run in float32, its three dense layers in int8
+    (scales calibrated on the inputs by transforms.quantize.calibrate). The convolutions'
+    float32 sums may differ from the reference's in the last bit (accumulation order), which
+    can move an activation across a rounding boundary of the int8 quantizer (one quantum of
+    it, which moves a product by at most x_scale * max |w_j|), so generated vs reference
+    is not exact here: seen 4e-8 of a probability, 1e-3 allowed, every top-1 equal."""
+    from generator.reference.quantize import calibrate
+
+    graph = load_example("lenet").build("lenet_int8")
+    set_precision(graph, "int8")
+    ops = [n.op for n in graph.nodes]
+    assert ops.count("matmul_int8") == 3 and ops.count("conv2d") == 2, ops
+    module, project = builds.module(graph)
+    text = " ".join((project / "src_tree" / "src" / "model.cpp").read_text().split())
+    assert "dg::conv2d" in text and text.count("dg::matmul_int8(") == 3
+    x = np.random.default_rng(3).uniform(size=(40, 1, 8, 8)).astype(np.float32)
+    params = reference.init_params(graph, seed=0)
+    params.update(calibrate(graph, [{"images": x}], params))
+    model = module.Model(seed=0)
+    buffers = model.buffers()
+    for name in buffers:
+        if name.endswith("scale"):
+            buffers[name][...] = params[name]
+    del buffers
+    got = model.forward(images=x)["probs"]
+    want = reference.run(graph, {"images": x}, params)["probs"]
+    diff = float(np.abs(got - want).max())
+    print(f"lenet int8: generated vs reference, largest probability difference {diff:.2e}")
+    assert diff <= 1e-3
+    assert float(np.mean(got.argmax(1) == want.argmax(1))) == 1.0
