@@ -133,6 +133,32 @@ def load_example(name: str):
     return load_model(str(ROOT / "examples" / f"{name}.py"))
 
 
+@pytest.fixture(scope="session")
+def trained_digits():
+    """examples/digits.py trained in fp32 by the reference's train_step (8 epochs, batches
+    of 32, seed 0), once per session for the precision tests: (train set, held-out set,
+    the fp32 graph, its trained parameters). Read it; do not change it."""
+    pytest.importorskip("sklearn")
+    import runpy
+
+    import numpy as np
+
+    from generator.reference import interpreter as reference
+
+    example = runpy.run_path(str(ROOT / "examples" / "digits.py"))
+    train_set, test_set = example["load_data"](0)
+    fp32 = load_example("digits").build()
+    params, state, step = reference.init_params(fp32, seed=0), {}, 0
+    rng = np.random.default_rng(0)
+    for _ in range(8):
+        order = rng.permutation(len(train_set["labels"]))
+        for start in range(0, len(order), 32):
+            pick, step = order[start : start + 32], step + 1
+            batch = {"pixels": train_set["pixels"][pick], "labels": train_set["labels"][pick]}
+            reference.train_step(fp32, batch, params, state, step)
+    return train_set, test_set, fp32, params
+
+
 # The checks every example goes through (API, memory, passes, sanitizers, the CUDA
 # emulation) build the CNN examples smaller, with the same structure: at their real
 # sizes the emulated CUDA train steps alone would take longer than the whole suite.

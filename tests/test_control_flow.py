@@ -149,13 +149,8 @@ def test_where_gradient_matches_finite_differences():
         np.testing.assert_allclose(analytic.reshape(-1), numeric, rtol=1e-5, atol=1e-6, err_msg=v.name)
 
 
-def test_cond_gradient_matches_finite_differences():
-    graph = _gated().build()
-    inputs = _inputs(5, 5)
-    params = {k: v.astype(np.float64) for k, v in reference.init_params(graph, seed=2).items()}
-    x = inputs["x"].astype(np.float64)
-    assert 0 < (x.sum(1) > 0).sum() < len(x)  # both branches taken
-    inputs64 = dict(inputs, x=x, y=inputs["y"].astype(np.float64))
+def _check_finite_differences(graph, inputs64, params):
+    """The reference's float64 gradients against central differences of its loss."""
     _, grads = reference.gradients(graph, inputs64, params, float_dtype=np.float64)
     eps = 1e-6
     for name, p in params.items():
@@ -168,6 +163,16 @@ def test_cond_gradient_matches_finite_differences():
                 loss.append(reference.gradients(graph, inputs64, shifted, float_dtype=np.float64)[0])
             numeric[i] = (loss[0] - loss[1]) / (2 * eps)
         np.testing.assert_allclose(grads[name].reshape(-1), numeric, rtol=1e-5, atol=1e-7, err_msg=name)
+
+
+def test_cond_gradient_matches_finite_differences():
+    graph = _gated().build()
+    inputs = _inputs(5, 5)
+    params = {k: v.astype(np.float64) for k, v in reference.init_params(graph, seed=2).items()}
+    x = inputs["x"].astype(np.float64)
+    assert 0 < (x.sum(1) > 0).sum() < len(x)  # both branches taken
+    inputs64 = dict(inputs, x=x, y=inputs["y"].astype(np.float64))
+    _check_finite_differences(graph, inputs64, params)
     # each branch's parameters get gradient from its own examples only
     only_deep = dict(inputs64, x=np.abs(x))
     _, g = reference.gradients(graph, only_deep, params, float_dtype=np.float64)
@@ -427,18 +432,7 @@ def test_while_loop_gradient_matches_finite_differences():
     inputs = _grower_inputs(1, 5)
     inputs64 = dict(inputs, x=inputs["x"].astype(np.float64))
     params = {k: v.astype(np.float64) for k, v in reference.init_params(graph, seed=2).items()}
-    _, grads = reference.gradients(graph, inputs64, params, float_dtype=np.float64)
-    eps = 1e-6
-    for name, p in params.items():
-        numeric = np.zeros(p.size)
-        for i in range(p.size):
-            loss = []
-            for delta in (eps, -eps):
-                shifted = {k: v.copy() for k, v in params.items()}
-                shifted[name].reshape(-1)[i] += delta
-                loss.append(reference.gradients(graph, inputs64, shifted, float_dtype=np.float64)[0])
-            numeric[i] = (loss[0] - loss[1]) / (2 * eps)
-        np.testing.assert_allclose(grads[name].reshape(-1), numeric, rtol=1e-5, atol=1e-7, err_msg=name)
+    _check_finite_differences(graph, inputs64, params)
 
 
 @pytest.fixture(scope="module")

@@ -119,24 +119,11 @@ def test_mlp_int8_generated_equals_reference(tmp_path, builds, capsys):
         assert call in " ".join(text.split()), call
 
 
-def test_trained_digits_mlp_in_int8(tmp_path, builds, capsys):
+def test_trained_digits_mlp_in_int8(tmp_path, builds, capsys, trained_digits):
     """examples/digits.py trained in fp32 (the reference's train_step, 8 epochs), quantized
     by `deepgen quantize` on the training images, run in int8 by the generated module on
     the 360 held-out ones: equal to the int8 reference, accuracy within 1% relative of fp32."""
-    pytest.importorskip("sklearn")
-    import runpy
-
-    example = runpy.run_path(str(ROOT / "examples" / "digits.py"))
-    train_set, test_set = example["load_data"](0)
-    fp32 = load_example("digits").build()
-    params, state, step = reference.init_params(fp32, seed=0), {}, 0
-    rng = np.random.default_rng(0)
-    for _ in range(8):
-        order = rng.permutation(len(train_set["labels"]))
-        for start in range(0, len(order), 32):
-            pick, step = order[start : start + 32], step + 1
-            batch = {"pixels": train_set["pixels"][pick], "labels": train_set["labels"][pick]}
-            reference.train_step(fp32, batch, params, state, step)
+    train_set, test_set, fp32, params = trained_digits
     np.savez(tmp_path / "w.npz", **params)
     np.savez(tmp_path / "train.npz", **train_set)  # pixels and labels: the report gives both accuracies
     assert cli(["quantize", str(ROOT / "examples" / "digits.py"), "--weights", str(tmp_path / "w.npz"),

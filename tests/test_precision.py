@@ -192,25 +192,10 @@ def test_precision_errors():
         dg.model(trains_in_bf16).build()
 
 
-def test_trained_digits_mlp_predicts_the_same_in_bf16(builds):
+def test_trained_digits_mlp_predicts_the_same_in_bf16(builds, trained_digits):
     """examples/digits.py trained in fp32 (the reference's train_step, 8 epochs), then run
     in bf16 by the generated module: its held-out predictions agree with fp32's."""
-    pytest.importorskip("sklearn")
-    import runpy
-
-    from conftest import ROOT
-
-    example = runpy.run_path(str(ROOT / "examples" / "digits.py"))
-    train_set, test_set = example["load_data"](0)
-    fp32 = load_example("digits").build()
-    params, state, step = reference.init_params(fp32, seed=0), {}, 0
-    rng = np.random.default_rng(0)
-    for _ in range(8):
-        order = rng.permutation(len(train_set["labels"]))
-        for start in range(0, len(order), 32):
-            pick, step = order[start : start + 32], step + 1
-            batch = {"pixels": train_set["pixels"][pick], "labels": train_set["labels"][pick]}
-            reference.train_step(fp32, batch, params, state, step)
+    _, test_set, fp32, params = trained_digits
 
     graph = load_example("digits").build("digits_bf16")
     set_precision(graph, "bf16")
