@@ -110,22 +110,42 @@ def _plan_by_size(buffers: list, sizes: dict, zero, phase_first: bool, offsets=N
                        rank.get(root.phase, 2), members))
     blocks.sort(key=lambda k: (k[3] if phase_first else 0, -k[0].typical(), k[1]))
     offsets = dict(offsets or {})
-    placed = [(offsets[id(b)], offsets[id(b)] + sizes[id(b)], b.first, b.last) for b in around]  # (offset, end, first, last)
+    # (offset, end, first, last, their typical values): a >= b for every size implies it at the
+    # typical one, so a pair that fails there needs no proof (the same plan, many fewer proofs)
+    placed = []
+    proofs = {}  # (id(offset), id(end)) -> offset >= end: both are placed blocks' ends (or zero), asked again and again
+
+    def above(offset, e):
+        key = (id(offset), id(e))
+        if key not in proofs:
+            proofs[key] = offset.dominates(e)
+        return proofs[key]
+
+    for b in around:
+        o = offsets[id(b)]
+        e = o + sizes[id(b)]
+        placed.append((o, e, b.first, b.last, o.typical(), e.typical()))
     for size, first, last, _, members in blocks:
-        live = [(o, e) for o, e, f, l in placed if f <= last and first <= l]
-        candidates = sorted([zero] + [e for _, e in live], key=Size.typical)
-        for offset in candidates:
+        live = [p for p in placed if p[2] <= last and first <= p[3]]
+        candidates = sorted([(zero, zero.typical())] + [(p[1], p[5]) for p in live], key=lambda c: c[1])
+        grows = size.typical()
+        spans = [(p[4], p[5]) for p in live]
+        for offset, at in candidates:
+            ends = at + grows
+            if any(o_at < ends and at < e_at for o_at, e_at in spans):
+                continue  # overlaps a live block at the typical size: no proof can place it here
             end = offset + size
-            if all(o.dominates(end) or offset.dominates(e) for o, e in live):
+            if all((o_at >= ends and o.dominates(end)) or (at >= e_at and above(offset, e))
+                   for o, e, _, _, o_at, e_at in live):
                 break
         else:  # no gap is safe for every size: on top of everything live
             offset = zero
-            for _, e in live:
-                offset = offset.max(e)
+            for p in live:
+                offset = offset.max(p[1])
             end = offset + size
         for b in members:
             offsets[id(b)] = offset
-        placed.append((offset, end, first, last))
+        placed.append((offset, end, first, last, offset.typical(), end.typical()))
     return offsets
 
 
