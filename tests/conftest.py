@@ -127,6 +127,15 @@ def builds(tmp_path_factory):
     return Builds(tmp_path_factory.mktemp("builds"))
 
 
+def child_env(**extra) -> dict:
+    """The environment for a child process that runs a generated project's own tests:
+    this one's, less PYTEST_ADDOPTS (options meant for this run, such as -q or
+    --durations, would change the child's summary line the tests read), plus `extra`."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
+    env.update(extra)
+    return env
+
+
 def load_example(name: str):
     from generator.frontend.loader import load_model
 

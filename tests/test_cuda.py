@@ -35,7 +35,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import ROOT, _cache_root, build_example
+from conftest import ROOT, _cache_root, build_example, child_env
 from module_checks import (
     check_bad_inputs,
     check_forward,
@@ -556,7 +556,7 @@ def test_training_state_is_allocated_when_training_starts(example):
 
 def test_generated_project_tests_pass(example):
     graph, _, where = example
-    env = dict(os.environ, PYTHONPATH=str(where / "build"))
+    env = child_env(PYTHONPATH=str(where / "build"))
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
                            str(where / "src_tree" / "tests")], capture_output=True, text=True, env=env, cwd=where)
     assert proc.returncode == 0, proc.stdout + proc.stderr

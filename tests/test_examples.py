@@ -4,7 +4,6 @@ generated project's own test, and the C++ example program."""
 
 from __future__ import annotations
 
-import os
 import re
 import subprocess
 import sys
@@ -13,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import ROOT, build_example, load_example
+from conftest import ROOT, build_example, child_env, load_example
 from module_checks import (
     check_bad_inputs,
     check_forward,
@@ -139,7 +138,7 @@ def test_batch_of_zero_is_refused(builds):
 
 def test_generated_project_tests_pass(example):
     graph, module, where = example
-    env = dict(os.environ, PYTHONPATH=str(where / "build"))
+    env = child_env(PYTHONPATH=str(where / "build"))
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(where / "src_tree" / "tests")],
                           capture_output=True, text=True, env=env, cwd=where)
     assert proc.returncode == 0, proc.stdout + proc.stderr

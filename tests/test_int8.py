@@ -10,7 +10,7 @@ import pytest
 import sympy
 
 import generator as dg
-from conftest import ROOT, load_example
+from conftest import ROOT, child_env, load_example
 from generator.errors import DeepgenError
 from generator.ops.quantize import MAX_K, matmul_int8, quantize, weight_scales
 from generator.pipeline import lowered, prepare
@@ -110,7 +110,7 @@ def test_mlp_int8_generated_equals_reference(tmp_path, builds, capsys):
 
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"],
                           cwd=project / "src_tree", capture_output=True, text=True, timeout=300,
-                          env=dict(os.environ, PYTHONPATH=str(project / "build")))
+                          env=child_env(PYTHONPATH=str(project / "build")))
     assert proc.returncode == 0, proc.stdout[-3000:]
     # each step a named call, with its scale's name
     for call in ("dg::quantize_int8(x, dg::int8_data(x_q), fc1_w_input_scale.ptr()",

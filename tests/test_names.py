@@ -13,7 +13,6 @@ from __future__ import annotations
 import ast
 import functools
 import io
-import os
 import re
 import subprocess
 import sys
@@ -27,7 +26,7 @@ import generator as dg
 from generator.errors import DeepgenError
 from generator.ir.names import CPP_GLOBALS, KEYWORDS, MACROS, check_project_name, names_macro, problem_with
 
-from conftest import CHECK_BUILD_FLAGS, ROOT
+from conftest import CHECK_BUILD_FLAGS, ROOT, child_env
 from platform_names import compiler_globals, compiler_macros, write_list
 
 TINY = str(ROOT / "tests" / "models" / "tiny.py")
@@ -156,7 +155,7 @@ def test_user_names_compile_and_compute(builds):
     # -O0: a clash is a compile error or a wrong value, whatever GCC's optimization level.
     module, where = builds.module(graph, flags=CHECK_BUILD_FLAGS)
     tests = where / "src_tree" / "tests"
-    env = dict(os.environ, PYTHONPATH=str(where / "build"))
+    env = child_env(PYTHONPATH=str(where / "build"))
     run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tests)],
                          capture_output=True, text=True, env=env, timeout=600, cwd=tests)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]

@@ -44,7 +44,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import ROOT, _cache_root, build_example
+from conftest import ROOT, _cache_root, build_example, child_env
 from generator.tools.build import cmake_build
 
 from conftest import EXAMPLES  # noqa: E402  (the example model files)
@@ -82,10 +82,10 @@ def sanitizer_env():
     cxx, libs = _compiler()
     if cxx is None:
         pytest.skip(f"sanitizers unavailable: {libs}")
-    env = dict(os.environ, LD_PRELOAD=" ".join(libs),
-               ASAN_OPTIONS="detect_leaks=0:abort_on_error=0:strict_string_checks=1:detect_stack_use_after_return=1",
-               UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1", PYTHONDONTWRITEBYTECODE="1",
-               OMP_NUM_THREADS="2")
+    env = child_env(LD_PRELOAD=" ".join(libs),
+                    ASAN_OPTIONS="detect_leaks=0:abort_on_error=0:strict_string_checks=1:detect_stack_use_after_return=1",
+                    UBSAN_OPTIONS="print_stacktrace=1:halt_on_error=1", PYTHONDONTWRITEBYTECODE="1",
+                    OMP_NUM_THREADS="2")
     env.pop("PYTHONPATH", None)
     probe = subprocess.run([sys.executable, "-c", "import numpy; print('ok')"], env=env, capture_output=True,
                            text=True, timeout=120)
