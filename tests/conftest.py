@@ -127,6 +127,19 @@ def builds(tmp_path_factory):
     return Builds(tmp_path_factory.mktemp("builds"))
 
 
+def held_out_agreement(got, want, labels, precision: str) -> tuple:
+    """(fp32 accuracy, `precision`'s accuracy, top-1 agreement) of probabilities `got`
+    against fp32's `want` on the held-out `labels`, printed for the test's log."""
+    import numpy as np
+
+    agree = float(np.mean(got.argmax(1) == want.argmax(1)))
+    fp32_accuracy = float(np.mean(want.argmax(1) == labels))
+    accuracy = float(np.mean(got.argmax(1) == labels))
+    print(f"digits, {len(labels)} held-out images: fp32 accuracy {fp32_accuracy:.4f}, {precision} {accuracy:.4f}, "
+          f"top-1 agreement {agree:.4f}, largest probability difference {np.abs(got - want).max():.2e}")
+    return fp32_accuracy, accuracy, agree
+
+
 def child_env(**extra) -> dict:
     """The environment for a child process that runs a generated project's own tests:
     this one's, less PYTEST_ADDOPTS (options meant for this run, such as -q or

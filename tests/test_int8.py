@@ -10,7 +10,7 @@ import pytest
 import sympy
 
 import generator as dg
-from conftest import ROOT, child_env, load_example
+from conftest import ROOT, child_env, held_out_agreement, load_example
 from generator.errors import DeepgenError
 from generator.ops.quantize import MAX_K, matmul_int8, quantize, weight_scales
 from generator.pipeline import lowered, prepare
@@ -145,11 +145,7 @@ def test_trained_digits_mlp_in_int8(tmp_path, builds, capsys, trained_digits):
     # are not bitwise the reference's: a few ulps
     np.testing.assert_allclose(got, reference.run(graph, {"pixels": pixels}, wq)["probs"], rtol=2e-5, atol=1e-7)
     want = reference.run(fp32, {"pixels": pixels}, params)["probs"]
-    agree = float(np.mean(got.argmax(1) == want.argmax(1)))
-    fp32_accuracy = float(np.mean(want.argmax(1) == labels))
-    int8_accuracy = float(np.mean(got.argmax(1) == labels))
-    print(f"digits, {len(labels)} held-out images: fp32 accuracy {fp32_accuracy:.4f}, int8 {int8_accuracy:.4f}, "
-          f"top-1 agreement {agree:.4f}, largest probability difference {np.abs(got - want).max():.2e}")
+    fp32_accuracy, int8_accuracy, agree = held_out_agreement(got, want, labels, "int8")
     assert fp32_accuracy > 0.9
     assert int8_accuracy >= 0.99 * fp32_accuracy and agree >= 0.97
 

@@ -9,7 +9,7 @@ import pytest
 import sympy
 
 import generator as dg
-from conftest import load_example
+from conftest import held_out_agreement, load_example
 from generator.errors import DeepgenError
 from generator.ops.precision import round_to_bf16
 from generator.pipeline import lowered, prepare
@@ -205,11 +205,7 @@ def test_trained_digits_mlp_predicts_the_same_in_bf16(builds, trained_digits):
     pixels, labels = test_set["pixels"], test_set["labels"]
     got = model.forward(pixels=pixels)["probs"]
     want = reference.run(fp32, {"pixels": pixels}, params)["probs"]
-    agree = float(np.mean(got.argmax(1) == want.argmax(1)))
-    fp32_accuracy = float(np.mean(want.argmax(1) == labels))
-    bf16_accuracy = float(np.mean(got.argmax(1) == labels))
-    print(f"digits, {len(labels)} held-out images: fp32 accuracy {fp32_accuracy:.4f}, bf16 {bf16_accuracy:.4f}, "
-          f"agreement {agree:.4f}, largest probability difference {np.abs(got - want).max():.2e}")
+    fp32_accuracy, bf16_accuracy, agree = held_out_agreement(got, want, labels, "bf16")
     assert fp32_accuracy > 0.9
     assert agree >= 0.99 and bf16_accuracy >= 0.99 * fp32_accuracy
     assert _error(got, reference.run(graph, {"pixels": pixels}, params)["probs"]) <= ORDER_TOLERANCE
