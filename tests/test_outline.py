@@ -107,17 +107,19 @@ def test_each_residual_blocks_gradient_is_one_call():
     run = _run_body(text)
     plain = len(re.findall(r"^\s+basic_block_backward\(", run, re.M))
     shortcut = len(re.findall(r"^\s+basic_block_with_shortcut_backward\(", run, re.M))
-    # Every block's gradient is a call: remat makes a block's input that the middle of the
-    # next block's gradient reads before that gradient (transforms/remat.py), and a
-    # gradient that holds more than the others (the first block's also makes its first
-    # convolution's weight gradient) is their function's call and the rest inline.
+    # Every block's gradient is a call, all of it: remat makes a block's input (the previous
+    # block's output) again before the gradient of the block that reads it
+    # (transforms/remat.py), by a function of its own called once per block that has it.
     assert plain == 5 and shortcut == 3
+    assert len(re.findall(r"^\s+basic_block_with_shortcut_again\(", run, re.M)) == 3, run
+    assert "conv2d_grad_weight" not in run[run.index("basic_block_backward("):run.rindex("basic_block_backward(")]
     start = text.index("\nvoid basic_block_backward(")
     body = text[start: text.index("\n}\n", start)]
     assert re.search(r"\bd_x\b", body)  # the gradient of the block's input, by the argument's name
+    assert "dg::conv2d_grad_weight(x, d_conv1, d_conv1_weight" in body  # its first convolution's too
     # Which update is ready: the call's first index plus a constant; a weight's size from
     # the function's sizes: neither passed by the call.
-    assert re.search(r"gradient_ready\(\*_gradients_only, first_index \+ \d\)", body)
+    assert re.search(r"gradients_only\(_gradients_only, first_index \+ \d\)", body)
     assert re.search(r"sgd_update\(conv2_weight, d_conv2_weight, C \* C \* 9, _hyper\)", body)
     assert "_size" not in body and "index_2" not in body
 

@@ -417,7 +417,7 @@ def _statements(ctx, nodes, first: int) -> list:
             ctx.comment = text
             plain = ctx.plain_loc(loc)
             statements.append(Statement(ctx.comment, call=plain if loc and loc.call else None,
-                                        helper=plain.helper if loc else ()))
+                                        helper=plain.helper if loc else (), again=again))
             key = k
             # The statements of one call of a user's function (a residual block) come
             # together under the line that called it.

@@ -61,6 +61,7 @@ class Function:
     source: str  # "resnet18.py:17" where the user's function is, for the comment
     params: list  # [(C++ type, name)]
     body: list  # [Statement]
+    sizes: list = field(default_factory=list)  # [(order, C++ type, name, each call's value)] of its sizes
 
     def __str__(self) -> str:
         params = ", ".join(f"{t} {n}" for t, n in self.params)
@@ -143,9 +144,10 @@ def outline(plan, graph=None):
         inline[part] = _split_first_uses(found[part], bases)
     later_reads = _reads_after(plan, lists, found, inline)
     taken = _taken_names(plan)
+    called = {}  # call_id -> (the function its forward lines became, {size parameter: its value})
     for part, statements in lists.items():
         suffix = "" if part == "forward" else "_backward"
-        new = _outline_part(statements, found[part], inline[part], plan, later_reads, taken, suffix)
+        new = _outline_part(statements, found[part], inline[part], plan, later_reads, taken, suffix, called)
         if part == "forward":
             plan.statements = new
         else:
@@ -154,23 +156,31 @@ def outline(plan, graph=None):
     return plan
 
 
-def _outline_part(statements, instances, kept_inline, plan, later_reads, taken, suffix) -> list:
+def _outline_part(statements, instances, kept_inline, plan, later_reads, taken, suffix, called) -> list:
     groups: dict = {}
     for inst in instances:
         groups.setdefault(_group_key(inst), []).append(inst)
     replaced = {}
-    names = _variant_names(groups)
+    again = {key for key, group in groups.items() if all(s.again for s in group[0].statements)}
+    names = _variant_names({key: group for key, group in groups.items() if key not in again})
     for key, group in groups.items():
         if len(group) < 2:
             continue
+        if key in again:  # what the backward pass makes again of a call: named after the call's function
+            forward = [called[i.loc.call_id][0] for i in group if i.loc.call_id in called]
+            name = (forward[0] if forward else _function_name(group[0].loc)) + "_again"
+        else:
+            name = names[key] + suffix
         try:
-            function, calls = _make_function(group, plan, fresh_name(names[key] + suffix, taken), later_reads)
+            function, calls = _make_function(group, plan, fresh_name(name, taken), later_reads, called)
         except _NotOutlined:
             continue
         taken.add(function.name)
         plan.functions.append(function)
-        for inst, call_statement in zip(group, calls):
+        for j, (inst, call_statement) in enumerate(zip(group, calls)):
             replaced[id(inst.first or inst.statements[0])] = (inst, call_statement)
+            sizes = {n: values[j] for order, _, n, values in function.sizes}
+            called.setdefault(inst.loc.call_id, (function.name, sizes))
     out, skip = [], set()
     for s in statements:
         if id(s) in replaced:
@@ -222,8 +232,7 @@ def _split_first_uses(instances, bases) -> dict:
                 (hoisted if keep else rest).append(line)
             if not hoisted:
                 continue
-            trial = _Instance([Statement(head.comment, rest, head.positions, head.header, head.call, head.helper)],
-                              inst.loc)
+            trial = _Instance([dataclasses.replace(head, lines=rest)], inst.loc)
             try:
                 _read_instance(trial, bases)
             except _NotOutlined:
@@ -265,11 +274,11 @@ def _prefixes(inst):
     for n in range(len(inst.statements), 0, -1):
         last = inst.statements[n - 1]
         for m in range(len(last.lines) - (1 if n == len(inst.statements) else 0), 0, -1):
-            head = Statement(last.comment, last.lines[:m], last.positions, last.header, last.call, last.helper)
+            head = dataclasses.replace(last, lines=last.lines[:m])
             trial = _Instance(inst.statements[: n - 1] + [head], inst.loc)
             trial.cut = last
             if m < len(last.lines):
-                trial.rest = [Statement(last.comment, last.lines[m:], last.positions, "", last.call, last.helper)]
+                trial.rest = [dataclasses.replace(last, lines=last.lines[m:], header="")]
             yield trial
 
 
@@ -412,6 +421,7 @@ def _read_instance(inst: _Instance, bases: dict) -> None:
         for prefix in strings:
             if short.startswith(prefix + "_") and len(short) > len(prefix) + 1:
                 short = short[len(prefix) + 1 :]
+                short = "result_again" if short == "again" else short  # what the call returned, made again
                 break
             if f"_{prefix}_" in short:  # a gradient's name: d_layer4_1_bn2 -> d_bn2
                 short = short.replace(f"_{prefix}_", "_", 1)
@@ -565,14 +575,14 @@ def _walk(obj, inst: _Instance, slot: str = "") -> None:
 # The backward pass runs a call's gradient statements mostly together, but the schedule
 # moves a few (a weight's gradient after the next call's recomputation): a run of fewer
 # statements than this is such a piece and stays inline.
-_BACKWARD_MIN = 4
+_BACKWARD_MIN = 3
 
 # The order of a function's parameters: the tensors the user passed, the weights and
 # other values from outside, sizes, labels, the arena pieces, then run-time sizes and the mode.
 _ORDER = ("argument", "outside", "size", "label", "arena", "run")
 
 
-def _make_function(group, plan, fn_name, later_reads):
+def _make_function(group, plan, fn_name, later_reads, called=None):
     for inst in group:  # a view or local another statement reads cannot move into a function
         for s in inst.statements:
             for line in s.lines:
@@ -589,6 +599,10 @@ def _make_function(group, plan, fn_name, later_reads):
         key = (kind, tuple(values))
         if key in by_values:
             return by_values[key]
+        if order == "size":  # the name the calls' forward function gave the same sizes (C, O)
+            known = [(called or {}).get(inst.loc.call_id, ("", {}))[1] for inst in group]
+            same = [n for n in known[0] if n not in names and all(k.get(n) == v for k, v in zip(known, values))]
+            wanted, exact = (same[0], True) if same else (wanted, exact)
         name = wanted if exact else fresh_name(wanted, names)
         names.add(name)
         by_values[key] = name
@@ -677,7 +691,8 @@ def _make_function(group, plan, fn_name, later_reads):
                        ["_gradients_only"] * len(group)])
     params.sort(key=lambda p: p[0])  # stable: first use within each kind
     body = _rebuild_body(first, replace)
-    function = Function(fn_name, first.loc.short.split(":")[0], [(t, n) for _, t, n, _ in params], body)
+    function = Function(fn_name, first.loc.short.split(":")[0], [(t, n) for _, t, n, _ in params], body,
+                        [p for p in params if p[0] == _ORDER.index("size")])
     calls = []
     for j, inst in enumerate(group):
         head = inst.statements[0]

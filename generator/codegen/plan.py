@@ -114,6 +114,7 @@ class Statement:
     header: str = ""  # the call of the user's function it is part of, at the first of them
     call: object = None  # that call: the Loc of a node in it (loc.call_id, loc.call_args), or None
     helper: tuple = ()  # the one call of a deepgen function that made all its nodes (Loc.helper), if one did
+    again: bool = False  # its nodes make forward values again for the gradient (transforms/remat.py)
 
 
 @dataclass

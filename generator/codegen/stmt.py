@@ -205,7 +205,7 @@ class EarlyUpdate:
             return f"if (_gradients_only != nullptr) dg::gradient_ready(*_gradients_only, {self.index});"
         if not self.report:
             return f"if (_gradients_only == nullptr) {self.call}"
-        return f"if (_gradients_only == nullptr) {self.call} else dg::gradient_ready(*_gradients_only, {self.index});"
+        return f"if (!dg::gradients_only(_gradients_only, {self.index})) {self.call}"
 
 
 @dataclass(eq=False)

@@ -136,8 +136,20 @@ def _backprop(gb, nodes, grads: dict, reaches: set, needed) -> None:
                 continue
             if id(v) in grads:
                 a, b = ARGS[0], ARGS[1]
-                g = gb.ewise("add", a + b, [grads[id(v)], g], v.shape, f"d_{v.name}")
+                parts = [grads[id(v)], g]
+                g = gb.ewise("add", a + b, parts, v.shape, f"d_{v.name}")
+                _total_takes_the_name(g, parts, f"d_{v.name}")
             grads[id(v)] = g
+
+
+def _total_takes_the_name(total, parts, name) -> None:
+    """The sum of a value's gradient parts is its gradient: it is called d_<value>
+    (`d_layer4_0`), and the part that had that name takes the sum's numbered one
+    (`d_layer4_0_2`), so the name that leaves a block's gradient is the user's."""
+    for part in parts:
+        if part.name == name and part.producer is not None and total.name != name:
+            part.name, total.name = total.name, name
+            return
 
 
 def reaching(nodes, sources) -> set:

@@ -100,6 +100,16 @@ void gradient_ready(const Callback& ready, int index) {
   if (ready) ready(index);
 }
 
+// A parameter's update in the backward pass: compute_gradients() (`only` set) leaves it to
+// apply_update(), says gradient `index` is complete and returns true; train_step() (nullptr)
+// returns false and the caller updates the parameter there.
+template <typename Callback>
+bool gradients_only(const Callback* only, int index) {
+  if (only == nullptr) return false;
+  gradient_ready(*only, index);
+  return true;
+}
+
 class ShapeChecker {
  public:
   explicit ShapeChecker(size_t num_dims) : value_(num_dims, 0), bound_by_(num_dims) {}

@@ -285,10 +285,8 @@ float Network::_run(::tiny_train::Model& _model, const ::tiny_train::Inputs& _in
                     },
                     logits_w.ptr(), logits_w_buf.ptr()));
   if (_gradients_only != nullptr) dg::gradient_ready(*_gradients_only, 2);
-  if (_gradients_only == nullptr)
+  if (!dg::gradients_only(_gradients_only, 3))
     kernels::momentum_update(logits_b.ptr(), d_logits_b, logits_b_buf.ptr(), logits_b.size(), _hyper);
-  else
-    dg::gradient_ready(*_gradients_only, 3);
 
   // gradient of tiny.py:30  h = dg.dense(x, 4, act=dg.relu)
   float* d_h_b_sum = _gradients_kept ? this->d_h_b.ptr() : _arena.at(0, 4);
@@ -302,10 +300,8 @@ float Network::_run(::tiny_train::Model& _model, const ::tiny_train::Inputs& _in
                     },
                     h_w.ptr(), h_w_buf.ptr()));
   if (_gradients_only != nullptr) dg::gradient_ready(*_gradients_only, 0);
-  if (_gradients_only == nullptr)
+  if (!dg::gradients_only(_gradients_only, 1))
     kernels::momentum_update(h_b.ptr(), d_h_b_sum, h_b_buf.ptr(), h_b.size(), _hyper);
-  else
-    dg::gradient_ready(*_gradients_only, 1);
   _model.memory.record(_arena);
   return softmax_cross_entropy.data()[0];
 }
