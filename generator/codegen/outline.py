@@ -15,7 +15,8 @@ Which parts are "per call" is read off the typed lines, never off printed C++:
   name prefix (`layer2_0_conv1_weight` -> `conv1_weight`);
 - each arena piece the call declares (`ArenaDecl`) is a pointer parameter; the caller
   declares the pieces later code reads (the call's result, what the backward pass
-  keeps) and passes the others as `_arena.at(...)`;
+  keeps) and passes the others as `_arena.at(...)`, once where two are one piece in
+  every call (the second is named inside: `float* out = bn1;  // in place`);
 - every other leaf (a size, a string literal) that differs between the calls is a
   parameter, one per distinct list of values; one that is the same in every call
   stays in the body. Run-time sizes (`N`) and the mode a body reads are parameters too.
@@ -641,8 +642,15 @@ def _make_function(group, plan, fn_name, later_reads, called=None):
                     values.append(decl.buffer.name)
                 else:
                     values.append(decl.piece())
-            # One parameter per piece, even where two pieces are one (an in-place result).
-            replace.append(add_param("float*", leaf.slot, values, ("arena", leaf.slot), "arena", exact=True))
+            # A piece that is another piece of the call in every call (an in-place result:
+            # the relu's `out` over batch norm's `bn1`) is that parameter under its own name.
+            shared = by_values.get(("piece", tuple(values)))
+            if shared is not None and all(v.startswith("_arena.at(") for v in values):
+                replace.append(shared)
+                continue
+            name = add_param("float*", leaf.slot, values, ("arena", leaf.slot), "arena", exact=True)
+            by_values.setdefault(("piece", tuple(values)), _SamePiece(name, leaf.payload.buffer.name))
+            replace.append(name)
         else:
             values = [lv.payload for lv in leaves]
             if len(set(values)) == 1:
@@ -845,9 +853,25 @@ class _Name:
         self.name = name
 
 
+@dataclass(frozen=True)
+class _SamePiece:
+    """An arena piece of the call that another parameter (`name`, the first call's
+    `first`) already passes: an in-place result, or a piece used again."""
+
+    name: str
+    first: str
+
+    def __str__(self) -> str:
+        return self.name
+
+
 def _rebuild(obj, inst, it):
     if isinstance(obj, ArenaDecl) or _vector_of(obj):
-        next(it)
+        given = next(it)
+        if isinstance(given, _SamePiece):  # `float* out = bn1;  // in place`
+            in_place = any(getattr(d, "name", None) == given.first for d in obj.shares)
+            note = "in place" if in_place else f"{given.name}'s piece, used again"
+            return Alias(_Name(inst.renames[obj.buffer.name]), given.name, "float", "", note=note, written=True)
         return None  # a parameter of the function
     if isinstance(obj, Operand):
         words = set(_IDENT.findall(obj.expr))

@@ -142,9 +142,11 @@ class Alias:
     shape: str  # the value's shape, for the comment
     at: int = -1
     note: str = ""  # the comment, when not "same data, shape ..."
+    written: bool = False  # the new name is written through (a piece an in-place result shares)
 
     def __str__(self) -> str:
-        return f"const {self.ctype}* {self.value.name} = {self.src};  // {self.note or 'same data, shape ' + self.shape}"
+        const = "" if self.written else "const "
+        return f"{const}{self.ctype}* {self.value.name} = {self.src};  // {self.note or 'same data, shape ' + self.shape}"
 
 
 @dataclass(eq=False)
