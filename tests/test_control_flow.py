@@ -313,10 +313,9 @@ def test_errors_name_the_users_line_and_values():
     assert "no truth value" in msg and "dg.cond" in msg and "return x if x > 0 else -x" in msg
 
 
-@pytest.fixture(scope="module")
-def gated_cuda_emulated():
-    """The same model for the CUDA target, built with DG_CUDA_EMULATE (every kernel
-    body a host loop), as tests/test_cuda.py builds the op table."""
+def _cuda_emulated(graph):
+    """`graph` for the CUDA target, built with DG_CUDA_EMULATE (every kernel body a
+    host loop), as tests/test_cuda.py builds the op table: (its module, its files)."""
     import importlib
     import sys
 
@@ -325,20 +324,26 @@ def gated_cuda_emulated():
     from generator.pipeline import project_files
     from test_cuda import _cmake, _digest
 
-    graph = _gated().build("gated_emu")
     files = project_files(graph, "cuda")
     defines = {"DG_CUDA_EMULATE": "ON", "CMAKE_BUILD_TYPE": "Debug", "CMAKE_CXX_FLAGS_DEBUG": "-O1",
-               "GATED_EMU_EXAMPLE": "OFF"}
-    where = _cache_root() / f"cuda-emulated-gated_emu-{_digest(files, sys.version, defines)}"
+               f"{graph.name.upper()}_EXAMPLE": "OFF"}
+    where = _cache_root() / f"cuda-emulated-{graph.name}-{_digest(files, sys.version, defines)}"
     if not (where / "build" / ".ok").is_file():
         write_project(where / "src_tree", files, force=True)
         _cmake(where / "src_tree", where / "build", defines)
         (where / "build" / ".ok").write_text("ok\n")
     sys.path.insert(0, str(where / "build"))
     try:
-        module = importlib.import_module("gated_emu")
+        module = importlib.import_module(graph.name)
     finally:
         sys.path.remove(str(where / "build"))
+    return module, files
+
+
+@pytest.fixture(scope="module")
+def gated_cuda_emulated():
+    graph = _gated().build("gated_emu")
+    module, files = _cuda_emulated(graph)
     return graph, module, files
 
 
@@ -362,21 +367,32 @@ def test_cuda_target_emulated_matches_reference(gated_cuda_emulated):
         np.testing.assert_allclose(np.asarray(model.gradients()[name]), g, rtol=1e-4, atol=1e-6, err_msg=name)
 
 
-# -- while_loop (masked, unrolled: docs/ARCHITECTURE.md "dg.while_loop masks") --------
+# -- while_loop (one loop op, masked: docs/ARCHITECTURE.md "dg.while_loop is one loop") --
 
 MAX_STEPS = 4
 
 
-def _grower():
+def _grower(traced=None):
+    """`traced` gets one entry per tracing of the loop's cond and body."""
+
     @dg.model
     def grower():
         x = dg.input("x", (N, 3))
         labels = dg.input("labels", (N,), dtype="int64")
         w = dg.param("w", (3, 3), init=dg.normal(0, 0.6), seed=1)
-        (h, total), steps, every = dg.while_loop(
-            lambda s: dg.sum(s[0] * s[0], 1) < 3.0,
-            lambda s: (dg.tanh(s[0] @ w) + s[0], s[1] + dg.sum(s[0], 1, keepdims=True)),
-            (x, dg.sum(x, 1, keepdims=True)), MAX_STEPS, outputs=True)
+
+        def small(s):
+            h, _ = s
+            (traced if traced is not None else []).append("cond")
+            return dg.sum(h * h, 1) < 3.0
+
+        def grow(s):
+            h, total = s
+            (traced if traced is not None else []).append("body")
+            return dg.tanh(h @ w) + h, total + dg.sum(h, 1, keepdims=True)
+
+        (h, total), steps, every = dg.while_loop(small, grow, (x, dg.sum(x, 1, keepdims=True)), MAX_STEPS,
+                                                 outputs=True, names=("h", "total"))
         logits = dg.dense(h * total, 2, name="head")
         dg.train(dg.softmax_cross_entropy(logits, labels), dg.sgd(lr=0.1))
         return {"logits": logits, "steps": steps, "every": every[0]}
@@ -404,11 +420,22 @@ def _number(t) -> float:
     return float(t.detach()) if hasattr(t, "detach") else float(t)
 
 
-def _grower_inputs(seed, n):
+def _grower_inputs(seed, n, scale=1.2):
+    """Examples that stop at different steps; with a larger `scale`, every one of them
+    before MAX_STEPS (the generated loop then ends early)."""
     rng = np.random.default_rng(seed)
-    x = rng.uniform(-1.2, 1.2, (n, 3)).astype(np.float32)
+    x = rng.uniform(-scale, scale, (n, 3)).astype(np.float32)
     x[0] = [1.5, 1.2, 0.0]  # already done: no step
     return {"x": x, "labels": rng.integers(0, 2, n).astype(np.int64)}
+
+
+def test_while_loop_is_one_loop_op_traced_once():
+    traced = []
+    graph = _grower(traced).build()
+    assert traced == ["cond", "body"]
+    loops = [n for n in graph.nodes if n.op == "recurse"]
+    assert len(loops) == 1 and not any(n.op == "matmul" and n.inputs[1].name == "w" for n in graph.nodes)
+    assert dict(graph.outputs)["steps"].dtype == "int64"
 
 
 def test_while_loop_reference_matches_a_per_example_loop():
@@ -418,7 +445,8 @@ def test_while_loop_reference_matches_a_per_example_loop():
     got = reference.run(graph, inputs, params)
     logits, steps, every = _numpy_grower(params, inputs["x"])
     assert len(set(steps)) >= 3, steps  # examples stop at different steps
-    np.testing.assert_array_equal(got["steps"], np.array(steps, dtype=np.float32))
+    assert got["steps"].dtype == np.int64
+    np.testing.assert_array_equal(got["steps"], np.array(steps, dtype=np.int64))
     np.testing.assert_allclose(got["logits"], np.concatenate(logits), rtol=1e-5, atol=1e-6)
     for n, kept in enumerate(every):
         want = np.zeros((MAX_STEPS, 3), np.float32)
@@ -438,29 +466,50 @@ def test_while_loop_gradient_matches_finite_differences():
 @pytest.fixture(scope="module")
 def grower(builds):
     graph = _grower().build()
-    module, _ = builds.module(graph)
-    return graph, module
+    module, where = builds.module(graph)
+    return graph, module, where
+
+
+def test_while_loop_generated_code_is_one_loop(grower):
+    _, _, where = grower
+    code = "\n".join(p.read_text() for p in (where / "src_tree").rglob("*.cpp"))
+    assert "// No example is still running: the steps left would change nothing.\n" in code
+    assert "if (!dg::any_running(running_prev.data(), rows)) break;" in code
+    assert "// examples still running take " in code and ", the others keep h_prev" in code
+    forward = code[code.index("void Network::while_loop"):]
+    forward = forward[: forward.index("\n}\n")]
+    assert forward.count("dg::matmul(") == 1  # the body once, in the loop
+    assert "for (int64_t n" not in code  # no per-example loop
 
 
 def test_while_loop_generated_matches_reference_and_pytorch(grower):
     torch = pytest.importorskip("torch")
-    graph, module = grower
-    for seed, n in ((3, 1), (4, 7)):
-        inputs = _grower_inputs(seed, n)
+    graph, module, _ = grower
+    for seed, n, scale in ((3, 1, 1.2), (4, 7, 1.2), (14, 5, 2.0)):
+        inputs = _grower_inputs(seed, n, scale)
+        if scale > 1.5:
+            assert max(_numpy_grower(reference.init_params(graph, seed=5), inputs["x"])[1]) < MAX_STEPS
         got = module.Model(seed=5).forward(x=inputs["x"])
         want = reference.run(graph, inputs, reference.init_params(graph, seed=5))
+        assert got["steps"].dtype == np.int64
         for name in ("logits", "steps", "every"):
             np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6, err_msg=name)
     memory = lowered(prepare(_grower().build())).memory
+    for seed, scale in ((5, 1.2), (14, 2.0)):  # all stopping early: the rows past the loop's end stay zero
+        _while_train_step_matches_pytorch(torch, module, memory, seed, scale)
+
+
+def _while_train_step_matches_pytorch(torch, module, memory, seed, scale):
     model = module.Model(seed=6)
     start = {k: np.array(v) for k, v in model.parameters().items()}
-    inputs = _grower_inputs(5, 6)
+    inputs = _grower_inputs(seed, 6, scale)
     model.forward(x=inputs["x"])
     stats = model.memory_stats()
     assert stats["peak_bytes"] == stats["predicted_peak_bytes"] == 4 * int(sympy.sympify(memory["forward_floats"]).subs({N: 6}))
     loss = model.train_step(**inputs)
     p = {k: torch.tensor(v, dtype=torch.float64, requires_grad=True) for k, v in start.items()}
-    logits, _, _ = _numpy_grower(p, torch.tensor(inputs["x"], dtype=torch.float64), module=torch)
+    logits, steps, _ = _numpy_grower(p, torch.tensor(inputs["x"], dtype=torch.float64), module=torch)
+    assert len(set(steps)) >= 2 and (max(steps) < MAX_STEPS) == (scale > 1.5), steps
     want = torch.nn.functional.cross_entropy(torch.cat(logits), torch.tensor(inputs["labels"]))
     want.backward()
     assert abs(loss - want.item()) <= 1e-5 * max(1.0, abs(want.item()))
@@ -489,3 +538,25 @@ def test_while_loop_errors_name_the_users_line():
         return dg.while_loop(lambda h: dg.sum(h, 1) < 1.0, lambda h: dg.sum(h, 1, keepdims=True), x, 3)[0]
 
     assert "body_fn changes state 0's shape: 'x' [N, 3]" in _error(body_changes_shape)
+
+
+def test_while_loop_cuda_target_emulated_matches_reference():
+    """The CUDA target's loop (dg::any_running reads the flags back to the host), emulated."""
+    graph = _grower().build("grower_emu")
+    module, files = _cuda_emulated(graph)
+    code = b"\n".join(data for path, data in files.items() if path.endswith((".cu", ".h")))
+    assert b"if (!dg::any_running(running_prev.data(), rows)) break;" in code
+    for seed, n, scale in ((4, 7, 1.2), (14, 5, 2.0)):
+        inputs = _grower_inputs(seed, n, scale)
+        got = module.Model(seed=5).forward(x=inputs["x"])
+        want = reference.run(graph, inputs, reference.init_params(graph, seed=5))
+        for name in ("logits", "steps", "every"):
+            np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6, err_msg=name)
+    model = module.Model(seed=3)
+    start = {k: np.array(v) for k, v in model.parameters().items()}
+    inputs = _grower_inputs(14, 6, 2.0)
+    loss = model.train_step(**inputs)
+    want_loss, want_grads = reference.gradients(graph, inputs, start)
+    assert abs(loss - want_loss) <= 1e-5 * max(1.0, abs(want_loss))
+    for name, g in want_grads.items():
+        np.testing.assert_allclose(np.asarray(model.gradients()[name]), g, rtol=1e-4, atol=1e-6, err_msg=name)

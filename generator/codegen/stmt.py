@@ -249,6 +249,19 @@ class Block:
 
 
 @dataclass(eq=False)
+class Break:
+    """`if (test) break;` with a comment above it: a loop that may end before its
+    bound (a while loop once none of its examples runs)."""
+
+    test: str
+    comment: str = ""
+    at: int = -1
+
+    def __str__(self) -> str:
+        return "\n".join(_comment_lines(self.comment) + [f"if ({self.test}) break;"])
+
+
+@dataclass(eq=False)
 class Loop:
     """`for (std::int64_t var = first; test; step) { lines }`, a comment above it."""
 

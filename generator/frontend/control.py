@@ -16,12 +16,14 @@ import math
 import numbers
 
 from .builder import Tensor, current
+from .dsl import concat, gather, reshape, slice_axis, sum as _sum
+from .recursion import build_recursion
 from ..errors import ModelError
 from ..ir.shapes import fmt_shape, same
 from .source import user_loc
 from ..ops import ARGS as _ARGS
 
-__all__ = ["logical_and", "logical_or", "logical_not", "where", "cond", "while_loop"]
+__all__ = ["logical_and", "logical_or", "logical_not", "where", "cast", "cond", "while_loop"]
 
 _OPERATOR = {"lt": "<", "le": "<=", "gt": ">", "ge": ">=", "eq": "==", "ne": "!="}
 _LABEL = {"lt": "less", "le": "less_equal", "gt": "greater", "ge": "greater_equal", "eq": "equal", "ne": "not_equal"}
@@ -96,6 +98,14 @@ def where(condition, a, b, name=None) -> Tensor:
     return current().add("where", tensors, {"values": tuple(values)}, label="where", name=name)[0]
 
 
+def cast(x, dtype, name=None) -> Tensor:
+    """x's values as `dtype` ("float32" or "int64"), element by element: a float32 to
+    int64 truncates toward zero (numpy's astype), a bool is 0 or 1. No gradient."""
+    if not isinstance(x, Tensor):
+        raise ModelError(f"cast takes a tensor, got {x!r}", user_loc(), "cast")
+    return current().add("cast", [x], {"dtype": dtype}, label="cast", name=name)[0]
+
+
 def _flat(result, what, branch):
     """A branch's result as a list of tensors (one tensor, or a tuple/list of them)."""
     items = list(result) if isinstance(result, (tuple, list)) else [result]
@@ -163,18 +173,31 @@ def _states(state, what, loc):
     return items
 
 
-def while_loop(cond_fn, body_fn, state, max_steps, outputs: bool = False):
+def _as_batch(shape, rows, batch):
+    """A cell value's shape as the user sees it: the block's rows shown as the batch."""
+    return fmt_shape(tuple(batch if not isinstance(d, int) and d == rows else d for d in shape))
+
+
+def _named(t: Tensor, name: str) -> Tensor:
+    t.value.name = name  # a hint: the model's naming keeps it unique
+    return t
+
+
+def while_loop(cond_fn, body_fn, state, max_steps, outputs: bool = False, names=None):
     """Per example: while cond_fn(state) holds and fewer than max_steps steps ran,
     state = body_fn(state). Returns (final_state, steps), steps being each example's
-    count of iterations as float32 [N]; with outputs=True, also every step's state
+    count of iterations as int64 [N]; with outputs=True, also every step's state
     [N, max_steps, ...] (zeros past each example's count), one per component.
 
     state is a float32 tensor or a tuple of them with the batch first; body_fn
-    returns the same structure and shapes, cond_fn returns bool [N]. This first
-    version masks (docs/ARCHITECTURE.md, "dg.while_loop masks"): max_steps is an int
-    and the loop is unrolled, each step running the body on the whole batch and
-    keeping, with where, the new state of the examples still iterating; the
-    gradient flows through the steps each example took."""
+    returns the same structure and shapes, cond_fn returns bool [N]; `names` names
+    the state components in the generated code (else the initial tensors' names).
+    cond_fn and body_fn are traced once, into the cell of one loop op (the `recurse`
+    op over chains of max_steps + 1 rows per example: ops/recurse.py): row 0 holds
+    the initial state, row t the state after step t. Each step runs on every
+    example and keeps, with where, the new state of the examples still running
+    (masking: docs/ARCHITECTURE.md, "dg.while_loop is one loop"); the loop stops
+    when no example runs. The gradient is that loop's reverse over the kept rows."""
     loc = user_loc()
     if not callable(cond_fn) or not callable(body_fn):
         raise ModelError("while_loop(cond_fn, body_fn, state, max_steps): cond_fn and body_fn must be functions",
@@ -183,48 +206,86 @@ def while_loop(cond_fn, body_fn, state, max_steps, outputs: bool = False):
         raise ModelError(f"max_steps must be a positive int (a symbolic dim is not supported yet), got {max_steps!r}",
                          loc, "while_loop")
     single = not isinstance(state, (tuple, list))
-    current_state = _states(state, "state", loc)
-    batch = current_state[0].shape[0]
-    for t in current_state:
+    start = _states(state, "state", loc)
+    batch = start[0].shape[0]
+    for t in start:
         if not same(t.shape[0], batch):
             raise ModelError(f"state '{t.name}' {fmt_shape(t.shape)} must have the batch {fmt_shape((batch,))} first, "
-                             f"like '{current_state[0].name}' {fmt_shape(current_state[0].shape)}", loc, "while_loop")
+                             f"like '{start[0].name}' {fmt_shape(start[0].shape)}", loc, "while_loop")
+    if names is None:
+        names = [t.name if t.value.explicit else f"state{k}" for k, t in enumerate(start)]
+    names = list(names)
+    if len(names) != len(start) or len(set(names)) != len(names) or "running" in names:
+        raise ModelError(f"names {names} must name the {len(start)} state tensor(s) once each (not 'running')",
+                         loc, "while_loop")
     b = current()
-    running = None  # bool [N]: examples still iterating
-    steps = None
-    kept = [[] for _ in current_state]
-    for _ in range(max_steps):
-        go = cond_fn(current_state[0] if single else tuple(current_state))
-        if not isinstance(go, Tensor) or go.dtype != "bool" or go.ndim != 1 or not same(go.shape[0], batch):
-            got = go.value.type_str() if isinstance(go, Tensor) else repr(go)
+    rows_per = max_steps + 1  # row 0: the initial state; row t: the state after step t
+    # The initial state at row 0 of each example's rows, zeros at the rows the loop writes.
+    flats = []
+    for t, name in zip(start, names):
+        rest = tuple(t.shape[1:])
+        pad = b.add("fill", [], {"shape": (batch, max_steps) + rest, "value": 0.0}, label=f"{name}_later")[0]
+        padded = concat([reshape(t, (batch, 1) + rest), pad], axis=1)
+        flats.append(_named(reshape(padded, (batch * rows_per,) + rest), f"{name}_start"))
+    every_row = b.add("fill", [], {"shape": (batch,), "value": float(rows_per)}, label="loop_rows")[0]
+    lengths = b.add("cast", [every_row], {"dtype": "int64"}, label="rows_per_example")[0]
+    cell_rows = {}
+
+    def leaf(words):
+        rows = words.shape[0]
+        running = b.add("fill", [], {"shape": (rows, 1), "value": 1.0}, label="running")[0]
+        return (running,) + tuple(_named(gather(f, words), n) for f, n in zip(flats, names))
+
+    def internal(words, children):
+        running_prev, *prev = children[0]
+        rows = words.shape[0]
+        cell_rows["rows"] = rows
+        structure = prev[0] if single else tuple(prev)
+        go = cond_fn(structure)
+        if not isinstance(go, Tensor) or go.dtype != "bool" or go.ndim != 1 or not same(go.shape[0], rows):
+            got = f"{go.dtype}{_as_batch(go.shape, rows, batch)}" if isinstance(go, Tensor) else repr(go)
             raise ModelError(f"cond_fn must return bool [{batch}] (one per example), got {got}", loc, "while_loop")
-        running = go if running is None else b.add("logical", [running, go], {"fn": "and"}, label="still_running")[0]
-        rows = {}  # rank -> running as [N, 1, ...]
-        new = body_fn(current_state[0] if single else tuple(current_state))
+        was = b.add("compare", [reshape(running_prev, (rows,))], {"cmp": "gt", "value": 0.5}, label="was_running")[0]
+        still = b.add("logical", [was, go], {"fn": "and"}, label="still_running")[0]
+        new = body_fn(structure)
         if single == isinstance(new, (tuple, list)):
             raise ModelError("body_fn must return the structure of the state (a tensor, or a tuple as long)", loc, "while_loop")
         new = _states(new, "body_fn's result", loc)
-        if len(new) != len(current_state):
-            raise ModelError(f"body_fn returns {len(new)} tensor(s) for a state of {len(current_state)}", loc, "while_loop")
-        nxt = []
-        for k, (old, n) in enumerate(zip(current_state, new)):
+        if len(new) != len(prev):
+            raise ModelError(f"body_fn returns {len(new)} tensor(s) for a state of {len(prev)}", loc, "while_loop")
+        flags, out = {}, []
+        for k, (old, n, first) in enumerate(zip(prev, new, start)):
             if len(old.shape) != len(n.shape) or not all(same(x, y) for x, y in zip(old.shape, n.shape)):
-                raise ModelError(f"body_fn changes state {k}'s shape: '{old.name}' {fmt_shape(old.shape)} becomes "
-                                 f"'{n.name}' {fmt_shape(n.shape)}", loc, "while_loop")
-            if n.ndim not in rows:
-                rows[n.ndim] = running if n.ndim == 1 else _per_example(running, n.ndim, "running_rows")
-            flags = rows[n.ndim]
-            nxt.append(b.add("where", [flags, n, old], {"values": (None, None)}, label=f"state{k}")[0])
-            if outputs:
-                step_state = b.add("where", [flags, n], {"values": (None, 0.0)}, label=f"state{k}_kept")[0]
-                kept[k].append(b.add("reshape", [step_state], {"shape": (batch, 1) + tuple(n.shape[1:])},
-                                     label="step_rows")[0])
-        current_state = nxt
-        one = b.add("where", [running], {"values": (1.0, 0.0)}, label="stepped")[0]
-        steps = one if steps is None else b.add("ewise", [steps, one], {"fn": "add", "expr": _ARGS[0] + _ARGS[1]},
-                                                label="steps")[0]
-    final = current_state[0] if single else tuple(current_state)
+                raise ModelError(f"body_fn changes state {k}'s shape: '{first.name}' {fmt_shape(first.shape)} becomes "
+                                 f"'{n.name}' {_as_batch(n.shape, rows, batch)}", loc, "while_loop")
+            if n.ndim not in flags:
+                flags[n.ndim] = still if n.ndim == 1 else reshape(still, (rows,) + (1,) * (n.ndim - 1))
+            out.append(_named(b.add("where", [flags[n.ndim], n, old], {"values": (None, None), "loop": True},
+                                    label="where")[0], names[k]))
+        running = b.add("where", [reshape(still, (rows, 1))], {"values": (1.0, 0.0)}, label="running")[0]
+        return (running,) + tuple(out)
+
+    states = build_recursion([lengths], leaf, internal, ["running"] + names, loc, arity=1, batch="examples",
+                             child_names=lambda k: [[f"{n}_prev" for n in ["running"] + names]], steps=rows_per,
+                             what="while_loop", until=0)
+    states = [_named(s, f"{n}_by_step") for s, n in zip(states, ["running"] + names)]
+    # running [N, rows_per]: 1 where the example ran the step that made the row (row 0: 1);
+    # an example's final state is at its last such row.
+    running = reshape(states[0], (batch, rows_per))
+    after = concat([slice_axis(running, 1, 1, None), b.add("fill", [], {"shape": (batch, 1), "value": 0.0})[0]], axis=1)
+    last = _named(running * (1.0 - after), "last_row")
+    finals, every = [], []
+    for s, t, name in zip(states[1:], start, names):
+        rest = tuple(t.shape[1:])
+        rows = reshape(s, (batch, rows_per) + rest)
+        pick = last if not rest else reshape(last, (batch, rows_per) + (1,) * len(rest))
+        finals.append(_named(_sum(rows * pick, 1), f"{name}_final"))
+        if outputs:
+            ran = running if not rest else reshape(running, (batch, rows_per) + (1,) * len(rest))
+            every.append(_named(slice_axis(rows * ran, 1, 1, None), f"{name}_steps"))
+    counted = _named(_sum(running, 1) - 1.0, "step_count")
+    steps = b.add("cast", [counted], {"dtype": "int64"}, label="steps")[0]
+    final = finals[0] if single else tuple(finals)
     if not outputs:
         return final, steps
-    every = [b.add("concat", parts, {"axis": 1}, label="every_step")[0] if len(parts) > 1 else parts[0] for parts in kept]
     return final, steps, (every[0] if single else tuple(every))

@@ -89,6 +89,9 @@ class RecurseSpec:
     # padded length (nodes are count * steps), and whether the chains run backwards.
     steps: object = None
     reverse: bool = False
+    # A while loop's chains (frontend/control.py): the state component whose rows are 1
+    # where the chain still runs; the time loop stops once no row of the previous step is.
+    until: int | None = None
 
     @property
     def sequences(self) -> bool:
@@ -189,7 +192,7 @@ def recurse(trees: Trees, leaf, internal, names=None):
 
 
 def build_recursion(batch_inputs, leaf, internal, names, loc, *, arity, dag=False, batch="", child_names=None,
-                    steps=None, reverse=False, what="recurse"):
+                    steps=None, reverse=False, what="recurse", until=None):
     """Trace the two cells into one `recurse` node over `batch_inputs` (a batch of
     trees, or the lengths of padded sequences when `steps` is given); returns its
     state tensors. `child_names(count)` may name the children's placeholders."""
@@ -230,7 +233,7 @@ def build_recursion(batch_inputs, leaf, internal, names, loc, *, arity, dag=Fals
     free = list(leaf_cell.free)
     free += [v for v in internal_cell.free if all(v is not f for f in free)]
     spec = RecurseSpec(arity, dag, rows, list(zip(names, shapes)), leaf_cell, internal_cell, free, batch,
-                       steps=steps, reverse=reverse)
+                       steps=steps, reverse=reverse, until=until)
     outs = b.add("recurse", list(batch_inputs) + [Tensor(v) for v in free], {"spec": spec})
     return outs[0] if len(outs) == 1 else tuple(outs)
 

@@ -191,6 +191,8 @@ class Where(OpDef):
             pred = cond.producer.inputs[0] if viewed else cond
             return [Comment(f"examples taking the then branch ({pred.name}) take {a.name}, the others {b.name}"),
                     Scope(arrays, [call])]
+        if node.attrs.get("loop"):  # a while loop's step: the examples that stopped keep their state
+            return [Comment(f"examples still running take {a.name}, the others keep {b.name}"), Scope(arrays, [call])]
         return [Scope(arrays, [call])]
 
     def describe(self, node):
@@ -210,3 +212,40 @@ class Where(OpDef):
             db = gb.op("where", [cond, g], {"values": (0.0, None)}, f"d_{b.name}")
             grads.append(gb.sum_to(db, b.shape))
         return grads
+
+
+CASTS = ("float32", "int64")  # what a cast makes
+_CAST_FROM = ("float32", "int64", "bool")
+
+
+@register
+class Cast(OpDef):
+    """`cast(x)`, attr `dtype`: x's values as another numeric type, element by element
+    (float32 to int64 truncates toward zero, as numpy's astype; a bool is 0 or 1). No
+    gradient: an integer carries none (a float32 result of an integer or a bool neither)."""
+
+    name = "cast"
+
+    def infer(self, inputs, attrs):
+        (x,) = inputs
+        if attrs.get("dtype") not in CASTS:
+            raise ValueError(f"cast makes one of {', '.join(CASTS)}, got {attrs.get('dtype')!r}")
+        if x.dtype not in _CAST_FROM:
+            raise ValueError(f"'{x.name}' must be float32, int64 or bool to cast, got {x.type_str()}")
+        if x.dtype == attrs["dtype"]:
+            raise ValueError(f"'{x.name}' is {x.dtype} already")
+        return [(attrs["dtype"], x.shape)]
+
+    def reference(self, args, attrs, dims):
+        return [np.asarray(args[0]).astype(np.float32 if attrs["dtype"] == "float32" else np.int64)]
+
+    def lower(self, node, ctx):
+        (x,) = node.inputs
+        out = node.outputs[0]
+        return [ctx.call("dg::cast", ctx.read(x), ctx.write(out), Named("n", ctx.size(numel(out.shape))))]
+
+    def describe(self, node):
+        return f"cast({node.inputs[0].name}, {node.attrs['dtype']})"
+
+    def grad(self, node, gouts, gb):
+        return [None]

@@ -84,6 +84,8 @@ class Recurse(OpDef):
         spec = node.attrs["spec"]
         if spec.sequences:
             lengths = node.inputs[0]
+            if lengths.producer is not None:  # made by the model (a while loop's): not an input
+                return {}
             count = lengths.shape[0] if isinstance(lengths.shape[0], int) else dims.get(lengths.shape[0], 2)
             steps = int(sympy.sympify(spec.steps).subs(dims))
             return {lengths.name: rng.integers(1, steps + 1, count).astype(np.int64)}

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import sympy
 
-from ..codegen.stmt import Block, Comment, Copy, Declare, Loop, Named
+from ..codegen.stmt import Block, Break, Comment, Copy, Declare, Loop, Named
 from ..ir.shapes import numel
 from .recurse_scope import (LoopScope, LoopState, has_rows, hoistable, inspector_lines, named_for_messages,
                             pack_loop_weights, width)
@@ -57,9 +57,14 @@ class _Forward:
         lines.insert(0, Comment(words.inspector))
         # Written in the blocks through the schedule's order (the arena pieces are declared before the Block).
         self.state_writes = [ctx.write(out) for out in self.node.outputs[:ns]]
-        if spec.sequences:  # zeros past each sequence's length (no step writes those rows)
-            lines += [ctx.call("dg::fill", w, Named("n", ctx.size(numel(out.shape))), Named("value", "0.0f"))
-                      for w, out in zip(self.state_writes, self.node.outputs[:ns])]
+        kept_writes = [ctx.write(out) for out in self.node.outputs[ns:]]
+        # Zeros past each sequence's length (no step writes those rows); past a while loop's
+        # last step also in the values kept for the gradient (its reverse loop reads them).
+        zeroed = list(zip(self.state_writes, self.node.outputs[:ns])) if spec.sequences else []
+        if spec.until is not None:
+            zeroed += list(zip(kept_writes, self.node.outputs[ns:]))
+        lines += [ctx.call("dg::fill", w, Named("n", ctx.size(numel(out.shape))), Named("value", "0.0f"))
+                  for w, out in zeroed]
 
         # The first batched step: rows [0, leaves).
         leaves = scope.name(words.first)
@@ -103,7 +108,6 @@ class _Forward:
                                                        f"{ctx.size(width(v))}", writable=False)
                     head.append(decl)
         # Values kept for the gradient (spec.kept): written at the level's rows of outputs of their own.
-        kept_writes = [ctx.write(out) for out in self.node.outputs[ns:]]
         kept_at = {}
         for v, w in zip(spec.kept, kept_writes):
             claimed = ctx.claim_output(v)
@@ -126,6 +130,11 @@ class _Forward:
                            else []))
                 for k, slot in enumerate(cell.children) for j, v in enumerate(slot)
             ]
+            if spec.until is not None:  # a while loop: stop once no example runs
+                running = cell.children[0][spec.until]
+                first = gathers.pop(spec.until)
+                gathers[:0] = [first, Break(f"!dg::any_running({ctx.place[id(running)]}, {rows})",
+                                            "No example is still running: the steps left would change nothing.")]
         ctx.loop.packed = {}
         lines += decls
         lines.append(Loop(level, "1", f"{level} < {sched}.levels()", f"++{level}", head + gathers + body,

@@ -83,6 +83,23 @@ SEQUENCES = Vocabulary(
     "The first time step's gradient, all sequences at once.",
 )
 
+WHILE = Vocabulary(
+    "step", "loop", "examples", "later_rows", "prev_rows",
+    "Schedule: each example's rows, step by step: row 0 its initial state, row t its state after step t.",
+    "Row 0 of every example: its initial state, all at once.",
+    "Hoisted out of the loop: the steps' work that does not read the previous state, all at once.",
+    "One batched step per loop step, over every example (masking, not compaction): the examples\n"
+    "still running take the body's new state, the others keep theirs; the loop stops once no\n"
+    "example is still running.",
+    "Schedule again, for the gradient; the states and the gradients arriving at them in row order.",
+    "Made again for the gradient: the steps' work that does not read the previous state, all at once.",
+    "Backward through the loop: one batched step per loop step, in the reverse order of the forward\n"
+    "loop, from the states it kept at every step (past its last step: zeros, and no gradient).",
+    "The previous step's state gradients, added into its rows.",
+    "The rest of the steps' gradient (sums over rows), all at once.",
+    "The initial states' gradient, all examples at once.",
+)
+
 
 class LoopScope:
     """The names of one recursion's C++ scope. A name is taken as asked unless
@@ -93,7 +110,7 @@ class LoopScope:
     def __init__(self, ctx, node, cells, numbered=None):
         self.ctx = ctx
         self.spec = node.attrs["spec"]
-        self.words = SEQUENCES if self.spec.sequences else TREES
+        self.words = WHILE if self.spec.until is not None else SEQUENCES if self.spec.sequences else TREES
         graph = ctx.graph
         outer = {v.name for v in list(graph.inputs) + list(graph.params)} | {str(d) for d in graph.dims}
         outer |= {v.name for n in graph.nodes for v in n.inputs + n.outputs}

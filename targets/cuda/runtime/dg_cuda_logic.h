@@ -62,4 +62,19 @@ void where(const uint8_t* cond, A a, B b, float* out, int ndim, const int64_t* s
   });
 }
 
+// out = in as another numeric type, element by element (static_cast: a float to an integer
+// truncates toward zero, as numpy's astype does; a count of steps is exact below 2^24).
+template <typename In, typename Out>
+void cast(const In* in, Out* out, int64_t n) {
+  for_each("cast", n, [=] DG_HD(int64_t i) { out[i] = static_cast<Out>(in[i]); });
+}
+
+// Whether any of n flags is nonzero: a while loop's rows of the examples still running
+// (1.0f or 0.0f each), read on the host before a step to stop once no example runs.
+inline bool any_running(const float* running, int64_t n) {
+  for (const float flag : host_values(running, n))
+    if (flag != 0.0f) return true;
+  return false;
+}
+
 }  // namespace dg
