@@ -7,6 +7,9 @@
 // raw float32 arrays on stdin, in the order below; the output is one raw
 // float32 array on stdout:
 //   conv2d             x, w [, b when bias is 1]   -> y
+//   conv2d_kept        x, w [, b when bias is 1]   -> y read through a dg::KeptPackedB
+//                      (the packing made by the first call, kept: the second call's y),
+//                      then y read through it with a step running (the weight as stored)
 //   conv2d_grad_input  dy, w                       -> dx
 //   conv2d_grad_weight x, dy                       -> dw
 //   max_pool2d         x                           -> y
@@ -181,6 +184,26 @@ int run(int argc, char** argv) {
         Workspace ws(dg::conv2d_workspace(g));
         dg::conv2d(x.data(), w.data(), bias ? b.data() : nullptr, out.data(), ws.get(), g);
         intact = ws.intact();
+    } else if (op == "conv2d_kept") {
+        const bool bias = argc > 18 && std::stoi(argv[18]) != 0;
+        const auto x = in.take(x_n);
+        dg::Tensor<float> w({g.O, g.C / g.groups, g.KH, g.KW}, in.take(w_n));
+        const auto b = bias ? in.take(g.O) : std::vector<float>();
+        in.expect_end();
+        dg::ParameterVersion version;
+        const dg::KeptPackedB kept(version, w, true, w_n / g.O, g.O, false);
+        auto packed = nans(y_n), stored = nans(y_n);
+        Workspace ws(dg::conv2d_workspace(g));
+        for (int call = 0; call < 2; ++call)
+            dg::conv2d(x.data(), kept, bias ? b.data() : nullptr, packed.data(), ws.get(), g);
+        if (kept.bytes() == 0) throw std::runtime_error("driver: the kept packing was not made");
+        {
+            const auto step = version.step_scope();  // a training step: the weight read as stored
+            dg::conv2d(x.data(), kept, bias ? b.data() : nullptr, stored.data(), ws.get(), g);
+        }
+        intact = ws.intact();
+        out = packed;
+        out.insert(out.end(), stored.begin(), stored.end());
     } else if (op == "conv2d_batch_norm") {
         // Output: the fused call's y, then conv2d followed by batch_norm's y (the same
         // bits expected), then each one's running mean and variance after the call.

@@ -23,12 +23,13 @@ N = dg.dim("N")
 
 @dg.model
 def small_plane_convs():
-    # 4x4 -> 2x2 (im2col, 3x3 stride 2), then a pointwise conv at 2x2: both small planes;
+    # 4x4 -> 2x2 (im2col, 3x3 stride 2), then a 3x3 conv at 2x2 whose weight (520 x 576
+    # floats) is over dg_conv.h's kSmallPlaneWeight: both small planes, both packings kept;
     # a grouped one keeps reading its weight as stored (one group only reads a packing).
     x = dg.input("x", (N, 8, 4, 4))
     labels = dg.input("labels", (N,), dtype="int64")
-    h = dg.conv2d_layer(x, 16, 3, stride=2, padding=1, act=dg.relu, name="c1")
-    h = dg.conv2d_layer(h, 12, 1, name="c2")
+    h = dg.conv2d_layer(x, 64, 3, stride=2, padding=1, act=dg.relu, name="c1")
+    h = dg.conv2d_layer(h, 520, 3, padding=1, name="c2")
     h = dg.conv2d_layer(h, 12, 1, groups=2, bias=False, name="c3")
     logits = dg.dense(dg.flatten(h), 5, name="logits")
     dg.train(dg.softmax_cross_entropy(logits, labels), dg.sgd(lr=0.05))
@@ -38,7 +39,7 @@ def small_plane_convs():
 def oracle(p, x):
     t = {k: torch.from_numpy(v) for k, v in p.items()}
     h = F.relu(F.conv2d(torch.from_numpy(x), t["c1_weight"], t["c1_bias"], stride=2, padding=1))
-    h = F.conv2d(h, t["c2_weight"], t["c2_bias"])
+    h = F.conv2d(h, t["c2_weight"], t["c2_bias"], padding=1)
     h = F.conv2d(h, t["c3_weight"], groups=2)
     return (h.flatten(1) @ t["logits_w"] + t["logits_b"]).numpy()
 
@@ -74,7 +75,7 @@ def test_small_plane_convolutions_read_kept_packings(built):
     assert model.memory_stats()["packed_weight_bytes"] == 0
     check(model, x)
     held = model.memory_stats()["packed_weight_bytes"]
-    assert held >= 4 * (16 * 72 + 12 * 16 + 48 * 5)  # both conv weights and the dense layer's
+    assert held >= 4 * (64 * 72 + 520 * 576 + 48 * 5)  # both conv weights and the dense layer's
     check(model, x)
     assert model.memory_stats()["packed_weight_bytes"] == held  # kept, not packed again
 
@@ -97,7 +98,7 @@ def test_packed_conv_weights_held_once_and_written_back(built):
     assert not model.keep_plain_weights
     x, _ = inputs(seed=5)
     np.testing.assert_array_equal(model.forward(x=x)["logits"], twin.forward(x=x)["logits"])
-    conv_bytes = 4 * (16 * 72 + 12 * 16)
+    conv_bytes = 4 * (64 * 72 + 520 * 576)
     stats, twin_stats = model.memory_stats(), twin.memory_stats()
     assert stats["parameter_bytes"] <= twin_stats["parameter_bytes"] - conv_bytes  # the packings stand in
     for name, value in model.parameters().items():  # written back bit for bit

@@ -231,6 +231,38 @@ def test_conv2d_batch_norm_equals_the_two_calls(driver, g):
         close(stats[1], rv_t)
 
 
+# Small output planes of one group: the weight read through a dg::KeptPackedB
+# (conv_detail::kept_plane), whatever its size. Above kSmallPlaneWeight (2^18
+# floats) the packing is streamed by the micro-kernel (dg_gemm.h,
+# kStreamPackedRows) where the stored weight goes one product per image.
+KEPT_CASES = [
+    Geom(2, 40, 2, 2, 70, 1, 1),                    # small weight: conv2d_small either way
+    Geom(1, 64, 2, 2, 520, 3, 3, pad=1),            # 520 x 576 weight, 4 positions, 3 K blocks
+    Geom(3, 72, 3, 3, 500, 3, 3, stride=2, pad=1),  # 500 x 648, 2x2 planes of 3 images (12 rows)
+    Geom(1, 600, 1, 1, 450, 1, 1),                  # 450 x 600, one position: a Linear layer's product
+    Geom(2, 300, 2, 4, 900, 1, 1),                  # 900 x 300, 2x4 planes: 16 rows, 3 row panels
+]
+
+
+@pytest.mark.parametrize("g", KEPT_CASES, ids=repr)
+def test_conv2d_kept_packing(driver, g):
+    """conv2d through a kept packing of the weight (the Model's forward at
+    inference) and through its stored weight (a training step) agree with
+    PyTorch, and bit for bit with conv2d on the weight as stored: every case has
+    more than 3 output rows, so the packed and the per-call products sum each
+    output in the same K blocks in the same order."""
+    gen = torch.Generator().manual_seed(13)
+    for bias in (True, False):
+        x, w, b, _, y, _, _ = conv_reference(g, gen, bias)
+        inputs = [x, w] + ([b] if bias else [])
+        out = driver("conv2d_kept", g, int(bias), inputs=inputs)
+        packed, stored = np.split(out, 2)
+        close(packed, y)
+        plain = driver("conv2d", g, int(bias), inputs=inputs)
+        np.testing.assert_array_equal(packed, plain)
+        np.testing.assert_array_equal(stored, plain)
+
+
 # Large enough that every loop and GEMM splits over threads.
 THREAD_CASES = [
     Geom(3, 16, 32, 32, 32, 3, 3, pad=1),

@@ -576,11 +576,14 @@ def test_gemm_epilogue_once_per_element(gemm_driver, M, N, K, ta, tb):
 @pytest.mark.parametrize("threads", [1, 2])
 @pytest.mark.parametrize("M,N,K,ta,tb", [(1, 1280, 512, False, False), (3, 33, 20, True, False), (5, 1280, 512, False, False),
                                          (9, 1280, 512, False, False), (13, 33, 257, False, True),
-                                         (70, 1280, 512, False, False), (200, 47, 385, True, True)])
+                                         (70, 1280, 512, False, False), (200, 47, 385, True, True),
+                                         (4, 70, 600, False, True), (6, 1000, 1280, False, True)])
 def test_gemm_with_packed_b_equals_gemm(gemm_driver, M, N, K, ta, tb, threads):
     """A PackedB (weights packed once before a loop) gives gemm's result bit for
     bit at every use (read in place, packing, packed: its panels walked forward,
-    then backward), streamed (M <= 3) or not."""
+    then backward), streamed (M <= 3) or not; a few rows by a transposed B
+    packed over several K blocks (a kept weight streamed with prefetches, as a
+    batch-1 convolution or Linear layer reads it) included."""
     lda, ldb, ldc = (M if ta else K) + 1, (K if tb else N) + 2, N + 3
     a, b = rand(K if ta else M, lda), rand(N if tb else K, ldb)
     out = gemm_driver("gemm_packed", int(ta), int(tb), M, N, K, lda, ldb, ldc, threads,

@@ -75,25 +75,25 @@ def _columns(node, x_shape, kernel, out_hw):
     return x_shape[1] // node.attrs["groups"] * kernel[0] * kernel[1] * out_hw[0] * out_hw[1]
 
 
-# dg_conv.h's small-plane rule (conv_detail::small_plane): output planes of up to
-# SMALL_PLANE positions with weights of up to SMALL_PLANE_WEIGHT floats per group
-# run as one product over the batch by the transposed weight.
-SMALL_PLANE, SMALL_PLANE_WEIGHT, DIRECT_MAX_OUTPUTS = 8, 1 << 18, 4
+# dg_conv.h's kept-packing rule (conv_detail::kept_plane): output planes of up to
+# SMALL_PLANE positions, one group, any weight size, run as one product over the
+# batch by the transposed weight, kept packed by the Model.
+SMALL_PLANE, DIRECT_MAX_OUTPUTS = 8, 4
 
 
 def kept_weight_read(node):
     """(1, tb, [O, C*KH*KW]) where a convolution reads its weight (operand 1) through
     the Model's kept packing (dg::KeptPackedB, as for a Linear layer's weight): the
     runtime multiplies by it transposed over the whole batch (small output planes,
-    one group: the packing is made once, not at every call); else None. The runtime
-    checks the rule."""
+    one group: the packing is made once, not at every call, so a weight bigger than
+    the caches is streamed once, in order); else None. The runtime checks the rule."""
     x, w, y = node.inputs[0], node.inputs[1], node.outputs[0]
-    O, Cg, KH, KW = w.shape
+    O = w.shape[0]
     G = node.attrs.get("groups", 1)
     OH, OW = y.shape[2:]
     direct = x.shape[1] == G and O // G <= DIRECT_MAX_OUTPUTS
-    small = not direct and OH * OW <= SMALL_PLANE and O // G * Cg * KH * KW <= SMALL_PLANE_WEIGHT
-    return (1, True, (O, Cg * KH * KW)) if small and G == 1 else None
+    small = not direct and OH * OW <= SMALL_PLANE
+    return (1, True, (O, w.shape[1] * w.shape[2] * w.shape[3])) if small and G == 1 else None
 
 
 def conv_weight(ctx, node, w):

@@ -494,10 +494,14 @@ void conv2d_direct(const float* x, const float* w, const float* b, float* y, con
 
 // Output planes up to this size (OH*OW: 2x2, 2x4, the last stages of
 // a network at small images) run their GEMMs transposed, see conv2d_small.
-// Only for weights up to kSmallPlaneWeight floats (1 MiB, so that the
-// transposed packing stays in L2): a bigger weight is bound by memory either
-// way, and packing it would add a write and a read of it (ResNet-18's 512 x
-// 4608 layers at 2x2 measured 10% slower transposed).
+// Packed per call, only for weights up to kSmallPlaneWeight floats (1 MiB, so
+// that the transposed packing stays in L2): a bigger weight is bound by memory
+// either way, and packing it at every call would add a write and a read of it
+// (ResNet-18's 512 x 4608 layers at 2x2 measured 10% slower transposed).  A
+// weight the Model keeps packed (kept_plane) has no such cost, at any size:
+// the product streams the packing once, in order (dg_gemm.h,
+// kStreamPackedRows), instead of reading the weight in place a few rows at a
+// time with a stride.
 constexpr int64_t kSmallPlane = 8;
 constexpr int64_t kSmallPlaneWeight = int64_t(1) << 18;
 // The most scratch (floats: 4 MiB) conv2d_small's transposed columns and
@@ -509,6 +513,13 @@ constexpr int64_t kSmallPlaneScratch = int64_t(1) << 20;
 constexpr bool small_plane(const Conv2dGeom& g) {
   return !direct(g) && g.OH * g.OW <= kSmallPlane &&
          (g.O / g.groups) * (g.C / g.groups * g.KH * g.KW) <= kSmallPlaneWeight;
+}
+
+// Whether conv2d reads g's weight through the Model's kept packing (the
+// generator's rule, ops/conv.py kept_weight_read): small output planes and one
+// group, whatever the weight's size.
+constexpr bool kept_plane(const Conv2dGeom& g) {
+  return !direct(g) && g.OH * g.OW <= kSmallPlane && g.groups == 1;
 }
 
 // The forward GEMM of one group, all images at once, for small output planes.
@@ -719,17 +730,23 @@ void conv2d_with(const float* x, const float* w, const float* b, float* y, float
 // conv2d_with for a weight the Model keeps packed (w: the KeptPackedB of
 // w[O, Kg] read transposed, [Kg, O]): the small-plane product reads the packing
 // (packed at the first call, kept until the parameters change), or the weight
-// as stored where KeptPackedB::use says so.  Only for geometries that take
-// conv2d_small with one group (the generator's rule, ops/conv.py).
+// as stored where KeptPackedB::use says so, then by the path conv2d_with takes
+// for a stored weight (a weight over kSmallPlaneWeight: one product per image,
+// the weight read in place; the same sums in the same K blocks as the packing's).
+// Only for geometries kept_plane accepts (the generator's rule, ops/conv.py).
 template <class Epi>
 void conv2d_with(const float* x, const KeptPackedB& w, const float* b, float* y, float* ws,
                  const Conv2dGeom& g, const Epi& epi) {
-  if (!small_plane(g) || g.groups != 1) {
+  if (!kept_plane(g)) {
     throw std::logic_error(
         "dg::conv2d: a kept weight packing is read by small-plane convolutions of one group "
-        "only (the generator's rule and dg_conv.h's small_plane disagree)");
+        "only (the generator's rule and dg_conv.h's kept_plane disagree)");
   }
   const KeptPackedB::Use use = w.use(g.N * g.OH * g.OW);
+  if (use.packed() == nullptr && !small_plane(g)) {
+    conv2d_with(x, use.stored(), b, y, ws, g, epi);
+    return;
+  }
   conv2d_small(x, use.stored(), use.packed(), b, y, ws, g, 0, epi);
 }
 
@@ -740,7 +757,7 @@ void conv2d_with(const float* x, const KeptPackedB& w, const float* b, float* y,
 // groups (depthwise included).  y is overwritten; ws holds conv2d_workspace(g)
 // floats.
 // W: the weight (const float*), or the Model's kept packing of it
-// (KeptPackedB, small output planes only: conv_detail::small_plane).
+// (KeptPackedB, small output planes of one group only: conv_detail::kept_plane).
 template <class W>
 void conv2d(const float* x, const W& w, const float* b, float* y, float* ws, const Conv2dGeom& g) {
   conv_detail::conv2d_with(x, w, b, y, ws, g, conv_detail::NoChannelEpilogue());

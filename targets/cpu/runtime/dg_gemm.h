@@ -311,6 +311,17 @@ static_assert(NR % kEdgeCols == 0, "kEdgeCols must divide NR");
 constexpr int64_t kStreamMaxRows = 3;
 // The streaming path sums this many floats of C at a time (rows x width).
 constexpr int64_t kStreamFloats = 8192;
+// A packed B (dg::PackedB) times at most this many rows is streamed: each of
+// its floats is used once per product, read from memory (a kept weight bigger
+// than the caches: batch 1 through a 512 x 4608 convolution or a 1280 x 1000
+// classifier), and the micro-kernel asks for the panel data kPrefetchK rows
+// of k ahead of its use (section 2).  With only a few rows of A there is too
+// little arithmetic per cache line of B for the out-of-order core to keep
+// enough loads in flight, and the hardware prefetcher alone fell behind:
+// Zen 3, one thread, weight from memory, 4 x 4608 @ [4608, 512] packed:
+// ~950 -> ~700 us against ~550 for a plain read of the weight.
+constexpr int64_t kStreamPackedRows = MC;
+constexpr int64_t kPrefetchK = 64;  // 4 KiB ahead with the AVX2 tile (NR = 16)
 // Row-major B is read in place (not packed as a whole) when a thread's part of
 // C has at most this many rows, i.e. fits in one block of packed A, so that
 // each micro-panel of B is needed during one sweep only.
@@ -331,14 +342,28 @@ constexpr int64_t kInPlaceBMaxRows = MC;
 // Row panels have MR rows or a few less (see panel_start), so no work is
 // wasted on padding rows.  Every element gets the same multiply-adds in the
 // same order whatever ROWS and COLS are.
+// STREAM: b is a packed B streamed from memory (ldb == NR, the panels one after
+// another: see kStreamPackedRows); each step of k also prefetches the cache
+// lines kPrefetchK steps ahead.  A hint only: the sums are the same.
 
 // PACKED: a is a packed panel, i.e. a_rs == 1 and a_ks == ROWS, known to the
 // compiler: the broadcasts then take constant offsets from one pointer instead
 // of a register per row (12 rows of strides do not fit in the registers left).
 
+// Asks for the cache lines of one step of k of a packed B panel, kPrefetchK
+// steps ahead (past the panel's end: the next panel's, which follows it).
+inline void prefetch_panel_row(const float* b) {
+#if defined(__GNUC__) || defined(__clang__)
+  for (int line = 0; line < NR; line += 16)  // 16 floats: one 64-byte line
+    __builtin_prefetch(b + kPrefetchK * NR + line, 0, 3);
+#else
+  (void)b;
+#endif
+}
+
 #if DG_GEMM_SIMD
 
-template <int ROWS, bool PACKED, int COLS>
+template <int ROWS, bool PACKED, int COLS, bool STREAM = false>
 inline void micro_kernel(int64_t kc, const float* a, int64_t a_rs, int64_t a_ks, const float* b, int64_t ldb,
                          float* c, int64_t ldc, bool accumulate) {
   if (PACKED) a_rs = 1, a_ks = ROWS;
@@ -351,6 +376,7 @@ inline void micro_kernel(int64_t kc, const float* a, int64_t a_rs, int64_t a_ks,
       acc[r][v] = vzero();
   }
   for (int64_t k = 0; k < kc; ++k) {
+    if (STREAM) prefetch_panel_row(b);
     Vec bv[NV];
     DG_GEMM_UNROLL
     for (int v = 0; v < NV; ++v)
@@ -385,12 +411,13 @@ inline void micro_kernel(int64_t kc, const float* a, int64_t a_rs, int64_t a_ks,
 
 #else  // portable
 
-template <int ROWS, bool PACKED, int COLS>
+template <int ROWS, bool PACKED, int COLS, bool STREAM = false>
 inline void micro_kernel(int64_t kc, const float* a, int64_t a_rs, int64_t a_ks, const float* b, int64_t ldb,
                          float* c, int64_t ldc, bool accumulate) {
   if (PACKED) a_rs = 1, a_ks = ROWS;
   float acc[ROWS][COLS] = {};
   for (int64_t k = 0; k < kc; ++k) {
+    if (STREAM) prefetch_panel_row(b);
     DG_GEMM_UNROLL
     for (int r = 0; r < ROWS; ++r) {
       const float ar = a[r * a_rs];
@@ -409,23 +436,27 @@ inline void micro_kernel(int64_t kc, const float* a, int64_t a_rs, int64_t a_ks,
 
 #endif
 
-// kernel_for(rows, packed, narrow): the micro-kernel for a panel of `rows` rows
-// (1..MR) of packed A (or of A in place), NR columns wide or, when `narrow`,
-// kEdgeCols, from tables of micro_kernel<1>, ..., <MR>.
+// kernel_for(rows, packed, narrow, stream): the micro-kernel for a panel of
+// `rows` rows (1..MR) of packed A (or of A in place), NR columns wide or, when
+// `narrow`, kEdgeCols, prefetching a streamed packed B when `stream` (with
+// packed A only), from tables of micro_kernel<1>, ..., <MR>.
 using KernelFn = void (*)(int64_t kc, const float* a, int64_t a_rs, int64_t a_ks, const float* b, int64_t ldb,
                           float* c, int64_t ldc, bool accumulate);
 
-template <bool PACKED, int COLS, size_t... R>
+template <bool PACKED, int COLS, bool STREAM, size_t... R>
 constexpr std::array<KernelFn, sizeof...(R)> kernel_table(std::index_sequence<R...>) {
-  return {{&micro_kernel<int(R) + 1, PACKED, COLS>...}};
+  return {{&micro_kernel<int(R) + 1, PACKED, COLS, STREAM>...}};
 }
 
-inline KernelFn kernel_for(int64_t rows, bool packed, bool narrow = false) {
+inline KernelFn kernel_for(int64_t rows, bool packed, bool narrow = false, bool stream = false) {
   using Rows = std::make_index_sequence<MR>;
-  static constexpr std::array<KernelFn, MR> in_place = kernel_table<false, NR>(Rows());
-  static constexpr std::array<KernelFn, MR> panels = kernel_table<true, NR>(Rows());
-  static constexpr std::array<KernelFn, MR> in_place_narrow = kernel_table<false, kEdgeCols>(Rows());
-  static constexpr std::array<KernelFn, MR> panels_narrow = kernel_table<true, kEdgeCols>(Rows());
+  static constexpr std::array<KernelFn, MR> in_place = kernel_table<false, NR, false>(Rows());
+  static constexpr std::array<KernelFn, MR> panels = kernel_table<true, NR, false>(Rows());
+  static constexpr std::array<KernelFn, MR> in_place_narrow = kernel_table<false, kEdgeCols, false>(Rows());
+  static constexpr std::array<KernelFn, MR> panels_narrow = kernel_table<true, kEdgeCols, false>(Rows());
+  static constexpr std::array<KernelFn, MR> streamed = kernel_table<true, NR, true>(Rows());
+  static constexpr std::array<KernelFn, MR> streamed_narrow = kernel_table<true, kEdgeCols, true>(Rows());
+  if (stream && packed) return narrow ? streamed_narrow[rows - 1] : streamed[rows - 1];
   if (narrow) return packed ? panels_narrow[rows - 1] : in_place_narrow[rows - 1];
   return packed ? panels[rows - 1] : in_place[rows - 1];
 }
@@ -812,6 +843,8 @@ void gemm_part(const Operand& A, const Operand& B, int64_t K, float* C, int64_t 
   (void)stream;
 #endif
   const bool b_packed = B.packed != nullptr;  // packed once for many products (PackedB)
+  // Few rows by a packed B: each B panel is read from memory once, prefetched.
+  const bool b_streamed = b_packed && m1 - m0 <= kStreamPackedRows;
   const bool b_in_place = !b_packed && !B.trans && m1 - m0 <= kInPlaceBMaxRows;
   // With a single column strip each value of A is used once, and packing it
   // would cost as much as the product: read it in place.
@@ -900,7 +933,7 @@ void gemm_part(const Operand& A, const Operand& B, int64_t K, float* C, int64_t 
           const bool narrow = nr <= kEdgeCols && kEdgeCols < NR;
           for (int64_t q = 0; q < panel_count(mc); ++q) {
             const int64_t ir = panel_start(mc, q), mr = panel_start(mc, q + 1) - ir;
-            const KernelFn kernel = kernel_for(mr, !a_in_place, narrow);
+            const KernelFn kernel = kernel_for(mr, !a_in_place, narrow, b_streamed);
             const float* ap = a_pack + q * MR * kc;
             if (a_in_place) {
               ap = A.trans ? A.p + pc * A.ld + ic + ir : A.p + (ic + ir) * A.ld + pc;
