@@ -197,7 +197,7 @@ int run_gemm(char** argv) {
 // gemm (C's initial values are ignored)  ->  C from dg::gemm with a PackedB of B,
 // then C from the same PackedB used a second, third and fourth time (once packed,
 // the products walk its panels forward and backward in turn), then C from plain dg::gemm,
-// then C from the PackedB for the first min(M, 2) rows only
+// then C from the PackedB for the first min(M, 2) rows only, then for the first row only
 int run_gemm_packed(char** argv) {
     const bool ta = int_arg(argv, 2) != 0, tb = int_arg(argv, 3) != 0;
     const int64_t M = int_arg(argv, 4), N = int_arg(argv, 5), K = int_arg(argv, 6);
@@ -220,6 +220,9 @@ int run_gemm_packed(char** argv) {
     // columns: the same lda) with the same PackedB, packed by now where M > MR.
     std::fill(c.begin(), c.end(), -1.0f);
     dg::gemm(ta, std::min<int64_t>(M, 2), a.data(), lda, packed, c.data(), ldc);
+    write(c);
+    std::fill(c.begin(), c.end(), -1.0f);
+    dg::gemm(ta, 1, a.data(), lda, packed, c.data(), ldc);
     write(c);
     return 0;
 }

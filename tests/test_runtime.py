@@ -588,16 +588,20 @@ def test_gemm_with_packed_b_equals_gemm(gemm_driver, M, N, K, ta, tb, threads):
     a, b = rand(K if ta else M, lda), rand(N if tb else K, ldb)
     out = gemm_driver("gemm_packed", int(ta), int(tb), M, N, K, lda, ldb, ldc, threads,
                       inputs=[a, b, np.zeros((M, ldc), np.float32)])
-    *uses, plain, few = (x.reshape(M, ldc) for x in np.split(out, 6))
+    *uses, plain, few, one = (x.reshape(M, ldc) for x in np.split(out, 7))
     assert all(same_bits(use, plain) for use in uses)
     want = gemm_reference(a, b, ta, tb, M, N, K)
     assert_gemm_close(plain[:, :N], want, K)
     assert np.all(plain[:, N:] == -1.0)
-    # A two-row product with the same PackedB, packed by now where M > MR (it
-    # streams row-major B, so its rounding may differ from the M-row product's).
-    rows = min(M, 2)
-    assert_gemm_close(few[:rows, :N], want[:rows], K)
-    assert np.all(few[rows:] == -1.0) and np.all(few[:rows, N:] == -1.0)
+    # Two-row and one-row products with the same PackedB, packed by now where M > MR
+    # (it streams row-major B, so its rounding may differ from the M-row product's).
+    # A transposed B is always read packed: its 1 x 4 and 2 x 2 panel kernels
+    # give the micro-kernel's bits, those of a product of more than 3 rows.
+    for rows, got in ((min(M, 2), few), (1, one)):
+        assert_gemm_close(got[:rows, :N], want[:rows], K)
+        assert np.all(got[rows:] == -1.0) and np.all(got[:rows, N:] == -1.0)
+        if tb and M > 3:
+            assert same_bits(got[:rows], plain[:rows])
 
 
 @pytest.mark.parametrize("threads", [1, 2])

@@ -461,6 +461,69 @@ inline KernelFn kernel_for(int64_t rows, bool packed, bool narrow = false, bool 
   return packed ? panels[rows - 1] : in_place[rows - 1];
 }
 
+// Whole micro-panels of a streamed packed B that micro_kernel_panels takes at
+// once for a row panel of 1 or 2 rows: 1 x 4 and 2 x 2 panels are 8 vector sums
+// with the AVX2 or AVX-512 tile, enough to hide the multiply-add latency (a
+// 1-row tile alone has 2 and waits on it: Zen 3, 1280 x 1000 classifier weight
+// in L3, ~50 -> ~25% of the micro-kernel's time per float).
+inline int streamed_panels(int64_t rows) {
+  return rows == 1 ? 4 : rows == 2 ? 2 : 1;
+}
+
+// micro_kernel<ROWS, true, NR, true> on P whole micro-panels of a packed B at
+// once: panel p at b + p*b_step (its k rows NR floats apart), its tile of C at
+// c + p*c_step.  The same multiply-adds in the same order for every element as
+// P calls of micro_kernel, only interleaved.
+template <int ROWS, int P>
+inline void micro_kernel_panels(int64_t kc, const float* a, const float* b, int64_t b_step, float* c,
+                                int64_t c_step, int64_t ldc, bool accumulate) {
+#if DG_GEMM_SIMD
+  constexpr int NV = NR / kWidth;
+  Vec acc[P][ROWS][NV];
+  DG_GEMM_UNROLL
+  for (int p = 0; p < P; ++p) {
+    DG_GEMM_UNROLL
+    for (int r = 0; r < ROWS; ++r) {
+      DG_GEMM_UNROLL
+      for (int v = 0; v < NV; ++v)
+        acc[p][r][v] = vzero();
+    }
+  }
+  for (int64_t k = 0; k < kc; ++k) {
+    Vec ar[ROWS];
+    DG_GEMM_UNROLL
+    for (int r = 0; r < ROWS; ++r)
+      ar[r] = vbroadcast(a + k * ROWS + r);
+    DG_GEMM_UNROLL
+    for (int p = 0; p < P; ++p) {
+      const float* bk = b + p * b_step + k * NR;
+      prefetch_panel_row(bk);
+      DG_GEMM_UNROLL
+      for (int v = 0; v < NV; ++v) {
+        const Vec bv = vload(bk + v * kWidth);
+        DG_GEMM_UNROLL
+        for (int r = 0; r < ROWS; ++r)
+          acc[p][r][v] = vfma(ar[r], bv, acc[p][r][v]);
+      }
+    }
+  }
+  DG_GEMM_UNROLL
+  for (int p = 0; p < P; ++p) {
+    DG_GEMM_UNROLL
+    for (int r = 0; r < ROWS; ++r) {
+      DG_GEMM_UNROLL
+      for (int v = 0; v < NV; ++v) {
+        float* q = c + p * c_step + r * ldc + v * kWidth;
+        vstore(q, accumulate ? vadd(vload(q), acc[p][r][v]) : acc[p][r][v]);
+      }
+    }
+  }
+#else
+  for (int p = 0; p < P; ++p)
+    micro_kernel<ROWS, true, NR, true>(kc, a, 1, ROWS, b + p * b_step, NR, c + p * c_step, ldc, accumulate);
+#endif
+}
+
 #if DG_GEMM_SIMD
 // The tiny-M path, B row-major and read in place:
 //   c[r*ldc + j] = sum over k < K of a[r*a_rs + k*a_ks] * b[k*ldb + j]
@@ -929,6 +992,24 @@ void gemm_part(const Operand& A, const Operand& B, int64_t K, float* C, int64_t 
             bp = b_pack;  // the partial last micro-panel, packed above
           }
 
+          // A streamed B times one or two rows: streamed_panels(mc) whole
+          // panels (the next ones in the walk) at once.
+          const int group = b_streamed && !row_blocks<Epilogue>::value ? streamed_panels(mc) : 1;
+          const int64_t step = B.backward ? -1 : 1;
+          if (group > 1 && walk + group <= panels && std::max(jr, jr + (group - 1) * step * NR) + NR <= nc) {
+            float* cp = C + ic * ldc + jc + jr;
+            if (group == 4) {
+              micro_kernel_panels<1, 4>(kc, a_pack, bp, step * NR * kc, cp, step * NR, ldc, !first);
+            } else {
+              micro_kernel_panels<2, 2>(kc, a_pack, bp, step * NR * kc, cp, step * NR, ldc, !first);
+            }
+            for (int p = 0; last && p < group; ++p) {
+              const int64_t j = jc + jr + p * step * NR;
+              finish(epi, ic, ic + mc, j, j + NR, C + ic * ldc + j, ldc);
+            }
+            walk += group - 1;
+            continue;
+          }
           // A last panel of at most kEdgeCols columns gets the narrow tile.
           const bool narrow = nr <= kEdgeCols && kEdgeCols < NR;
           for (int64_t q = 0; q < panel_count(mc); ++q) {
