@@ -252,9 +252,11 @@ def test_neon_gemm_with_packed_b_equals_gemm(neon, M, N, K, ta, tb):
     lda, ldb, ldc = (M if ta else K) + 1, (K if tb else N) + 2, N + 3
     a, b = rand(K if ta else M, lda), rand(N if tb else K, ldb)
     out = neon("gemm_packed", int(ta), int(tb), M, N, K, lda, ldb, ldc, 2, inputs=[a, b, np.zeros((M, ldc), np.float32)])
-    *uses, plain, _ = (x.reshape(M, ldc) for x in np.split(out, 6))
+    *uses, plain, _, one = (x.reshape(M, ldc) for x in np.split(out, 7))
     assert all(same_bits(use, plain) for use in uses)
     assert_gemm_close(plain[:, :N], gemm_reference(a, b, ta, tb, M, N, K), K)
+    if tb and M > 3:  # one row by a packed transposed B: micro_kernel_panels<1, 4>, the micro-kernel's bits
+        assert same_bits(one[:1], plain[:1])
 
 
 def test_neon_conv2d(tmp_path):
