@@ -169,7 +169,8 @@ def _method_name(statement: Statement) -> str:
         fn = value.func.attr if isinstance(value.func, ast.Attribute) else getattr(value.func, "id", "")
         given = next((k.value.value for k in value.keywords
                       if k.arg == "name" and isinstance(k.value, ast.Constant) and isinstance(k.value.value, str)), "")
-        targets = [n.id for t in getattr(node, "targets", []) for n in ast.walk(t) if isinstance(n, ast.Name)]
+        targets = [n.id for t in getattr(node, "targets", []) for n in ast.walk(t)
+                   if isinstance(n, ast.Name) and n.id.strip("_")]  # not the `_` a target discards
         base = given if _usable(given) else "_".join([fn] + targets)
     if not _usable(base):
         base = "block"
