@@ -107,3 +107,25 @@ def test_gradients_match_the_reference(built):
     _, want = reference.gradients(graph, batch, start)
     for name, value in model.gradients().items():
         np.testing.assert_allclose(value, want[name], rtol=1e-4, atol=1e-6, err_msg=name)
+
+
+@dg.model
+def token_slice():
+    tokens = dg.input("tokens", (dg.dim("N"), 4), dtype="int64")
+    table = dg.param("table", (8, 3), init=dg.normal(0.0, 1.0), seed=1)
+    middle = dg.slice_axis(tokens, 1, 1, 3)  # int64 ids, copied (dg::copy_axis of int64)
+    return {"emb": dg.gather(table, middle)}
+
+
+def test_an_int64_slice_compiles_and_its_ids_keep_the_tables_limit(builds):
+    """Ids sliced before they index a table: the sample inputs draw them below the table's
+    rows (id_limit follows the slice, as it follows a reshape) and the copy is of int64."""
+    from generator.reference.samples import sample_inputs
+
+    graph = token_slice.build()
+    assert sample_inputs(graph)["tokens"].max() < 8
+    module, _ = builds.module(graph)
+    model = module.Model(seed=0)
+    tokens = np.array([[7, 0, 5, 1], [2, 3, 4, 6]], dtype=np.int64)
+    want = reference.run(graph, {"tokens": tokens}, {k: np.array(v) for k, v in model.parameters().items()})
+    np.testing.assert_array_equal(model.forward(tokens=tokens)["emb"], want["emb"])

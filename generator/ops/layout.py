@@ -16,6 +16,7 @@ class Reshape(OpDef):
 
     name = "reshape"
     view = True  # the output is the operand's data: lowered to a named pointer
+    moves_elements = True
 
     def fold(self, node, consts):
         return consts[0]
@@ -44,6 +45,7 @@ class Reshape(OpDef):
 @register
 class Transpose(OpDef):
     name = "transpose"
+    moves_elements = True
 
     def fold(self, node, consts):
         return consts[0]
@@ -84,6 +86,7 @@ def _copy_axis(ctx, src, dst, axis, src_start, dst_start, count):
 @register
 class Concat(OpDef):
     name = "concat"
+    moves_elements = True
 
     def infer(self, inputs, attrs):
         axis = attrs["axis"]
@@ -138,6 +141,7 @@ class Slice(OpDef):
 
     name = "slice"
     multi_output = True  # one node makes every piece of a split; unread pieces get no gradient
+    moves_elements = True
 
     def infer(self, inputs, attrs):
         (x,) = inputs

@@ -66,6 +66,7 @@ class OpDef:
     in_place = False
     reads_views = False
     multi_output = False
+    moves_elements = False  # its outputs' elements are its inputs' (reshape, slice): ids keep their limit
     cse = True
     updates_state = ()
     output_hints = ()
@@ -134,8 +135,9 @@ def id_limit(graph, value) -> int:
     """Ids for `value` must index every table it gathers from (labels: every class
     count): the least limit any node states for it (OpDef.id_limit), else 10."""
     limits = [get_op(n.op).id_limit(n, value) for n in graph.nodes]
-    # Ids reshaped first (a tagger's [N, T] tags flattened for the loss) have the reshape's limit.
-    limits += [id_limit(graph, n.outputs[0]) for n in graph.nodes if n.op == "reshape" and n.inputs[0] is value]
+    # Ids reshaped or sliced first (a tagger's [N, T] tags flattened for the loss) have the result's limit.
+    limits += [id_limit(graph, out) for n in graph.nodes if get_op(n.op).moves_elements
+               and any(v is value for v in n.inputs) for out in n.outputs]
     limits = [x for x in limits if x is not None]
     return min(limits) if limits else 10
 

@@ -46,12 +46,13 @@ inline void transpose(const float* x, float* y, int ndim, const int64_t* shape, 
 // Copies src[:, src_start : src_start+count, :] into dst[:, dst_start : dst_start+count, :],
 // with src viewed as [outer, src_len, inner] and dst as [outer, dst_len, inner].
 // Used for concat, split and slice (step 1).  Each outer block is contiguous.
-inline void copy_axis(const float* src, float* dst, int64_t outer, int64_t src_len, int64_t src_start,
-                      int64_t dst_len, int64_t dst_start, int64_t count, int64_t inner) {
+template <typename T>  // float, or an int64 tensor's elements (token ids, lengths)
+void copy_axis(const T* src, T* dst, int64_t outer, int64_t src_len, int64_t src_start, int64_t dst_len,
+               int64_t dst_start, int64_t count, int64_t inner) {
   const int64_t block = count * inner;
   for (int64_t o = 0; o < outer; ++o) {
-    const float* from = src + (o * src_len + src_start) * inner;
-    float* to = dst + (o * dst_len + dst_start) * inner;
+    const T* from = src + (o * src_len + src_start) * inner;
+    T* to = dst + (o * dst_len + dst_start) * inner;
     for (int64_t j = 0; j < block; ++j)
       to[j] = from[j];
   }

@@ -53,8 +53,9 @@ inline void transpose(const float* x, float* y, int ndim, const int64_t* shape, 
 // dst[:, dst_start : dst_start+count, :] = src[:, src_start : src_start+count, :]
 // with src viewed as [outer, src_len, inner] and dst as [outer, dst_len, inner]
 // (concat, split and slice).
-inline void copy_axis(const float* src, float* dst, int64_t outer, int64_t src_len, int64_t src_start,
-                      int64_t dst_len, int64_t dst_start, int64_t count, int64_t inner) {
+template <typename T>  // float, or an int64 tensor's elements (token ids, lengths)
+void copy_axis(const T* src, T* dst, int64_t outer, int64_t src_len, int64_t src_start, int64_t dst_len,
+               int64_t dst_start, int64_t count, int64_t inner) {
   const int64_t block = count * inner;
   for_each("copy_axis", outer * block, [=] DG_HD(int64_t j) {
     const int64_t o = j / block, r = j % block;
