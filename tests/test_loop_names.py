@@ -51,15 +51,15 @@ def test_each_levels_offset_is_written_once(generated):
     assert offsets, f"{name}: no level pointers"
     repeated = sorted({o for o in offsets if offsets.count(o) > 1})
     assert repeated == [], f"{name}: offsets printed more than once: {repeated}"
-    assert source.count("level_start[level + 1] - start") + source.count("level_start[step + 1] - start") == 2
+    assert source.count("level_start[level + 1] - start") + source.count("step_start(step + 1) - start") == 2
 
 
 def test_sequences_speak_of_time_steps_and_trees_of_levels(generated):
     name, source, _ = generated
     if name == "lstm_classifier":
-        assert "for (std::int64_t step = 1; step < schedule.levels(); ++step) {" in source
-        loops = re.sub(r"schedule\.\w+|\.max_level_rows", "", source)  # the runtime's dg::LevelSchedule speaks of levels
-        assert re.findall(r"\w*(?:leaves|level)\w*", loops) == []
+        assert "for (std::int64_t step = 1; step < schedule.steps(); ++step) {" in source
+        assert re.findall(r"\w*(?:leaves|level|child)\w*", source) == []
+        assert "dg::gather_previous_step(" in source and "schedule.previous_rows(start)" in source
         assert "'leaf_words'" not in source and "'node_words'" not in source
     else:
         assert "for (std::int64_t level = 1; level < schedule.levels(); ++level) {" in source

@@ -166,7 +166,7 @@ class _Lowering:
         outputs = {piece: out for piece, out in zip(self.node.attrs["pieces"], self.node.outputs)}
         writes = {piece: ctx.write(out) for piece, out in outputs.items()}
         leaves, internal = scope.name(words.first), scope.name(words.later)
-        lines += [Declare("const std::int64_t", leaves, init=f"{sched}.leaves()"),
+        lines += [Declare("const std::int64_t", leaves, init=words.firsts(sched)),
                   Declare("const std::int64_t", internal, init=f"{sched}.rows() - {leaves}")]
         cell = self.back.internal
         rows = spec.rows
@@ -205,7 +205,7 @@ class _Lowering:
             decls, body = self._cell_lines(cell, hoisted_nodes, internal, f"{sorted_words} + {leaves}", leaves)
             lines += [Comment(words.hoisted_again)] + decls + [Block(body)]
         most = scope.name("max_rows")
-        lines.append(Declare("const std::int64_t", most, init=f"{sched}.max_level_rows"))
+        lines.append(Declare("const std::int64_t", most, init=words.most(sched)))
 
         # Before the loop: the children's state buffers (for all internal rows when
         # the part after the loop reads them) and the rows kept for after the loop;
@@ -213,10 +213,9 @@ class _Lowering:
         loop = scope.inner()
         level, start = loop.name(words.level), loop.name("start")
         child_rows = loop.name(words.child_rows)
-        head = [Declare("const std::int64_t", start, init=f"{sched}.level_start[{level}]"),
-                Declare("const std::int64_t", self.rows, init=f"{sched}.level_start[{level} + 1] - {start}"),
-                Declare("const std::int64_t*", child_rows, init=f"{sched}.child_row.data() + {start}"
-                        + ("" if spec.arity == 1 else f" * {spec.arity}"))]
+        head = [Declare("const std::int64_t", start, init=words.start_of(sched, level)),
+                Declare("const std::int64_t", self.rows, init=f"{words.start_of(sched, f'{level} + 1')} - {start}"),
+                Declare("const std::int64_t*", child_rows, init=words.links(sched, start, spec.arity))]
         offset = f"({start} - {leaves})"
         read_in_loop = {id(v) for n in looped for v in n.inputs}
         places = {}
@@ -271,19 +270,21 @@ class _Lowering:
             ctx.place[id(v)] = f"{buf[id(v)]}.data()"
         ctx.loop.packed = {}
         gathers = [
-            ctx.call("dg::gather_children", f"{self.state_rows[j]}.data()", Named("width", ctx.size(self.widths[j])),
-                     child_rows, Named("arity", spec.arity), Named("slot", k), Named("rows", self.rows),
+            ctx.call(words.move("dg::gather_children", spec.arity, k)[0], f"{self.state_rows[j]}.data()",
+                     Named("width", ctx.size(self.widths[j])), child_rows,
+                     *words.move("dg::gather_children", spec.arity, k)[1], Named("rows", self.rows),
                      places.get(v, ctx.place[id(v)]))
             for k, slot in enumerate(cell.children) for j, v in enumerate(slot)
         ]
         scatters = [
-            ctx.call("dg::scatter_children_add", ctx.read(d), Named("width", ctx.size(self.widths[j])), child_rows,
-                     Named("arity", spec.arity), Named("slot", k), Named("rows", self.rows),
+            ctx.call(words.move("dg::scatter_children_add", spec.arity, k)[0], ctx.read(d),
+                     Named("width", ctx.size(self.widths[j])), child_rows,
+                     *words.move("dg::scatter_children_add", spec.arity, k)[1], Named("rows", self.rows),
                      f"{self.grad_rows[j]}.data()")
             for k, slot in enumerate(cell.d_children) for j, d in enumerate(slot) if d is not None
         ]
         lines += decls
-        lines.append(Loop(level, f"{sched}.levels() - 1", f"{level} >= 1", f"--{level}",
+        lines.append(Loop(level, f"{words.count(sched)} - 1", f"{level} >= 1", f"--{level}",
                           head + gathers + body + [Comment(words.scatters)] + scatters, comment=words.loop_back))
         # After the loop: every internal row at once, then the leaves.
         for comment, block in ((words.after, self._cell_block(cell, after_nodes, 1, internal, f"{sorted_words} + {leaves}",

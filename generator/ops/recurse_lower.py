@@ -68,7 +68,7 @@ class _Forward:
 
         # The first batched step: rows [0, leaves).
         leaves = scope.name(words.first)
-        lines.append(Declare("const std::int64_t", leaves, init=f"{sched}.leaves()"))
+        lines.append(Declare("const std::int64_t", leaves, init=words.firsts(sched)))
         decls, body = self.cell_block(spec.leaf, spec.leaf.nodes, leaves, sorted_words, f"{sched}.order.data()")
         lines += [Comment(words.first_block)] + decls + [Block(self.rows_line(leaves) + body)]
 
@@ -83,7 +83,7 @@ class _Forward:
             lines += [Comment(words.hoisted)] + decls + [Block(self.rows_line(inner) + body)]
 
         most = scope.name("max_rows")
-        lines.append(Declare("const std::int64_t", most, init=f"{sched}.max_level_rows"))
+        lines.append(Declare("const std::int64_t", most, init=words.most(sched)))
         lines += self.child_buffers(cell, looped, most)
         packed = pack_loop_weights(ctx, scope, cell, looped)
         if packed:
@@ -93,10 +93,9 @@ class _Forward:
         # Per level: its first row, its row count, pointers to its rows.
         level, start, rows = scope.name(words.level), scope.name("start"), self.rows
         child_rows, order = scope.name(words.child_rows), scope.name("order")
-        head = [Declare("const std::int64_t", start, init=f"{sched}.level_start[{level}]"),
-                Declare("const std::int64_t", rows, init=f"{sched}.level_start[{level} + 1] - {start}"),
-                Declare("const std::int64_t*", child_rows, init=f"{sched}.child_row.data() + {start}"
-                        + ("" if spec.arity == 1 else f" * {spec.arity}")),
+        head = [Declare("const std::int64_t", start, init=words.start_of(sched, level)),
+                Declare("const std::int64_t", rows, init=f"{words.start_of(sched, f'{level} + 1')} - {start}"),
+                Declare("const std::int64_t*", child_rows, init=words.links(sched, start, spec.arity)),
                 Declare("const std::int64_t*", order, init=f"{sched}.order.data() + {start}")]
         # Read at the level's rows: by the looped nodes, or as a state (copied to its nodes' rows).
         read_in_loop = {id(v) for n in looped for v in n.inputs} | {id(v) for v in cell.outputs}
@@ -123,9 +122,9 @@ class _Forward:
                     body.append(Copy(ctx.target.copy_fn, ctx.read(v), f"{rows} * {ctx.size(width(v))}",
                                      kept_at[id(v)]))
             gathers = [
-                ctx.call("dg::gather_child_nodes", self.state_writes[j].expr, Named("width", ctx.size(self.widths[j])),
-                         f"{sched}.order.data()", child_rows, Named("arity", spec.arity), Named("slot", k),
-                         Named("rows", rows), ctx.place[id(v)],
+                ctx.call(words.move("dg::gather_child_nodes", spec.arity, k)[0], self.state_writes[j].expr,
+                         Named("width", ctx.size(self.widths[j])), f"{sched}.order.data()", child_rows,
+                         *words.move("dg::gather_child_nodes", spec.arity, k)[1], Named("rows", rows), ctx.place[id(v)],
                          *([Named("out_stride", ctx.size(self.out_stride[id(v)]))] if id(v) in self.out_stride
                            else []))
                 for k, slot in enumerate(cell.children) for j, v in enumerate(slot)
@@ -137,7 +136,7 @@ class _Forward:
                                             "No example is still running: the steps left would change nothing.")]
         ctx.loop.packed = {}
         lines += decls
-        lines.append(Loop(level, "1", f"{level} < {sched}.levels()", f"++{level}", head + gathers + body,
+        lines.append(Loop(level, "1", f"{level} < {words.count(sched)}", f"++{level}", head + gathers + body,
                           comment=words.loop))
         return Block(lines, touches=self.state_writes + kept_writes)
 

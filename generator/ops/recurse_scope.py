@@ -51,6 +51,37 @@ class Vocabulary:
     scatters: str
     after: str
     first_back: str
+    steps: bool = False  # one child slot, the previous step: the runtime's words for sequences
+
+    # The runtime's schedule and row moves, in the same words (dg_schedule.h, dg_tree.h).
+    def firsts(self, sched: str) -> str:
+        return f"{sched}.sequences()" if self.steps else f"{sched}.leaves()"
+
+    def count(self, sched: str) -> str:
+        return f"{sched}.steps()" if self.steps else f"{sched}.levels()"
+
+    def start_of(self, sched: str, level: str) -> str:
+        return f"{sched}.step_start({level})" if self.steps else f"{sched}.level_start[{level}]"
+
+    def links(self, sched: str, start: str, arity: int) -> str:
+        if self.steps:
+            return f"{sched}.previous_rows({start})"
+        return f"{sched}.child_row.data() + {start}" + ("" if arity == 1 else f" * {arity}")
+
+    def most(self, sched: str) -> str:
+        return f"{sched}.max_step_rows()" if self.steps else f"{sched}.max_level_rows"
+
+    def move(self, tree_fn: str, arity: int, slot: int) -> tuple:
+        """(the function, its arity and slot arguments): `dg::gather_children(..., /*arity=*/2,
+        /*slot=*/1, ...)` of a tree; `dg::gather_previous(...)` of a sequence."""
+        if not self.steps:
+            return tree_fn, [Named("arity", arity), Named("slot", slot)]
+        assert arity == 1 and slot == 0, "a sequence's row has one child: its previous step"
+        return _SEQUENCE_MOVES[tree_fn], []
+
+
+_SEQUENCE_MOVES = {"dg::gather_children": "dg::gather_previous", "dg::gather_child_nodes": "dg::gather_previous_step",
+                   "dg::scatter_children_add": "dg::scatter_previous_add"}
 
 
 TREES = Vocabulary(
@@ -81,6 +112,7 @@ SEQUENCES = Vocabulary(
     "The previous step's state gradients, added into its rows.",
     "The rest of the later steps' gradient (sums over rows), all at once.",
     "The first time step's gradient, all sequences at once.",
+    steps=True,
 )
 
 WHILE = Vocabulary(
@@ -98,6 +130,7 @@ WHILE = Vocabulary(
     "The previous step's state gradients, added into its rows.",
     "The rest of the steps' gradient (sums over rows), all at once.",
     "The initial states' gradient, all examples at once.",
+    steps=True,
 )
 
 

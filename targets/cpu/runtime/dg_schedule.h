@@ -29,6 +29,14 @@ struct HostSchedule {
   // The rows scheduled: every node of a batch of trees; of a batch of sequences,
   // the steps before each length (the padding past it is no node of the schedule).
   int64_t rows() const { return level_start.empty() ? 0 : level_start.back(); }
+
+  // The same schedule in a batch of sequences' words: level l is time step l, its rows the
+  // sequences still running, a row's one child the same sequence's previous step.
+  int64_t steps() const { return levels(); }
+  int64_t sequences() const { return leaves(); }
+  int64_t step_start(int64_t step) const { return level_start[step]; }
+  const int64_t* previous_rows(int64_t start) const { return child_row.data() + start; }
+  int64_t max_step_rows() const { return max_level_rows; }
 };
 
 // Checks the batch and computes its schedule. `children` is [nodes, arity] with

@@ -80,6 +80,17 @@ inline void gather_child_nodes(const float* state, int64_t width, const int64_t*
   tree_detail::gather(state, width, order, child_row, arity, slot, rows, out, out_stride);
 }
 
+// A batch of sequences' words for the two above (one child slot: the same sequence's
+// previous step).
+inline void gather_previous(const float* state, int64_t width, const int64_t* prev_row, int64_t rows,
+                            float* out, int64_t out_stride = -1) {
+  gather_children(state, width, prev_row, 1, 0, rows, out, out_stride);
+}
+inline void gather_previous_step(const float* state, int64_t width, const int64_t* order,
+                                 const int64_t* prev_row, int64_t rows, float* out, int64_t out_stride = -1) {
+  gather_child_nodes(state, width, order, prev_row, 1, 0, rows, out, out_stride);
+}
+
 // out[i] = values[order[i]] for the rows [0, count): per-node ids in row order.
 template <typename T>
 void permute_rows(const T* values, const int64_t* order, int64_t count, T* out) {
@@ -113,6 +124,12 @@ inline void scatter_children_add(const float* d_child, int64_t width, const int6
     for (int64_t k = 0; k < width; ++k)
       dst[k] += src[k];
   }
+}
+
+// The backward of gather_previous.
+inline void scatter_previous_add(const float* d_previous, int64_t width, const int64_t* prev_row,
+                                 int64_t rows, float* d_state) {
+  scatter_children_add(d_previous, width, prev_row, 1, 0, rows, d_state);
 }
 
 }  // namespace dg

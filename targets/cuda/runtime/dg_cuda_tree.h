@@ -33,6 +33,13 @@ struct LevelSchedule {
   int64_t levels() const { return static_cast<int64_t>(level_start.size()) - 1; }
   int64_t leaves() const { return level_start.size() > 1 ? level_start[1] : 0; }
   int64_t rows() const { return level_start.empty() ? 0 : level_start.back(); }
+
+  // In a batch of sequences' words (see HostSchedule).
+  int64_t steps() const { return levels(); }
+  int64_t sequences() const { return leaves(); }
+  int64_t step_start(int64_t step) const { return level_start[step]; }
+  const int64_t* previous_rows(int64_t start) const { return child_row.data() + start; }
+  int64_t max_step_rows() const { return max_level_rows; }
 };
 
 // What kernels read of a host schedule, copied to the device.
@@ -111,6 +118,16 @@ inline void gather_child_nodes(const float* state, int64_t width, const int64_t*
                       out_stride);
 }
 
+// A batch of sequences' words for the three above (one child slot: the previous step).
+inline void gather_previous(const float* state, int64_t width, const int64_t* prev_row, int64_t rows,
+                            float* out, int64_t out_stride = -1) {
+  gather_children(state, width, prev_row, 1, 0, rows, out, out_stride);
+}
+inline void gather_previous_step(const float* state, int64_t width, const int64_t* order,
+                                 const int64_t* prev_row, int64_t rows, float* out, int64_t out_stride = -1) {
+  gather_child_nodes(state, width, order, prev_row, 1, 0, rows, out, out_stride);
+}
+
 // out[i] = values[order[i]] for i in [0, count): per-node ids in row order.
 template <typename T>
 void permute_rows(const T* values, const int64_t* order, int64_t count, T* out) {
@@ -144,6 +161,12 @@ inline void scatter_children_add(const float* d_child, int64_t width, const int6
       if (c >= 0) d_state[c * width + k] += d_child[r * width + k];
     }
   });
+}
+
+// The backward of gather_previous.
+inline void scatter_previous_add(const float* d_previous, int64_t width, const int64_t* prev_row,
+                                 int64_t rows, float* d_state) {
+  scatter_children_add(d_previous, width, prev_row, 1, 0, rows, d_state);
 }
 
 }  // namespace dg
