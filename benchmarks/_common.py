@@ -40,15 +40,20 @@ if str(ROOT) not in sys.path:
 # ----------------------------------------------------------------------------
 
 
-def build_module(model_def, name: str | None = None, cache: Path = CACHE, **options) -> dict:
+def build_module(model_def, name: str | None = None, cache: Path = CACHE, precision: str = "fp32",
+                 **options) -> dict:
     """Generate into <cache>/<name>/src and build into <cache>/<name>/build (plain CMake,
     Release); a build whose generated sources (and Python) are unchanged is reused.
-    `options` go to the model function (train=True)."""
+    `options` go to the model function (train=True); `precision` as `deepgen generate
+    --precision` (bf16, int8: the inference part)."""
     from generator.tools.build import build_if_changed
     from generator.codegen.writer import MANIFEST
     from generator.pipeline import generate
+    from generator.transforms.precision import set_precision
 
     graph = model_def.build(name=name, **options)
+    if precision != "fp32":
+        set_precision(graph, precision)
     folder = cache / graph.name
     src, build = folder / "src", folder / "build"
     t0 = time.perf_counter()

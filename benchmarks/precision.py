@@ -1,0 +1,213 @@
+"""Benchmark: reduced precision (issue #41): accuracy and speed of bf16 and int8 against fp32.
+
+    python benchmarks/precision.py [--quick] [--json FILE]
+
+Accuracy (in this process): examples/digits.py trained in fp32 by the numpy reference
+(8 epochs of Adam, batches of 32, seed 0: the tests' trained_digits), then generated and
+built three times: fp32, `--precision bf16`, `--precision int8` (scales by `deepgen quantize`
+on the training images, max-abs). Each module runs the 360 held-out images; the table gives
+each one's accuracy, its relative change against fp32 (target: within 1%) and its top-1
+agreement with fp32. Needs scikit-learn (the images).
+
+Speed: examples/mlp.py (784 -> 512 relu -> 256 relu -> 10) forward() at batch 1 and 64,
+one thread, fp32 / bf16 / int8 generated modules (int8 scales from 256 uniform random
+images), and ONNX Runtime on the same weights in fp32 and in int8 (`quantize_dynamic`,
+weights int8 per channel) when torch, onnx and onnxruntime are installed. Each (peer,
+round) runs in a child process of its own; medians pooled over rounds (3, 1 with
+--quick), peers in alternating order. Ratio = fp32 median / peer median (> 1: faster than
+our fp32). The issue sets no speed target on an AVX2-only core; bf16 and int8 kernels
+that use AVX512-BF16 / VNNI / AMX are future work, so there they are a correctness check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import runpy
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+
+from _common import ROOT, build_module, import_module, machine_facts, measure, quiet_blas, run_rounds, set_threads
+
+PRECISIONS = ("fp32", "bf16", "int8")
+BATCHES = (1, 64)
+ORT = ("ort_fp32", "ort_int8")
+
+
+def _quantize(example: Path, params: dict, calibration: dict, out: Path) -> None:
+    """`deepgen quantize` of `params` on `calibration`, written to `out`."""
+    import numpy as np
+
+    from generator.tools.cli import main as cli
+
+    with tempfile.TemporaryDirectory() as tmp:
+        np.savez(Path(tmp) / "w.npz", **params)
+        np.savez(Path(tmp) / "calib.npz", **calibration)
+        code = cli(["quantize", str(example), "--weights", str(Path(tmp) / "w.npz"), "--calibrate",
+                    str(Path(tmp) / "calib.npz"), "-o", str(out), "--force"])
+    if code != 0:
+        raise SystemExit(f"deepgen quantize {example.name} failed")
+
+
+def accuracy_table(cache: Path) -> list:
+    import numpy as np
+
+    from generator.reference import interpreter as reference
+
+    example = ROOT / "examples" / "digits.py"
+    digits = runpy.run_path(str(example))
+    train_set, test_set = digits["load_data"](0)
+    model_def = digits["digits"]
+    graph = model_def.build()
+    params, state, step = reference.init_params(graph, seed=0), {}, 0
+    rng = np.random.default_rng(0)
+    for _ in range(8):
+        order = rng.permutation(len(train_set["labels"]))
+        for start in range(0, len(order), 32):
+            pick, step = order[start : start + 32], step + 1
+            reference.train_step(graph, {k: v[pick] for k, v in train_set.items()}, params, state, step)
+    rows, fp32 = [], None
+    for precision in PRECISIONS:
+        built = build_module(model_def, name=f"digits_{precision}", cache=cache, precision=precision)
+        module = import_module(built["name"], built["build"])
+        model = module.Model(seed=0)
+        if precision == "int8":
+            weights = cache / "digits_int8_weights.npz"
+            _quantize(example, params, train_set, weights)
+            model.load(str(weights))
+        else:
+            current = model.parameters()
+            for key, value in params.items():
+                if key in current:
+                    current[key][...] = value
+            del current
+        probs = model.forward(pixels=test_set["pixels"])["probs"]
+        top1 = probs.argmax(1)
+        fp32 = top1 if fp32 is None else fp32
+        accuracy = float(np.mean(top1 == test_set["labels"]))
+        rows.append({"precision": precision, "accuracy": accuracy, "agreement": float(np.mean(top1 == fp32))})
+    base = rows[0]["accuracy"]
+    for row in rows:
+        row["relative"] = row["accuracy"] / base - 1.0
+    return rows
+
+
+def _ort_session(module, int8: bool, folder: Path):
+    """The MLP as a torch module with the generated fp32 model's weights, exported to
+    ONNX (and quantized dynamically for int8), as an ONNX Runtime session on one thread."""
+    import numpy as np
+    import onnxruntime as ort
+    import torch
+
+    weights = {k: np.array(v) for k, v in module.Model(seed=0).parameters().items()}
+    layers = [torch.nn.Linear(*weights[f"{n}_w"].shape) for n in ("h1", "h2", "logits")]
+    for layer, n in zip(layers, ("h1", "h2", "logits")):
+        layer.weight.data = torch.from_numpy(weights[f"{n}_w"].T.copy())
+        layer.bias.data = torch.from_numpy(weights[f"{n}_b"].copy())
+    net = torch.nn.Sequential(layers[0], torch.nn.ReLU(), layers[1], torch.nn.ReLU(), layers[2]).eval()
+    path = folder / "mlp.onnx"
+    torch.onnx.export(net, (torch.zeros(1, 784),), str(path), input_names=["x"], output_names=["logits"],
+                      dynamic_axes={"x": {0: "N"}}, dynamo=False)
+    if int8:
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+
+        quantize_dynamic(str(path), str(folder / "mlp_int8.onnx"), per_channel=True, weight_type=QuantType.QInt8)
+        path = folder / "mlp_int8.onnx"
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = options.inter_op_num_threads = 1
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def child(config: dict) -> None:
+    quiet_blas()
+    import logging
+    import warnings
+
+    import numpy as np
+
+    warnings.filterwarnings("ignore")  # the legacy ONNX exporter's notice, onnxruntime's advice
+    logging.disable(logging.WARNING)
+
+    peer, builds = config["peer"], config["builds"]
+    run = {}
+    rng = np.random.default_rng(0)
+    xs = {n: rng.uniform(0.0, 1.0, (n, 784)).astype(np.float32) for n in BATCHES}
+    if peer in PRECISIONS:
+        module = import_module(builds[peer]["name"], builds[peer]["build"])
+        set_threads(module, 1)
+        model = module.Model(seed=0)
+        if peer == "int8":
+            model.load(config["int8_weights"])
+        for n in BATCHES:
+            run[n] = lambda x=xs[n]: model.forward(x=x)
+    else:
+        fp32 = import_module(builds["fp32"]["name"], builds["fp32"]["build"])
+        with tempfile.TemporaryDirectory() as tmp:
+            session = _ort_session(fp32, peer == "ort_int8", Path(tmp))
+        for n in BATCHES:
+            run[n] = lambda x=xs[n]: session.run(None, {"x": x})
+    result = {"peer": peer, **{str(n): measure(run[n], config["seconds"], 20)["times"] for n in BATCHES}}
+    Path(config["out"]).write_text(json.dumps(result))
+
+
+def speed_table(cache: Path, rounds: int, seconds: float) -> list:
+    import numpy as np
+
+    model_def = runpy.run_path(str(ROOT / "examples" / "mlp.py"))["mlp"]
+    builds = {p: build_module(model_def, name=f"mlp_{p}", cache=cache, precision=p) for p in PRECISIONS}
+    fp32 = import_module(builds["fp32"]["name"], builds["fp32"]["build"])
+    params = {k: np.array(v) for k, v in fp32.Model(seed=0).parameters().items()}
+    weights = cache / "mlp_int8_weights.npz"
+    calibration = {"x": np.random.default_rng(1).uniform(0.0, 1.0, (256, 784)).astype(np.float32)}
+    _quantize(ROOT / "examples" / "mlp.py", params, calibration, weights)
+    peers = list(PRECISIONS)
+    try:
+        import onnx  # noqa: F401
+        import onnxruntime  # noqa: F401
+        import torch  # noqa: F401
+
+        peers += list(ORT)
+    except ImportError:
+        print("  (ONNX Runtime, onnx or torch not installed: its columns are left out)")
+    config = {"builds": builds, "int8_weights": str(weights), "seconds": seconds}
+    results = run_rounds(Path(__file__), config, rounds, [1], peers, "mlp forward")
+    rows = []
+    for n in BATCHES:
+        medians = {p: statistics.median(t for r in results if r["peer"] == p for t in r[str(n)]) for p in peers}
+        rows.append({"batch": n, **{p: medians[p] * 1e3 for p in peers},
+                     **{f"{p}_ratio": medians["fp32"] / medians[p] for p in peers}})
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--quick", action="store_true", help="one round, shorter timings")
+    parser.add_argument("--json", type=Path, help="write the tables here")
+    args = parser.parse_args()
+    if args.child:
+        child(json.loads(args.child))
+        return
+    cache = ROOT / "build" / "bench" / "precision"
+    cache.mkdir(parents=True, exist_ok=True)
+    facts = machine_facts()
+    print(f"machine: {facts.get('cpu')} ({', '.join(facts.get('cpu_isa') or [])})")
+    accuracy = accuracy_table(cache)
+    print("\ndigits MLP, 360 held-out images (trained in fp32 by the reference)")
+    print(f"{'precision':>10} {'accuracy':>9} {'vs fp32':>8} {'top-1 agreement':>16}")
+    for row in accuracy:
+        print(f"{row['precision']:>10} {row['accuracy']:9.4f} {row['relative']:+8.2%} {row['agreement']:16.4f}")
+    speed = speed_table(cache, 1 if args.quick else 3, 0.3 if args.quick else 1.0)
+    print("\nmlp forward(), 1 thread: median ms (ratio = our fp32 / peer)")
+    peers = [p for p in PRECISIONS + ORT if p in speed[0]]
+    print(f"{'batch':>6} " + " ".join(f"{p:>16}" for p in peers))
+    for row in speed:
+        print(f"{row['batch']:>6} " + " ".join(f"{row[p]:8.3f} ({row[p + '_ratio']:4.2f}x)" for p in peers))
+    if args.json:
+        args.json.write_text(json.dumps({"machine": facts, "accuracy": accuracy, "speed": speed}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
