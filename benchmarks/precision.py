@@ -60,14 +60,7 @@ def accuracy_table(cache: Path) -> list:
     digits = runpy.run_path(str(example))
     train_set, test_set = digits["load_data"](0)
     model_def = digits["digits"]
-    graph = model_def.build()
-    params, state, step = reference.init_params(graph, seed=0), {}, 0
-    rng = np.random.default_rng(0)
-    for _ in range(8):
-        order = rng.permutation(len(train_set["labels"]))
-        for start in range(0, len(order), 32):
-            pick, step = order[start : start + 32], step + 1
-            reference.train_step(graph, {k: v[pick] for k, v in train_set.items()}, params, state, step)
+    params = reference.train_epochs(model_def.build(), train_set, epochs=8, batch=32, seed=0)
     rows, fp32 = [], None
     for precision in PRECISIONS:
         built = build_module(model_def, name=f"digits_{precision}", cache=cache, precision=precision)

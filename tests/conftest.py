@@ -163,22 +163,12 @@ def trained_digits():
     pytest.importorskip("sklearn")
     import runpy
 
-    import numpy as np
-
     from generator.reference import interpreter as reference
 
     example = runpy.run_path(str(ROOT / "examples" / "digits.py"))
     train_set, test_set = example["load_data"](0)
     fp32 = load_example("digits").build()
-    params, state, step = reference.init_params(fp32, seed=0), {}, 0
-    rng = np.random.default_rng(0)
-    for _ in range(8):
-        order = rng.permutation(len(train_set["labels"]))
-        for start in range(0, len(order), 32):
-            pick, step = order[start : start + 32], step + 1
-            batch = {"pixels": train_set["pixels"][pick], "labels": train_set["labels"][pick]}
-            reference.train_step(fp32, batch, params, state, step)
-    return train_set, test_set, fp32, params
+    return train_set, test_set, fp32, reference.train_epochs(fp32, train_set, epochs=8, batch=32, seed=0)
 
 
 # The checks every example goes through (API, memory, passes, sanitizers, the CUDA

@@ -128,5 +128,20 @@ def train_step(graph, inputs: dict, params: dict, state: dict, step: int, hyper:
     return loss
 
 
+def train_epochs(graph, data: dict, epochs: int, batch: int, seed: int = 0) -> dict:
+    """Parameters drawn from `seed` and trained by train_step over `data` (arrays with the
+    examples first) for `epochs`, each a fresh permutation (numpy's generator at `seed`)
+    cut into batches of `batch`: the fp32 model the reduced-precision checks start from."""
+    params, state, step = init_params(graph, seed=seed), {}, 0
+    rng = np.random.default_rng(seed)
+    count = len(next(iter(data.values())))
+    for _ in range(epochs):
+        order = rng.permutation(count)
+        for start in range(0, count, batch):
+            pick, step = order[start : start + batch], step + 1
+            train_step(graph, {k: v[pick] for k, v in data.items()}, params, state, step)
+    return params
+
+
 def _fmt_dims(dims):
     return ", ".join(f"{k}={v}" for k, v in dims.items())
