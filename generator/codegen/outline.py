@@ -573,9 +573,9 @@ def _walk(obj, inst: _Instance, slot: str = "") -> None:
 # -- making the function -----------------------------------------------------------------
 
 
-# The backward pass runs a call's gradient statements mostly together, but the schedule
-# moves a few (a weight's gradient after the next call's recomputation): a run of fewer
-# statements than this is such a piece and stays inline.
+# A run of fewer backward statements than this from one call stays inline: a short piece
+# (a plain residual block's output made again: its batch norm and its add + relu) reads as
+# well there as a call would.
 _BACKWARD_MIN = 3
 
 # The order of a function's parameters: the tensors the user passed, the weights and
