@@ -270,17 +270,15 @@ class _Lowering:
             ctx.place[id(v)] = f"{buf[id(v)]}.data()"
         ctx.loop.packed = {}
         gathers = [
-            ctx.call(words.move("dg::gather_children", spec.arity, k)[0], f"{self.state_rows[j]}.data()",
-                     Named("width", ctx.size(self.widths[j])), child_rows,
-                     *words.move("dg::gather_children", spec.arity, k)[1], Named("rows", self.rows),
-                     places.get(v, ctx.place[id(v)]))
+            words.move(ctx, "dg::gather_children", spec.arity, k,
+                       [f"{self.state_rows[j]}.data()", Named("width", ctx.size(self.widths[j])), child_rows],
+                       [Named("rows", self.rows), places.get(v, ctx.place[id(v)])])
             for k, slot in enumerate(cell.children) for j, v in enumerate(slot)
         ]
         scatters = [
-            ctx.call(words.move("dg::scatter_children_add", spec.arity, k)[0], ctx.read(d),
-                     Named("width", ctx.size(self.widths[j])), child_rows,
-                     *words.move("dg::scatter_children_add", spec.arity, k)[1], Named("rows", self.rows),
-                     f"{self.grad_rows[j]}.data()")
+            words.move(ctx, "dg::scatter_children_add", spec.arity, k,
+                       [ctx.read(d), Named("width", ctx.size(self.widths[j])), child_rows],
+                       [Named("rows", self.rows), f"{self.grad_rows[j]}.data()"])
             for k, slot in enumerate(cell.d_children) for j, d in enumerate(slot) if d is not None
         ]
         lines += decls

@@ -122,11 +122,12 @@ class _Forward:
                     body.append(Copy(ctx.target.copy_fn, ctx.read(v), f"{rows} * {ctx.size(width(v))}",
                                      kept_at[id(v)]))
             gathers = [
-                ctx.call(words.move("dg::gather_child_nodes", spec.arity, k)[0], self.state_writes[j].expr,
-                         Named("width", ctx.size(self.widths[j])), f"{sched}.order.data()", child_rows,
-                         *words.move("dg::gather_child_nodes", spec.arity, k)[1], Named("rows", rows), ctx.place[id(v)],
-                         *([Named("out_stride", ctx.size(self.out_stride[id(v)]))] if id(v) in self.out_stride
-                           else []))
+                words.move(ctx, "dg::gather_child_nodes", spec.arity, k,
+                           [self.state_writes[j].expr, Named("width", ctx.size(self.widths[j])),
+                            f"{sched}.order.data()", child_rows],
+                           [Named("rows", rows), ctx.place[id(v)],
+                            *([Named("out_stride", ctx.size(self.out_stride[id(v)]))] if id(v) in self.out_stride
+                              else [])])
                 for k, slot in enumerate(cell.children) for j, v in enumerate(slot)
             ]
             if spec.until is not None:  # a while loop: stop once no example runs

@@ -71,13 +71,13 @@ class Vocabulary:
     def most(self, sched: str) -> str:
         return f"{sched}.max_step_rows()" if self.steps else f"{sched}.max_level_rows"
 
-    def move(self, tree_fn: str, arity: int, slot: int) -> tuple:
-        """(the function, its arity and slot arguments): `dg::gather_children(..., /*arity=*/2,
-        /*slot=*/1, ...)` of a tree; `dg::gather_previous(...)` of a sequence."""
+    def move(self, ctx, tree_fn: str, arity: int, slot: int, before: list, after: list):
+        """The call of a row move: `dg::gather_children(*before, /*arity=*/2, /*slot=*/1, *after)`
+        of a tree; `dg::gather_previous(*before, *after)` of a sequence."""
         if not self.steps:
-            return tree_fn, [Named("arity", arity), Named("slot", slot)]
+            return ctx.call(tree_fn, *before, Named("arity", arity), Named("slot", slot), *after)
         assert arity == 1 and slot == 0, "a sequence's row has one child: its previous step"
-        return _SEQUENCE_MOVES[tree_fn], []
+        return ctx.call(_SEQUENCE_MOVES[tree_fn], *before, *after)
 
 
 _SEQUENCE_MOVES = {"dg::gather_children": "dg::gather_previous", "dg::gather_child_nodes": "dg::gather_previous_step",
