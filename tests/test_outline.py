@@ -122,14 +122,20 @@ def test_each_residual_blocks_gradient_is_one_call():
     assert re.search(r"gradients_only\(_gradients_only, first_index \+ \d\)", body)
     assert re.search(r"sgd_update\(conv2_weight, d_conv2_weight, C \* C \* 9, _hyper\)", body)
     assert "_size" not in body and "index_2" not in body
+    # Where a gradient goes (the Model's member while the step keeps gradients, else its piece of
+    # the arena) is the call's argument: the caller declares none of them.
+    assert re.search(r"/\*d_conv2_weight=\*/_gradients\.at\(this->d_layer\d_\d_conv2_weight, ", run)
+    assert not re.search(r"float\* d_layer\d_\d_\w+_weight =", run)
 
 
 def test_an_argument_that_names_its_parameter_has_no_comment():
     """`layer1_0_bn1_mean` fills `bn1_mean`: no /*bn1_mean=*/ beside it; `layer1_0` (the first
     block's result, named after its call) filling `x` keeps /*x=*/, and `result` too."""
     run = _run_body(project_files(build_example("resnet18"))["src/model.cpp"].decode())
-    assert "/*bn1_mean=*/" not in run and "/*mode=*/" not in run and "/*d_bn2_weight=*/" not in run
+    assert "/*bn1_mean=*/" not in run and "/*mode=*/" not in run
     assert "/*x=*/layer1_0," in run and "/*result=*/layer1_0," in run
+    # A gradient's place is named: a bare _gradients.at(...) does not say which it is.
+    assert "/*d_bn2_weight=*/_gradients.at(" in run
 
 
 def test_a_long_block_that_runs_once_is_a_member_function():

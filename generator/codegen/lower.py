@@ -587,6 +587,7 @@ def _lower_training(ctx, graph, dim_index, bound_dims, first: int) -> TrainPlan:
         slots=[(p, slot, member, shape) for p, _, shape in grads for slot, member in slots[p]],
         grad_offsets=offsets,
         grad_total=total,
+        places=bool(ctx.gradient_decls),
     )
 
 

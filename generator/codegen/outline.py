@@ -15,8 +15,9 @@ Which parts are "per call" is read off the typed lines, never off printed C++:
   name prefix (`layer2_0_conv1_weight` -> `conv1_weight`);
 - each arena piece the call declares (`ArenaDecl`) is a pointer parameter; the caller
   declares the pieces later code reads (the call's result, what the backward pass
-  keeps) and passes the others as `_arena.at(...)`, once where two are one piece in
-  every call (the second is named inside: `float* out = bn1;  // in place`);
+  keeps) and passes the others as `_arena.at(...)` (a parameter's gradient as
+  `_gradients.at(index, ...)`: its member while the step keeps gradients), once where
+  two are one piece in every call (the second is named inside: `float* out = bn1;  // in place`);
 - every other leaf (a size, a string literal) that differs between the calls is a
   parameter, one per distinct list of values; one that is the same in every call
   stays in the body. Run-time sizes (`N`) and the mode a body reads are parameters too.
@@ -497,7 +498,7 @@ def _rename(text: str, renames: dict) -> str:
 def _walk(obj, inst: _Instance, slot: str = "") -> None:
     """Record `obj`'s structure and leaves (in the order _rebuild visits them)."""
     shape, leaves = inst.shape, inst.leaves
-    if isinstance(obj, ArenaDecl):  # a GradientDecl too: the caller declares those
+    if isinstance(obj, ArenaDecl):  # a GradientDecl too
         local = inst.renames[obj.buffer.name]
         shape.append(("arena", local, isinstance(obj, GradientDecl)))
         leaves.append(_Leaf("arena", obj, local))
@@ -637,9 +638,11 @@ def _make_function(group, plan, fn_name, later_reads, called=None):
                 if _vector_of(decl):  # the caller's, always: it outlives the call
                     hoisted[j].append(decl)
                     values.append(f"{decl.name}.data()")
-                elif decl.buffer.name in later_reads or isinstance(decl, GradientDecl):
+                elif decl.buffer.name in later_reads:
                     hoisted[j].append(decl)
                     values.append(decl.buffer.name)
+                elif isinstance(decl, GradientDecl):  # the Model's member, or an arena piece
+                    values.append(decl.place())
                 else:
                     values.append(decl.piece())
             # A piece that is another piece of the call in every call (an in-place result:

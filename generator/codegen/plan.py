@@ -99,8 +99,13 @@ class GradientDecl(ArenaDecl):
 
     member: str = ""  # the Model's gradient member: d_h1_w
 
+    def place(self) -> str:
+        """_gradients.at(this->member, offset, size): the member, or the arena piece when not kept."""
+        offset = self.buffer.printed or "/*not yet planned*/"
+        return f"_gradients.at(this->{self.member}, {offset}, {self.size})"
+
     def __str__(self) -> str:
-        return f"float* {self.buffer.name} = _gradients_kept ? this->{self.member}.ptr() : {self.piece()};"
+        return f"float* {self.buffer.name} = {self.place()};"
 
 
 @dataclass
@@ -173,6 +178,7 @@ class TrainPlan:
     grads: list  # [(param, gradient member, C++ shape list)]
     slots: list  # [(param, slot, member, C++ shape list)]
     grad_offsets: list = field(default_factory=list)  # [offset] of each gradient in the one gradient buffer
+    places: bool = False  # a GradientDecl: the backward pass writes a gradient where dg::GradientPlaces says
     grad_total: int = 0  # elements of that buffer (every gradient, in gradients() order)
 
 

@@ -31,6 +31,7 @@ _WORD = re.compile(r"(?<![\w.:>])[A-Za-z_]\w*(?!\w|::)")
 _BY_VALUE = re.compile(r"^(const )?(std::int64_t|bool|float|double|int)$")
 # _run's own locals, declared by the template, and how a function takes each.
 _RUN_LOCALS = {"_arena": "dg::Arena&", "_gradients_kept": "const bool",
+               "_gradients": "const dg::GradientPlaces<dg::Arena>&",
                "_gradients_only": "const std::function<void(int)>*"}
 
 

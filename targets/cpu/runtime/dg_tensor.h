@@ -94,6 +94,27 @@ struct Slice {
   void host_written() {}
 };
 
+// Where the backward pass writes a parameter's gradient: its member of the Model while
+// gradients are kept (compute_gradients(), train_step() with keep_gradients set), else the
+// piece of the arena the step planned for it, which lives until the parameter's update has
+// used it (the arena holds that piece only then).
+template <typename Arena>
+class GradientPlaces {
+ public:
+  GradientPlaces(bool kept, Arena& arena) : kept_(kept), arena_(&arena) {}
+
+  template <typename Member>
+  float* at(Member& member, int64_t offset, int64_t count) const {
+    return kept_ ? member.ptr() : arena_->at(offset, count);
+  }
+
+ private:
+  bool kept_;
+  Arena* arena_;
+};
+
+
+
 // compute_gradients(): tells the caller's callback (if any) that gradient `index` is complete.
 template <typename Callback>
 void gradient_ready(const Callback& ready, int index) {
