@@ -1,10 +1,18 @@
-// Runs runtime/dg_int8.h's quantize_int8, quantize_weight_int8 and matmul_int8 for
-// tests/test_int8.py: `int8_driver M K N stored_PK` reads x[M*K], w ([K, N], or
-// [N, K] when stored_PK is 1), x_scale[1] and w_scale[N] as float32 from stdin and
-// writes y[M*N] as float32 to stdout. Compiled once for this CPU and once for
-// baseline x86-64 (the portable loops).
+// Runs runtime/dg_int8.h for tests/test_int8.py. Compiled once for this CPU and
+// once for baseline x86-64 (the portable loops).
+//
+// `int8_driver M K N stored_PK` reads x[M*K], w ([K, N], or [N, K] when stored_PK
+// is 1), x_scale[1] and w_scale[N] as float32 from stdin, runs quantize_int8,
+// quantize_pack_int8 and matmul_int8, and writes y[M*N] as float32 to stdout.
+//
+// `int8_driver sums` checks matmul_int8's integer sums against a plain int32 loop
+// on int8 values (activations in [-127, 127], weights in [-63, 63], random and at
+// the extremes where vpmaddubsw's pairs are largest) for M 1..9 and odd K and N;
+// prints "ok <cases>" or the first difference (exit 1).
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <random>
 #include <vector>
 
 #include "dg_int8.h"
@@ -16,7 +24,46 @@ static void read_floats(std::vector<float>& v) {
   }
 }
 
+static int check_sums() {
+  std::mt19937 rng(5);
+  const int64_t Ks[] = {1, 2, 3, 4, 5, 7, 8, 31, 64, 129, 1000};
+  const int64_t Ns[] = {1, 3, 8, 15, 16, 17, 33, 40};
+  int cases = 0;
+  for (int64_t M = 1; M <= 9; ++M)
+    for (int64_t K : Ks)
+      for (int64_t N : Ns)
+        for (int fill = 0; fill < 4; ++fill) {  // random; a = 127, w = 63; a = -127, w = -63; a = 127, w = -63
+          const int64_t lda = dg::int8_row_bytes(K);
+          std::vector<int8_t> a(M * lda, 0), w(N * K);
+          for (int64_t i = 0; i < M; ++i)
+            for (int64_t k = 0; k < K; ++k)
+              a[i * lda + k] = int8_t(fill == 0 ? int(rng() % 255) - 127 : fill == 2 ? -127 : 127);
+          for (auto& v : w)
+            v = int8_t(fill == 0 ? int(rng() % 127) - 63 : fill == 1 ? 63 : -63);
+          const std::vector<float> ones(N, 1.0f);
+          const dg::Int8PackedB packed(w.data(), ones.data(), K, N);
+          std::vector<float> c(M * N);
+          const float one = 1.0f;
+          dg::matmul_int8(a.data(), &one, packed, c.data(), M);
+          for (int64_t i = 0; i < M; ++i)
+            for (int64_t j = 0; j < N; ++j) {
+              int32_t s = 0;
+              for (int64_t k = 0; k < K; ++k)
+                s += int32_t(a[i * lda + k]) * int32_t(w[j * K + k]);
+              if (c[i * N + j] != float(s)) {  // |s| <= 1000 * 127 * 63 < 2^24: exact as a float
+                std::printf("M=%lld K=%lld N=%lld fill %d: c[%lld][%lld] = %.1f, the int32 loop %d\n", (long long)M,
+                            (long long)K, (long long)N, fill, (long long)i, (long long)j, c[i * N + j], s);
+                return 1;
+              }
+            }
+          ++cases;
+        }
+  std::printf("ok %d\n", cases);
+  return 0;
+}
+
 int main(int argc, char** argv) {
+  if (argc == 2 && std::strcmp(argv[1], "sums") == 0) return check_sums();
   if (argc != 5) return 2;
   const int64_t M = std::atoll(argv[1]), K = std::atoll(argv[2]), N = std::atoll(argv[3]);
   const bool stored_PK = std::atoi(argv[4]) != 0;
@@ -25,10 +72,10 @@ int main(int argc, char** argv) {
   read_floats(w);
   read_floats(xs);
   read_floats(ws);
-  std::vector<int8_t> qx(M * K), qw(N * K);
+  std::vector<int8_t> qx(M * dg::int8_row_bytes(K));
   dg::quantize_int8(x.data(), qx.data(), xs.data(), M, K, "x_scale");
-  dg::quantize_weight_int8(w.data(), qw.data(), ws.data(), N, K, stored_PK, "w_scale");
-  dg::matmul_int8(qx.data(), qw.data(), xs.data(), ws.data(), y.data(), M, K, N, !stored_PK);
+  const dg::Int8PackedB packed = dg::quantize_pack_int8(w.data(), ws.data(), K, N, stored_PK, "w_scale");
+  dg::matmul_int8(qx.data(), xs.data(), packed, y.data(), M);
   std::fwrite(y.data(), sizeof(float), y.size(), stdout);
   return 0;
 }

@@ -44,8 +44,10 @@ def test_quantize_rounds_half_to_even_and_clamps():
     want = np.clip(np.rint(x * (np.float32(1) / s)), -127, 127)
     assert quantize(x, s).tolist() == want.astype(int).tolist()
     w = np.array([[1.0, 0.0], [-2.0, 0.0], [0.5, 0.0]], np.float32)  # [K=3, P=2]: channel 1 all zeros
-    assert weight_scales(w, tb=False).tolist() == [np.float32(2.0) / np.float32(127), 1.0]
-    assert MAX_K * 127 * 127 <= 2**31 - 1 < (MAX_K + 1) * 127 * 127
+    assert weight_scales(w, tb=False).tolist() == [np.float32(2.0) / np.float32(63), 1.0]  # weights: 7 bits
+    assert quantize(np.array([100.0, -100.0, 62.5, 63.5], np.float32), np.float32(1.0), 63).tolist() == [63, -63, 62, 63]
+    # the AVX2 kernel sums (qx + 128) * qw in int32: qx + 128 <= 255, |qw| <= 63
+    assert MAX_K * 255 * 63 <= 2**31 - 1 < (MAX_K + 1) * 255 * 63
     with pytest.raises(ValueError, match="'s' is 0: it was never set"):
         matmul_int8(np.ones((1, 3), np.float32), w, np.zeros(1, np.float32), np.ones(2, np.float32), False, ("s", "t"))
 
@@ -112,11 +114,67 @@ def test_mlp_int8_generated_equals_reference(tmp_path, builds, capsys):
                           cwd=project / "src_tree", capture_output=True, text=True, timeout=300,
                           env=child_env(PYTHONPATH=str(project / "build")))
     assert proc.returncode == 0, proc.stdout[-3000:]
-    # each step a named call, with its scale's name
+    # each step a named call, with its scale's name; the weight's, a member the Model keeps
+    header = " ".join((project / "src_tree" / "include" / "mlp_int8" / "model.h").read_text().split())
+    assert ('dg::KeptInt8Weight proj_w_int8{_version, proj_w, proj_w_scale, "proj_w_scale", /*tb=*/true, /*K=*/21, '
+            "/*N=*/6};") in header
     for call in ("dg::quantize_int8(x, dg::int8_data(x_q), fc1_w_input_scale.ptr()",
-                 "dg::quantize_weight_int8(proj_w.ptr(), dg::int8_data(proj_w_q), proj_w_scale.ptr()",
-                 "dg::matmul_int8(dg::int8_data(h_q), dg::int8_data(proj_w_q), proj_w_input_scale.ptr(), proj_w_scale.ptr()"):
+                 "dg::matmul_int8(dg::int8_data(h_q), proj_w_input_scale.ptr(), proj_w_int8, "):
         assert call in " ".join(text.split()), call
+    assert "quantize_weight_int8" not in text  # not per call
+
+
+def test_kept_int8_weight_follows_parameter_changes(tmp_path, builds, capsys):
+    """The int8 weight is quantized and packed once per change of the parameters: after
+    a write through parameters() or buffers() (a scale), load() or release_packed_weights(),
+    the next forward() equals the reference on the new values; and while nothing changes
+    the packing is kept (its bytes stay)."""
+    from generator.frontend.loader import load_model
+
+    model_file, fp32, params, x = _mlp_files(tmp_path)
+    assert cli(["quantize", str(model_file), "--weights", str(tmp_path / "w.npz"),
+                "--calibrate", str(tmp_path / "calib.npz"), "-o", str(tmp_path / "wq.npz")]) == 0
+    capsys.readouterr()
+    with np.load(tmp_path / "wq.npz") as f:
+        wq = {k: f[k].copy() for k in f.files}
+    graph = load_model(str(model_file)).build()
+    set_precision(graph, "int8")
+    module, _ = builds.module(graph)
+    model = module.Model(seed=0)
+    model.load(str(tmp_path / "wq.npz"))
+    xs = x[:7]
+
+    def check(weights):
+        np.testing.assert_array_equal(model.forward(x=xs)["y"], reference.run(graph, {"x": xs}, weights)["y"])
+
+    assert model.memory_stats()["packed_weight_bytes"] == 0
+    check(wq)
+    kept = model.memory_stats()["packed_weight_bytes"]
+    assert kept > 0
+    check(wq)
+    assert model.memory_stats()["packed_weight_bytes"] == kept
+    # a weight written through its view
+    views = model.parameters()
+    views["proj_w"][...] *= np.float32(-0.5)
+    views["fc1_w"][3, :] = 0.0
+    wq["proj_w"] = wq["proj_w"] * np.float32(-0.5)
+    wq["fc1_w"][3, :] = 0.0
+    del views
+    check(wq)
+    # a weight scale written through the buffers' view
+    buffers = model.buffers()
+    buffers["fc2_w_scale"][...] *= np.float32(1.5)
+    wq["fc2_w_scale"] = wq["fc2_w_scale"] * np.float32(1.5)
+    del buffers
+    check(wq)
+    # load() of other weights
+    other = {k: (v * np.float32(0.75) if k.endswith("_w") else v) for k, v in wq.items()}
+    np.savez(tmp_path / "other.npz", **other)
+    model.load(str(tmp_path / "other.npz"))
+    check(other)
+    model.release_packed_weights()
+    assert model.memory_stats()["packed_weight_bytes"] == 0
+    check(other)
 
 
 def test_trained_digits_mlp_in_int8(tmp_path, builds, capsys, trained_digits):
@@ -238,13 +296,19 @@ def _int8_drivers(tmp_path) -> dict:
 
 
 def test_runtime_int8_equals_reference_portable_and_avx2(tmp_path):
-    """dg_int8.h's three calls, built for this CPU (AVX2 here) and for baseline x86-64
-    (the portable loops), on one and two threads: equal to the numpy reference bit for
-    bit at sizes that leave every tail (K % 16, N % 4, the quantizer's 16-wide blocks)."""
+    """dg_int8.h's kernel, built for this CPU (AVX2 here) and for baseline x86-64 (the
+    portable loops): its integer sums equal a plain int32 loop (rows 1..9, odd K and N,
+    the extreme values), and quantize_int8, quantize_pack_int8 and matmul_int8 on one
+    and two threads equal the numpy reference bit for bit at sizes that leave every
+    tail (K % 4, N % 16, rows % 4, the quantizer's 16-wide blocks). A VNNI build
+    (vpdpbusd) is not run here: this CPU has no VNNI."""
     import os
     import subprocess
 
     drivers = _int8_drivers(tmp_path)
+    for name, exe in drivers.items():  # the kernel's integer sums against a plain int32 loop
+        proc = subprocess.run([str(exe), "sums"], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0 and proc.stdout.startswith("ok "), f"{name}: {proc.stdout}{proc.stderr}"
     rng = np.random.default_rng(7)
     cases = [(1, 1, 1, False), (3, 16, 4, True), (5, 37, 6, False), (17, 64, 10, True), (64, 300, 33, False),
              (9, 130, 70, False), (4, 37, 20, False), (6, 33, 17, False), (7, 37, 20, False)]  # (M, K, N, tb)

@@ -29,7 +29,7 @@ from ..transforms.passes import regions
 from .kernel_table import KernelTable
 from .kernels import epilogue_kernel, ewise_kernel, update_kernel
 from .printer import size_expr
-from .plan import ArenaDecl, GradientDecl, InputSpec, KeptPacking, OutputSpec, ParamSpec, ProjectPlan, Statement, TrainPlan, Update
+from .plan import ArenaDecl, GradientDecl, InputSpec, KeptInt8, KeptPacking, OutputSpec, ParamSpec, ProjectPlan, Statement, TrainPlan, Update
 from .stmt import CTYPE, Alias, Call, Comment, Copy, Data, Declare, Functor, Read, Write, place
 
 
@@ -124,7 +124,7 @@ class LowerCtx:
         for k in self.kept.values():
             layouts[k.param] = layouts.get(k.param, 0) + 1
         return [replace(k, stands_in=not k.prepare and layouts[k.param] == 1 and pid not in self.plain_reads)
-                for (pid, _), k in self.kept.items()]
+                if isinstance(k, KeptPacking) else k for (pid, _), k in self.kept.items()]
 
     def write(self, v) -> Write:
         """v's data, to write: its buffer is declared on first use (an arena piece
@@ -263,6 +263,17 @@ class LowerCtx:
             member = _member_name(self.graph, f"{b.name}_t_packed" if tb else f"{b.name}_packed", self.live_names())
             self.kept[key] = KeptPacking(member, param.name, bool(tb), self.size(k), self.size(n), prepare=prepare)
         return [self.kept[key].member]
+
+    def kept_int8(self, w, scale, tb: bool, k, n) -> str:
+        """The Model's dg::KeptInt8Weight member of parameter w (op(w) [k, n]) quantized
+        with `scale` (runtime/dg_int8_weights.h): quantized and packed once per change of
+        the parameters. It reads w as stored, so no packing of w may stand in for it."""
+        self.plain_reads.add(id(w))
+        key = (id(w), "int8")
+        if key not in self.kept:
+            member = _member_name(self.graph, f"{w.name}_int8", self.live_names())
+            self.kept[key] = KeptInt8(member, w.name, scale.name, bool(tb), self.size(k), self.size(n))
+        return self.kept[key].member
 
     def prepared(self, b) -> tuple:
         """(the parameter, the function its kept packing applies as it packs) when b

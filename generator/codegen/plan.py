@@ -228,12 +228,34 @@ class KeptPacking:
     N: str
     stands_in: bool = False  # the forward pass reads the param through this packing only
     prepare: str = ""  # a function the packing applies to the param as it packs it (dg::round_bf16)
+    quantized = False  # (a KeptInt8's is True)
 
     def __str__(self) -> str:
         tb, stands_in = ("true" if flag else "false" for flag in (self.tb, self.stands_in))
         prepare = f", /*prepare=*/{self.prepare}" if self.prepare else ""
         return (f"dg::KeptPackedB {self.member}{{_version, {self.param}, /*tb=*/{tb}, /*K=*/{self.K}, /*N=*/{self.N}, "
                 f"/*stands_in=*/{stands_in}{prepare}}};")
+
+
+@dataclass
+class KeptInt8:
+    """A weight the Model keeps quantized to int8 and packed for its forward-pass
+    products (dg::KeptInt8Weight): op(param) is [K, N], quantized per output
+    channel with `scale`. Prints its member's declaration."""
+
+    member: str
+    param: str
+    scale: str  # the buffer of its per-channel scales (named in the member, and in errors)
+    tb: bool  # the param is stored [N, K] (a PyTorch Linear weight)
+    K: str
+    N: str
+    quantized: bool = True  # (the templates tell it from a KeptPacking by this)
+    prepare = ""  # (a KeptPacking's: none here)
+
+    def __str__(self) -> str:
+        tb = "true" if self.tb else "false"
+        return (f'dg::KeptInt8Weight {self.member}{{_version, {self.param}, {self.scale}, "{self.scale}", /*tb=*/{tb}, '
+                f"/*K=*/{self.K}, /*N=*/{self.N}}};")
 
 
 @dataclass

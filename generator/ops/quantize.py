@@ -5,24 +5,33 @@ y[..., j] = float(sum_k qx[..., k] * qw[j, k]) * (x_scale * w_scale[j])
 
 - qx = quantize(x, x_scale): the activation, one static scale per tensor
   (`<weight>_input_scale`, shape [1], calibrated by `deepgen quantize`);
-- qw = quantize(w[j, :], w_scale[j]): the weight, one scale per output channel
-  (`<weight>_scale`, shape [P]: max |w_j| / 127), quantized on every call (the
-  weight stays a float32 parameter);
-- quantize(v, s) = clamp(round_half_even(v * (1 / s)), -127, 127) as int8, where
-  1 / s is a float32 division and v * (1 / s) a float32 product: numpy's np.rint
-  and C++'s std::nearbyint (and _mm256_round_ps) round the same float alike;
-- the sum is exact in int32 (K * 127 * 127 < 2^31: the rewrite checks K), the
-  float32 conversion of the sum rounds to nearest, and the scale product
-  x_scale * w_scale[j] is one float32 multiply done first, then the other.
+- qw = quantize(w[j, :], w_scale[j], 63): the weight, one scale per output
+  channel (`<weight>_scale`, shape [P]: max |w_j| / 63), 7 bits: the AVX2 kernel
+  multiplies activation bytes shifted to [1, 255] by weight bytes with
+  vpmaddubsw, whose int16 pair sums saturate above 32767; 2 * 255 * 63 = 32130
+  never does (ONNX Runtime's reduce_range, the same choice), so the sums stay
+  exact (runtime dg_int8.h says more). The Model quantizes the weight once per
+  change of the parameters and keeps it packed (dg_int8_weights.h); the weight
+  stays a float32 parameter;
+- quantize(v, s, qmax) = clamp(round_half_even(v * (1 / s)), -qmax, qmax) as
+  int8 (qmax 127 for activations), where 1 / s is a float32 division and
+  v * (1 / s) a float32 product: numpy's np.rint and C++'s std::nearbyint (and
+  _mm256_round_ps) round the same float alike;
+- the sum is exact in int32 (the kernel's sum_k (qx + 128) * qw is at most
+  K * 255 * 63 < 2^31: the rewrite checks K), the float32 conversion of the sum
+  rounds to nearest, and the scale product x_scale * w_scale[j] is one float32
+  multiply done first, then the other.
 
 So the numpy reference below and the generated C++ (runtime dg_int8.h) agree
 bit for bit. A scale that is 0 (never loaded: a new Model's buffers are zeros),
 negative or not finite is an error naming it.
 
-The C++ is three named calls: dg::quantize_int8 of the activation, dg::quantize_weight_int8
-of the weight, dg::matmul_int8 of the two; the int8 copies are arena pieces
-(`<name>_q`, counted by the memory plan at one byte per element, rows rounded up
-to whole floats).
+The C++ is two named calls, dg::quantize_int8 of the activation (an arena piece
+`<name>_q`, rows of K bytes rounded up to whole floats, counted by the memory plan)
+and dg::matmul_int8 of it by the Model's `<weight>_int8` member, a
+dg::KeptInt8Weight that names the weight, its scale and the scale's name: it
+quantizes (dg::quantize_weight_int8) and packs the weight when the parameters
+have changed since it last did.
 """
 
 from __future__ import annotations
@@ -37,9 +46,11 @@ from ..ir.graph import Node
 from ..ir.shapes import fmt_shape, numel, same
 from .registry import OpDef, register, require_float
 
-QMAX = 127
-# The largest K whose int32 sums cannot overflow: K * 127 * 127 <= 2^31 - 1.
-MAX_K = (2**31 - 1) // (QMAX * QMAX)
+QMAX = 127  # an activation's int8 values: [-127, 127]
+WEIGHT_QMAX = 63  # a weight's: [-63, 63] (vpmaddubsw's pairs never saturate: see the top)
+# The largest K whose int32 sums cannot overflow in the kernel, which sums
+# (qx + 128) * qw: K * 255 * 63 <= 2^31 - 1.
+MAX_K = (2**31 - 1) // (255 * WEIGHT_QMAX)
 
 
 def check_scale(scale, name: str) -> np.ndarray:
@@ -53,11 +64,11 @@ def check_scale(scale, name: str) -> np.ndarray:
     return s
 
 
-def quantize(x, scale) -> np.ndarray:
-    """clamp(rint(x * (1 / scale)), -127, 127) as int8; `scale` broadcasts against x
+def quantize(x, scale, qmax: int = QMAX) -> np.ndarray:
+    """clamp(rint(x * (1 / scale)), -qmax, qmax) as int8; `scale` broadcasts against x
     (a per-tensor [1] or a per-row [P, 1])."""
     inv = np.float32(1.0) / np.asarray(scale, dtype=np.float32)
-    return np.clip(np.rint(np.asarray(x, dtype=np.float32) * inv), -QMAX, QMAX).astype(np.int8)
+    return np.clip(np.rint(np.asarray(x, dtype=np.float32) * inv), -qmax, qmax).astype(np.int8)
 
 
 def weight_rows(w, tb: bool) -> np.ndarray:
@@ -66,10 +77,10 @@ def weight_rows(w, tb: bool) -> np.ndarray:
 
 
 def weight_scales(w, tb: bool) -> np.ndarray:
-    """Per output channel max |w_j| / 127 in float32; a channel of zeros gets 1 (its
+    """Per output channel max |w_j| / 63 in float32; a channel of zeros gets 1 (its
     int8 row is zeros with any scale, and 0 means "never set")."""
     peak = np.abs(np.asarray(weight_rows(w, tb), dtype=np.float32)).max(axis=1)
-    return np.where(peak > 0, peak / np.float32(QMAX), np.float32(1.0)).astype(np.float32)
+    return np.where(peak > 0, peak / np.float32(WEIGHT_QMAX), np.float32(1.0)).astype(np.float32)
 
 
 def input_scale(peak) -> np.ndarray:
@@ -82,7 +93,7 @@ def matmul_int8(x, w, x_scale, w_scale, tb: bool, names=("x_scale", "w_scale")) 
     xs = check_scale(x_scale, names[0])
     ws = check_scale(w_scale, names[1])
     qx = quantize(x, xs[0])
-    qw = quantize(weight_rows(w, tb), ws[:, None])
+    qw = quantize(weight_rows(w, tb), ws[:, None], WEIGHT_QMAX)
     # int8 x int8 sums are exact in float64 (|sum| < 2^31 < 2^53), where BLAS computes them fast
     acc = np.matmul(qx.astype(np.float64), qw.T.astype(np.float64)).astype(np.int32)
     return acc.astype(np.float32) * (xs[0] * ws)
@@ -134,19 +145,16 @@ class MatMulInt8(OpDef):
         k = x.shape[-1]
         p = w.shape[0] if tb else w.shape[1]
         m = numel(x.shape[:-1])
-        row_floats = (k + 3) // 4  # an int8 row of K bytes, in whole floats of the arena
+        row_floats = (k + 3) // 4  # an int8 row of K bytes in whole groups of four, in floats of the arena
         qx = ctx.workspace(f"{x.name}_q", m * row_floats)
-        qw = ctx.workspace(f"{w.name}_q", (numel(w.shape) + 3) // 4)  # in the weight's stored layout
-        xs_r, ws_r = ctx.read(xs), ctx.read(ws)
+        xs_r = ctx.read(xs)
+        kept = ctx.kept_int8(w, ws, tb, k, p)  # the Model's dg::KeptInt8Weight: quantized once per change
         size = ctx.size
         return [
             ctx.call("dg::quantize_int8", ctx.read(x), Int8Data(qx), xs_r, Named("rows", size(m)), Named("K", size(k)),
                      Named("scale_name", ctx.string(xs.name))),
-            ctx.call("dg::quantize_weight_int8", ctx.read(w), Int8Data(qw), ws_r, Named("P", size(p)), Named("K", size(k)),
-                     Named("stored_PK", "true" if tb else "false"), Named("scale_name", ctx.string(ws.name))),
-            ctx.call("dg::matmul_int8", Int8Data(Read(qx.value, qx.expr)), Int8Data(Read(qw.value, qw.expr)), xs_r, ws_r,
-                     ctx.write(node.outputs[0]), Named("M", size(m)), Named("K", size(k)), Named("N", size(p)),
-                     Named("B_stored_KN", "false" if tb else "true")),
+            ctx.call("dg::matmul_int8", Int8Data(Read(qx.value, qx.expr)), xs_r, kept, ctx.write(node.outputs[0]),
+                     Named("M", size(m))),
         ]
 
     def describe(self, node):
