@@ -14,7 +14,7 @@ def calibrate(graph, batches, params: dict) -> dict:
     """The scales of an int8 graph: {name: float32 array}. Each weight's input scale
     is max |x| / 127 over every batch (a dict of inputs) and every product that
     reads the weight, x computed in float32 (the fp32 model); each weight scale is
-    max |w_j| / 127 per output channel. Max-abs, no clipping: see ARCHITECTURE."""
+    max |w_j| / 63 per output channel (ops/quantize.py: 7-bit weights). Max-abs, no clipping: see ARCHITECTURE."""
     twin = float_twin(graph)
     at = [graph.nodes.index(n) for n in int8_nodes(graph)]
     products = [twin.nodes[i] for i in at]  # the float32 matmuls in their places

@@ -112,8 +112,8 @@ def quantize(model_spec: str, weights: str, calibrate_path: str, output: str, fo
     np.savez(buf, **quantized)
     write_atomic(output, buf.getvalue())
     products = int8_nodes(graph)
-    log(f"quantized {graph.name}: {len(products)} product(s) by a weight in int8, scales calibrated (max |x| / 127) "
-        f"on {count} rows of {calibrate_path}")
+    log(f"quantized {graph.name}: {len(products)} product(s) by a weight in int8, scales calibrated (max |x| / 127, "
+        f"weights max |w_j| / 63) on {count} rows of {calibrate_path}")
     for n in products:
         xs, ws = n.inputs[2].name, n.inputs[3].name
         log(f"  {n.inputs[1].name}: {xs} = {float(scales[xs][0]):.6g}, {ws} [{scales[ws].size}] in "

@@ -5,7 +5,8 @@ that reads two new buffers beside the weight:
 - `<weight>_input_scale` [1]: the static scale of the activation the weight
   multiplies (calibrated by `deepgen quantize`: max |x| / 127; one per weight,
   over every product that reads it);
-- `<weight>_scale` [P]: the weight's per-output-channel scale (max |w_j| / 127).
+- `<weight>_scale` [P]: the weight's per-output-channel scale (max |w_j| / 63: the
+  weight's int8 values are in [-63, 63], ops/quantize.py says why).
 
 Both are module state (kind "state", like batch norm's running statistics): saved
 and loaded with the weights under those names, zeros in a new Model, which the
