@@ -278,7 +278,7 @@ inline void matmul_int8_panel(const int8_t* a, int64_t lda, const Int8PackedB& b
 // c[M, N] = float(a[M, K] . op(W)) * (a_scale[0] * w_scale[j]): a is the quantized
 // activation (rows of int8_row_bytes(K) bytes, quantize_int8), b the packed
 // weight. The sums are exact in int32 (MAX_K in ops/quantize.py bounds K). Column
-// panels are split over threads; each panel is read by every block of four rows
+// panels are split over threads; each panel is read by every block of five rows
 // while it is in the cache.
 inline void matmul_int8(const int8_t* a, const float* a_scale, const Int8PackedB& b, float* c, int64_t M) {
   const float xs = a_scale[0];
@@ -290,8 +290,9 @@ inline void matmul_int8(const int8_t* a, const float* a_scale, const Int8PackedB
     const int64_t cols = std::min(Int8PackedB::kCols, N - p * Int8PackedB::kCols);
     float* cp = c + p * Int8PackedB::kCols;
     int64_t i = 0;
-    for (; i + 4 <= M; i += 4)
-      matmul_int8_panel<4>(a + i * lda, lda, b, p, xs, cp + i * N, N, cols);
+    for (; i + 5 <= M; i += 5)  // five rows: 10 accumulators, the most that leave registers for the rest
+      matmul_int8_panel<5>(a + i * lda, lda, b, p, xs, cp + i * N, N, cols);
+    if (M - i == 4) matmul_int8_panel<4>(a + i * lda, lda, b, p, xs, cp + i * N, N, cols);
     if (M - i == 3) matmul_int8_panel<3>(a + i * lda, lda, b, p, xs, cp + i * N, N, cols);
     if (M - i == 2) matmul_int8_panel<2>(a + i * lda, lda, b, p, xs, cp + i * N, N, cols);
     if (M - i == 1) matmul_int8_panel<1>(a + i * lda, lda, b, p, xs, cp + i * N, N, cols);
