@@ -315,6 +315,7 @@ POOL_CASES = [
     pool_geom(1, 3, 7, 9, (3, 2), (2, 1), (1, 1)),  # rectangular
     pool_geom(2, 2, 5, 5, 5, 1, 2),        # window bigger than the input, heavy padding
     pool_geom(2, 4, 6, 6, 1, 1, 0),        # 1x1 window: identity
+    pool_geom(1, 2, 9, 11, 3, 2, 1, dil=2),  # dilated (max pool only): windows inside and across the edges
 ]
 
 
@@ -322,7 +323,7 @@ POOL_CASES = [
 def test_max_pool2d(driver, g):
     gen = torch.Generator().manual_seed(5)
     x = randn(gen, g.N, g.C, g.H, g.W).requires_grad_()
-    y = F.max_pool2d(x, (g.KH, g.KW), g.stride, g.pad)
+    y = F.max_pool2d(x, (g.KH, g.KW), g.stride, g.pad, g.dil)
     dy = randn(gen, *y.shape)
     y.backward(dy)
     got = driver("max_pool2d", g, inputs=[x.detach()])
@@ -362,6 +363,8 @@ def test_max_pool2d_nan_propagates(driver):
 
 @pytest.mark.parametrize("g", POOL_CASES, ids=repr)
 def test_avg_pool2d(driver, g):
+    if g.dil != (1, 1):
+        pytest.skip("avg_pool2d has no dilation")
     if 2 * g.pad[0] > g.KH or 2 * g.pad[1] > g.KW:
         pytest.skip("PyTorch needs padding <= half the kernel")
     gen = torch.Generator().manual_seed(6)
