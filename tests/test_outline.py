@@ -166,3 +166,23 @@ def _function_lengths(text: str):
             out.append((name, k - start + 1))
             start = None
     return out
+
+
+def test_a_call_passes_what_it_keeps_for_its_gradient_as_one_frame():
+    """The pieces a block keeps for its gradient are one block of the arena (its frame): the
+    caller declares it and passes it to the forward call, to what the backward makes again and
+    to the gradient; each function finds the pieces at offsets in its own sizes."""
+    text = project_files(build_example("resnet18"))["src/model.cpp"].decode()
+    run = _run_body(text)
+    assert re.search(r"\n  float\* layer1_0_saved = _arena\.at\(", run)
+    assert len(re.findall(r"\blayer1_0_saved\b", run)) == 3  # declared, forward call, gradient
+    assert len(re.findall(r"\blayer2_0_saved\b", run)) == 4  # ... and the shortcut made again
+    assert "layer1_0_conv1 " not in run and "layer1_0_bn1_mean" not in run  # no piece one by one
+    forward = text[text.index("\nvoid basic_block("): text.index("\n}\n", text.index("\nvoid basic_block("))]
+    assert "float* saved," in forward
+    assert re.search(r"\n  float\* conv1 = saved;", forward)
+    assert re.search(r"\n  float\* bn1_mean = saved \+ \w", forward)
+    start = text.index("\nvoid basic_block_backward(")
+    backward = text[start: text.index("\n}\n", start)]
+    assert "const float* saved," in backward
+    assert re.search(r"\n  const float\* bn2_invstd = saved \+ ", backward)

@@ -18,6 +18,9 @@ Which parts are "per call" is read off the typed lines, never off printed C++:
   keeps) and passes the others as `_arena.at(...)` (a parameter's gradient as
   `_gradients.at(index, ...)`: its member while the step keeps gradients), once where
   two are one piece in every call (the second is named inside: `float* out = bn1;  // in place`);
+- the pieces of a call's frame (what it keeps for its gradient: memory/frames.py) are one
+  parameter, `saved`, where the function's sizes can say each piece's offset in it
+  (codegen/frames.py); the caller declares the frame, the functions the pieces;
 - every other leaf (a size, a string literal) that differs between the calls is a
   parameter, one per distinct list of values; one that is the same in every call
   stays in the body. Run-time sizes (`N`) and the mode a body reads are parameters too.
@@ -35,6 +38,8 @@ import re
 from dataclasses import dataclass, field
 
 from ..ir.names import fresh_name
+from .frames import FrameDecl, FramePiece, layout, members_by_name
+from .printer import size_expr
 from .plan import ArenaDecl, GradientDecl, Statement
 from .sections import outline_blocks
 from .stmt import Alias, Call, Comment, Copy, Declare, EarlyUpdate, Functor, Named, Operand, Read, Scope, UpdateRows, Write, operands
@@ -48,6 +53,7 @@ _CPP_WORDS = {"nullptr", "true", "false", "static_cast", "sizeof", "float", "dou
 # Names of _run's that a body may read, and their types as a function's parameters.
 _RUN_LOCALS = {"_gradients_only": "const std::function<void(int)>*", "_model": "Model&"}
 _MEMBER_PTR = re.compile(r"^\w+\.ptr\(\)$")
+_STRING = re.compile(r'"(\\.|[^"\\])*"')
 
 
 class _NotOutlined(Exception):
@@ -154,8 +160,40 @@ def outline(plan, graph=None):
             plan.statements = new
         else:
             plan.train.backward_statements = new
+    _declare_read_pieces(plan)
     outline_blocks(plan)  # then each long block that runs once: a member function
     return plan
+
+
+def _declare_read_pieces(plan) -> None:
+    """A frame that a function takes but no caller declared (its forward call was not
+    outlined with it): declared where its first piece is. A piece of a call's frame that a
+    line outside the functions reads by its name (a gradient left inline): declared by the
+    caller after the frame, at its planned offset."""
+    lists = [plan.statements] + ([plan.train.loss_statements, plan.train.backward_statements]
+                                 if plan.train is not None else [])
+    statements = [s for group in lists for s in group]
+    used, declared, at = set(), set(), {}
+    for s in statements:
+        for line in s.lines:
+            used.update(_IDENT.findall(_STRING.sub(" ", str(line))))  # not a name in an error message
+            declared.add(_declared(line))
+            if isinstance(line, FrameDecl):
+                at[id(line.frame)] = (s, line)
+    for frame in {id(m.frame): m.frame for m in members_by_name(plan).values()}.values():
+        if frame.name not in used or id(frame) in at:
+            continue
+        for s in statements:
+            mine = [line for line in s.lines if isinstance(line, ArenaDecl) and line.buffer.frame is frame]
+            if mine or frame.name in _IDENT.findall(_STRING.sub(" ", " ".join(map(str, s.lines)))):
+                decl = FrameDecl(frame)
+                s.lines.insert(s.lines.index(mine[0]) if mine else 0, decl)
+                at[id(frame)] = (s, decl)
+                break
+    for s, decl in at.values():
+        missing = [m for m in decl.frame.members if m.name in used and m.name not in declared]
+        k = s.lines.index(decl) + 1
+        s.lines[k:k] = [ArenaDecl(m, size_expr(m.size)) for m in missing]
 
 
 def _outline_part(statements, instances, kept_inline, plan, later_reads, taken, suffix, called) -> list:
@@ -585,6 +623,60 @@ _ORDER = ("argument", "outside", "size", "label", "arena", "run")
 
 
 def _make_function(group, plan, fn_name, later_reads, called=None):
+    """The function for `group`'s calls, and each call's statement. Where the calls keep
+    pieces for their gradient in a frame each (memory/frames.py) whose layout the function's
+    sizes can say, the function takes the frame and finds the pieces in it (codegen/frames.py)."""
+    function, calls, params = _make_function_with(group, plan, fn_name, later_reads, called, {})
+    layouts = _frame_layouts(group, plan, params)
+    if layouts:
+        function, calls, _ = _make_function_with(group, plan, fn_name, later_reads, called, layouts)
+    return function, calls
+
+
+def _frame_slots(group, plan) -> dict | None:
+    """leaf position -> (the frame of each call, the member's index in it), for the leaves
+    that are pieces of the calls' frames: the pieces the forward function makes, or what its
+    gradient reads of them. None where some call's leaf is a member and another's is not."""
+    members = members_by_name(plan)
+    slots = {}
+    for k, leaf in enumerate(group[0].leaves):
+        leaves = [inst.leaves[k] for inst in group]
+        if leaf.kind == "arena":
+            found = [members.get(lv.payload.buffer.name) if isinstance(lv.payload, ArenaDecl) else None
+                     for lv in leaves]
+        elif leaf.kind == "ext":
+            found = [members.get(lv.payload.expr) for lv in leaves]
+        else:
+            continue
+        if all(m is None for m in found):
+            continue
+        if any(m is None for m in found):
+            return None
+        index = {m.frame.members.index(m) for m in found}
+        if len(index) != 1:
+            return None
+        slots[k] = (tuple(m.frame for m in found), index.pop())
+    return slots
+
+
+def _frame_layouts(group, plan, params) -> dict:
+    """{frames of the calls: the members' offsets in the function's terms}, for every frame
+    the calls' leaves touch; {} where one cannot be said (the pieces are then passed one by one)."""
+    slots = _frame_slots(group, plan)
+    if not slots:
+        return {}
+    sizes = {name: values for order, _, name, values in params if order == _ORDER.index("size")}
+    out = {}
+    for frames, _ in slots.values():
+        if frames not in out:
+            offsets = layout(list(frames), sizes, _dim_names(plan))
+            if offsets is None:
+                return {}
+            out[frames] = offsets
+    return out
+
+
+def _make_function_with(group, plan, fn_name, later_reads, called, layouts):
     for inst in group:  # a view or local another statement reads cannot move into a function
         for s in inst.statements:
             for line in s.lines:
@@ -612,8 +704,43 @@ def _make_function(group, plan, fn_name, later_reads, called=None):
         return name
 
     hoisted = [[] for _ in group]
+    slots = _frame_slots(group, plan) if layouts else {}
+    frame_params = {}  # frames of the calls -> the function's parameter that takes them
+    read_pieces = {}  # (frames, index) -> the local name of a piece the function reads of them
+    reads = []  # FramePiece lines the body starts with: the pieces of a frame it reads
+
+    def frame_param(frames, written):
+        if frames not in frame_params:
+            values = [f.name for f in frames]
+            frame_params[frames] = add_param("float*" if written else "const float*", "saved", values,
+                                             ("frame", tuple(values)), "arena")
+        elif written:
+            _make_writable(params, frame_params[frames])
+        return frame_params[frames]
+
     for k, leaf in enumerate(first.leaves):
         leaves = [inst.leaves[k] for inst in group]
+        if k in slots:  # a piece of the calls' frames
+            frames, index = slots[k]
+            offset = layouts[frames][index]
+            if leaf.kind == "arena":  # made here: the caller declares the frame
+                for j, f in enumerate(frames):
+                    if not any(isinstance(h, FrameDecl) and h.frame is f for h in hoisted[j]):
+                        hoisted[j].append(FrameDecl(f))
+                replace.append(FramePiece(first.renames[leaf.payload.buffer.name], frame_param(frames, True),
+                                          offset))
+                continue
+            written = isinstance(leaf.payload, Write)
+            if (frames, index) not in read_pieces:
+                local = fresh_name(_strip(frames[0].members[index].name, first), names)
+                names.add(local)
+                read_pieces[(frames, index)] = local
+                reads.append(FramePiece(local, frame_param(frames, written), offset, written))
+            elif written:
+                frame_param(frames, True)
+                next(r for r in reads if r.name == read_pieces[(frames, index)]).written = True
+            replace.append(read_pieces[(frames, index)])
+            continue
         if leaf.kind == "ext":
             op = leaf.payload
             values = [lv.payload.expr for lv in leaves]
@@ -702,6 +829,10 @@ def _make_function(group, plan, fn_name, later_reads, called=None):
                        ["_gradients_only"] * len(group)])
     params.sort(key=lambda p: p[0])  # stable: first use within each kind
     body = _rebuild_body(first, replace)
+    order = {read_pieces[key]: key[1] for key in read_pieces}
+    reads.sort(key=lambda r: order[r.name])
+    if reads:  # the pieces of a frame the function reads, named first
+        body.insert(0, Statement("", reads))
     function = Function(fn_name, first.loc.short.split(":")[0], [(t, n) for _, t, n, _ in params], body,
                         [p for p in params if p[0] == _ORDER.index("size")])
     calls = []
@@ -714,7 +845,7 @@ def _make_function(group, plan, fn_name, later_reads, called=None):
         comment = f"{inst.loc.short}  {inst.loc.call_text}" if isinstance(inst.loc, _HelperCall) else ""
         calls.append(Statement(comment, lines, [p for s in inst.statements for p in s.positions], head.header,
                                head.call))
-    return function, calls
+    return function, calls, params
 
 
 def _derived(values, slot, params, group, plan):
@@ -871,6 +1002,8 @@ class _SamePiece:
 def _rebuild(obj, inst, it):
     if isinstance(obj, ArenaDecl) or _vector_of(obj):
         given = next(it)
+        if isinstance(given, FramePiece):  # `float* conv1 = saved + ...;`
+            return given
         if isinstance(given, _SamePiece):  # `float* out = bn1;  // in place`
             in_place = any(getattr(d, "name", None) == given.first for d in obj.shares)
             note = "in place" if in_place else f"{given.name}'s piece, used again"

@@ -19,3 +19,5 @@ class Buffer:
     label: str = ""  # the statement, for reports
     printed: str = ""  # the offset in C++ (memory/bases.py: a named region's start + a constant)
     shape: tuple = ()
+    members: tuple = ()  # a call's frame (memory/frames.py): the buffers laid end to end in it
+    frame: "Buffer | None" = None  # the frame this buffer is a member of

@@ -21,6 +21,7 @@ from .bases import Bases
 from ..codegen.printer import exact_size_expr
 from ..errors import DeepgenError
 from .buffer import Buffer
+from .frames import call_frames, place_members
 from .liveness import liveness, place_updates
 from .sizes import Size, from_expr
 
@@ -60,6 +61,10 @@ def plan(buffers: list):
     symbols = _symbols(*[b.size for b in buffers])
     sizes = {id(b): from_expr(b.size, symbols) for b in buffers}
     zero = Size.const(0, symbols)
+    parts.clear()
+    for b in buffers:
+        if b.members:
+            parts[id(b)] = _parts(b, symbols, zero)
     kept = [b for b in buffers if b.phase in KEPT]
     freed = [b for b in buffers if b.phase not in KEPT]
     planners = (_plan_online, lambda *a: _plan_by_size(*a, True), lambda *a: _plan_by_size(*a, False))
@@ -77,6 +82,25 @@ def plan(buffers: list):
     for b in buffers:
         b.offset = offsets[id(b)].expr()
     return peak.expr()
+
+
+# id(frame) -> its members as (start in the frame, size, first, last): a frame (memory/frames.py)
+# is one block, but each member's part of it is free again once that member is.
+parts: dict = {}
+
+
+def _parts(frame, symbols, zero) -> list:
+    out, at = [], zero
+    for m in frame.members:
+        size = from_expr(m.size, symbols)
+        out.append((at, size, m.first, m.last))
+        at = at + size
+    return out
+
+
+def _rectangles(b, size, first, last, zero) -> list:
+    """(start within the block, size, first, last) of each part of block b that lives on its own."""
+    return parts.get(id(b)) or [(zero, size, first, last)]
 
 
 def _top(buffers, sizes, offsets, zero, phases):
@@ -128,25 +152,37 @@ def _plan_by_size(buffers: list, sizes: dict, zero, phase_first: bool, offsets=N
     for size, first, last, _, members in blocks:
         live = [p for p in placed if p[2] <= last and first <= p[3]]
         candidates = sorted([(zero, zero.typical())] + [(p[1], p[5]) for p in live], key=lambda c: c[1])
-        grows = size.typical()
-        spans = [(p[4], p[5]) for p in live]
+        rects = _rectangles(members[0], size, first, last, zero)
         for offset, at in candidates:
-            ends = at + grows
-            if any(o_at < ends and at < e_at for o_at, e_at in spans):
-                continue  # overlaps a live block at the typical size: no proof can place it here
-            end = offset + size
-            if all((o_at >= ends and o.dominates(end)) or (at >= e_at and above(offset, e))
-                   for o, e, _, _, o_at, e_at in live):
+            if all(_fits(offset, at, r, live, above) for r in rects):
                 break
         else:  # no gap is safe for every size: on top of everything live
             offset = zero
             for p in live:
                 offset = offset.max(p[1])
-            end = offset + size
         for b in members:
             offsets[id(b)] = offset
-        placed.append((offset, end, first, last, offset.typical(), end.typical()))
+        for start, part, part_first, part_last in rects:
+            o, e = offset + start, offset + start + part
+            placed.append((o, e, part_first, part_last, o.typical(), e.typical()))
     return offsets
+
+
+def _fits(offset, at, rect, placed, above) -> bool:
+    """Whether a block at `offset` (`at` at the typical size) keeps its part `rect` clear of
+    every placed block that lives at the same time as the part, for every size."""
+    start, size, first, last = rect
+    # (`above` remembers proofs by the objects' ids: the block's own offset, not a new sum)
+    low = offset if start.is_zero() else offset + start
+    low_at = at + start.typical()
+    ends = low_at + size.typical()
+    live = [p for p in placed if p[2] <= last and first <= p[3]]
+    if any(o_at < ends and low_at < e_at for _, _, _, _, o_at, e_at in live):
+        return False  # overlaps a live block at the typical size: no proof can place it here
+    end = low + size
+    return all((o_at >= ends and o.dominates(end))
+               or (low_at >= e_at and (above(low, e) if low is offset else low.dominates(e)))
+               for o, e, _, _, o_at, e_at in live)
 
 
 def _plan_online(buffers: list, sizes: dict, zero) -> dict:
@@ -154,17 +190,26 @@ def _plan_online(buffers: list, sizes: dict, zero) -> dict:
     large enough for every size, else the buffer goes on top."""
     top, free, offsets = zero, [], {}  # free: [(offset, size)]
     order = sorted(buffers, key=lambda b: b.first)
-    positions = sorted({b.first for b in buffers} | {b.last + 1 for b in buffers})
+    positions = sorted({b.first for b in buffers} | {b.last + 1 for b in buffers}
+                       | {last + 1 for b in buffers for _, _, _, last in parts.get(id(b), ())})
     owner = {}  # id(buffer) -> the buffer whose block it holds (in-place chains)
     released = set()
     by_last = {}
     for b in buffers:
+        if id(b) in parts:  # a frame: each member's part is free once the member is
+            for start, size, _, last in parts[id(b)]:
+                by_last.setdefault(last + 1, []).append((b, start, size))
+            continue
         by_last.setdefault(b.last + 1, []).append(b)
     pending = []
     for p in positions:
         pending += by_last.get(p, [])
         still = []
         for b in pending:  # release blocks whose holders are no longer read
+            if isinstance(b, tuple):  # a part of a frame
+                frame, start, size = b
+                top = _release(free, offsets[id(frame)] + start, size, top)
+                continue
             if id(b) in released:
                 continue
             if owner.get(id(b), b) is b:
@@ -279,9 +324,13 @@ def plan_memory(project):
                 b.inplace_of = src
                 taken.add(id(src))
                 break
-    ordered = list(live.buffers)
+    names = _names_in(project)
+    frames = call_frames(project, live, names)
+    framed = {id(b) for f in frames for b in f.members}
+    ordered = [b for b in live.buffers if id(b) not in framed] + frames
     project.buffers = ordered
     plan(ordered)
+    place_members(frames)
     forward = arena_size(ordered, {"forward"})
     everything = arena_size(ordered, KEPT)
     freed = arena_size(ordered, KEPT | {"gradient"})
@@ -290,11 +339,13 @@ def plan_memory(project):
         raise DeepgenError("the training arena depends on sizes only training inputs determine; "
                            "declare them on a forward input too")
     symbols = _symbols(*[e for b in ordered for e in (b.size, b.offset)])
-    bases = Bases(symbols, _names_in(project))
-    bases.place(ordered)
-    for b in ordered:
+    bases = Bases(symbols, names)
+    members = [b for f in frames for b in f.members]
+    bases.place(ordered + members)
+    for b in ordered + members:
         b.printed = bases.offset(b)
     arena = _arena_text(bases, train, forward, everything, freed)
+    pieces = [b for b in ordered if not b.members] + members
     tops = [forward, everything, freed] if train else [forward]
     bound = bases.bound([e for b in ordered for e in (b.offset, sympy.sympify(b.offset) + b.size)] + tops)
     project.memory = {
@@ -307,9 +358,10 @@ def plan_memory(project):
         "forward_floats": forward,
         "train_floats": everything if train else None,  # train_step(), gradients kept; compute_gradients()
         "train_freed_floats": freed if train else None,  # train_step() with keep_gradients off
-        "forward_bound": lower_bound(ordered, {"forward"}),
-        "train_bound": lower_bound([b for b in ordered if b.phase in KEPT]) if train else None,
-        "train_freed_bound": lower_bound(ordered) if train else None,
+        # what is live, piece by piece (a frame's members each as long as it is read)
+        "forward_bound": lower_bound(pieces, {"forward"}),
+        "train_bound": lower_bound([b for b in pieces if b.phase in KEPT]) if train else None,
+        "train_freed_bound": lower_bound(pieces) if train else None,
         "float_bytes": FLOAT_BYTES,
     }
     return project
