@@ -113,8 +113,6 @@ class GradientPlaces {
   Arena* arena_;
 };
 
-
-
 // compute_gradients(): tells the caller's callback (if any) that gradient `index` is complete.
 template <typename Callback>
 void gradient_ready(const Callback& ready, int index) {
