@@ -6,7 +6,7 @@ The model is examples/seq2seq_decode.py (a GRU encoder over 2..5 digits, hidden 
 GRU decoder cell fed its own best token until it emits EOS or MAX_STEPS = 6): its generated
 module's forward(source, source_lengths), the inference entry point, encodes and then runs
 the while loop (each example until its own EOS). The weights are trained once (the
-example's train(), 12 epochs, about a minute) and saved next to the build
+example's train(), 12 epochs, under a minute) and saved next to the build
 (build/bench/seq2seq_decode/trained.npz; retrained when the module is rebuilt): trained,
 the examples stop at different steps, which is what makes the loop data-dependent.
 Every peer gets the same weights, copied from the generated module's parameters():
@@ -33,13 +33,16 @@ set before numpy or torch is imported (benchmarks/_common.py); the peers' order 
 from round to round; medians pooled over 3 rounds (--rounds; 1 with --quick). Threads 1 and 2.
 Table: ms per batch (median); ratios = peer time / deepgen time (> 1: deepgen is faster).
 Targets (#42): deepgen >= 1.5x the faster PyTorch variant at batch 1 and 32, and >= 5x the
-per-example loop at batch 32. A profile follows the table: the decoding steps (per example
-and per batch: the loop runs until the batch's last example ends), and the generated
-forward's time against the batch size.
+per-example loop at batch 32. A profile follows the table: the decoding steps per example and
+per batch (the loop runs until the batch's last example ends: the share of masked rows), the
+generated forward's time per example and per loop iteration against PyTorch's per example
+step, and its thread scaling (1-thread time / 2-thread time). A 2-thread cell whose median is
+over twice the same peer's 1-thread one is starred: its threads waited for a core.
 
-Run time on a 2-core VM with the build and the trained weights cached: --quick about a
-minute, the full run about 3; the first run generates and builds the module (~2 minutes) and
-trains it (~1 minute).
+Run time on a 2-core AVX2 VM with another process holding about one core, the build and the
+trained weights cached: --quick about 50 s, the full run about 2 minutes (generating the
+graph again to find the cached build takes ~20 s of each); the first run also builds the
+module (~70 s) and trains it (30-45 s).
 """
 
 from __future__ import annotations
