@@ -38,7 +38,7 @@ def _environment(target) -> jinja2.Environment:
     )
 
 
-def _clang_format(text: str, filename: str) -> str:
+def clang_format_cpp(text: str, filename: str) -> str:
     style = resource_dir("templates") / "project" / "clang-format"
     exe = clang_format.get_executable("clang-format")
     proc = subprocess.run(
@@ -71,7 +71,7 @@ def render(plan, target) -> dict:
         includes = runtime.missing(text)
         if includes:  # again, with the runtime headers its code uses
             text = env.get_template(template).render(p=plan, target=target.names, includes=includes)
-        files[path] = _clang_format(text, path).encode()
+        files[path] = clang_format_cpp(text, path).encode()
     test = env.get_template("test_model.py.j2").render(p=plan, target=target.names)
     files["tests/test_model.py"] = black.format_str(test, mode=black.Mode(line_length=110)).encode()
     stub = env.get_template("module.pyi.j2").render(p=plan, target=target.names)  # for editors (CMake installs it)

@@ -19,11 +19,16 @@ import re
 from dataclasses import dataclass
 
 from ..ir.names import fresh_name
+from .emit import clang_format_cpp
 from .plan import ArenaDecl, Statement
-from .stmt import Alias, Block, Declare
+from .stmt import Alias, Block, Comment, Declare, Loop
 
 # Printed lines from which a block becomes a function: shorter ones read well inline.
 MIN_LINES = 40
+# A function made from a block that is longer than this is cut further: each of its parts
+# (a recursion's first step, its loop, the rest of its later rows: stmt.Block.part) of
+# MIN_LINES or more becomes a function of its own that it calls.
+MAX_LINES = 200
 
 _STRING = re.compile(r'"(\\.|[^"\\])*"')
 _COMMENT = re.compile(r"//[^\n]*")
@@ -91,19 +96,54 @@ def outline_blocks(plan) -> None:
 
 
 def _outlined(line, statement: Statement, scope: dict, plan, taken: set):
-    if not isinstance(line, Block) or str(line).count("\n") + 1 < MIN_LINES:
+    if not isinstance(line, Block) or _length(line) < MIN_LINES:
         return line
-    text = _STRING.sub(" ", str(line))
+    body = ([f"// {line.comment}"] if line.comment else []) + list(line.lines)
+    return _method(line, _method_name(statement), body, statement.comment, scope, plan, taken)
+
+
+def _method(line, wanted: str, body: list, source: str, scope: dict, plan, taken: set) -> MethodCall:
+    """The member function `wanted` made of `body` (what `line` held), taking the names of
+    `scope` it reads; a long one cut into its parts. Returns its call."""
+    text = _STRING.sub(" ", "\n".join(str(b) for b in body))
     params, seen = [], set()
     for word in _WORD.findall(text):
         if word in scope and word not in seen:
             seen.add(word)
             params.append((_param_type(scope[word]), word))
-    name = fresh_name(_method_name(statement), taken)
+    name = fresh_name(wanted, taken)
     taken.add(name)
-    body = ([f"// {line.comment}"] if line.comment else []) + list(line.lines)
-    plan.methods.append(Method(name, statement.comment, params, body, const=plan.train is None))
+    method = Method(name, source, params, body, const=plan.train is None)
+    plan.methods.append(method)
+    if _formatted_length(method) > MAX_LINES:
+        inner = {n: t for t, n in params}
+        cut = []
+        for k, part in enumerate(method.body):
+            if isinstance(part, (Block, Loop)) and part.part and _formatted_length(part) >= MIN_LINES:
+                # The buffers declared just before the part that nothing after it reads are its own.
+                later = set(_WORD.findall(_STRING.sub(" ", "\n".join(str(b) for b in method.body[k + 1:]))))
+                own = []
+                while cut and isinstance(cut[-1], Declare) and cut[-1].name not in later:
+                    own.insert(0, cut.pop())
+                if own and isinstance(part, Loop) and cut and isinstance(cut[-1], Comment):
+                    own.insert(0, cut.pop())  # what those declarations are (a loop's comment is its own)
+                outside = {n: t for n, t in inner.items() if n not in {d.name for d in own if isinstance(d, Declare)}}
+                lines = own + (list(part.lines) if isinstance(part, Block) else [part])
+                cut.append(_method(part, f"{name}_{part.part}", lines, source, outside, plan, taken))
+            else:
+                cut.append(part)
+            _declare(part, inner)
+        method.body = cut
     return MethodCall(name, [n for _, n in params], at=line.at)
+
+
+def _length(line) -> int:
+    return str(line).count("\n") + 1
+
+
+def _formatted_length(line) -> int:
+    """The lines `line` takes once formatted as the project is (clang-format)."""
+    return clang_format_cpp(str(line), "model.cpp").count("\n") + 1
 
 
 def _taken(plan, parts) -> set:

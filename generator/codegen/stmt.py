@@ -243,6 +243,7 @@ class Block:
     comment: str = ""
     touches: list = field(default_factory=list)  # Read and Write operands
     at: int = -1
+    part: str = ""  # a recursion's part it holds (`later_steps`): a function of its own where that is long
 
     def __str__(self) -> str:
         return "\n".join(_comment_lines(self.comment) + ["{"] + _indented(self.lines) + ["}"])
@@ -272,6 +273,7 @@ class Loop:
     lines: list
     comment: str = ""
     at: int = -1
+    part: str = ""  # as Block's
 
     def __str__(self) -> str:
         head = f"for (std::int64_t {self.var} = {self.first}; {self.test}; {self.step}) {{"

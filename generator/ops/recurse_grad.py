@@ -203,7 +203,7 @@ class _Lowering:
 
         if hoisted_nodes:
             decls, body = self._cell_lines(cell, hoisted_nodes, internal, f"{sorted_words} + {leaves}", leaves)
-            lines += [Comment(words.hoisted_again)] + decls + [Block(body)]
+            lines += [Comment(words.hoisted_again)] + decls + [Block(body, part="again")]
         most = scope.name("max_rows")
         lines.append(Declare("const std::int64_t", most, init=words.most(sched)))
 
@@ -283,15 +283,17 @@ class _Lowering:
         ]
         lines += decls
         lines.append(Loop(level, f"{words.count(sched)} - 1", f"{level} >= 1", f"--{level}",
-                          head + gathers + body + [Comment(words.scatters)] + scatters, comment=words.loop_back))
+                          head + gathers + body + [Comment(words.scatters)] + scatters, comment=words.loop_back,
+                          part=words.parts[1]))
         # After the loop: every internal row at once, then the leaves.
-        for comment, block in ((words.after, self._cell_block(cell, after_nodes, 1, internal, f"{sorted_words} + {leaves}",
-                                                              leaves, writes)),
-                               (words.first_back, self._cell_block(self.back.leaf, self.back.leaf.nodes, 0, leaves,
-                                                                   sorted_words, "0", writes))):
+        for comment, part, block in (
+                (words.after, words.parts[2], self._cell_block(cell, after_nodes, 1, internal,
+                                                               f"{sorted_words} + {leaves}", leaves, writes)),
+                (words.first_back, words.parts[0], self._cell_block(self.back.leaf, self.back.leaf.nodes, 0, leaves,
+                                                                    sorted_words, "0", writes))):
             if block is not None:
                 decls, body = block
-                lines += [Comment(comment)] + decls + [Block(body)]
+                lines += [Comment(comment)] + decls + [Block(body, part=part)]
         return Block(lines, touches=list(writes.values()) + [base for _, base in self.loaded])
 
     def _copy(self, v, target, rows):

@@ -70,7 +70,7 @@ class _Forward:
         leaves = scope.name(words.first)
         lines.append(Declare("const std::int64_t", leaves, init=words.firsts(sched)))
         decls, body = self.cell_block(spec.leaf, spec.leaf.nodes, leaves, sorted_words, f"{sched}.order.data()")
-        lines += [Comment(words.first_block)] + decls + [Block(self.rows_line(leaves) + body)]
+        lines += [Comment(words.first_block)] + decls + [Block(self.rows_line(leaves) + body, part=words.parts[0])]
 
         # Hoisted: internal-cell work that does not read children, for all internal rows.
         cell = spec.internal
@@ -80,7 +80,7 @@ class _Forward:
             inner = scope.name(words.later)
             lines.append(Declare("const std::int64_t", inner, init=f"{sched}.rows() - {leaves}"))
             decls, body = self.cell_block(cell, hoisted_nodes, inner, f"{sorted_words} + {leaves}", None)
-            lines += [Comment(words.hoisted)] + decls + [Block(self.rows_line(inner) + body)]
+            lines += [Comment(words.hoisted)] + decls + [Block(self.rows_line(inner) + body, part="hoisted")]
 
         most = scope.name("max_rows")
         lines.append(Declare("const std::int64_t", most, init=words.most(sched)))
@@ -138,7 +138,7 @@ class _Forward:
         ctx.loop.packed = {}
         lines += decls
         lines.append(Loop(level, "1", f"{level} < {words.count(sched)}", f"++{level}", head + gathers + body,
-                          comment=words.loop))
+                          comment=words.loop, part=words.parts[1]))
         return Block(lines, touches=self.state_writes + kept_writes)
 
     def rows_line(self, count) -> list:

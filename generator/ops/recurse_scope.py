@@ -52,6 +52,9 @@ class Vocabulary:
     after: str
     first_back: str
     steps: bool = False  # one child slot, the previous step: the runtime's words for sequences
+    # The parts a long function of the recursion's lines is cut into, each a function named after
+    # it (codegen/sections.py): the first batched step, the loop, the rest of the later rows' work.
+    parts: tuple = ("leaves", "levels", "internal_nodes")
 
     # The runtime's schedule and row moves, in the same words (dg_schedule.h, dg_tree.h).
     def firsts(self, sched: str) -> str:
@@ -113,6 +116,7 @@ SEQUENCES = Vocabulary(
     "The rest of the later steps' gradient (sums over rows), all at once.",
     "The first time step's gradient, all sequences at once.",
     steps=True,
+    parts=("first_steps", "time_steps", "later_steps"),
 )
 
 WHILE = Vocabulary(
@@ -131,6 +135,7 @@ WHILE = Vocabulary(
     "The rest of the steps' gradient (sums over rows), all at once.",
     "The initial states' gradient, all examples at once.",
     steps=True,
+    parts=("initial_states", "steps", "later_steps"),
 )
 
 
