@@ -282,7 +282,7 @@ def test_a_calls_frame_is_its_pieces_end_to_end_and_frees_them_one_by_one(monkey
 
     graph = load_example("resnet18").build()
     memory = _memory_plan(graph)
-    frames = [b for b in memory["buffers"] if b.members]
+    frames = [b for b in memory["buffers"] if b.kind == "saved"]
     assert [f.name for f in frames][:3] == ["layer1_0_saved", "layer1_1_saved", "layer2_0_saved"]
     assert [m.name for m in frames[0].members] == [
         "layer1_0_conv1", "layer1_0_bn1_mean", "layer1_0_bn1_invstd",
@@ -299,3 +299,34 @@ def test_a_calls_frame_is_its_pieces_end_to_end_and_frees_them_one_by_one(monkey
         for n in (8, 64):
             framed, without = (int(sympy.sympify(m[key]).subs({d: n for d in graph.dims})) for m in (memory, plain))
             assert framed <= 1.0005 * without, (key, n, framed, without)
+
+
+def test_a_calls_fixed_size_pieces_are_one_workspace_and_cost_nothing(monkeypatch):
+    """The column matrices one ResNet block's call makes and reads only itself are one block
+    (memory/workspaces.py), forward and backward: pieces that live at different times share
+    their place, each at 0 or where an earlier one ends, alike in every call; no two pieces
+    live at the same time overlap; the plan is the plan without workspaces, at every size."""
+    import generator.memory.planner as planner
+
+    graph = load_example("resnet18").build()
+    memory = _memory_plan(graph)
+    works = [b for b in memory["buffers"] if b.kind == "work"]
+    names = [w.name for w in works]
+    assert "layer1_0_work" in names and "layer1_0_backward_work" in names, names
+    forward = next(w for w in works if w.name == "layer1_0_work")
+    assert [m.name for m in forward.members] == ["layer1_0_conv1_cols", "layer1_0_conv2_cols"]
+    assert [m.frame_start for m in forward.members] == [0, 0]  # one after the other: one place
+    for w in works:
+        assert not sympy.sympify(w.size).free_symbols, w.name  # batch-sized pieces stay their own
+        for a in w.members:
+            assert sympy.expand(sympy.sympify(a.offset) - w.offset - a.frame_start) == 0
+            for b in w.members:
+                if a is not b and a.first <= b.last and b.first <= a.last:  # live together: apart
+                    assert a.frame_start + a.size <= b.frame_start or b.frame_start + b.size <= a.frame_start
+            assert a.frame_start + a.size <= w.size
+    monkeypatch.setattr(planner, "call_workspaces", lambda *a: [])
+    plain = _memory_plan(load_example("resnet18").build())
+    for key in ("forward_floats", "train_floats", "train_freed_floats"):
+        for n in (1, 8, 64):
+            with_works, without = (int(sympy.sympify(m[key]).subs({d: n for d in graph.dims})) for m in (memory, plain))
+            assert with_works == without, (key, n, with_works, without)

@@ -124,7 +124,7 @@ def test_each_residual_blocks_gradient_is_one_call():
     assert "_size" not in body and "index_2" not in body
     # Where a gradient goes (the Model's member while the step keeps gradients, else its piece of
     # the arena) is the call's argument: the caller declares none of them.
-    assert re.search(r"/\*d_conv2_weight=\*/_gradients\.at\(this->d_layer\d_\d_conv2_weight, ", run)
+    assert re.search(r"\b_gradients\.at\(d_layer\d_\d_conv2_weight, ", run)
     assert not re.search(r"float\* d_layer\d_\d_\w+_weight =", run)
 
 
@@ -134,8 +134,9 @@ def test_an_argument_that_names_its_parameter_has_no_comment():
     run = _run_body(project_files(build_example("resnet18"))["src/model.cpp"].decode())
     assert "/*bn1_mean=*/" not in run and "/*mode=*/" not in run
     assert "/*x=*/layer1_0," in run and "/*result=*/layer1_0," in run
-    # A gradient's place is named: a bare _gradients.at(...) does not say which it is.
-    assert "/*d_bn2_weight=*/_gradients.at(" in run
+    # A gradient's place names its member (`_gradients.at(d_layer1_0_bn2_weight, ...)` fills
+    # `d_bn2_weight`): no comment beside it.
+    assert "/*d_bn2_weight=*/" not in run and re.search(r"_gradients\.at\(d_layer1_0_bn2_weight, ", run)
 
 
 def test_a_long_block_that_runs_once_is_a_member_function():

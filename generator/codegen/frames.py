@@ -9,6 +9,7 @@ gradient, and what the backward pass makes again of it, take the same block.
 
 from __future__ import annotations
 
+import itertools
 import re
 from dataclasses import dataclass
 
@@ -52,7 +53,8 @@ def members_by_name(plan) -> dict:
 
 
 def layout(frames: list, sizes: dict, run_sizes: set) -> list | None:
-    """The offsets (C++) of one frame slot's members in the function's terms, or None.
+    """The offsets (C++) of one frame slot's members in the function's terms, or None (a
+    workspace's too: each member at 0 or where an earlier one ends).
 
     frames: the frame (memory.Buffer) of each call; sizes: {size parameter: its value in
     each call}; run_sizes: the run-time sizes (N), the same in every call. Each member's
@@ -63,23 +65,27 @@ def layout(frames: list, sizes: dict, run_sizes: set) -> list | None:
         return None
     by_values = {tuple(int(v) for v in values): name for name, values in sizes.items()
                  if all(re.fullmatch(r"\d+", str(v)) for v in values)}
-    offsets, at = [], sympy.Integer(0)
     values = [{sympy.Symbol(n, positive=True, integer=True): int(v[j]) for n, v in sizes.items()
                if all(re.fullmatch(r"\d+", str(x)) for x in v)} for j in range(len(frames))]
+    starts, ends = [], []  # in the function's terms
     for i in range(count.pop()):
-        for j, f in enumerate(frames):  # the offset the plan gave it, in every call
-            planned = sympy.expand(sympy.sympify(f.members[i].offset) - sympy.sympify(f.offset))
-            if sympy.expand(sympy.sympify(at).xreplace(values[j]) - planned.xreplace(_plain(planned))) != 0:
-                return None
+        planned = [sympy.expand(sympy.sympify(f.members[i].offset) - sympy.sympify(f.offset)) for f in frames]
+        planned = [p.xreplace(_plain(p)) for p in planned]
+        # At the frame's start or where an earlier member ends (the one before it, in a frame),
+        # the same in every call, as the plan put it.
+        at = next((e for e in [sympy.Integer(0)] + ends[::-1]
+                   if all(sympy.expand(e.xreplace(values[j]) - planned[j]) == 0 for j in range(len(frames)))), None)
+        if at is None:
+            return None
         shapes = [tuple(f.members[i].shape) for f in frames]
         if len({len(s) for s in shapes}) != 1:
             return None
         term = _count(list(zip(*shapes)), by_values, run_sizes)
         if term is None:
             return None
-        offsets.append(size_expr(at) if at != 0 else "0")
-        at = at + term
-    return offsets
+        starts.append(at)
+        ends.append(at + term)
+    return [size_expr(at) if at != 0 else "0" for at in starts]
 
 
 def _plain(expr) -> dict:
@@ -115,8 +121,27 @@ def _count(columns: list, by_values: dict, run_sizes: set):
                 c = end
                 break
         else:
-            return None
+            if not all(_is_int(v) for v in column):
+                return None
+            found = _product_of(tuple(int(v) for v in column), by_values)  # a column matrix's `9 * C * HW`
+            if found is None:
+                return None
+            term *= found
+            c += 1
     return term
+
+
+def _product_of(values: tuple, by_values: dict):
+    """values (one per call) as a constant times a product of up to three size parameters
+    (the fewest that do), or None."""
+    names = sorted(by_values.items(), key=lambda kv: kv[1])
+    for count in (1, 2, 3):
+        for combo in itertools.combinations_with_replacement(names, count):
+            product = [int(sympy.prod([v[j] for v, _ in combo])) for j in range(len(values))]
+            if all(x % p == 0 for x, p in zip(values, product)) and len({x // p for x, p in zip(values, product)}) == 1:
+                factor = values[0] // product[0]
+                return factor * sympy.prod([sympy.Symbol(n, positive=True, integer=True) for _, n in combo])
+    return None
 
 
 def _is_int(value) -> bool:

@@ -102,6 +102,8 @@ def _says_its_name(arg: Named) -> bool:
     `d_bn2_weight`): then a /*bn1_mean=*/ beside it would repeat it."""
     text, name = str(arg.arg), arg.name
     text = text[: -len(".ptr()")] if text.endswith(".ptr()") else text
+    place = re.match(r"_gradients\.at\((\w+), ", text)  # a parameter's gradient: its member names it
+    text = place.group(1) if place else text
     if not re.fullmatch(r"\w+", text):
         return False
     if text == name or text.endswith("_" + name):
@@ -711,9 +713,10 @@ def _make_function_with(group, plan, fn_name, later_reads, called, layouts):
 
     def frame_param(frames, written):
         if frames not in frame_params:
-            values = [f.name for f in frames]
-            frame_params[frames] = add_param("float*" if written else "const float*", "saved", values,
-                                             ("frame", tuple(values)), "arena")
+            work = frames[0].kind == "work"  # a workspace: passed as its piece of the arena
+            values = [f"_arena.at({f.printed}, {size_expr(f.size)})" if work else f.name for f in frames]
+            frame_params[frames] = add_param("float*" if written else "const float*", "work" if work else "saved",
+                                             values, ("frame", tuple(values)), "arena")
         elif written:
             _make_writable(params, frame_params[frames])
         return frame_params[frames]
@@ -723,9 +726,9 @@ def _make_function_with(group, plan, fn_name, later_reads, called, layouts):
         if k in slots:  # a piece of the calls' frames
             frames, index = slots[k]
             offset = layouts[frames][index]
-            if leaf.kind == "arena":  # made here: the caller declares the frame
+            if leaf.kind == "arena":  # made here: the caller declares the frame (a workspace: passes it)
                 for j, f in enumerate(frames):
-                    if not any(isinstance(h, FrameDecl) and h.frame is f for h in hoisted[j]):
+                    if f.kind != "work" and not any(isinstance(h, FrameDecl) and h.frame is f for h in hoisted[j]):
                         hoisted[j].append(FrameDecl(f))
                 replace.append(FramePiece(first.renames[leaf.payload.buffer.name], frame_param(frames, True),
                                           offset))

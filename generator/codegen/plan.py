@@ -99,13 +99,16 @@ class GradientDecl(ArenaDecl):
 
     member: str = ""  # the Model's gradient member: d_h1_w
 
-    def place(self) -> str:
-        """_gradients.at(this->member, offset, size): the member, or the arena piece when not kept."""
+    def place(self, declared: bool = False) -> str:
+        """_gradients.at(member, offset): the member, or the arena piece (as many floats as
+        the member holds) when not kept; `this->member` where the line declares a local of
+        the member's name."""
         offset = self.buffer.printed or "/*not yet planned*/"
-        return f"_gradients.at(this->{self.member}, {offset}, {self.size})"
+        member = f"this->{self.member}" if declared else self.member
+        return f"_gradients.at({member}, {offset})"
 
     def __str__(self) -> str:
-        return f"float* {self.buffer.name} = {self.place()};"
+        return f"float* {self.buffer.name} = {self.place(declared=True)};"
 
 
 @dataclass

@@ -19,5 +19,7 @@ class Buffer:
     label: str = ""  # the statement, for reports
     printed: str = ""  # the offset in C++ (memory/bases.py: a named region's start + a constant)
     shape: tuple = ()
-    members: tuple = ()  # a call's frame (memory/frames.py): the buffers laid end to end in it
-    frame: "Buffer | None" = None  # the frame this buffer is a member of
+    members: tuple = ()  # a call's frame (memory/frames.py: the buffers laid end to end in it) or workspace
+    kind: str = ""  # a block of members: "saved" (a call's frame) or "work" (its workspace, memory/workspaces.py)
+    frame: "Buffer | None" = None  # the frame or workspace this buffer is a member of
+    frame_start: object = None  # a workspace member's start in it (sympy), the same in every call

@@ -41,20 +41,23 @@ def call_frames(project, live, taken: set) -> list:
                    and b.inplace_of is None and id(b) not in shared]
         if len(members) < 2:
             continue
-        name = _fresh(f"{_call_name(statements[0].call, function, call_id)}_saved", taken)
+        name = fresh(f"{call_name(statements[0].call, function, call_id)}_saved", taken)
         size = sympy.Add(*[sympy.sympify(b.size) for b in members])
         frame = Buffer(name, size, min(b.first for b in members), max(b.last for b in members), "forward",
-                       label=f"what {statements[0].call.call_text} keeps for its gradient", members=tuple(members))
+                       label=f"what {statements[0].call.call_text} keeps for its gradient", members=tuple(members),
+                       kind="saved")
         frames.append(frame)
     return frames
 
 
 def place_members(frames: list) -> None:
-    """Each member's offset: its frame's, plus the sizes before it."""
+    """Each member's offset: its frame's, plus its start in it (a workspace's member: its
+    `frame_start`; a frame's: the sizes before it)."""
     for frame in frames:
         at = sympy.sympify(frame.offset)
         for b in frame.members:
-            b.offset = sympy.expand(at)
+            start = at if b.frame_start is None else sympy.sympify(frame.offset) + sympy.sympify(b.frame_start)
+            b.offset = sympy.expand(start)
             b.frame = frame
             at = at + sympy.sympify(b.size)
 
@@ -88,7 +91,7 @@ def _read_by(project, live, inside: set) -> set:
     return read
 
 
-def _call_name(loc, function: str, call_id: int) -> str:
+def call_name(loc, function: str, call_id: int) -> str:
     """The name the call was given (`name='layer1_0'`), else the function's with the call's number."""
     for parameter, value in loc.call_args:
         if parameter == "name" and isinstance(value, str) and value.isidentifier():
@@ -96,7 +99,7 @@ def _call_name(loc, function: str, call_id: int) -> str:
     return f"{function}_{call_id}"
 
 
-def _fresh(name: str, taken: set) -> str:
+def fresh(name: str, taken: set) -> str:
     k, out = 1, name
     while out in taken:
         k += 1

@@ -22,6 +22,7 @@ from ..codegen.printer import exact_size_expr
 from ..errors import DeepgenError
 from .buffer import Buffer
 from .frames import call_frames, place_members
+from .workspaces import call_workspaces
 from .liveness import liveness, place_updates
 from .sizes import Size, from_expr
 
@@ -61,10 +62,6 @@ def plan(buffers: list):
     symbols = _symbols(*[b.size for b in buffers])
     sizes = {id(b): from_expr(b.size, symbols) for b in buffers}
     zero = Size.const(0, symbols)
-    parts.clear()
-    for b in buffers:
-        if b.members:
-            parts[id(b)] = _parts(b, symbols, zero)
     kept = [b for b in buffers if b.phase in KEPT]
     freed = [b for b in buffers if b.phase not in KEPT]
     planners = (_plan_online, lambda *a: _plan_by_size(*a, True), lambda *a: _plan_by_size(*a, False))
@@ -84,23 +81,23 @@ def plan(buffers: list):
     return peak.expr()
 
 
-# id(frame) -> its members as (start in the frame, size, first, last): a frame (memory/frames.py)
-# is one block, but each member's part of it is free again once that member is.
-parts: dict = {}
-
-
-def _parts(frame, symbols, zero) -> list:
+def _parts(frame, zero) -> list:
+    """A frame's (memory/frames.py) or a workspace's (memory/workspaces.py) members as
+    (start in it, size, first, last): the block is placed as one, but each member's part of it
+    is checked against the blocks live with that member only; the online planner frees a
+    frame's parts one by one, a workspace's (whose parts may share places) all at once."""
     out, at = [], zero
     for m in frame.members:
-        size = from_expr(m.size, symbols)
-        out.append((at, size, m.first, m.last))
+        size = from_expr(m.size, zero.symbols)
+        start = at if m.frame_start is None else from_expr(m.frame_start, zero.symbols)
+        out.append((start, size, m.first, m.last))
         at = at + size
     return out
 
 
 def _rectangles(b, size, first, last, zero) -> list:
     """(start within the block, size, first, last) of each part of block b that lives on its own."""
-    return parts.get(id(b)) or [(zero, size, first, last)]
+    return _parts(b, zero) if b.members else [(zero, size, first, last)]
 
 
 def _top(buffers, sizes, offsets, zero, phases):
@@ -190,6 +187,7 @@ def _plan_online(buffers: list, sizes: dict, zero) -> dict:
     large enough for every size, else the buffer goes on top."""
     top, free, offsets = zero, [], {}  # free: [(offset, size)]
     order = sorted(buffers, key=lambda b: b.first)
+    parts = {id(b): _parts(b, zero) for b in buffers if b.members and b.kind != "work"}
     positions = sorted({b.first for b in buffers} | {b.last + 1 for b in buffers}
                        | {last + 1 for b in buffers for _, _, _, last in parts.get(id(b), ())})
     owner = {}  # id(buffer) -> the buffer whose block it holds (in-place chains)
@@ -326,6 +324,7 @@ def plan_memory(project):
                 break
     names = _names_in(project)
     frames = call_frames(project, live, names)
+    frames += call_workspaces(project, live, names, {id(b) for f in frames for b in f.members})
     framed = {id(b) for f in frames for b in f.members}
     ordered = [b for b in live.buffers if id(b) not in framed] + frames
     project.buffers = ordered

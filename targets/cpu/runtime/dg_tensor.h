@@ -104,8 +104,8 @@ class GradientPlaces {
   GradientPlaces(bool kept, Arena& arena) : kept_(kept), arena_(&arena) {}
 
   template <typename Member>
-  float* at(Member& member, int64_t offset, int64_t count) const {
-    return kept_ ? member.ptr() : arena_->at(offset, count);
+  float* at(Member& member, int64_t offset) const {
+    return kept_ ? member.ptr() : arena_->at(offset, member.size());
   }
 
  private:

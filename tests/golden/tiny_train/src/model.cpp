@@ -271,12 +271,12 @@ float Network::_run(::tiny_train::Model& _model, const ::tiny_train::Inputs& _in
                                       /*classes=*/2);
 
   // gradient of tiny.py:31  logits = dg.dense(h, 2)
-  float* d_logits_b = _gradients.at(this->d_logits_b, 10 * N + 8, 2);
+  float* d_logits_b = _gradients.at(this->d_logits_b, 10 * N + 8);
   dg::reduce_sum(d_logits, d_logits_b, /*outer=*/1, /*len=*/N, /*inner=*/2);
   float* d_h_matmul = _arena.at(4 * N, 4 * N);
   dg::matmul_nt(d_logits, logits_w.ptr(), d_h_matmul, /*M=*/N, /*K=*/2, /*N=*/4,
                 kernels::d_add_relu_full_epilogue{h, /*ld=*/4});
-  float* d_logits_w = _gradients.at(this->d_logits_w, 10 * N, 8);
+  float* d_logits_w = _gradients.at(this->d_logits_w, 10 * N);
   dg::matmul_tn(h, d_logits, d_logits_w, /*M=*/4, /*K=*/N, /*N=*/2,
                 dg::update_rows(
                     _gradients_only == nullptr, /*ld=*/2,
@@ -290,9 +290,9 @@ float Network::_run(::tiny_train::Model& _model, const ::tiny_train::Inputs& _in
     kernels::momentum_update(logits_b.ptr(), d_logits_b, logits_b_buf.ptr(), logits_b.size(), _hyper);
 
   // gradient of tiny.py:30  h = dg.dense(x, 4, act=dg.relu)
-  float* d_h_b_sum = _gradients.at(this->d_h_b, 0, 4);
+  float* d_h_b_sum = _gradients.at(this->d_h_b, 0);
   dg::reduce_sum(d_h_matmul, d_h_b_sum, /*outer=*/1, /*len=*/N, /*inner=*/4);
-  float* d_h_w = _gradients.at(this->d_h_w, 8 * N, 12);
+  float* d_h_w = _gradients.at(this->d_h_w, 8 * N);
   dg::matmul_tn(x, d_h_matmul, d_h_w, /*M=*/3, /*K=*/N, /*N=*/4,
                 dg::update_rows(
                     _gradients_only == nullptr, /*ld=*/4,
