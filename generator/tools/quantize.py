@@ -2,7 +2,12 @@
 scales of the model's int8 products (transforms/quantize.py), calibrated by the
 numpy reference on DATA.npz, written beside every array of W.npz (but its optimizer
 state, which an int8 project, inference only, refuses to load); then a report of
-how the int8 model agrees with the fp32 one on the calibration data."""
+how the int8 model agrees with the fp32 one on the calibration data.
+
+A model over a batch of trees (dg.trees) reads arrays with one row per node (its
+children, words, per-node labels) beside one with a row per tree (its roots): the
+calibration file is then one batch of trees, run whole, and the report counts the
+output's rows (one per node)."""
 
 from __future__ import annotations
 
@@ -14,6 +19,7 @@ import numpy as np
 from ..errors import DeepgenError
 from ..fileio import write_atomic
 from ..frontend.loader import load_model
+from ..ops import get_op
 from ..ops.quantize import int8_nodes
 from ..reference.interpreter import run
 from ..reference.quantize import calibrate
@@ -21,6 +27,17 @@ from ..transforms.autodiff import train_only_inputs
 from ..transforms.precision import set_precision
 
 BATCH = 256  # calibration rows per reference run
+
+
+def _tree_batch(graph) -> bool:
+    """Whether some of the model's inputs describe a batch of trees (a recursion over
+    dg.trees reads them: children and words per node, roots per tree)."""
+    inputs = {id(v) for v in graph.inputs}
+    for node in graph.nodes:
+        spec = node.attrs.get("spec")
+        if get_op(node.op).regions(node) and not spec.sequences and any(id(v) in inputs for v in node.inputs[:spec.nb]):
+            return True
+    return False
 
 
 def _load_npz(path: str, what: str) -> dict:
@@ -71,13 +88,17 @@ def quantize(model_spec: str, weights: str, calibrate_path: str, output: str, fo
             raise DeepgenError(f"--weights {weights}: '{p.name}' has shape {params[p.name].shape}, the model's is "
                                f"{tuple(p.shape)}")
     count = {len(data[n]) for n in forward_names}
-    if len(count) != 1:
+    trees = _tree_batch(graph)  # one batch of trees: rows per node and per tree
+    if len(count) != 1 and not trees:
         raise DeepgenError(f"--calibrate {calibrate_path}: the inputs have different numbers of rows (axis 0)")
-    count = count.pop()
+    count = max(count)
     if count == 0:
         raise DeepgenError(f"--calibrate {calibrate_path}: no rows to calibrate on")
 
     def batches():
+        if trees:
+            yield {n: data[n] for n in forward_names}
+            return
         for start in range(0, count, BATCH):
             yield {n: data[n][start : start + BATCH] for n in forward_names}
 
@@ -91,6 +112,7 @@ def quantize(model_spec: str, weights: str, calibrate_path: str, output: str, fo
             int8_out.append(run(graph, batch, quantized, training=False)[output_name])
     except ValueError as e:
         raise DeepgenError(f"the reference could not run the model on the calibration data: {e}") from None
+    count = len(fp32_out[0]) if trees else count  # a batch of trees: the output's rows (nodes)
     fp32_top = np.concatenate(fp32_out).reshape(count, -1).argmax(axis=1)
     int8_top = np.concatenate(int8_out).reshape(count, -1).argmax(axis=1)
     report = {"agreement": float(np.mean(fp32_top == int8_top)), "fp32_accuracy": None, "int8_accuracy": None,
