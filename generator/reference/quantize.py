@@ -14,7 +14,9 @@ def calibrate(graph, batches, params: dict) -> dict:
     """The scales of an int8 graph: {name: float32 array}. Each weight's input scale
     is max |x| / 127 over every batch (a dict of inputs) and every product that
     reads the weight, x computed in float32 (the fp32 model); each weight scale is
-    max |w_j| / 63 per output channel (ops/quantize.py: 7-bit weights). Max-abs, no clipping: see ARCHITECTURE."""
+    max |w_j| / 63 per output channel (ops/quantize.py: 7-bit weights). Max-abs, no clipping: see ARCHITECTURE.
+    The model runs in evaluation mode, as the int8 project does (inference only): batch
+    norm reads its running statistics and leaves them as they are."""
     twin = float_twin(graph)
     at = [graph.nodes.index(n) for n in int8_nodes(graph)]
     products = [twin.nodes[i] for i in at]  # the float32 matmuls in their places
@@ -22,7 +24,7 @@ def calibrate(graph, batches, params: dict) -> dict:
     peaks = {w: 0.0 for w in names}
     xs = [n.inputs[0] for n in products]
     for batch in batches:
-        got = run(twin, batch, params, values=xs)
+        got = run(twin, batch, params, values=xs, training=False)  # inference: batch norm's running statistics
         for n in products:
             a = got[n.inputs[0].name]
             if a.size:
