@@ -1,13 +1,15 @@
 """Benchmark: reduced precision (issue #41): accuracy and speed of bf16 and int8 against fp32.
 
-    python benchmarks/precision.py [--quick] [--json FILE]
+    python benchmarks/precision.py [--quick] [--accuracy-only] [--json FILE]
 
-Accuracy (in this process): examples/digits.py trained in fp32 by the numpy reference
-(8 epochs of Adam, batches of 32, seed 0: the tests' trained_digits), then generated and
-built three times: fp32, `--precision bf16`, `--precision int8` (scales by `deepgen quantize`
-on the training images, max-abs). Each module runs the 360 held-out images; the table gives
-each one's accuracy, its relative change against fp32 (target: within 1%) and its top-1
-agreement with fp32. Needs scikit-learn (the images).
+Accuracy (in this process; benchmarks/precision_accuracy.py says how each model is trained
+and on what): the digits MLP, LeNet on the digits, the LSTM classifier, the TreeLSTM
+sentiment example and torchvision's ResNet-18 (imported, random initialization: top-1
+agreement only), each trained in fp32, then generated and built three times: fp32,
+`--precision bf16`, `--precision int8` (scales by `deepgen quantize` on the training
+inputs, max-abs). The table gives each one's held-out accuracy, its relative change
+against fp32 (target: within 1%) and its top-1 agreement with fp32. Needs scikit-learn
+(the digits); torch and torchvision for the ResNet-18 row.
 
 Speed: examples/mlp.py (784 -> 512 relu -> 256 relu -> 10) forward() at batch 1 and 64,
 one thread, fp32 / bf16 / int8 generated modules (int8 scales from 256 uniform random
@@ -25,66 +27,15 @@ import argparse
 import json
 import runpy
 import statistics
-import sys
 import tempfile
 from pathlib import Path
 
 from _common import ROOT, build_module, import_module, machine_facts, measure, quiet_blas, run_rounds, set_threads
+from precision_accuracy import accuracy_table, quantize_weights
 
 PRECISIONS = ("fp32", "bf16", "int8")
 BATCHES = (1, 64)
 ORT = ("ort_fp32", "ort_int8")
-
-
-def _quantize(example: Path, params: dict, calibration: dict, out: Path) -> None:
-    """`deepgen quantize` of `params` on `calibration`, written to `out`."""
-    import numpy as np
-
-    from generator.tools.cli import main as cli
-
-    with tempfile.TemporaryDirectory() as tmp:
-        np.savez(Path(tmp) / "w.npz", **params)
-        np.savez(Path(tmp) / "calib.npz", **calibration)
-        code = cli(["quantize", str(example), "--weights", str(Path(tmp) / "w.npz"), "--calibrate",
-                    str(Path(tmp) / "calib.npz"), "-o", str(out), "--force"])
-    if code != 0:
-        raise SystemExit(f"deepgen quantize {example.name} failed")
-
-
-def accuracy_table(cache: Path) -> list:
-    import numpy as np
-
-    from generator.reference import interpreter as reference
-
-    example = ROOT / "examples" / "digits.py"
-    digits = runpy.run_path(str(example))
-    train_set, test_set = digits["load_data"](0)
-    model_def = digits["digits"]
-    params = reference.train_epochs(model_def.build(), train_set, epochs=8, batch=32, seed=0)
-    rows, fp32 = [], None
-    for precision in PRECISIONS:
-        built = build_module(model_def, name=f"digits_{precision}", cache=cache, precision=precision)
-        module = import_module(built["name"], built["build"])
-        model = module.Model(seed=0)
-        if precision == "int8":
-            weights = cache / "digits_int8_weights.npz"
-            _quantize(example, params, train_set, weights)
-            model.load(str(weights))
-        else:
-            current = model.parameters()
-            for key, value in params.items():
-                if key in current:
-                    current[key][...] = value
-            del current
-        probs = model.forward(pixels=test_set["pixels"])["probs"]
-        top1 = probs.argmax(1)
-        fp32 = top1 if fp32 is None else fp32
-        accuracy = float(np.mean(top1 == test_set["labels"]))
-        rows.append({"precision": precision, "accuracy": accuracy, "agreement": float(np.mean(top1 == fp32))})
-    base = rows[0]["accuracy"]
-    for row in rows:
-        row["relative"] = row["accuracy"] / base - 1.0
-    return rows
 
 
 def _ort_session(module, int8: bool, folder: Path):
@@ -154,7 +105,7 @@ def speed_table(cache: Path, rounds: int, seconds: float) -> list:
     params = {k: np.array(v) for k, v in fp32.Model(seed=0).parameters().items()}
     weights = cache / "mlp_int8_weights.npz"
     calibration = {"x": np.random.default_rng(1).uniform(0.0, 1.0, (256, 784)).astype(np.float32)}
-    _quantize(ROOT / "examples" / "mlp.py", params, calibration, weights)
+    quantize_weights(ROOT / "examples" / "mlp.py", params, calibration, weights)
     peers = list(PRECISIONS)
     try:
         import onnx  # noqa: F401
@@ -174,10 +125,22 @@ def speed_table(cache: Path, rounds: int, seconds: float) -> list:
     return rows
 
 
+def print_accuracy(rows: list) -> None:
+    """One block per model: accuracy, change against fp32, top-1 agreement with fp32."""
+    print(f"\n{'model':>20} {'precision':>9} {'accuracy':>9} {'vs fp32':>8} {'top-1 agreement':>16}")
+    for row in rows:
+        if row["precision"] == "fp32":
+            print(f"  {row['what']}")
+        accuracy = "-" if row["accuracy"] is None else f"{row['accuracy']:.4f}"
+        relative = "-" if row["relative"] is None else f"{row['relative']:+.2%}"
+        print(f"{row['model']:>20} {row['precision']:>9} {accuracy:>9} {relative:>8} {row['agreement']:16.4f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--quick", action="store_true", help="one round, shorter timings")
+    parser.add_argument("--accuracy-only", action="store_true", help="the accuracy table only (no timings)")
     parser.add_argument("--json", type=Path, help="write the tables here")
     args = parser.parse_args()
     if args.child:
@@ -188,16 +151,14 @@ def main() -> None:
     facts = machine_facts()
     print(f"machine: {facts.get('cpu')} ({', '.join(facts.get('cpu_isa') or [])})")
     accuracy = accuracy_table(cache)
-    print("\ndigits MLP, 360 held-out images (trained in fp32 by the reference)")
-    print(f"{'precision':>10} {'accuracy':>9} {'vs fp32':>8} {'top-1 agreement':>16}")
-    for row in accuracy:
-        print(f"{row['precision']:>10} {row['accuracy']:9.4f} {row['relative']:+8.2%} {row['agreement']:16.4f}")
-    speed = speed_table(cache, 1 if args.quick else 3, 0.3 if args.quick else 1.0)
-    print("\nmlp forward(), 1 thread: median ms (ratio = our fp32 / peer)")
-    peers = [p for p in PRECISIONS + ORT if p in speed[0]]
-    print(f"{'batch':>6} " + " ".join(f"{p:>16}" for p in peers))
-    for row in speed:
-        print(f"{row['batch']:>6} " + " ".join(f"{row[p]:8.3f} ({row[p + '_ratio']:4.2f}x)" for p in peers))
+    print_accuracy(accuracy)
+    speed = [] if args.accuracy_only else speed_table(cache, 1 if args.quick else 3, 0.3 if args.quick else 1.0)
+    if speed:
+        print("\nmlp forward(), 1 thread: median ms (ratio = our fp32 / peer)")
+        peers = [p for p in PRECISIONS + ORT if p in speed[0]]
+        print(f"{'batch':>6} " + " ".join(f"{p:>16}" for p in peers))
+        for row in speed:
+            print(f"{row['batch']:>6} " + " ".join(f"{row[p]:8.3f} ({row[p + '_ratio']:4.2f}x)" for p in peers))
     if args.json:
         args.json.write_text(json.dumps({"machine": facts, "accuracy": accuracy, "speed": speed}, indent=1))
 
