@@ -7,6 +7,7 @@ nothing: the weights are not in the code)."""
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,6 +16,25 @@ from generator.tools import cli
 from generator.tools.compare import compare_rows, first_difference, keep_values, statement_names
 
 pytest.importorskip("torch")
+
+
+@pytest.fixture
+def check_builds(monkeypatch):
+    """compare's debug project built at the test suite's CHECK_BUILD_FLAGS (-O0), without
+    the example program compare does not run: these tests check which statement differs,
+    at tolerances far above what the optimization level changes, not how fast the code
+    runs (the user's `deepgen compare` keeps the Release -O3). On the 2-core AMD EPYC CI
+    machine, loaded: the two planted-error tests 112 s and 88 s at -O3, 84 s and 76 s so."""
+    from conftest import CHECK_BUILD_FLAGS
+    from generator.tools import compare
+    from generator.tools.build import cmake_build, project_name
+
+    def build(project, build_dir, **kw):
+        example = f"-D{project_name(Path(project)).upper()}_EXAMPLE=OFF"
+        return cmake_build(project, build_dir, extra_args=(*CHECK_BUILD_FLAGS, example), **kw)
+
+    monkeypatch.setattr(compare, "cmake_build", build)
+
 
 NET = '''
 import torch
@@ -62,7 +82,7 @@ def make():
 '''
 
 
-def test_compare_agrees_and_then_finds_a_planted_one_layer_error(tmp_path, capsys):
+def test_compare_agrees_and_then_finds_a_planted_one_layer_error(tmp_path, capsys, check_builds):
     (tmp_path / "nets.py").write_text(NET)
     model, weights = tmp_path / "tiny_resnet.py", tmp_path / "tiny_resnet.npz"
     example = ["--example-input", "x=2,3,8,8"]
@@ -116,7 +136,7 @@ def test_statement_names_and_first_difference(tmp_path):
     assert first_difference(rows, 1e-4) is rows[1]  # NaN is a difference
 
 
-def test_compare_onnx_agrees_and_then_finds_a_planted_one_layer_error(tmp_path, capsys):
+def test_compare_onnx_agrees_and_then_finds_a_planted_one_layer_error(tmp_path, capsys, check_builds):
     """`compare --onnx`: the same small network exported by torch.onnx.export and imported by
     `deepgen from-onnx`; onnxruntime runs the file with the values the statements hold added
     as outputs (the import recorded their ONNX names in the .npz)."""
