@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from conftest import ROOT, build_example
+from conftest import CHECK_BUILD_FLAGS, ROOT, build_example
 from generator.frontend.loader import load_model
 from generator.reference import interpreter as reference
 
@@ -112,8 +112,9 @@ def _built_graphs():
 @pytest.fixture(scope="module")
 def compiled(builds):
     """conftest's builds, with every graph of _built_graphs built side by side when
-    the first test here asks for one (Builds.prebuild)."""
-    builds.prebuild(_built_graphs())
+    the first test here asks for one (Builds.prebuild), at CHECK_BUILD_FLAGS' -O0: the
+    tests compare values with the reference and PyTorch at tiny sizes, and time nothing."""
+    builds.prebuild(_built_graphs(), flags=CHECK_BUILD_FLAGS)
     return builds
 
 
