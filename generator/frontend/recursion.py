@@ -25,7 +25,7 @@ import sympy
 from . import dsl
 from .builder import Tensor, current
 from ..errors import ModelError
-from ..ir.graph import Value
+from ..ir.graph import Value, outer_reads
 from ..ir.shapes import dim, same
 from .source import user_loc
 
@@ -172,12 +172,7 @@ def _children_names(fn, arity: int, count: int):
 def _free_values(cell: Cell) -> list:
     inside = {id(cell.words)} | {id(v) for slot in cell.children for v in slot}
     inside |= {id(v) for n in cell.nodes for v in n.outputs}
-    free = []
-    for node in cell.nodes:
-        for v in node.inputs:
-            if id(v) not in inside and all(v is not f for f in free):
-                free.append(v)
-    return free
+    return outer_reads(cell.nodes, inside)
 
 
 def recurse(trees: Trees, leaf, internal, names=None):

@@ -137,3 +137,14 @@ def needed_for(graph, values) -> set:
         if any(id(v) in need for v in node.outputs):
             need.update(id(v) for v in node.inputs)
     return need
+
+
+def outer_reads(nodes, inside: set) -> list:
+    """The values `nodes` read whose ids are not in `inside` (a cell's free values: the
+    parameters and outer values it reads), each once, in the order they are first read."""
+    free = []
+    for node in nodes:
+        for v in node.inputs:
+            if id(v) not in inside and all(v is not f for f in free):
+                free.append(v)
+    return free

@@ -20,7 +20,7 @@ float32.
 from __future__ import annotations
 
 from ..errors import DeepgenError
-from ..ir.graph import Node, Value
+from ..ir.graph import Node, Value, outer_reads
 from ..ops import get_op
 from .autodiff import train_only_inputs
 from .passes import dce
@@ -108,17 +108,7 @@ def _round_cells(graph, node, outer, nodes):
                     inner.inputs[i] = outer[id(v)]
             cell_nodes.append(inner)
         cell.nodes[:] = cell_nodes
-        cell.free = _free_values(cell, made | {id(v) for inner in cell_nodes for v in inner.outputs})
+        cell.free = outer_reads(cell.nodes, made | {id(v) for inner in cell_nodes for v in inner.outputs})
     spec.free = list(spec.leaf.free) + [v for v in spec.internal.free if all(v is not f for f in spec.leaf.free)]
     node.inputs = node.inputs[: spec.nb] + spec.free
 
-
-def _free_values(cell, made) -> list:
-    """The outer values the cell's nodes read, in the order they are first read (as
-    frontend/recursion.py lists them)."""
-    free = []
-    for inner in cell.nodes:
-        for v in inner.inputs:
-            if id(v) not in made and all(v is not f for f in free):
-                free.append(v)
-    return free
