@@ -28,16 +28,17 @@ def call_frames(project, live, taken: set) -> list:
     for call_id, (function, _) in calls.items():
         per_function.setdefault(function, set()).add(call_id)
     shared = {id(b.inplace_of) for b in live.buffers if b.inplace_of is not None}
+    # who reads each piece in the forward pass (0: an output)
+    read = readers([project.statements], [o.read for o in project.outputs], live)
     frames = []
     for call_id, (function, statements) in calls.items():
         if len(per_function[function]) < 2:
             continue
         inside = {id(s) for s in statements}
         end = max(p for s in statements for p in s.positions)
-        outside = _read_by(project, live, inside)
         members = [d.buffer for s in statements for line in s.lines for d in nested_lines(line)
                    if isinstance(d, ArenaDecl) and d.buffer.phase == "forward"]
-        members = [b for b in members if b.last > end and id(b) not in outside
+        members = [b for b in members if b.last > end and not read.get(id(b), set()) - inside
                    and b.inplace_of is None and id(b) not in shared]
         if len(members) < 2:
             continue
@@ -74,21 +75,21 @@ def _calls(statements) -> dict:
     return out
 
 
-def _read_by(project, live, inside: set) -> set:
-    """id(Buffer) of the pieces a forward statement outside the call reads, or an output."""
-    read = set()
-    for s in project.statements:
-        if id(s) in inside:
-            continue
-        for line in s.lines:
-            for op in operands(line):
-                if isinstance(op, Read) and id(op.value) in live.buffer_of:
-                    read.add(id(live.buffer_of[id(op.value)]))
-    for o in project.outputs:
-        for op in operands(o.read):
+def readers(groups, tail, live) -> dict:
+    """id(Buffer) -> the ids of the statements of `groups` (lists of statements) whose lines
+    read it, and 0 where a line of `tail` (what the call reads at its end) does."""
+    out: dict = {}
+    for group in groups:
+        for s in group:
+            for line in s.lines:
+                for op in operands(line):
+                    if isinstance(op, Read) and id(op.value) in live.buffer_of:
+                        out.setdefault(id(live.buffer_of[id(op.value)]), set()).add(id(s))
+    for line in tail:
+        for op in operands(line):
             if id(op.value) in live.buffer_of:
-                read.add(id(live.buffer_of[id(op.value)]))
-    return read
+                out.setdefault(id(live.buffer_of[id(op.value)]), set()).add(0)
+    return out
 
 
 def call_name(loc, function: str, call_id: int) -> str:

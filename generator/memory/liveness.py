@@ -28,7 +28,7 @@ class Liveness:
     buffer_of: dict  # id(value) -> the arena Buffer holding its data (through aliases)
 
 
-def _statement_groups(plan) -> list:
+def statement_groups(plan) -> list:
     groups = [plan.statements]
     if plan.train is not None:
         groups += [plan.train.loss_statements, plan.train.backward_statements]
@@ -55,7 +55,7 @@ def liveness(plan) -> Liveness:
             if decl is not None and isinstance(op, Read):
                 decl.buffer.last = max(decl.buffer.last, position)
 
-    for group in _statement_groups(plan):
+    for group in statement_groups(plan):
         for statement in group:
             for position in statement.positions:
                 statement_at[position] = statement

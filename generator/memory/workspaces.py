@@ -18,9 +18,10 @@ from __future__ import annotations
 import sympy
 
 from ..codegen.plan import ArenaDecl, GradientDecl
-from ..codegen.stmt import Read, nested_lines, operands
+from ..codegen.stmt import nested_lines
 from .buffer import Buffer
-from .frames import call_name, fresh
+from .frames import call_name, fresh, readers
+from .liveness import statement_groups
 from .sizes import Size, from_expr
 
 
@@ -28,7 +29,10 @@ def call_workspaces(project, live, taken: set, framed: set) -> list:
     """The workspaces (Buffers of kind "work" whose `members` may share places, each with
     its `frame_start`) of the calls of functions called more than once, where every call's
     pieces can be placed alike; `framed`: ids of buffers already in a call's frame."""
-    readers = _readers(project, live)
+    tail = [o.read for o in project.outputs]
+    if project.train is not None:
+        tail += [project.train.loss_read] + list(project.train.copies)
+    read = readers(statement_groups(project), tail, live)  # who reads each piece (0: the call's end)
     shared = {id(b.inplace_of) for b in live.buffers if b.inplace_of is not None}
     groups: dict = {}
     for key, statements in _runs(project):
@@ -36,7 +40,7 @@ def call_workspaces(project, live, taken: set, framed: set) -> list:
     variants: dict = {}  # the calls of one function whose workspaces have as many pieces (a variant)
     for key, runs in groups.items():
         for statements in runs:
-            members = _members(statements, readers, shared, framed)
+            members = _members(statements, read, shared, framed)
             variants.setdefault((key, len(members)), []).append((statements, members))
     out = []
     for (key, count), found in variants.items():
@@ -83,28 +87,6 @@ def _runs(project) -> list:
             else:
                 previous = (key, [s])
                 out.append(previous)
-    return out
-
-
-def _readers(project, live) -> dict:
-    """id(Buffer) -> ids of the statements whose lines read it (0 for what the call reads at its end)."""
-    groups = [project.statements]
-    if project.train is not None:
-        groups += [project.train.loss_statements, project.train.backward_statements]
-    out: dict = {}
-    for group in groups:
-        for s in group:
-            for line in s.lines:
-                for op in operands(line):
-                    if isinstance(op, Read) and id(op.value) in live.buffer_of:
-                        out.setdefault(id(live.buffer_of[id(op.value)]), set()).add(id(s))
-    tail = [o.read for o in project.outputs]
-    if project.train is not None:
-        tail += [project.train.loss_read] + list(project.train.copies)
-    for line in tail:
-        for op in operands(line):
-            if id(op.value) in live.buffer_of:
-                out.setdefault(id(live.buffer_of[id(op.value)]), set()).add(0)
     return out
 
 
