@@ -30,6 +30,7 @@ LAYERS = [
     "generator.codegen.printer",
     "generator.codegen.cuda_printer",
     "generator.codegen.stmt",
+    "generator.codegen.modules",
     "generator.codegen.plan",
     "generator.memory.buffer",
     # the stages' packages, from the IR up to the command line

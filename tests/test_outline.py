@@ -117,10 +117,10 @@ def test_each_residual_blocks_gradient_is_one_call():
     body = text[start: text.index("\n}\n", start)]
     assert re.search(r"\bd_x\b", body)  # the gradient of the block's input, by the argument's name
     assert "dg::conv2d_grad_weight(x, d_conv1, d_conv1_weight" in body  # its first convolution's too
-    # Which update is ready: the call's first index plus a constant; a weight's size from
-    # the function's sizes: neither passed by the call.
+    # Which update is ready: the call's first index plus a constant; a weight and its size are
+    # the block's module's (codegen/modules.py): neither passed by the call.
     assert re.search(r"gradients_only\(_gradients_only, first_index \+ \d\)", body)
-    assert re.search(r"sgd_update\(conv2_weight, d_conv2_weight, C \* C \* 9, _hyper\)", body)
+    assert "sgd_update(layer.conv2_weight.ptr(), d_conv2_weight, layer.conv2_weight.size(), _hyper)" in body
     assert "_size" not in body and "index_2" not in body
     # Where a gradient goes (the Model's member while the step keeps gradients, else its piece of
     # the arena) is the call's argument: the caller declares none of them.
@@ -129,11 +129,13 @@ def test_each_residual_blocks_gradient_is_one_call():
 
 
 def test_an_argument_that_names_its_parameter_has_no_comment():
-    """`layer1_0_bn1_mean` fills `bn1_mean`: no /*bn1_mean=*/ beside it; `layer1_0` (the first
-    block's result, named after its call) filling `x` keeps /*x=*/, and `result` too."""
+    """`layer1_0_bn1_mean` fills `bn1_mean`: no /*bn1_mean=*/ beside it; `layer1_0_out` (the
+    first block's result, named after its call) filling `x` keeps /*x=*/, and `result` too; the
+    module `layer1_0` filling `layer` (a `BasicBlock`) names itself."""
     run = _run_body(project_files(build_example("resnet18"))["src/model.cpp"].decode())
     assert "/*bn1_mean=*/" not in run and "/*mode=*/" not in run
-    assert "/*x=*/layer1_0," in run and "/*result=*/layer1_0," in run
+    assert "/*x=*/layer1_0_out," in run and "/*result=*/layer1_0_out," in run
+    assert "/*layer=*/" not in run and re.search(r"^\s+basic_block\(x, layer1_0, ", run, re.M)
     # A gradient's place names its member (`_gradients.at(d_layer1_0_bn2_weight, ...)` fills
     # `d_bn2_weight`): no comment beside it.
     assert "/*d_bn2_weight=*/" not in run and re.search(r"_gradients\.at\(d_layer1_0_bn2_weight, ", run)

@@ -28,6 +28,7 @@ from ..transforms.autodiff import train_only_inputs
 from ..transforms.passes import regions
 from .kernel_table import KernelTable
 from .kernels import epilogue_kernel, ewise_kernel, update_kernel
+from .modules import find_modules
 from .printer import size_expr
 from .plan import ArenaDecl, GradientDecl, InputSpec, KeptInt8, KeptPacking, OutputSpec, ParamSpec, ProjectPlan, Statement, TrainPlan, Update
 from .stmt import CTYPE, Alias, Call, Comment, Copy, Data, Declare, Functor, Read, Write, place
@@ -58,6 +59,7 @@ class LowerCtx:
         self.pending = []  # declarations for the line being lowered
         self.comment = ""  # the DSL statement being lowered, for buffer labels
         self.phase = "forward"
+        self.modules = find_modules(graph, is_reserved)  # a repeated call's parameters: one struct (layer1_0.conv1_weight)
         self.loop = None  # the recursion being lowered: its own state (ops/recurse_scope.py, LoopState)
         self.views = {}  # id(value) -> (axis, ld): a row-strided piece of another buffer, read in place
         self.region = set()  # id(node) of the nodes lowered together now (the graph's, or a cell block's)
@@ -261,7 +263,8 @@ class LowerCtx:
             rows, cols = shape or b.shape
             k, n = (cols, rows) if tb else (rows, cols)
             member = _member_name(self.graph, f"{b.name}_t_packed" if tb else f"{b.name}_packed", self.live_names())
-            self.kept[key] = KeptPacking(member, param.name, bool(tb), self.size(k), self.size(n), prepare=prepare)
+            self.kept[key] = KeptPacking(member, self.modules.path(param.name), bool(tb), self.size(k), self.size(n),
+                                         prepare=prepare)
         return [self.kept[key].member]
 
     def kept_int8(self, w, scale, tb: bool, k, n) -> str:
@@ -272,7 +275,8 @@ class LowerCtx:
         key = (id(w), "int8")
         if key not in self.kept:
             member = _member_name(self.graph, f"{w.name}_int8", self.live_names())
-            self.kept[key] = KeptInt8(member, w.name, scale.name, bool(tb), self.size(k), self.size(n))
+            self.kept[key] = KeptInt8(member, self.modules.path(w.name), self.modules.path(scale.name), bool(tb),
+                                      self.size(k), self.size(n))
         return self.kept[key].member
 
     def prepared(self, b) -> tuple:
@@ -398,19 +402,23 @@ def _cited_once(specs) -> list:
     return out
 
 
-def _param_spec(p) -> ParamSpec:
+def _param_spec(p, modules) -> ParamSpec:
     prim = p.init.resolve(p.shape)
     seed = f"{p.seed}u" if p.seed is not None else "_seed"  # Network::_init's argument
     lit = [f"{np.float32(x)!r}".replace("np.float32(", "").rstrip(")") + "f" for x in prim[1:]]
-    target = f"{p.name}.ptr(), {p.name}.size()"
+    path = modules.path(p.name)
+    target = f"{path}.ptr(), {path}.size()"
     if prim[0] == "constant":
         args = lit[0]
     else:
         args = f"{seed}, dg::name_stream({cpp_string(p.name)}), {lit[0]}, {lit[1]}"
     init = f"dg::init_{prim[0]}({target}, {args});"
     comment = f"{p.loc.short}  {comment_text(p.loc.text)}" if p.loc else ""
+    found = modules.instance_of(p.name)
+    first = found is not None and found[0].params[0] == p.name  # where the Network declares the module
+    instance = found[0] if first else None
     return ParamSpec(p.name, list(p.shape), fmt_shape(p.shape), init, comment, f"dg::init_{prim[0]}", args,
-                     trainable=p.kind == "param")
+                     trainable=p.kind == "param", member=path, instance=instance)
 
 
 def _statements(ctx, nodes, first: int) -> list:
@@ -557,15 +565,16 @@ def _lower_training(ctx, graph, dim_index, bound_dims, first: int) -> TrainPlan:
     copied = {p for p, _, _ in copies}
     params = {p.name: p for p in graph.params}
     for index, (p, member, _) in enumerate(grads):
-        rest = [f"{m}.ptr()" for _, m in slots[p]] + [f"{p}.size()", hyper.local]
+        path = ctx.modules.path(p)
+        rest = [f"{m}.ptr()" for _, m in slots[p]] + [f"{path}.size()", hyper.local]
         fn = f"kernels::{kernel.name}"
         # train_step() reads the gradient where the backward pass left it (kept or not);
         # apply_update() reads the member compute_gradients() filled.
-        run_call = Call(fn, [f"{p}.ptr()", ctx.read(spec.grads[p])] + rest)
-        apply_call = Call(fn, [f"{p}.ptr()", f"{member}.ptr()"] + rest)
+        run_call = Call(fn, [f"{path}.ptr()", ctx.read(spec.grads[p])] + rest)
+        apply_call = Call(fn, [f"{path}.ptr()", f"{member}.ptr()"] + rest)
         # The same step on elements [at, at + n), run by the product that makes the gradient
         # where the memory stage can fuse it (memory/liveness.py: place_updates).
-        arrays = [f"{p}.ptr()"] + [f"{m}.ptr()" for _, m in slots[p]]
+        arrays = [f"{path}.ptr()"] + [f"{m}.ptr()" for _, m in slots[p]]
         rows_call = Call(f"kernels::{serial.name}",
                          [f"{arrays[0]} + _at", "_g"] + [f"{a} + _at" for a in arrays[1:]] + ["_n"] + rest[len(arrays):])
         updates.append(Update(p, ctx.data(params[p]), ctx.data(spec.grads[p]), run_call, p in copied, index, apply_call, rows_call, arrays,
@@ -606,12 +615,13 @@ def lower(graph, target) -> ProjectPlan:
     if graph.train is not None and not graph.train.prepared:
         raise ValueError(f"lower: graph {graph.name!r} trains but is not differentiated yet (pipeline.differentiate)")
     ctx = LowerCtx(graph, target)
+    graph.names.used.update(i.name for i in ctx.modules.instances())
     dims = graph.dims
     dim_index = {d: i for i, d in enumerate(dims)}
     for v in graph.inputs:
         ctx.place[id(v)] = v.name
     for p in graph.params:
-        ctx.place[id(p)] = f"{p.name}.ptr()"
+        ctx.place[id(p)] = f"{ctx.modules.path(p.name)}.ptr()"
     if graph.mode is not None:
         ctx.place[id(graph.mode)] = graph.mode.name
     train_inputs = {id(v) for v in train_only_inputs(graph)} if graph.train else set()
@@ -636,7 +646,8 @@ def lower(graph, target) -> ProjectPlan:
         dim_count=len(dims),
         inputs=[_input_spec(v, dim_index) for v in forward_inputs],
         all_inputs=[_input_spec(v, dim_index) for v in graph.inputs],
-        params=_cited_once(_param_spec(p) for p in graph.params),
+        params=_cited_once(_param_spec(p, ctx.modules) for p in graph.params),
+        modules=ctx.modules,
         mode=graph.mode.name if graph.mode is not None else "",
         outputs=outputs,
         requirements=requirements,

@@ -38,6 +38,7 @@ import re
 from dataclasses import dataclass, field
 
 from ..ir.names import fresh_name
+from .modules import local_name, name_arguments
 from .frames import FrameDecl, FramePiece, layout, members_by_name
 from .printer import size_expr
 from .plan import ArenaDecl, GradientDecl, Statement
@@ -52,7 +53,7 @@ _CPP_WORDS = {"nullptr", "true", "false", "static_cast", "sizeof", "float", "dou
               "_at", "_g", "_n"}  # the last: the parameters of UpdateRows's lambda
 # Names of _run's that a body may read, and their types as a function's parameters.
 _RUN_LOCALS = {"_gradients_only": "const std::function<void(int)>*", "_model": "Model&"}
-_MEMBER_PTR = re.compile(r"^\w+\.ptr\(\)$")
+_MEMBER_PTR = re.compile(r"^\w+(\.\w+)?\.ptr\(\)$")
 _STRING = re.compile(r'"(\\.|[^"\\])*"')
 
 
@@ -90,9 +91,10 @@ class CallLine:
     fn: str
     args: list  # [Named]
     at: int = -1
+    bare: frozenset = frozenset()  # parameters whose argument names itself: a module (layer1_0)
 
     def __str__(self) -> str:
-        args = [str(a.arg) if _says_its_name(a) else str(a) for a in self.args]
+        args = [str(a.arg) if a.name in self.bare or _says_its_name(a) else str(a) for a in self.args]
         return f"{self.fn}({', '.join(args)});"
 
 
@@ -155,16 +157,32 @@ def outline(plan, graph=None):
     later_reads = _reads_after(plan, lists, found, inline)
     taken = _taken_names(plan)
     called = {}  # call_id -> (the function its forward lines became, {size parameter: its value})
+    forward = set()  # the functions of the forward lines
     for part, statements in lists.items():
         suffix = "" if part == "forward" else "_backward"
         new = _outline_part(statements, found[part], inline[part], plan, later_reads, taken, suffix, called)
         if part == "forward":
+            forward = {f.name for f in plan.functions}
             plan.statements = new
         else:
             plan.train.backward_statements = new
     _declare_read_pieces(plan)
+    _name_module_sizes(plan, {c: sizes for c, (fn, sizes) in called.items() if fn in forward}, graph)
     outline_blocks(plan)  # then each long block that runs once: a member function
     return plan
+
+
+def _name_module_sizes(plan, sizes, graph) -> None:
+    """A module struct's constructor arguments (codegen/modules.py) take the names of the
+    forward function's sizes with the same values in every call (`sizes`: call_id -> {name:
+    value}; `C`, `O`), else of the user's int arguments (`channels`)."""
+    ints = {}
+    for node in graph.nodes if graph is not None else ():
+        loc = node.loc
+        if loc is not None and loc.call is not None:
+            ints.setdefault(loc.call_id, {n: v for n, v in loc.call_args if type(v) is int})
+    for struct in plan.modules.structs:
+        name_arguments(struct, sizes, ints)
 
 
 def _declare_read_pieces(plan) -> None:
@@ -408,6 +426,7 @@ def _prev(statements, s):
 
 def _taken_names(plan) -> set:
     names = {p.name for p in plan.params} | {i.name for i in plan.all_inputs} | _dim_names(plan)
+    names |= {i.name for i in plan.modules.instances()}
     for s in plan.statements:
         for line in s.lines:
             name = _declared(line)
@@ -460,6 +479,10 @@ def _read_instance(inst: _Instance, bases: dict) -> None:
         parts = name.split("_")
         of_argument = parts[0] == "d" and any("_".join(parts[1:j]) in arguments for j in range(2, len(parts) + 1))
         short = _asked_for(name, {}, arguments) if of_argument else _asked_for(name, bases)
+        for prefix in strings:  # the call's output named after its module: layer1_0_out
+            if short in (f"{prefix}_out", f"{prefix}_out_again"):
+                short = prefix + short[len(prefix) + len("_out"):]
+                break
         for prefix in strings:
             if short.startswith(prefix + "_") and len(short) > len(prefix) + 1:
                 short = short[len(prefix) + 1 :]
@@ -705,6 +728,19 @@ def _make_function_with(group, plan, fn_name, later_reads, called, layouts):
         params.append([_ORDER.index(order), ctype, name, values])
         return name
 
+    trainable = {q.member: q.trainable for q in plan.params}
+    module_types = {s.type for s in plan.modules.structs}
+
+    def module_param(found, written):
+        """A field of the calls' module structs: the function takes the struct (`layer`)."""
+        type_name, owners, member, rest = found
+        wanted = local_name(owners)
+        wanted = "module" if wanted == fn_name else wanted  # not the function's own name
+        name = add_param(f"const {type_name}&", wanted, owners, ("module", type_name), "outside")
+        if written and trainable.get(f"{owners[0]}.{member}", True):  # running statistics are mutable
+            _make_writable(params, name)
+        return f"{name}.{member}.{rest}"
+
     hoisted = [[] for _ in group]
     slots = _frame_slots(group, plan) if layouts else {}
     frame_params = {}  # frames of the calls -> the function's parameter that takes them
@@ -747,6 +783,10 @@ def _make_function_with(group, plan, fn_name, later_reads, called, layouts):
         if leaf.kind == "ext":
             op = leaf.payload
             values = [lv.payload.expr for lv in leaves]
+            found = plan.modules.field_of_each(values)
+            if found is not None:
+                replace.append(module_param(found, isinstance(op, Write)))
+                continue
             arg_names = {_argument_name(inst, lv.payload.value) for inst, lv in zip(group, leaves)}
             given = arg_names.pop() if len(arg_names) == 1 else None
             kind = "write" if isinstance(op, Write) else "read"
@@ -786,6 +826,10 @@ def _make_function_with(group, plan, fn_name, later_reads, called, layouts):
             replace.append(name)
         else:
             values = [lv.payload for lv in leaves]
+            found = plan.modules.field_of_each(values)
+            if found is not None:  # an update's parameter (it writes it) or its size
+                replace.append(module_param(found, found[3].startswith("ptr()")))
+                continue
             if len(set(values)) == 1:
                 replace.append(values[0])
                 continue
@@ -802,7 +846,7 @@ def _make_function_with(group, plan, fn_name, later_reads, called, layouts):
                 continue
             label = ctype == "const char*"
             wanted = f"{leaf.slot}_label" if label and leaf.slot else (leaf.slot or "size")
-            member = re.match(r"^(\w+)\.(ptr|size)\(\)$", values[0])
+            member = re.match(r"^([\w.]+)\.(ptr|size)\(\)$", values[0])
             same = by_values.get(("read", tuple(values))) or by_values.get(("write", tuple(values)))
             if member and member.group(2) == "ptr" and same:  # the pointer an operand passes already
                 _make_writable(params, same)  # the update writes the parameter
@@ -842,7 +886,8 @@ def _make_function_with(group, plan, fn_name, later_reads, called, layouts):
     for j, inst in enumerate(group):
         head = inst.statements[0]
         args = [Named(n, values[j]) for _, _, n, values in params]
-        lines = list(hoisted[j]) + [CallLine(fn_name, args, at=_first_at(inst))]
+        bare = frozenset(n for _, t, n, _ in params if t.rstrip("&").split()[-1] in module_types)
+        lines = list(hoisted[j]) + [CallLine(fn_name, args, at=_first_at(inst), bare=bare)]
         # A layer helper's call has no header (that is for a user's function): its comment
         # cites the call with its arguments' values (name='encoder_layers_1').
         comment = f"{inst.loc.short}  {inst.loc.call_text}" if isinstance(inst.loc, _HelperCall) else ""
@@ -874,8 +919,8 @@ def _derived(values, slot, params, group, plan):
                 return None
             new = (name, [str(b) for b in base])
         return new, f"{name} + {d}" if d else name
-    shapes = {p.name: p.shape for p in plan.params}
-    member = [re.fullmatch(r"(\w+)\.size\(\)", v) for v in values]
+    shapes = {p.member: p.shape for p in plan.params}
+    member = [re.fullmatch(r"([\w.]+)\.size\(\)", v) for v in values]
     if not all(m and m.group(1) in shapes for m in member):
         return None
     dims = list(zip(*[shapes[m.group(1)] for m in member]))
@@ -958,10 +1003,10 @@ def _text_type(values) -> str:
 def _strip(name: str, inst: _Instance) -> str:
     """`name` without this call's name prefix (`layer2_0_conv1_weight` -> `conv1_weight`),
     or without another call's (`encoder_layers_0_keys`, made by the first layer -> `keys`);
-    the call's own name (`layer2_0`, what it returned) is `result`, its gradient `d_result`,
+    the call's own name (`layer2_0` or `layer2_0_out`, what it returned) is `result`, its gradient `d_result`,
     its recomputation `result_again`."""
     for _, v in inst.loc.call_args:
-        own = re.fullmatch(rf"(d_)?{re.escape(v)}(_again)?(_\d+)?", name) if isinstance(v, str) else None
+        own = re.fullmatch(rf"(d_)?{re.escape(v)}(?:_out)?(_again)?(_\d+)?", name) if isinstance(v, str) else None
         if own:  # what the call returned (layer2_0), its gradient, it made again
             return f"{own.group(1) or ''}result{own.group(2) or ''}"
         if isinstance(v, str) and name.startswith(v + "_") and len(name) > len(v) + 1:

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .modules import Modules
+
 
 @dataclass
 class Arg:
@@ -145,6 +147,18 @@ class ParamSpec:
     init_fn: str = ""  # the same call in parts: the function (dg::init_normal) ...
     init_args: str = ""  # ... and its arguments after the data pointer and size
     trainable: bool = True  # False for module state (batch norm's running statistics)
+    member: str = ""  # its C++ member path in the Network: the name, or in a module struct layer1_0.conv1_weight
+    instance: object = None  # the module (codegen/modules.py ModuleInstance) the Network declares here, at its first parameter
+
+    @property
+    def flat(self) -> bool:
+        """A member of the Network itself, not of a module struct."""
+        return self.member in ("", self.name)
+
+    @property
+    def declared_here(self) -> bool:
+        """The Network declares something at this parameter: it, or its module."""
+        return self.flat or self.instance is not None
 
 
 @dataclass
@@ -294,5 +308,6 @@ class ProjectPlan:
     functions: list = field(default_factory=list)  # [outline.Function]: a user's function called more than once
     methods: list = field(default_factory=list)  # [sections.Method]: a long block that runs once
     py_self: str = "self"
+    modules: Modules = field(default_factory=Modules)  # the module structs and each parameter's C++ path
     precision: str = "fp32"  # "bf16": products read operands rounded to bfloat16 (transforms/precision.py)
     py_on_ready: str = "on_ready"

@@ -150,6 +150,7 @@ def _taken(plan, parts) -> set:
     """Names a method must not take: every word `_run` prints (a local of that name
     would hide the method there), the members, the functions."""
     taken = {p.name for p in plan.params} | {f.name for f in plan.functions} | set(_RUN_LOCALS)
+    taken |= {i.name for i in plan.modules.instances()}
     if plan.train is not None:
         taken |= {member for _, member, _ in plan.train.grads}
         taken |= {member for _, _, member, _ in plan.train.slots}

@@ -257,9 +257,10 @@ def _name_values(graph: Graph, names: NameTable, preferred: dict, prefix: str = 
         key = k
     if current:
         runs.append(current)
+    modules = {p.loc.call_id for p in getattr(graph, "params", ()) if p.loc is not None and p.loc.call is not None}
     for run in runs:
         targets = assigned_names(run[-1].loc)
-        base = targets[0] if targets and len(targets) == 1 else _returned_by_named_call(run[-1].loc)
+        base = targets[0] if targets and len(targets) == 1 else _returned_by_named_call(run[-1].loc, modules)
         for node in run:
             last = node is run[-1]
             main = preferred.get(id(node.outputs[0])) if get_op(node.op).output_hints else None
@@ -285,14 +286,17 @@ def _name_values(graph: Graph, names: NameTable, preferred: dict, prefix: str = 
                 v.name = names.unique(prefix + v.name)
 
 
-def _returned_by_named_call(loc) -> str | None:
+def _returned_by_named_call(loc, modules: set) -> str | None:
     """The call's `name=` for what a user's function returns (`return dg.relu(out + shortcut)`
-    in `basic_block(x, ..., name='layer1_0')` makes `layer1_0`, as PyTorch names a block's
-    output after the block), when the function was given one; else None."""
+    in `basic_block(x, ..., name='layer1_0')` makes `layer1_0_out`: the block's output, named
+    after the block, whose parameters are the module `layer1_0` when the call made some
+    (`modules`: the calls that did), else `layer1_0`), when the function was given one; else None."""
     if loc is None or loc.call is None or not in_return(loc):
         return None
     name = dict(loc.call_args).get("name")
-    return name if isinstance(name, str) and name.isidentifier() else None
+    if not (isinstance(name, str) and name.isidentifier()):
+        return None
+    return f"{name}_out" if loc.call_id in modules else name
 
 
 def _check_dims_bound(graph: Graph):
