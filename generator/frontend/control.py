@@ -183,7 +183,7 @@ def _named(t: Tensor, name: str) -> Tensor:
     return t
 
 
-def while_loop(cond_fn, body_fn, state, max_steps, outputs: bool = False, names=None):
+def while_loop(cond_fn, body_fn, state, max_steps, outputs: bool = False, names=None, compact=None):
     """Per example: while cond_fn(state) holds and fewer than max_steps steps ran,
     state = body_fn(state). Returns (final_state, steps), steps being each example's
     count of iterations as int64 [N]; with outputs=True, also every step's state
@@ -212,6 +212,8 @@ def while_loop(cond_fn, body_fn, state, max_steps, outputs: bool = False, names=
         if not same(t.shape[0], batch):
             raise ModelError(f"state '{t.name}' {fmt_shape(t.shape)} must have the batch {fmt_shape((batch,))} first, "
                              f"like '{start[0].name}' {fmt_shape(start[0].shape)}", loc, "while_loop")
+    if compact is not None and not isinstance(compact, bool):
+        raise ModelError(f"compact must be True, False or None (the rule decides), got {compact!r}", loc, "while_loop")
     if names is None:
         names = [t.name if t.value.explicit else f"state{k}" for k, t in enumerate(start)]
     names = list(names)
@@ -267,7 +269,7 @@ def while_loop(cond_fn, body_fn, state, max_steps, outputs: bool = False, names=
 
     states = build_recursion([lengths], leaf, internal, ["running"] + names, loc, arity=1, batch="examples",
                              child_names=lambda k: [[f"{n}_prev" for n in ["running"] + names]], steps=rows_per,
-                             what="while_loop", until=0)
+                             what="while_loop", until=0, compact=True if compact is None else compact)
     states = [_named(s, f"{n}_by_step") for s, n in zip(states, ["running"] + names)]
     # running [N, rows_per]: 1 where the example ran the step that made the row (row 0: 1);
     # an example's final state is at its last such row.
