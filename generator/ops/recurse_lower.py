@@ -27,9 +27,9 @@ from .recurse_scope import (LoopScope, LoopState, has_rows, hoistable, inspector
 from .registry import get_op
 
 
-_COMPACT_LOOP = ("One batched step per loop step, over the examples still running only (compaction by\n"
+_COMPACT_LOOP = ("One batched step per loop step, over the examples still {still} only (compaction by\n"
                  "index lists): an example whose `cond_fn` is now false keeps its old state and stops; the\n"
-                 "loop stops once no example is still running.")
+                 "loop stops once no example is still {still}.")
 
 
 def depends_on_children(cell) -> set:
@@ -107,15 +107,17 @@ class _Forward:
             scratch = ctx.target.scratch_type
             lines += [Declare(f"{scratch}<std::int64_t>", name, [most]) for name in (live, live_prev, live_order)]
             running_at = self.state_writes[spec.until].expr
+            # (a word that names a value of the function would read as one where it is outlined)
+            still = "running" if set(spec.running.split("_")) & scope.taken else spec.running.replace("_", " ")
             head = [Declare("const std::int64_t", start, init=words.start_of(sched, level)),
-                    Comment("The examples still running (their previous step ran), listed by index in `live`:"),
+                    Comment(f"The examples still {still} (their previous step ran), listed by index in `live`:"),
                     Comment("this step is one batched block of their rows; a stopped example's rows stay zero."),
                     Declare("const std::int64_t", rows, init=ctx.call(
                         "dg::still_running", running_at, f"{sched}.order.data()", words.links(sched, start, 1),
                         f"{sched}.order.data() + {start}",
                         Named("rows", f"{words.start_of(sched, f'{level} + 1')} - {start}"),
                         f"{live}.data()", f"{live_prev}.data()", f"{live_order}.data()")),
-                    Break(f"{rows} == 0", "No example is still running: the steps left would change nothing."),
+                    Break(f"{rows} == 0", f"No example is still {still}: the steps left would change nothing."),
                     Declare("const std::int64_t*", child_rows, init=f"{live_prev}.data()"),
                     Declare("const std::int64_t*", order, init=f"{live_order}.data()")]
         else:
@@ -167,7 +169,8 @@ class _Forward:
         ctx.loop.packed = {}
         lines += decls
         lines.append(Loop(level, "1", f"{level} < {words.count(sched)}", f"++{level}", head + gathers + body,
-                          comment=_COMPACT_LOOP if compact else words.loop, part=words.parts[1]))
+                          comment=_COMPACT_LOOP.format(still=still) if compact
+                          else words.loop, part=words.parts[1]))
         return Block(lines, touches=self.state_writes + kept_writes)
 
     def rows_line(self, count) -> list:
