@@ -172,18 +172,18 @@ inline void scatter_previous_add(const float* d_previous, int64_t width, const i
 // A while loop's compaction by index lists (see the CPU runtime): the examples of a step
 // whose previous step ran, listed in live, live_prev and live_order (device arrays); returns
 // their count, read on the host (the step's block size). The flags are read on the host
-// once per step, as dg::any_running does.
+// once per step, as dg::any_running does (live_prev holds them until it is filled).
 inline int64_t still_running(const float* running, const int64_t* all_order, const int64_t* prev_row,
                              const int64_t* order, int64_t rows, int64_t* live, int64_t* live_prev,
                              int64_t* live_order) {
   if (rows == 0) return 0;
-  DeviceVector<float> ran(rows);
-  float* flags = ran.data();
-  for_each("still_running", rows, [=] DG_HD(int64_t r) { flags[r] = running[all_order[prev_row[r]]]; });
-  const std::vector<float> host_flags = host_values(flags, rows);
+  int64_t* ran = live_prev;
+  for_each("still_running", rows,
+           [=] DG_HD(int64_t r) { ran[r] = running[all_order[prev_row[r]]] != 0.0f ? 1 : 0; });
+  const std::vector<int64_t> host_ran = host_values(ran, rows);
   std::vector<int64_t> positions;
   for (int64_t r = 0; r < rows; ++r)
-    if (host_flags[r] != 0.0f) positions.push_back(r);
+    if (host_ran[r] != 0) positions.push_back(r);
   const int64_t n = static_cast<int64_t>(positions.size());
   if (n == 0) return 0;
   copy_bytes(live, positions.data(), static_cast<size_t>(n) * sizeof(int64_t));
