@@ -11,7 +11,12 @@ example's train(), 12 epochs, under a minute) and saved next to the build
 the examples stop at different steps, which is what makes the loop data-dependent.
 Every peer gets the same weights, copied from the generated module's parameters():
 
-  deepgen        the generated module's forward(**inputs) (encoder and while loop), set_num_threads(n)
+  deepgen        the generated module's forward(**inputs) (encoder and while loop), set_num_threads(n);
+                 its while loop as the rule chooses (compaction: each step runs on the examples
+                 still decoding only, listed by index)
+  deepgen-masked the same model generated with the loop masked (while_loop(compact=False): each
+                 step runs every example, the finished ones keep their state by `where`), built
+                 as seq2seq_decode_masked: compaction's gain, measured in the same run
   torch-loop     PyTorch eager, one example at a time in a Python loop: nn.GRU over its digits,
                  then nn.GRUCell fed its own best token until EOS or MAX_STEPS (.item() per step)
   torch-masked   PyTorch eager, the whole batch at once: nn.GRU on pack_padded_sequence, then
@@ -67,7 +72,7 @@ from _common import (
     set_threads,
 )
 
-PEERS = ("deepgen", "torch-loop", "torch-masked")
+PEERS = ("deepgen", "deepgen-masked", "torch-loop", "torch-masked")
 THREADS = (1, 2)
 BATCHES = (1, 32)
 SETS = {1: 32, 32: 4}  # batches per timed set (--quick: QUICK_SETS)
@@ -191,7 +196,7 @@ def torch_masked(params: dict, ex: dict):
 
 
 def peer_fn(peer: str, model, ex: dict):
-    if peer == "deepgen":
+    if peer in ("deepgen", "deepgen-masked"):
         return (lambda inputs: model.forward(**inputs)), (
             lambda out: [[int(x) for x in t] for t in ex["decoded"](out)]
         )
@@ -222,6 +227,13 @@ def child(config: dict) -> None:
     # The reference (the generated module) runs single-threaded in the torch children.
     out["generated_threads"] = set_threads(module, threads if peer == "deepgen" else 1)
     fn, tokens = peer_fn(peer, model, ex)
+    if peer == "deepgen-masked":  # the masked build, the same weights
+        masked = import_module(config["masked"]["name"], config["masked"]["build"])
+        peer_model = masked.Model(seed=0)
+        peer_model.load(config["weights"])
+        peer_model.eval()
+        out["generated_threads"] = set_threads(masked, threads)
+        fn, tokens = peer_fn(peer, peer_model, ex)
     ref_fn, ref_tokens = peer_fn("deepgen", model, ex)
     for size, batches in workloads(ex, {int(k): v for k, v in config["sets"].items()}).items():
         agree = total = 0
@@ -311,6 +323,7 @@ def main() -> None:
     ex = example()
     print("Building the generated module (cached under build/bench/):", flush=True)
     info = build_module(ex["seq2seq_decode"])
+    masked_info = build_module(ex["seq2seq_decode"], name="seq2seq_decode_masked", compact=False)
     weights = trained_weights(ex, info)
     try:
         import dynet  # noqa: F401
@@ -323,6 +336,7 @@ def main() -> None:
     sets = QUICK_SETS if args.quick else SETS
     config = {
         "module": info,
+        "masked": masked_info,
         "weights": str(weights),
         "sets": sets,
         "min_reps": 3 if args.quick else 5,
@@ -356,15 +370,15 @@ def main() -> None:
         )
     print("\nms per batch (median); ratio = peer / deepgen (> 1: deepgen faster):")
     head = (
-        f"{'batch':>5} {'thr':>3} | {'deepgen':>8} {'torch-loop':>10} {'torch-masked':>12} | "
-        f"{'faster/dg':>9} {'loop/dg':>8} | targets"
+        f"{'batch':>5} {'thr':>3} | {'deepgen':>8} {'dg-masked':>9} {'torch-loop':>10} {'torch-masked':>12} | "
+        f"{'masked/dg':>9} {'faster/dg':>9} {'loop/dg':>8} | targets"
     )
     print(head)
     print("-" * len(head))
     records, verdicts, flagged = [], [], False
     for size in BATCHES:
         for threads in THREADS:
-            dg_ms, loop_ms, masked_ms = (med[(size, threads, p)] for p in PEERS)
+            dg_ms, dgm_ms, loop_ms, masked_ms = (med[(size, threads, p)] for p in PEERS)
             faster = min(loop_ms, masked_ms)
             faster_name = "torch-loop" if loop_ms <= masked_ms else "torch-masked"
             # a 2-thread median over twice the 1-thread one: that peer's threads waited for cores
@@ -389,9 +403,9 @@ def main() -> None:
                     (f"batch {size}, {threads} thr, vs torch-loop", loop_ms / dg_ms, TARGET_LOOP, starred)
                 )
             print(
-                f"{size:>5} {threads:>3} | {dg_ms:7.3f}{mark['deepgen']} {loop_ms:9.3f}{mark['torch-loop']} "
-                f"{masked_ms:11.3f}{mark['torch-masked']} | "
-                f"{faster / dg_ms:8.2f}x {loop_ms / dg_ms:7.2f}x | {'; '.join(notes)}"
+                f"{size:>5} {threads:>3} | {dg_ms:7.3f}{mark['deepgen']} {dgm_ms:8.3f}{mark['deepgen-masked']} "
+                f"{loop_ms:9.3f}{mark['torch-loop']} {masked_ms:11.3f}{mark['torch-masked']} | "
+                f"{dgm_ms / dg_ms:8.2f}x {faster / dg_ms:8.2f}x {loop_ms / dg_ms:7.2f}x | {'; '.join(notes)}"
             )
             for peer in PEERS:
                 m = med[(size, threads, peer)]
@@ -421,7 +435,8 @@ def main() -> None:
         print(
             f"  batch {size:2d}: steps per example mean {statistics.mean(steps):.2f} (min {min(steps)}, max "
             f"{max(steps)}); loop iterations per batch mean {statistics.mean(loops):.2f} (the batch runs until its "
-            f"last example ends; masked rows {100 * (1 - sum(steps) / (size * sum(loops))):.0f}%); deepgen "
+            f"last example ends; rows of finished examples {100 * (1 - sum(steps) / (size * sum(loops))):.0f}%: the "
+            f"masked build computes them, the compacted one does not); deepgen "
             f"{1000 * dg1 / size:.1f} us per example, {1000 * dg1 / sum(loops) * len(loops):.1f} us per loop "
             f"iteration of the batch; torch-loop {1000 * med[(size, 1, 'torch-loop')] / sum(steps) * len(loops):.1f} "
             f"us per example step"

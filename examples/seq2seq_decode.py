@@ -28,7 +28,9 @@ T = MAX_STEPS  # targets are padded to it
 
 
 @dg.model
-def seq2seq_decode(hidden: int = 96):
+def seq2seq_decode(hidden: int = 96, compact=None):
+    # compact: the while loop's rule (None; docs/ARCHITECTURE.md), or True (compaction) / False
+    # (masking) to compare them (benchmarks/control_flow.py builds both).
     source = dg.input("source", (N, S), dtype="int64")  # digits, padded with 0
     source_lengths = dg.input("source_lengths", (N,), dtype="int64")
     target_in = dg.input("target_in", (N, T), dtype="int64")  # BOS, then the reversed digits
@@ -77,7 +79,7 @@ def seq2seq_decode(hidden: int = 96):
     ones = dg.expand(dg.reshape(dg.cast(source_lengths >= 0, "float32"), (N, 1)), (N, VOCAB))
     bos = dg.cast(dg.cumsum(ones, 1) == float(BOS + 1), "float32")  # one-hot of BOS per example
     _, steps, (_, tokens, _) = dg.while_loop(still_decoding, decode_step, (context * 0.0, bos, context), MAX_STEPS,
-                                             outputs=True, names=("h", "token", "context"))
+                                             outputs=True, names=("h", "token", "context"), compact=compact)
     return {"tokens": tokens, "steps": steps}
 
 

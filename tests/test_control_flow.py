@@ -474,7 +474,10 @@ def test_while_loop_generated_code_is_one_loop(grower):
     _, _, where = grower
     code = "\n".join(p.read_text() for p in (where / "src_tree").rglob("*.cpp"))
     assert "// No example is still running: the steps left would change nothing.\n" in code
-    assert "if (!dg::any_running(running_prev.data(), rows)) break;" in code
+    assert "if (rows == 0) break;" in code and "dg::any_running" not in code
+    # compaction by index lists: the step's block is the examples still running, listed in `live`
+    assert "const std::int64_t rows = dg::still_running(" in code and "live.data(), live_prev_rows.data()" in code
+    assert "const std::int64_t* prev_rows = live_prev_rows.data();" in code
     assert "// examples still running take " in code and ", the others keep h_prev" in code
     forward = code[code.index("void Network::while_loop"):]
     forward = forward[: forward.index("\n}\n")]
@@ -541,11 +544,12 @@ def test_while_loop_errors_name_the_users_line():
 
 
 def test_while_loop_cuda_target_emulated_matches_reference():
-    """The CUDA target's loop (dg::any_running reads the flags back to the host), emulated."""
+    """The CUDA target's loop (dg::still_running reads the flags back to the host and lists
+    the examples still running on the device), emulated."""
     graph = _grower().build("grower_emu")
     module, files = _cuda_emulated(graph)
     code = b"\n".join(data for path, data in files.items() if path.endswith((".cu", ".h")))
-    assert b"if (!dg::any_running(running_prev.data(), rows)) break;" in code
+    assert b"if (rows == 0) break;" in code and b"const std::int64_t rows = dg::still_running(" in code
     for seed, n, scale in ((4, 7, 1.2), (14, 5, 2.0)):
         inputs = _grower_inputs(seed, n, scale)
         got = module.Model(seed=5).forward(x=inputs["x"])
@@ -560,3 +564,58 @@ def test_while_loop_cuda_target_emulated_matches_reference():
     assert abs(loss - want_loss) <= 1e-5 * max(1.0, abs(want_loss))
     for name, g in want_grads.items():
         np.testing.assert_allclose(np.asarray(model.gradients()[name]), g, rtol=1e-4, atol=1e-6, err_msg=name)
+
+
+def _looper(compact):
+    """A while loop whose body's products the training forward loop keeps for the
+    gradient (step_a): with compaction, the live examples' rows are scattered to their
+    places among the step's rows."""
+
+    @dg.model
+    def looper():
+        x = dg.input("x", (N, 4))
+        labels = dg.input("labels", (N,), dtype="int64")
+        w = dg.param("w", (4, 8), init=dg.normal(0, 0.5), seed=1)
+        u = dg.param("u", (8, 4), init=dg.normal(0, 0.5), seed=2)
+
+        def body(h):
+            a = dg.sigmoid(h @ w)
+            return h + dg.tanh(a @ u) * 0.5
+
+        h, steps = dg.while_loop(lambda h: dg.sum(h * h, 1) < 4.0, body, x, 5, compact=compact)
+        logits = dg.dense(h, 2, name="head")
+        dg.train(dg.softmax_cross_entropy(logits, labels), dg.sgd(lr=0.1))
+        return {"logits": logits, "steps": steps}
+
+    return looper
+
+
+@pytest.mark.parametrize("compact", [True, False])
+def test_while_loop_compacted_or_masked_trains_like_the_reference(builds, compact):
+    graph = _looper(compact).build(f"looper_{'compact' if compact else 'masked'}")
+    assert [v.name for n in prepare(_looper(compact).build()).nodes if n.op == "recurse"
+            for v in n.attrs["spec"].kept] == ["step_a"]
+    module, where = builds.module(graph)
+    code = "\n".join(p.read_text() for p in (where / "src_tree").rglob("*.cpp"))
+    assert ("dg::still_running(" in code) == compact and ("dg::any_running(" in code) == (not compact)
+    if compact:  # the kept products of the live rows, put at their rows of the step
+        assert "dg::unsort_rows(step_a.data(), live.data(), /*rows=*/rows, /*width=*/8, step_a_rows);" in code
+    memory = lowered(prepare(_looper(compact).build())).memory
+    rng = np.random.default_rng(21)
+    x = rng.uniform(-1.5, 1.5, (7, 4)).astype(np.float32)
+    x[0] = [1.5, 1.5, 0.5, 0.0]  # already done: no step
+    inputs = {"x": x, "labels": rng.integers(0, 2, 7).astype(np.int64)}
+    model = module.Model(seed=4)
+    start = {k: np.array(v) for k, v in model.parameters().items()}
+    got = model.forward(x=x)
+    want = reference.run(graph, inputs, start)
+    assert len(set(want["steps"].tolist())) >= 3, want["steps"]
+    np.testing.assert_array_equal(got["steps"], want["steps"])
+    np.testing.assert_allclose(got["logits"], want["logits"], rtol=1e-5, atol=1e-6)
+    loss = model.train_step(**inputs)
+    want_loss, want_grads = reference.gradients(graph, inputs, start)
+    assert abs(loss - want_loss) <= 1e-5 * max(1.0, abs(want_loss))
+    for name, g in want_grads.items():
+        np.testing.assert_allclose(np.asarray(model.gradients()[name]), g, rtol=1e-4, atol=1e-6, err_msg=name)
+    stats = model.memory_stats()
+    assert stats["peak_bytes"] == stats["predicted_peak_bytes"] == 4 * int(sympy.sympify(memory["train_floats"]).subs({N: 7}))

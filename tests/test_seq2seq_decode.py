@@ -73,3 +73,20 @@ def test_trained_model_reverses_held_out_strings(seq2seq):
     data = example["make_strings"](8, 11)
     want = _check_against_twin(torch, example, model, data)
     assert len({len(w) for w in want}) >= 2
+
+
+def test_decoding_loop_reads_as_compaction_over_the_examples_still_decoding():
+    """The generated while loop: each step one batched block of the examples still
+    decoding (cond_fn `still_decoding`), listed by index in `live`; no per-example loop."""
+    from generator.pipeline import project_files
+
+    example = runpy.run_path(str(ROOT / "examples" / "seq2seq_decode.py"))
+    code = project_files(example["seq2seq_decode"].build())["src/model.cpp"].decode()
+    loop = code[code.index("// One batched step per loop step, over the examples still decoding only"):]
+    loop = loop[: loop.index("\n  }\n")]
+    assert "// The examples still decoding (their previous step ran), listed by index in `live`:" in loop
+    assert "const std::int64_t rows_2 = dg::still_running(" in loop
+    assert "// No example is still decoding: the steps left would change nothing.\n    if (rows_2 == 0) break;" in loop
+    assert "dg::any_running" not in code and "for (std::int64_t n" not in loop
+    masked = project_files(example["seq2seq_decode"].build(compact=False))["src/model.cpp"].decode()
+    assert "dg::still_running" not in masked and "if (!dg::any_running(running_prev.data(), rows_2)) break;" in masked

@@ -183,7 +183,15 @@ def _named(t: Tensor, name: str) -> Tensor:
     return t
 
 
-def while_loop(cond_fn, body_fn, state, max_steps, outputs: bool = False, names=None):
+def _running_word(cond_fn) -> str:
+    """What the generated comments call the examples still iterating: the word after
+    `still_` in cond_fn's name (`still_decoding`: "decoding"), else "running"."""
+    name = getattr(cond_fn, "__name__", "")
+    word = name[len("still_"):] if name.startswith("still_") else ""
+    return word if word.isidentifier() and word.replace("_", "").isalpha() else "running"
+
+
+def while_loop(cond_fn, body_fn, state, max_steps, outputs: bool = False, names=None, compact=None):
     """Per example: while cond_fn(state) holds and fewer than max_steps steps ran,
     state = body_fn(state). Returns (final_state, steps), steps being each example's
     count of iterations as int64 [N]; with outputs=True, also every step's state
@@ -194,10 +202,12 @@ def while_loop(cond_fn, body_fn, state, max_steps, outputs: bool = False, names=
     the state components in the generated code (else the initial tensors' names).
     cond_fn and body_fn are traced once, into the cell of one loop op (the `recurse`
     op over chains of max_steps + 1 rows per example: ops/recurse.py): row 0 holds
-    the initial state, row t the state after step t. Each step runs on every
-    example and keeps, with where, the new state of the examples still running
-    (masking: docs/ARCHITECTURE.md, "dg.while_loop is one loop"); the loop stops
-    when no example runs. The gradient is that loop's reverse over the kept rows."""
+    the initial state, row t the state after step t. Each step runs on the examples
+    still running only, listed by index (compaction; `compact=False`: on every
+    example, masking), and keeps, with where, the new state of those whose cond_fn
+    still holds; the loop stops when no example runs (docs/ARCHITECTURE.md,
+    "dg.while_loop compacts"; `compact=None` is that rule: compaction). The
+    gradient is that loop's reverse over the kept rows."""
     loc = user_loc()
     if not callable(cond_fn) or not callable(body_fn):
         raise ModelError("while_loop(cond_fn, body_fn, state, max_steps): cond_fn and body_fn must be functions",
@@ -212,6 +222,8 @@ def while_loop(cond_fn, body_fn, state, max_steps, outputs: bool = False, names=
         if not same(t.shape[0], batch):
             raise ModelError(f"state '{t.name}' {fmt_shape(t.shape)} must have the batch {fmt_shape((batch,))} first, "
                              f"like '{start[0].name}' {fmt_shape(start[0].shape)}", loc, "while_loop")
+    if compact is not None and not isinstance(compact, bool):
+        raise ModelError(f"compact must be True, False or None (the rule decides), got {compact!r}", loc, "while_loop")
     if names is None:
         names = [t.name if t.value.explicit else f"state{k}" for k, t in enumerate(start)]
     names = list(names)
@@ -267,7 +279,8 @@ def while_loop(cond_fn, body_fn, state, max_steps, outputs: bool = False, names=
 
     states = build_recursion([lengths], leaf, internal, ["running"] + names, loc, arity=1, batch="examples",
                              child_names=lambda k: [[f"{n}_prev" for n in ["running"] + names]], steps=rows_per,
-                             what="while_loop", until=0)
+                             what="while_loop", until=0, compact=True if compact is None else compact,
+                             running=_running_word(cond_fn))
     states = [_named(s, f"{n}_by_step") for s, n in zip(states, ["running"] + names)]
     # running [N, rows_per]: 1 where the example ran the step that made the row (row 0: 1);
     # an example's final state is at its last such row.

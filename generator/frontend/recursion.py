@@ -92,6 +92,10 @@ class RecurseSpec:
     # A while loop's chains (frontend/control.py): the state component whose rows are 1
     # where the chain still runs; the time loop stops once no row of the previous step is.
     until: int | None = None
+    # A while loop's step runs on the examples still running only, listed by index
+    # (compaction), instead of on every example with the stopped ones masked.
+    compact: bool = False
+    running: str = "running"  # how the generated comments call the chains still running ("decoding")
 
     @property
     def sequences(self) -> bool:
@@ -187,7 +191,7 @@ def recurse(trees: Trees, leaf, internal, names=None):
 
 
 def build_recursion(batch_inputs, leaf, internal, names, loc, *, arity, dag=False, batch="", child_names=None,
-                    steps=None, reverse=False, what="recurse", until=None):
+                    steps=None, reverse=False, what="recurse", until=None, compact=False, running="running"):
     """Trace the two cells into one `recurse` node over `batch_inputs` (a batch of
     trees, or the lengths of padded sequences when `steps` is given); returns its
     state tensors. `child_names(count)` may name the children's placeholders."""
@@ -228,7 +232,7 @@ def build_recursion(batch_inputs, leaf, internal, names, loc, *, arity, dag=Fals
     free = list(leaf_cell.free)
     free += [v for v in internal_cell.free if all(v is not f for f in free)]
     spec = RecurseSpec(arity, dag, rows, list(zip(names, shapes)), leaf_cell, internal_cell, free, batch,
-                       steps=steps, reverse=reverse, until=until)
+                       steps=steps, reverse=reverse, until=until, compact=compact, running=running)
     outs = b.add("recurse", list(batch_inputs) + [Tensor(v) for v in free], {"spec": spec})
     return outs[0] if len(outs) == 1 else tuple(outs)
 

@@ -27,6 +27,11 @@ from .recurse_scope import (LoopScope, LoopState, has_rows, hoistable, inspector
 from .registry import get_op
 
 
+_COMPACT_LOOP = ("One batched step per loop step, over the examples still {still} only (compaction by\n"
+                 "index lists): an example whose `cond_fn` is now false keeps its old state and stops; the\n"
+                 "loop stops once no example is still {still}.")
+
+
 def depends_on_children(cell) -> set:
     """ids of the cell's values that (transitively) read a child's state."""
     tainted = {id(v) for slot in cell.children for v in slot}
@@ -74,7 +79,10 @@ class _Forward:
 
         # Hoisted: internal-cell work that does not read children, for all internal rows.
         cell = spec.internal
-        hoisted_nodes = hoistable(cell.nodes, depends_on_children(cell), spec.rows)
+        # (A compacted while loop's step rows are its live examples, not the step's rows in
+        # schedule order that a hoisted value's rows are: nothing is hoisted there.)
+        compact = spec.until is not None and spec.compact
+        hoisted_nodes = [] if compact else hoistable(cell.nodes, depends_on_children(cell), spec.rows)
         looped = [n for n in cell.nodes if n not in hoisted_nodes]
         if hoisted_nodes:
             inner = scope.name(words.later)
@@ -93,10 +101,30 @@ class _Forward:
         # Per level: its first row, its row count, pointers to its rows.
         level, start, rows = scope.name(words.level), scope.name("start"), self.rows
         child_rows, order = scope.name(words.child_rows), scope.name("order")
-        head = [Declare("const std::int64_t", start, init=words.start_of(sched, level)),
-                Declare("const std::int64_t", rows, init=f"{words.start_of(sched, f'{level} + 1')} - {start}"),
-                Declare("const std::int64_t*", child_rows, init=words.links(sched, start, spec.arity)),
-                Declare("const std::int64_t*", order, init=f"{sched}.order.data() + {start}")]
+        if compact:
+            # Compaction by index lists: the step runs on the examples still running only.
+            live, live_prev, live_order = scope.name("live"), scope.name("live_prev_rows"), scope.name("live_rows")
+            scratch = ctx.target.scratch_type
+            lines += [Declare(f"{scratch}<std::int64_t>", name, [most]) for name in (live, live_prev, live_order)]
+            running_at = self.state_writes[spec.until].expr
+            # (a word that names a value of the function would read as one where it is outlined)
+            still = "running" if set(spec.running.split("_")) & scope.taken else spec.running.replace("_", " ")
+            head = [Declare("const std::int64_t", start, init=words.start_of(sched, level)),
+                    Comment(f"The examples still {still} (their previous step ran), listed by index in `live`:"),
+                    Comment("this step is one batched block of their rows; a stopped example's rows stay zero."),
+                    Declare("const std::int64_t", rows, init=ctx.call(
+                        "dg::still_running", running_at, f"{sched}.order.data()", words.links(sched, start, 1),
+                        f"{sched}.order.data() + {start}",
+                        Named("rows", f"{words.start_of(sched, f'{level} + 1')} - {start}"),
+                        f"{live}.data()", f"{live_prev}.data()", f"{live_order}.data()")),
+                    Break(f"{rows} == 0", f"No example is still {still}: the steps left would change nothing."),
+                    Declare("const std::int64_t*", child_rows, init=f"{live_prev}.data()"),
+                    Declare("const std::int64_t*", order, init=f"{live_order}.data()")]
+        else:
+            head = [Declare("const std::int64_t", start, init=words.start_of(sched, level)),
+                    Declare("const std::int64_t", rows, init=f"{words.start_of(sched, f'{level} + 1')} - {start}"),
+                    Declare("const std::int64_t*", child_rows, init=words.links(sched, start, spec.arity)),
+                    Declare("const std::int64_t*", order, init=f"{sched}.order.data() + {start}")]
         # Read at the level's rows: by the looped nodes, or as a state (copied to its nodes' rows).
         read_in_loop = {id(v) for n in looped for v in n.inputs} | {id(v) for v in cell.outputs}
         places = {}
@@ -109,16 +137,19 @@ class _Forward:
         # Values kept for the gradient (spec.kept): written at the level's rows of outputs of their own.
         kept_at = {}
         for v, w in zip(spec.kept, kept_writes):
-            claimed = ctx.claim_output(v)
+            claimed = not compact and ctx.claim_output(v)  # (compacted: scattered to the step's rows below)
             decl, kept_at[id(v)] = scope.pointer(v, f"{w.expr} + {start} * {ctx.size(width(v))}", writable=True,
                                                  name=v.name if claimed else None)
             head.append(decl)
             if claimed:
                 places[v] = kept_at[id(v)]
         with ctx.placed(places):
-            decls, body = self.cell_block(cell, looped, most, f"{sorted_words} + {start}", order)
+            decls, body = self.cell_block(cell, looped, most, order if compact else f"{sorted_words} + {start}", order)
             for v in spec.kept:
-                if ctx.place[id(v)] != kept_at[id(v)]:
+                if compact:  # the live examples' rows, at their places among the step's rows
+                    body.append(ctx.call("dg::unsort_rows", ctx.read(v), f"{live}.data()", Named("rows", rows),
+                                         Named("width", ctx.size(width(v))), kept_at[id(v)]))
+                elif ctx.place[id(v)] != kept_at[id(v)]:
                     body.append(Copy(ctx.target.copy_fn, ctx.read(v), f"{rows} * {ctx.size(width(v))}",
                                      kept_at[id(v)]))
             gathers = [
@@ -130,7 +161,7 @@ class _Forward:
                               else [])])
                 for k, slot in enumerate(cell.children) for j, v in enumerate(slot)
             ]
-            if spec.until is not None:  # a while loop: stop once no example runs
+            if spec.until is not None and not compact:  # a while loop: stop once no example runs
                 running = cell.children[0][spec.until]
                 first = gathers.pop(spec.until)
                 gathers[:0] = [first, Break(f"!dg::any_running({ctx.place[id(running)]}, {rows})",
@@ -138,7 +169,8 @@ class _Forward:
         ctx.loop.packed = {}
         lines += decls
         lines.append(Loop(level, "1", f"{level} < {words.count(sched)}", f"++{level}", head + gathers + body,
-                          comment=words.loop, part=words.parts[1]))
+                          comment=_COMPACT_LOOP.format(still=still) if compact
+                          else words.loop, part=words.parts[1]))
         return Block(lines, touches=self.state_writes + kept_writes)
 
     def rows_line(self, count) -> list:

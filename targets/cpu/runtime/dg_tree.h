@@ -132,4 +132,24 @@ inline void scatter_previous_add(const float* d_previous, int64_t width, const i
   scatter_children_add(d_previous, width, prev_row, 1, 0, rows, d_state);
 }
 
+// A while loop's compaction by index lists. Of a step's `rows` rows (one per example: `order`
+// their rows of the states, `prev_row` their previous steps' rows in the schedule, whose rows
+// of the states `all_order` gives), the examples still running are those whose previous
+// step ran (its row of `running` is 1, not 0). Their positions among the step's rows go to
+// live[0, n), their previous rows to live_prev and their rows of the states to live_order, in
+// the step's order; returns n. The step then runs as one batched block of those n rows.
+inline int64_t still_running(const float* running, const int64_t* all_order, const int64_t* prev_row,
+                             const int64_t* order, int64_t rows, int64_t* live, int64_t* live_prev,
+                             int64_t* live_order) {
+  int64_t n = 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    if (running[all_order[prev_row[r]]] == 0.0f) continue;
+    live[n] = r;
+    live_prev[n] = prev_row[r];
+    live_order[n] = order[r];
+    ++n;
+  }
+  return n;
+}
+
 }  // namespace dg

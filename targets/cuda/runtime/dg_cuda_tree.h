@@ -169,4 +169,30 @@ inline void scatter_previous_add(const float* d_previous, int64_t width, const i
   scatter_children_add(d_previous, width, prev_row, 1, 0, rows, d_state);
 }
 
+// A while loop's compaction by index lists (see the CPU runtime): the examples of a step
+// whose previous step ran, listed in live, live_prev and live_order (device arrays); returns
+// their count, read on the host (the step's block size). The flags are read on the host
+// once per step, as dg::any_running does (live_prev holds them until it is filled).
+inline int64_t still_running(const float* running, const int64_t* all_order, const int64_t* prev_row,
+                             const int64_t* order, int64_t rows, int64_t* live, int64_t* live_prev,
+                             int64_t* live_order) {
+  if (rows == 0) return 0;
+  int64_t* ran = live_prev;
+  for_each("still_running", rows,
+           [=] DG_HD(int64_t r) { ran[r] = running[all_order[prev_row[r]]] != 0.0f ? 1 : 0; });
+  const std::vector<int64_t> host_ran = host_values(ran, rows);
+  std::vector<int64_t> positions;
+  for (int64_t r = 0; r < rows; ++r)
+    if (host_ran[r] != 0) positions.push_back(r);
+  const int64_t n = static_cast<int64_t>(positions.size());
+  if (n == 0) return 0;
+  copy_bytes(live, positions.data(), static_cast<size_t>(n) * sizeof(int64_t));
+  const int64_t* at = live;
+  for_each("still_running_rows", n, [=] DG_HD(int64_t i) {
+    live_prev[i] = prev_row[at[i]];
+    live_order[i] = order[at[i]];
+  });
+  return n;
+}
+
 }  // namespace dg
