@@ -122,9 +122,11 @@ def test_each_residual_blocks_gradient_is_one_call():
     assert re.search(r"gradients_only\(_gradients_only, first_index \+ \d\)", body)
     assert "sgd_update(layer.conv2_weight.ptr(), d_conv2_weight, layer.conv2_weight.size(), _hyper)" in body
     assert "_size" not in body and "index_2" not in body
-    # Where a gradient goes (the Model's member while the step keeps gradients, else its piece of
-    # the arena) is the call's argument: the caller declares none of them.
-    assert re.search(r"\b_gradients\.at\(d_layer\d_\d_conv2_weight, ", run)
+    # Where a gradient goes (the Model's member while the step keeps gradients, else its place in
+    # the call's gradient workspace) the function says from the call's gradient struct and the
+    # workspace's offset: the caller declares none of them.
+    assert re.search(r"float\* d_conv2_weight = _gradients\.at\(d_layer\.conv2_weight, gradients_at\b", body)
+    assert re.search(r"^\s+basic_block_backward\([^;]*\bd_layer\d_\d, [^;]*/\*gradients_at=\*/", run, re.M)
     assert not re.search(r"float\* d_layer\d_\d_\w+_weight =", run)
 
 
@@ -136,9 +138,8 @@ def test_an_argument_that_names_its_parameter_has_no_comment():
     assert "/*bn1_mean=*/" not in run and "/*mode=*/" not in run
     assert "/*x=*/layer1_0_out," in run and "/*result=*/layer1_0_out," in run
     assert "/*layer=*/" not in run and re.search(r"^\s+basic_block\(x, layer1_0, ", run, re.M)
-    # A gradient's place names its member (`_gradients.at(d_layer1_0_bn2_weight, ...)` fills
-    # `d_bn2_weight`): no comment beside it.
-    assert "/*d_bn2_weight=*/" not in run and re.search(r"_gradients\.at\(d_layer1_0_bn2_weight, ", run)
+    # A call's gradient struct (`d_layer1_0` fills `d_layer`) names itself too.
+    assert "/*d_layer=*/" not in run and re.search(r"^\s+basic_block_backward\([^;]*\bd_layer1_0, ", run, re.M)
 
 
 def test_a_long_block_that_runs_once_is_a_member_function():

@@ -43,6 +43,22 @@ class FramePiece:
         return f"{const}float* {self.name} = {at};"
 
 
+@dataclass
+class GradientPiece:
+    """A parameter's gradient inside the function: its member while the step keeps gradients,
+    else its place in the call's gradient workspace (memory/workspaces.py):
+    `float* d_conv1_weight = _gradients.at(d_layer.conv1_weight, gradients_at + 9 * C * C);`."""
+
+    name: str
+    member: str  # the gradient struct's field: d_layer.conv1_weight
+    frame: str  # the function's parameter holding the workspace's offset in the arena
+    offset: str  # C++, in the function's sizes
+
+    def __str__(self) -> str:
+        at = self.frame if self.offset == "0" else f"{self.frame} + {self.offset}"
+        return f"float* {self.name} = _gradients.at({self.member}, {at});"
+
+
 def members_by_name(plan) -> dict:
     """name -> the arena buffer of a frame's member (memory/frames.py)."""
     out = {}

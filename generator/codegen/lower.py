@@ -514,13 +514,22 @@ def _lower_training(ctx, graph, dim_index, bound_dims, first: int) -> TrainPlan:
     # else it is copied there when gradients are kept.
     live = ctx.live_names()
     grads, direct = [], {}
+    # A module's gradients are one struct too (d_layer1_0.conv1_weight), its name kept from values'.
+    ctx.modules.use_gradient_structs(set(spec.grads), lambda n: n not in live and n not in graph.names.used
+                                     and not is_reserved(n))
+    for struct in ctx.modules.structs:
+        if struct.gradients:
+            graph.names.used.update(f"d_{i.name}" for i in struct.instances)
+            live.update(f"d_{i.name}" for i in struct.instances)
     for p in graph.params:
         g = spec.grads.get(p.name)
         if g is None:
             continue
         own = (g.producer is not None and g.producer.phase == "backward" and not get_op(g.producer.op).view
                and id(g) not in ctx.place and sum(x is g for x in spec.grads.values()) == 1)
-        member = g.name if own and g.name == f"d_{p.name}" else _member_name(graph, f"d_{p.name}", live)
+        member = ctx.modules.gradient_path(p.name)
+        if member is None:
+            member = g.name if own and g.name == f"d_{p.name}" else _member_name(graph, f"d_{p.name}", live)
         grads.append((p.name, member, _shape_list(p.shape)))
         if own:
             ctx.gradients[id(g)] = direct[p.name] = member

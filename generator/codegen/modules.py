@@ -58,9 +58,17 @@ class ModuleStruct:
     arity: int  # constructor arguments
     instances: list = field(default_factory=list)  # [ModuleInstance]
     arg_names: list = field(default_factory=list)  # the constructor's argument names (named when printed)
+    gradients: bool = False  # its calls' gradients are one struct too (`d_layer1_0`, `BasicBlockGradients`)
+
+    @property
+    def gradient_type(self) -> str:
+        return f"{self.type}Gradients"
 
     def declaration(self, tensor: str) -> str:
         return _declaration(self, tensor)
+
+    def gradients_declaration(self, field_type: str, unset: str) -> str:
+        return gradients_declaration(self, field_type, unset)
 
 
 @dataclass
@@ -70,6 +78,38 @@ class Modules:
 
     def path(self, name: str) -> str:
         return self.paths.get(name, name)
+
+    def gradient_path(self, name: str) -> str | None:
+        """Parameter `name`'s gradient as a field of its module's gradient struct
+        (`d_layer1_0.conv1_weight`), when its module's gradients are one; else None."""
+        found = self.instance_of(name)
+        if found is None or not self.struct_of(found[0]).gradients:
+            return None
+        return f"d_{found[0].name}.{found[1]}"
+
+    def use_gradient_structs(self, grads: set, free) -> None:
+        """Make each struct's gradients one struct per call (`BasicBlockGradients d_layer1_0`)
+        when every trainable field of every call has a gradient (`grads`: the parameters that
+        have) and each `d_<call>` name is free (`free(name)`)."""
+        for struct in self.structs:
+            trainable = [p for i in struct.instances for p, f in zip(i.params, _fields_in_order(struct, i))
+                         if f.trainable]
+            names = [f"d_{i.name}" for i in struct.instances]
+            struct.gradients = bool(trainable) and all(p in grads for p in trainable) and all(map(free, names))
+
+    def gradient_declaration(self, param: str) -> str:
+        """The Network's member holding the gradients of `param`'s module, at the module's first
+        trainable parameter (`BasicBlockGradients d_layer1_0{/*C=*/64};`); else ""."""
+        found = self.instance_of(param)
+        if found is None:
+            return ""
+        inst, member = found
+        struct = self.struct_of(inst)
+        first = next(f.name for f in struct.fields if f.trainable)
+        if not struct.gradients or member != first:
+            return ""
+        args = ", ".join(f"/*{n}=*/{v}" for n, v in zip(struct.arg_names, inst.sizes))
+        return f"{struct.gradient_type} d_{inst.name}{{{args}}};"
 
     def instance_of(self, name: str):
         """(the instance, its field name) holding parameter `name`, or None."""
@@ -105,6 +145,22 @@ class Modules:
             return None
         member, rest = fields.pop()
         return types.pop(), owners, member, rest
+
+
+def gradient_field_of_each(modules: Modules, values):
+    """(gradient struct type, the gradient struct of each, field) when each of `values` is the
+    same field of a module's gradient struct (`d_layer1_0.conv1_weight`); else None."""
+    found = [re.fullmatch(r"d_(\w+)\.(\w+)", str(v)) for v in values]
+    if not all(found):
+        return None
+    instances = {i.name: i for i in modules.instances()}
+    owners = [m.group(1) for m in found]
+    fields = {m.group(2) for m in found}
+    types = {instances[o].type for o in owners if o in instances}
+    if len(fields) != 1 or len(types) != 1 or not all(o in instances for o in owners):
+        return None
+    struct = next(s for s in modules.structs if s.type in types)
+    return struct.gradient_type, [f"d_{o}" for o in owners], fields.pop()
 
 
 def local_name(owners) -> str:
@@ -270,6 +326,31 @@ def _declaration(struct: ModuleStruct, tensor: str) -> str:
         lines.append(f"  {'' if f.trainable else 'mutable '}{tensor} {f.name};  // [{dims(f)}]")
     lines.append("};")
     return "\n".join(lines)
+
+
+def gradients_declaration(struct: ModuleStruct, field_type: str, unset: str) -> str:
+    """The struct of a call's gradients: a field per trainable parameter, of `field_type`
+    (dg::Slice<float>), each made with its shape and `unset` (nullptr: not placed yet)."""
+    fields = [f for f in struct.fields if f.trainable]
+
+    def dims(f):
+        return ", ".join(struct.arg_names[d.index] if isinstance(d, Arg) else str(d) for d in f.shape)
+
+    lines = [f"// The gradients of a {struct.type}'s parameters.", f"struct {struct.gradient_type} {{"]
+    args = ", ".join(f"std::int64_t {n}" for n in struct.arg_names)
+    inits = [f"{f.name}{{std::vector<std::int64_t>{{{dims(f)}}}, {unset}}}" for f in fields]
+    lines.append(f"  {'explicit ' if struct.arity == 1 else ''}{struct.gradient_type}({args})")
+    for k, init in enumerate(inits):
+        lines.append(f"      {':' if k == 0 else ' '} {init}{',' if k < len(inits) - 1 else ' {}'}")
+    lines.append("")
+    lines += [f"  {field_type} {f.name};  // [{dims(f)}]" for f in fields]
+    lines.append("};")
+    return "\n".join(lines)
+
+
+def _fields_in_order(struct: ModuleStruct, inst: ModuleInstance) -> list:
+    by_name = {f.name: f for f in struct.fields}
+    return [by_name[p[len(inst.name) + 1:]] for p in inst.params]
 
 
 def instance_declaration(inst: ModuleInstance, struct: ModuleStruct) -> str:

@@ -38,8 +38,8 @@ import re
 from dataclasses import dataclass, field
 
 from ..ir.names import fresh_name
-from .modules import local_name, name_arguments
-from .frames import FrameDecl, FramePiece, layout, members_by_name
+from .modules import gradient_field_of_each, local_name, name_arguments
+from .frames import FrameDecl, FramePiece, GradientPiece, layout, members_by_name
 from .printer import size_expr
 from .plan import ArenaDecl, GradientDecl, Statement
 from .sections import outline_blocks
@@ -52,7 +52,8 @@ _FLOAT = re.compile(r"^-?\d+(\.\d*)?(e[+-]?\d+)?f$")
 _CPP_WORDS = {"nullptr", "true", "false", "static_cast", "sizeof", "float", "double", "int", "const",
               "_at", "_g", "_n"}  # the last: the parameters of UpdateRows's lambda
 # Names of _run's that a body may read, and their types as a function's parameters.
-_RUN_LOCALS = {"_gradients_only": "const std::function<void(int)>*", "_model": "Model&"}
+_RUN_LOCALS = {"_gradients_only": "const std::function<void(int)>*", "_model": "Model&",
+               "_gradients": "const dg::GradientPlaces<dg::Arena>&"}
 _MEMBER_PTR = re.compile(r"^\w+(\.\w+)?\.ptr\(\)$")
 _STRING = re.compile(r'"(\\.|[^"\\])*"')
 
@@ -675,6 +676,13 @@ def _frame_slots(group, plan) -> dict | None:
             continue
         if all(m is None for m in found):
             continue
+        if leaf.kind == "arena" and isinstance(leaf.payload, GradientDecl):
+            # a gradient's place: in the calls' gradient workspaces where every call's is, and
+            # its member a field of their modules' gradients; else passed as it is
+            same = len({m.frame.members.index(m) if m else -1 for m in found}) == 1
+            if any(m is None for m in found) or not same or gradient_field_of_each(
+                    plan.modules, [lv.payload.member for lv in leaves]) is None:
+                continue
         if any(m is None for m in found):
             return None
         index = {m.frame.members.index(m) for m in found}
@@ -748,8 +756,15 @@ def _make_function_with(group, plan, fn_name, later_reads, called, layouts):
     reads = []  # FramePiece lines the body starts with: the pieces of a frame it reads
 
     def frame_param(frames, written):
+        if frames in frame_params and frames[0].phase == "gradient":
+            return frame_params[frames]
         if frames not in frame_params:
             work = frames[0].kind == "work"  # a workspace: passed as its piece of the arena
+            if work and frames[0].phase == "gradient":  # the gradients' places: an offset (none when kept)
+                values = [str(f.printed) for f in frames]
+                frame_params[frames] = add_param("const std::int64_t", "gradients_at", values,
+                                                 ("frame", tuple(values)), "arena")
+                return frame_params[frames]
             values = [f"_arena.at({f.printed}, {size_expr(f.size)})" if work else f.name for f in frames]
             frame_params[frames] = add_param("float*" if written else "const float*", "work" if work else "saved",
                                              values, ("frame", tuple(values)), "arena")
@@ -762,6 +777,13 @@ def _make_function_with(group, plan, fn_name, later_reads, called, layouts):
         if k in slots:  # a piece of the calls' frames
             frames, index = slots[k]
             offset = layouts[frames][index]
+            if isinstance(leaf.payload, GradientDecl):  # a gradient's place in the calls' gradient workspace
+                type_name, owners, field = gradient_field_of_each(plan.modules, [lv.payload.member for lv in leaves])
+                grads = add_param(f"{type_name}&", "d_" + local_name([o[2:] for o in owners]), owners,
+                                  ("gradients", type_name), "outside")
+                replace.append(GradientPiece(first.renames[leaf.payload.buffer.name], f"{grads}.{field}",
+                                             frame_param(frames, True), offset))
+                continue
             if leaf.kind == "arena":  # made here: the caller declares the frame (a workspace: passes it)
                 for j, f in enumerate(frames):
                     if f.kind != "work" and not any(isinstance(h, FrameDecl) and h.frame is f for h in hoisted[j]):
@@ -886,7 +908,8 @@ def _make_function_with(group, plan, fn_name, later_reads, called, layouts):
     for j, inst in enumerate(group):
         head = inst.statements[0]
         args = [Named(n, values[j]) for _, _, n, values in params]
-        bare = frozenset(n for _, t, n, _ in params if t.rstrip("&").split()[-1] in module_types)
+        bare = frozenset(n for _, t, n, _ in params if t.rstrip("&").split()[-1] in module_types
+                         or t.rstrip("&").split()[-1] in {f"{m}Gradients" for m in module_types})
         lines = list(hoisted[j]) + [CallLine(fn_name, args, at=_first_at(inst), bare=bare)]
         # A layer helper's call has no header (that is for a user's function): its comment
         # cites the call with its arguments' values (name='encoder_layers_1').
@@ -1050,7 +1073,7 @@ class _SamePiece:
 def _rebuild(obj, inst, it):
     if isinstance(obj, ArenaDecl) or _vector_of(obj):
         given = next(it)
-        if isinstance(given, FramePiece):  # `float* conv1 = saved + ...;`
+        if isinstance(given, (FramePiece, GradientPiece)):  # `float* conv1 = saved + ...;`
             return given
         if isinstance(given, _SamePiece):  # `float* out = bn1;  // in place`
             in_place = any(getattr(d, "name", None) == given.first for d in obj.shares)

@@ -152,7 +152,7 @@ def _taken(plan, parts) -> set:
     taken = {p.name for p in plan.params} | {f.name for f in plan.functions} | set(_RUN_LOCALS)
     taken |= {i.name for i in plan.modules.instances()}
     if plan.train is not None:
-        taken |= {member for _, member, _ in plan.train.grads}
+        taken |= {member.split(".")[0] for _, member, _ in plan.train.grads}  # d_layer1_0.conv1_weight: d_layer1_0
         taken |= {member for _, _, member, _ in plan.train.slots}
     for statements in parts:
         for s in statements:

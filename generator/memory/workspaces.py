@@ -41,9 +41,11 @@ def call_workspaces(project, live, taken: set, framed: set) -> list:
     for key, runs in groups.items():
         for statements in runs:
             members = _members(statements, read, shared, framed)
-            variants.setdefault((key, len(members)), []).append((statements, members))
+            variants.setdefault((key, False, len(members)), []).append((statements, members))
+            places = _gradient_places(statements, read, framed)
+            variants.setdefault((key, True, len(places)), []).append((statements, places))
     out = []
-    for (key, count), found in variants.items():
+    for (key, gradients, count), found in variants.items():
         if len(found) < 2 or count < 2:
             continue
         runs, lists = [f[0] for f in found], [f[1] for f in found]
@@ -55,6 +57,7 @@ def call_workspaces(project, live, taken: set, framed: set) -> list:
         for statements, members, at in zip(runs, lists, starts):
             call = statements[0].call
             kind = "again_" if key[3] else "backward_" if key[0] == "backward" else ""
+            kind = "gradients_" if gradients else kind
             name = fresh(f"{call_name(call, key[1], call.call_id)}_{kind}work", taken)
             top = at[0] + from_expr(members[0].size, at[0].symbols)
             for b, start in zip(members, at):
@@ -97,6 +100,17 @@ def _members(statements, readers, shared, framed) -> list:
     return [b for b in found if id(b) not in framed and b.inplace_of is None and id(b) not in shared
             and b.phase != "gradient" and readers.get(id(b), set()) <= inside
             and not sympy.sympify(b.size).free_symbols]
+
+
+def _gradient_places(statements, readers, framed) -> list:
+    """The places of the parameters' gradients a call writes (GradientDecl) while train_step()
+    frees them (phase "gradient": kept gradients are the Model's members), each read by its
+    update in the call only: a second workspace of the call, of the gradient phase."""
+    inside = {id(s) for s in statements}
+    found = [d.buffer for s in statements for line in s.lines for d in nested_lines(line)
+             if isinstance(d, GradientDecl)]
+    return [b for b in found if id(b) not in framed and b.inplace_of is None and b.phase == "gradient"
+            and readers.get(id(b), set()) <= inside and not sympy.sympify(b.size).free_symbols]
 
 
 def _inner_layout(lists: list) -> list | None:
