@@ -1,7 +1,10 @@
 """int8 inference (`deepgen generate --precision int8`, `deepgen quantize`): the
 quantization formula, a small MLP generated in int8 against the reference (exactly
 equal: integer sums, the same float steps), the trained digits MLP's accuracy in
-int8, the error for scales never loaded, and the quantize command's errors."""
+int8, the error for scales never loaded, and the quantize command's errors. The
+modules build at CHECK_BUILD_FLAGS (-O0): the tests compare values, and the int8
+kernels are intrinsics at any level (GCC contracts and reorders no float arithmetic
+at either level)."""
 
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ import pytest
 import sympy
 
 import generator as dg
-from conftest import ROOT, child_env, held_out_agreement, load_example
+from conftest import CHECK_BUILD_FLAGS, ROOT, child_env, held_out_agreement, load_example
 from generator.errors import DeepgenError
 from generator.ops.quantize import MAX_K, matmul_int8, quantize, weight_scales
 from generator.pipeline import lowered, prepare
@@ -86,7 +89,7 @@ def test_mlp_int8_generated_equals_reference(tmp_path, builds, capsys):
     graph = load_model(str(model_file)).build()
     set_precision(graph, "int8")
     assert [n.op for n in graph.nodes].count("matmul_int8") == 3
-    module, project = builds.module(graph)
+    module, project = builds.module(graph, flags=CHECK_BUILD_FLAGS)
     assert module.build_info()["precision"] == "int8"
     text = (project / "src_tree" / "src" / "model.cpp").read_text()
     model = module.Model(seed=0)
@@ -139,7 +142,7 @@ def test_kept_int8_weight_follows_parameter_changes(tmp_path, builds, capsys):
         wq = {k: f[k].copy() for k in f.files}
     graph = load_model(str(model_file)).build()
     set_precision(graph, "int8")
-    module, _ = builds.module(graph)
+    module, _ = builds.module(graph, flags=CHECK_BUILD_FLAGS)
     model = module.Model(seed=0)
     model.load(str(tmp_path / "wq.npz"))
     xs = x[:7]
@@ -193,7 +196,7 @@ def test_trained_digits_mlp_in_int8(tmp_path, builds, capsys, trained_digits):
     graph = load_example("digits").build("digits_int8")
     notes = set_precision(graph, "int8")
     assert "no train_step()" in notes[0] and "hidden_w, logits_w" in notes[1], notes
-    model = builds.module(graph)[0].Model(seed=0)
+    model = builds.module(graph, flags=CHECK_BUILD_FLAGS)[0].Model(seed=0)
     model.load(str(tmp_path / "wq.npz"))
     with np.load(tmp_path / "wq.npz") as f:
         wq = {k: f[k] for k in f.files}
@@ -344,7 +347,7 @@ def test_lenet_int8_convolutions_stay_float32(builds):
     set_precision(graph, "int8")
     ops = [n.op for n in graph.nodes]
     assert ops.count("matmul_int8") == 3 and ops.count("conv2d") == 2, ops
-    module, project = builds.module(graph)
+    module, project = builds.module(graph, flags=CHECK_BUILD_FLAGS)
     text = " ".join((project / "src_tree" / "src" / "model.cpp").read_text().split())
     assert "dg::conv2d" in text and text.count("dg::matmul_int8(") == 3
     x = np.random.default_rng(3).uniform(size=(40, 1, 8, 8)).astype(np.float32)

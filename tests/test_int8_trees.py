@@ -1,7 +1,8 @@
 """int8 over a batch of trees: `deepgen quantize` on the TreeLSTM sentiment example,
 whose calibration file is one batch of trees (children and words per node, roots per
 tree: arrays whose row counts differ, run whole), and the generated int8 module with
-those scales against the reference."""
+those scales against the reference (built at CHECK_BUILD_FLAGS' -O0: the test compares
+values, not speed)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import runpy
 
 import numpy as np
 
-from conftest import ROOT, load_example
+from conftest import CHECK_BUILD_FLAGS, ROOT, load_example
 from generator.reference import interpreter as reference
 from generator.tools.cli import main as cli
 from generator.transforms.precision import set_precision
@@ -44,7 +45,7 @@ def test_quantize_calibrates_on_a_batch_of_trees(tmp_path, builds, capsys):
 
     graph = load_example("treelstm_sentiment").build("treelstm_sentiment_int8")
     set_precision(graph, "int8")
-    module, _ = builds.module(graph)
+    module, _ = builds.module(graph, flags=CHECK_BUILD_FLAGS)
     model = module.Model(seed=0)
     model.load(str(tmp_path / "wq.npz"))
     for count, seed in ((1, 5), (30, 6)):

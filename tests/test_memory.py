@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import sympy
 
-from conftest import ROOT, build_example, load_example
+from conftest import CHECK_BUILD_FLAGS, ROOT, build_example, load_example
 from generator.pipeline import lowered, prepare
 from generator.memory.planner import Buffer, dominates, plan
 from generator.reference.samples import sample_inputs
@@ -103,7 +103,7 @@ def test_without_kept_gradients_one_gradient_for_two_parameters(builds):
         dg.train(dg.softmax_cross_entropy(logits, labels), dg.sgd(lr=0.1, momentum=0.9))
         return {"logits": logits}
 
-    module, where = builds.module(dg.model(tied).build())
+    module, where = builds.module(dg.model(tied).build(), flags=CHECK_BUILD_FLAGS)  # values, not speed: -O0
     assert "if (_gradients_kept) {" in (where / "src_tree" / "src" / "model.cpp").read_text()
     rng = np.random.default_rng(0)
     kept, freed = module.Model(seed=1), module.Model(seed=1)

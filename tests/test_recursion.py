@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import generator as dg
-from conftest import load_example
+from conftest import CHECK_BUILD_FLAGS, load_example
 from generator.reference import interpreter as reference
 from generator.treebatch import check_batch, from_nested, random_batch
 
@@ -226,7 +226,7 @@ def test_states_are_written_once_in_node_order(builds):
     assert model.count("dg::unsort_rows") == 5  # leaves: x, t twice; levels: a (a GEMM), c (hoisted)
     assert "dg::unsort_rows" not in model[model.index('return {"b": b') :]  # nothing after the loop
     assert model[:loop].count("dg::gather_child_nodes") == 0
-    module, _ = builds.module(graph)
+    module, _ = builds.module(graph, flags=CHECK_BUILD_FLAGS)  # values at tiny sizes, not speed: -O0
     node = next(n for n in graph.nodes if n.op == "recurse")
     for seed, (trees, low, high) in enumerate([(9, 1, 12), (3, 20, 40)]):
         batch = random_batch(np.random.default_rng(seed), trees, 2, 7, low, high)
