@@ -301,3 +301,14 @@ def _forward_input_names(graph):
 
     training_only = {v.name for v in train_only_inputs(graph)} if graph.train is not None else set()
     return {v.name for v in graph.inputs} - training_only
+
+
+def check_train_steps(graph, module, steps: int = 3):
+    """train_step() `steps` times (losses), then every parameter, against the reference's steps."""
+    model, params, state = module.Model(seed=2), reference.init_params(graph, seed=2), {}
+    for step in range(1, steps + 1):
+        batch = sample_inputs(graph, seed=10 + step)
+        want = reference.train_step(graph, batch, params, state, step=step)
+        np.testing.assert_allclose(model.train_step(**batch), want, rtol=1e-5, atol=1e-6)
+    for key, value in model.parameters().items():
+        np.testing.assert_allclose(value, params[key], rtol=1e-4, atol=1e-5, err_msg=key)

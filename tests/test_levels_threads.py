@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from conftest import load_example
+from module_checks import check_train_steps
 from generator.reference import interpreter as reference
 from generator.reference.samples import sample_inputs
 
@@ -42,13 +43,7 @@ def test_lower_levels_match_reference(builds, name, opt):
     inputs = sample_inputs(graph, seed=4)
     _close(module.Model(seed=2).forward(**inputs), reference.run(graph, inputs, seed=2))
     if graph.train is not None:
-        model, params, state = module.Model(seed=2), reference.init_params(graph, seed=2), {}
-        for step in range(1, 4):
-            batch = sample_inputs(graph, seed=10 + step)
-            want = reference.train_step(graph, batch, params, state, step=step)
-            np.testing.assert_allclose(model.train_step(**batch), want, rtol=1e-5, atol=1e-6)
-        for key, value in model.parameters().items():
-            np.testing.assert_allclose(value, params[key], rtol=1e-4, atol=1e-5, err_msg=key)
+        check_train_steps(graph, module)
 
 
 def _run(module, graph, threads: int):

@@ -8,15 +8,11 @@ from __future__ import annotations
 
 import re
 
-import numpy as np
-
 from conftest import build_example, load_example
 from generator.codegen.modules import find_modules
 from generator.frontend.loader import load_model
 from generator.pipeline import project_files
-from generator.reference import interpreter as reference
-from generator.reference.samples import sample_inputs
-from module_checks import check_forward, check_init
+from module_checks import check_forward, check_init, check_train_steps
 
 DENSE = """\
 import generator as dg
@@ -82,13 +78,7 @@ def test_a_small_model_of_modules_trains_as_the_reference(tmp_path, builds):
     module, _ = builds.module(graph)
     check_init(graph, module)
     check_forward(graph, module, 3)
-    model, params, state = module.Model(seed=2), reference.init_params(graph, seed=2), {}
-    for step in range(1, 4):
-        batch = sample_inputs(graph, seed=10 + step)
-        want = reference.train_step(graph, batch, params, state, step=step)
-        np.testing.assert_allclose(model.train_step(**batch), want, rtol=1e-5, atol=1e-6)
-    for name, value in model.parameters().items():
-        np.testing.assert_allclose(value, params[name], rtol=1e-4, atol=1e-5, err_msg=name)
+    check_train_steps(graph, module)
     text = project_files(graph)["include/dense_net/model.h"].decode()
     assert "Dense fc1{" in text and "Dense fc3{" in text
 

@@ -303,27 +303,32 @@ def name_arguments(struct: ModuleStruct, known: dict, call_args: dict) -> None:
     struct.arg_names = names
 
 
+def _dims(struct: ModuleStruct, f: ModuleField) -> str:
+    return ", ".join(struct.arg_names[d.index] if isinstance(d, Arg) else str(d) for d in f.shape)
+
+
+def _constructor(struct: ModuleStruct, type_name: str, inits: list) -> list:
+    """`BasicBlock(std::int64_t C)` and its member initializer list, one member a line."""
+    args = ", ".join(f"std::int64_t {n}" for n in struct.arg_names)
+    lines = [f"  {'explicit ' if struct.arity == 1 else ''}{type_name}({args})"]
+    for k, init in enumerate(inits):
+        lines.append(f"      {':' if k == 0 else ' '} {init}{',' if k < len(inits) - 1 else ' {}'}")
+    return lines + [""]
+
+
 def _declaration(struct: ModuleStruct, tensor: str) -> str:
     """The struct's C++ declaration: its constructor (the shapes from its arguments) and its
     fields, the parameters first, then the running statistics (mutable)."""
     fields = [f for f in struct.fields if f.trainable] + [f for f in struct.fields if not f.trainable]
-
-    def dims(f):
-        return ", ".join(struct.arg_names[d.index] if isinstance(d, Arg) else str(d) for d in f.shape)
-
     calls = ", ".join(i.name for i in struct.instances)
     lines = [f"// The parameters of a call of {struct.function}() in {struct.source}: {calls}.",
              f"struct {struct.type} {{"]
-    args = ", ".join(f"std::int64_t {n}" for n in struct.arg_names)
-    inits = [f"{f.name}{{std::vector<std::int64_t>{{{dims(f)}}}}}" for f in fields]
-    lines.append(f"  {'explicit ' if struct.arity == 1 else ''}{struct.type}({args})")
-    for k, init in enumerate(inits):
-        lines.append(f"      {':' if k == 0 else ' '} {init}{',' if k < len(inits) - 1 else ' {}'}")
-    lines.append("")
+    lines += _constructor(struct, struct.type,
+                          [f"{f.name}{{std::vector<std::int64_t>{{{_dims(struct, f)}}}}}" for f in fields])
     for f in fields:
         if not f.trainable and (f is fields[0] or fields[fields.index(f) - 1].trainable):
             lines += ["", "  // Running statistics: forward() in training mode updates them (hence mutable)."]
-        lines.append(f"  {'' if f.trainable else 'mutable '}{tensor} {f.name};  // [{dims(f)}]")
+        lines.append(f"  {'' if f.trainable else 'mutable '}{tensor} {f.name};  // [{_dims(struct, f)}]")
     lines.append("};")
     return "\n".join(lines)
 
@@ -332,18 +337,10 @@ def gradients_declaration(struct: ModuleStruct, field_type: str, unset: str) -> 
     """The struct of a call's gradients: a field per trainable parameter, of `field_type`
     (dg::Slice<float>), each made with its shape and `unset` (nullptr: not placed yet)."""
     fields = [f for f in struct.fields if f.trainable]
-
-    def dims(f):
-        return ", ".join(struct.arg_names[d.index] if isinstance(d, Arg) else str(d) for d in f.shape)
-
     lines = [f"// The gradients of a {struct.type}'s parameters.", f"struct {struct.gradient_type} {{"]
-    args = ", ".join(f"std::int64_t {n}" for n in struct.arg_names)
-    inits = [f"{f.name}{{std::vector<std::int64_t>{{{dims(f)}}}, {unset}}}" for f in fields]
-    lines.append(f"  {'explicit ' if struct.arity == 1 else ''}{struct.gradient_type}({args})")
-    for k, init in enumerate(inits):
-        lines.append(f"      {':' if k == 0 else ' '} {init}{',' if k < len(inits) - 1 else ' {}'}")
-    lines.append("")
-    lines += [f"  {field_type} {f.name};  // [{dims(f)}]" for f in fields]
+    lines += _constructor(struct, struct.gradient_type,
+                          [f"{f.name}{{std::vector<std::int64_t>{{{_dims(struct, f)}}}, {unset}}}" for f in fields])
+    lines += [f"  {field_type} {f.name};  // [{_dims(struct, f)}]" for f in fields]
     lines.append("};")
     return "\n".join(lines)
 
