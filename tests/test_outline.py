@@ -190,3 +190,20 @@ def test_a_call_passes_what_it_keeps_for_its_gradient_as_one_frame():
     backward = text[start: text.index("\n}\n", start)]
     assert "const float* saved," in backward
     assert re.search(r"\n  const float\* bn2_invstd = saved \+ ", backward)
+
+
+def test_a_size_that_is_the_product_of_two_others_is_named_inside_the_function():
+    """ResNet's block takes C and H; the plane (H * H) and an activation's elements (C * HW * N)
+    it names itself (codegen/derived_sizes.py), so no call passes them."""
+    from generator.codegen.derived_sizes import derive_sizes
+
+    sizes = [("C", ["64", "128", "512"]), ("H", ["32", "16", "4"]), ("HW", ["1024", "256", "16"]),
+             ("n", ["65536 * N", "32768 * N", "8192 * N"]), ("O", ["128", "256", "1024"])]
+    assert derive_sizes(sizes, {"N"}) == {"HW": "H * H", "n": "C * HW * N"}  # O = 2 * C: a factor, kept
+    assert derive_sizes([("a", ["3", "5"]), ("b", ["7", "7"])], {"N"}) == {}
+    text = project_files(build_example("resnet18"))["src/model.cpp"].decode()
+    start = text.index("\nvoid basic_block(")
+    body = text[start: text.index("\n}\n", start)]
+    assert "const std::int64_t HW = H * H;" in body and "const std::int64_t n = C * HW * N;" in body
+    calls = re.findall(r"^\s+basic_block\([^;]*;", _run_body(text), re.M)
+    assert calls and not any("/*HW=*/" in c or "/*n=*/" in c for c in calls)

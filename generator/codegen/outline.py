@@ -38,6 +38,7 @@ import re
 from dataclasses import dataclass, field
 
 from ..ir.names import fresh_name
+from .derived_sizes import SizeLine, derive_sizes
 from .modules import gradient_field_of_each, local_name, name_arguments
 from .frames import FrameDecl, FramePiece, GradientPiece, layout, members_by_name
 from .printer import size_expr
@@ -902,12 +903,18 @@ def _make_function_with(group, plan, fn_name, later_reads, called, layouts):
     reads.sort(key=lambda r: order[r.name])
     if reads:  # the pieces of a frame the function reads, named first
         body.insert(0, Statement("", reads))
-    function = Function(fn_name, first.loc.short.split(":")[0], [(t, n) for _, t, n, _ in params], body,
+    # Sizes that follow from the others are named inside, not passed (HW = H * H).
+    derived = derive_sizes([(n, values) for order, t, n, values in params
+                            if order == _ORDER.index("size") and t == "const std::int64_t"], _dim_names(plan))
+    if derived:
+        body.insert(0, Statement("", [SizeLine(n, e) for n, e in derived.items()]))
+    passed = [p for p in params if p[2] not in derived]
+    function = Function(fn_name, first.loc.short.split(":")[0], [(t, n) for _, t, n, _ in passed], body,
                         [p for p in params if p[0] == _ORDER.index("size")])
     calls = []
     for j, inst in enumerate(group):
         head = inst.statements[0]
-        args = [Named(n, values[j]) for _, _, n, values in params]
+        args = [Named(n, values[j]) for _, _, n, values in passed]
         bare = frozenset(n for _, t, n, _ in params if t.rstrip("&").split()[-1] in module_types
                          or t.rstrip("&").split()[-1] in {f"{m}Gradients" for m in module_types})
         lines = list(hoisted[j]) + [CallLine(fn_name, args, at=_first_at(inst), bare=bare)]
