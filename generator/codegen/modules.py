@@ -12,6 +12,10 @@ its C++ member path changes (`paths`). The fields' shapes differ between the cal
 (64 or 128 channels): a struct's constructor takes each list of sizes that differs as
 one argument.
 
+Their gradients are one struct per call likewise (`BasicBlockGradients d_layer1_0`, fields
+`d_layer1_0.conv1_weight`) when every trainable field has one and the name is free
+(`use_gradient_structs`, at lowering's training part).
+
 Decided from the graph, before lowering: every stage after it prints a parameter by
 its path. A function whose calls do not all follow the pattern (a parameter without
 the call's name, two calls of one name, a name something else in the model has) keeps
@@ -53,7 +57,7 @@ class ModuleInstance:
 class ModuleStruct:
     type: str  # BasicBlock
     function: str  # basic_block
-    source: str  # resnet18.py:17... where the first call's first parameter was made
+    source: str  # the file of the user's function (resnet18.py)
     fields: list  # [ModuleField]
     arity: int  # constructor arguments
     instances: list = field(default_factory=list)  # [ModuleInstance]
