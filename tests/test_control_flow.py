@@ -367,6 +367,101 @@ def test_cuda_target_emulated_matches_reference(gated_cuda_emulated):
         np.testing.assert_allclose(np.asarray(model.gradients()[name]), g, rtol=1e-4, atol=1e-6, err_msg=name)
 
 
+# -- cond compacted (compact=True: each branch one batched block over its examples) --
+
+
+def _gated_infer(compact):
+    """The gated classifier's branch, untrained: compacted or masked."""
+
+    @dg.model
+    def gated_infer():
+        x = dg.input("x", (N, 4))
+        confident = dg.sum(x, 1) > 0.0
+        hidden, scaled = dg.cond(confident,
+                                 lambda v, s: (dg.tanh(dg.dense(v, 6, name="deep")), s * 2.0),
+                                 lambda v, s: (dg.relu(dg.dense(v, 6, name="shallow")), s - 1.0),
+                                 x, x * 0.5, compact=compact)
+        return {"logits": dg.dense(hidden, 3, name="out"), "scaled": scaled}
+
+    return gated_infer
+
+
+def test_cond_compacted_reference_matches_masked_and_numpy():
+    compacted, masked = _gated_infer(True).build(), _gated_infer(False).build()
+    assert [n.op for n in compacted.nodes].count("cond") == 1 and "where" not in [n.op for n in compacted.nodes]
+    params = reference.init_params(masked, seed=1)
+    for seed, n, sign in ((0, 5, None), (1, 3, 1.0), (2, 3, -1.0), (3, 1, None)):
+        x = _inputs(seed, n, sign)["x"]
+        got, want = reference.run(compacted, {"x": x}, params), reference.run(masked, {"x": x}, params)
+        for name in ("logits", "scaled"):
+            np.testing.assert_allclose(got[name], want[name], rtol=1e-6, atol=1e-7, err_msg=name)
+        np.testing.assert_allclose(got["scaled"], np.where(x.sum(1, keepdims=True) > 0, x, x * 0.5 - 1.0), rtol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def gated_compacted(builds):
+    graph = _gated_infer(True).build("gated_compacted")
+    module, where = builds.module(graph)
+    return graph, module, where
+
+
+def test_cond_compacted_generated_matches_reference_and_plan(gated_compacted):
+    graph, module, where = gated_compacted
+    code = "\n".join(p.read_text() for p in (where / "src_tree").rglob("*.cpp"))
+    assert "dg::branch_examples(" in code and "dg::where(" not in code
+    assert "// The examples that take the then-branch: one batched block of their rows" in code
+    assert "dg::sort_rows(x, then_examples.data(), /*rows=*/then_rows" in code
+    assert "for (int64_t n" not in code  # no per-example loop
+    memory = lowered(prepare(_gated_infer(True).build())).memory
+    model = module.Model(seed=7)
+    params = reference.init_params(graph, seed=7)
+    for seed, n, sign in ((0, 5, None), (1, 1, None), (2, 3, 1.0), (3, 4, -1.0), (4, 40, None)):
+        x = _inputs(seed, n, sign)["x"]
+        got, want = model.forward(x=x), reference.run(graph, {"x": x}, params)
+        for name in ("logits", "scaled"):
+            np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6, err_msg=name)
+        stats = model.memory_stats()
+        assert stats["peak_bytes"] == stats["predicted_peak_bytes"] == 4 * int(
+            sympy.sympify(memory["forward_floats"]).subs({N: n}))
+
+
+def test_cond_compacted_refuses_training_and_row_reads_from_outside():
+    @dg.model
+    def trained():
+        x = dg.input("x", (N, 4))
+        labels = dg.input("labels", (N,), dtype="int64")
+        h = dg.cond(dg.sum(x, 1) > 0.0, lambda v: dg.tanh(dg.dense(v, 4, name="deep")), lambda v: v * 2.0, x,
+                    compact=True)
+        dg.train(dg.softmax_cross_entropy(dg.dense(h, 3, name="out"), labels), dg.sgd(lr=0.1))
+        return {"h": h}
+
+    with pytest.raises(ModelError) as info:
+        prepare(trained.build())
+    assert "does not train yet: pass compact=False" in str(info.value)
+
+    def outer_batch():
+        x = dg.input("x", (N, 4))
+        return dg.cond(dg.sum(x, 1) > 0.0, lambda v: v + x, lambda v: v, x, compact=True)
+
+    msg = _error(outer_batch)
+    assert "'then_x' [then_rows, 4], 'x' [N, 4]" in msg and "lambda v: v + x" in msg  # pass x as an operand
+
+
+def test_cond_compacted_cuda_target_emulated_matches_reference():
+    """The CUDA target's cond: dg::branch_examples reads the flags back to the host and
+    copies each branch's list to the device; the blocks as on the CPU."""
+    graph = _gated_infer(True).build("gated_compacted_emu")
+    module, files = _cuda_emulated(graph)
+    code = b"\n".join(data for path, data in files.items() if path.endswith((".cu", ".h")))
+    assert b"dg::branch_examples(" in code
+    params = reference.init_params(graph, seed=7)
+    for seed, n, sign in ((0, 5, None), (2, 3, 1.0), (3, 1, -1.0)):
+        x = _inputs(seed, n, sign)["x"]
+        got, want = module.Model(seed=7).forward(x=x), reference.run(graph, {"x": x}, params)
+        for name in ("logits", "scaled"):
+            np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+
 # -- while_loop (one loop op, masked: docs/ARCHITECTURE.md "dg.while_loop is one loop") --
 
 MAX_STEPS = 4
