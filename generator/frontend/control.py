@@ -4,14 +4,13 @@ operators `<`, `<=`, `>`, `>=`, `==`, `!=` on tensors), `logical_and/or/not`,
 
 `cond(pred, then_fn, else_fn, *operands)` runs, for each example n, then_fn on
 example n's operands where pred[n] is true and else_fn where it is false. By
-default both branches are traced once, on the whole batch, and their results are
-selected per example with `where` (masking: docs/ARCHITECTURE.md, "dg.cond
-masks"): no per-example work and no data-dependent sizes, so the arena plan is
-exact; the gradient reaches each branch only on its own examples (where's
-gradient is 0 on the other side). With compact=True each branch is traced once
-as a cell and runs as one batched block over the examples that take it, listed
-by index (ops/cond.py; "dg.cond(..., compact=True) compacts"); it does not
-train yet."""
+default (the rule: docs/ARCHITECTURE.md, "dg.cond compacts") each branch is
+traced once as a cell and runs as one batched block over the examples that take
+it, listed by index (ops/cond.py), forward and backward. With compact=False both
+branches are traced once, on the whole batch, and their results are selected per
+example with `where` (masking: "dg.cond masks"): no data-dependent sizes; the
+gradient reaches each branch only on its own examples (where's gradient is 0 on
+the other side)."""
 
 from __future__ import annotations
 
@@ -28,6 +27,7 @@ from ..ir.graph import Value, outer_reads
 from ..ir.shapes import fmt_shape, same
 from .source import user_loc
 from ..ops import ARGS as _ARGS
+from ..ops.cond import Branch, CondSpec
 
 __all__ = ["logical_and", "logical_or", "logical_not", "where", "cast", "cond", "while_loop"]
 
@@ -125,11 +125,12 @@ def cond(pred, then_fn, else_fn, *operands, compact=None):
 
     pred is bool [N]; every operand and every result of both branches has the batch
     N first; the branches return the same structure (a tensor or a tuple) of the same
-    shapes. Masking (compact=False or None, the rule for now): both branches run on the
-    whole batch and the results are selected with where (see the module's docstring).
-    compact=True: each branch runs once, as one batched block over the examples that
-    take it, listed by index (ops/cond.py; float32 operands; does not train yet).
-    Returns what the branches return."""
+    shapes. Compaction (compact=True, and the rule's choice with None whenever every
+    operand is float32): each branch is traced once as a cell and runs as one batched
+    block over the examples that take it, listed by index (ops/cond.py); its rows must
+    not depend on each other (as a recursive cell's). Masking (compact=False): both
+    branches run on the whole batch and the results are selected with where (see the
+    module's docstring). Both train. Returns what the branches return."""
     loc = user_loc()
     if compact is not None and not isinstance(compact, bool):
         raise ModelError(f"compact must be True, False or None (the rule decides), got {compact!r}", loc, "cond")
@@ -145,7 +146,9 @@ def cond(pred, then_fn, else_fn, *operands, compact=None):
         if x.ndim == 0 or not same(x.shape[0], batch):
             raise ModelError(f"operand '{x.name}' {fmt_shape(x.shape)} must have the batch first, "
                              f"like pred '{pred.name}' {fmt_shape(pred.shape)}", loc, "cond")
-    if compact:
+    # The rule (docs/ARCHITECTURE.md, "dg.cond compacts"): compaction, unless asked for
+    # masking or an operand is not float32 (the blocks move float rows only).
+    if compact or (compact is None and all(x.dtype == "float32" for x in operands)):
         return _compacted(pred, then_fn, else_fn, operands, loc)
     then_out = then_fn(*operands)
     else_out = else_fn(*operands)
@@ -176,18 +179,22 @@ def cond(pred, then_fn, else_fn, *operands, compact=None):
 def _compacted(pred, then_fn, else_fn, operands, loc):
     """cond(compact=True): each branch traced once as a cell over `rows` rows (the
     examples that take it), into one `cond` node (ops/cond.py)."""
-    from ..ops.cond import Branch, CondSpec
-
     b = current()
     batch = pred.shape[0]
     for x in operands:
         if x.dtype != "float32":
             raise ModelError(f"a compacted cond takes float32 operands, got '{x.name}' {x.dtype}", loc, "cond")
-    branches, structure = [], []
+    branches, structure, users = [], [], {}
+
+    def shown(t):
+        """The user's name of a branch's value: an operand's own name for its rows."""
+        return users.get(id(t.value), t.name)
+
     for side, fn in (("then", then_fn), ("else", else_fn)):
         rows = sympy.Symbol(b.names.unique(f"{side}_rows"), integer=True, nonnegative=True)
         places = [Value(b.names.unique(f"{side}_{x.name}"), "float32", (rows,) + tuple(x.shape[1:]), kind="cell",
                         explicit=True) for x in operands]
+        users.update({id(p): x.name for p, x in zip(places, operands)})
         start = len(b.graph.nodes)
         result = fn(*[Tensor(p) for p in places])
         nodes = b.graph.nodes[start:]
@@ -197,7 +204,7 @@ def _compacted(pred, then_fn, else_fn, operands, loc):
         outs = _flat(result, "cond", f"{side}_fn")
         for k, t in enumerate(outs):
             if t.dtype != "float32" or t.ndim == 0 or not same(t.shape[0], rows):
-                raise ModelError(f"result {k} of {side}_fn, '{t.name}' {_as_batch(t.shape, rows, batch)} {t.dtype}, "
+                raise ModelError(f"result {k} of {side}_fn, '{shown(t)}' {_as_batch(t.shape, rows, batch)} {t.dtype}, "
                                  f"must be float32 with the batch {fmt_shape((batch,))} first (one row per example)",
                                  loc, "cond")
         branches.append(Branch(side, rows, places, nodes, [t.value for t in outs]))
@@ -207,8 +214,8 @@ def _compacted(pred, then_fn, else_fn, operands, loc):
                          "return the same structure", loc, "cond")
     for k, (t, e) in enumerate(zip(then.outputs, other.outputs)):
         if len(t.shape) != len(e.shape) or not all(same(x, y) for x, y in zip(t.shape[1:], e.shape[1:])):
-            raise ModelError(f"result {k} of the branches differs in shape: then_fn's '{t.name}' "
-                             f"{_as_batch(t.shape, then.rows, batch)}, else_fn's '{e.name}' "
+            raise ModelError(f"result {k} of the branches differs in shape: then_fn's '{users.get(id(t), t.name)}' "
+                             f"{_as_batch(t.shape, then.rows, batch)}, else_fn's '{users.get(id(e), e.name)}' "
                              f"{_as_batch(e.shape, other.rows, batch)}", loc, "cond")
     free = []
     for branch in branches:
