@@ -3,7 +3,7 @@ rows of the examples that take it, listed by index: ops/cond.py) against masked 
 branches on every example, the results selected per example by `where`), the measurement
 behind the rule in docs/ARCHITECTURE.md ("dg.cond compacts").
 
-    python benchmarks/cond_compaction.py [--reps R]
+    python benchmarks/cond_compaction.py [--reps R] [--train]
 
 Two branch pairs, each built both ways, the same seeded weights: `cheap`, an elementwise
 update of a [N, 16] state on each side (h * 0.9 + 0.3 / h * 1.1 - 0.2: the pair for which
@@ -12,6 +12,8 @@ tanh(h @ w) layer of width 96 against a cheap exit (h * 0.5), like an early exit
 and "stop". Batch 32 and 256, a quarter, three quarters or all of the examples taking
 the then-branch (seeded; all: nothing to skip, the lists and moves are pure cost); forward() on one thread, the two builds alternated call by call;
 median ms per call over R alternations (default 200). Outputs are checked equal first.
+`--train`: the same with a 4-class head and a loss, timing train_step() (loss and
+gradients checked equal first).
 """
 
 from __future__ import annotations
@@ -41,12 +43,16 @@ def branches(kind: str, w):
 
 def built_as(kind: str, compact: bool):
     @dg.model
-    def cond_branches():
+    def cond_branches(train: bool = False):
         h = dg.input("h", (N, WIDTH[kind]))
         gate = dg.input("gate", (N,))
         w = dg.param("w", (WIDTH[kind], WIDTH[kind]), init=dg.normal(0.0, 0.1), seed=1)
         then_fn, else_fn = branches(kind, w)
-        return {"y": dg.cond(gate > 0.5, then_fn, else_fn, h, compact=compact)}
+        y = dg.cond(gate > 0.5, then_fn, else_fn, h, compact=compact)
+        if train:  # a 4-class head, so that the gradient crosses the cond to w
+            labels = dg.input("labels", (N,), dtype="int64")
+            dg.train(dg.softmax_cross_entropy(dg.dense(y, 4, name="head"), labels), dg.sgd(lr=0.01))
+        return {"y": y}
 
     return cond_branches
 
@@ -54,13 +60,16 @@ def built_as(kind: str, compact: bool):
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--reps", type=int, default=200)
+    parser.add_argument("--train", action="store_true", help="time train_step() instead of forward()")
     args = parser.parse_args()
-    print(f"Machine: {machine_facts()['cpu']}; one thread; median ms per forward() call")
+    call = "train_step" if args.train else "forward"
+    print(f"Machine: {machine_facts()['cpu']}; one thread; median ms per {call}() call")
     print(f"{'branch':>6} {'batch':>5} {'then':>5} | {'compacted':>9} {'masked':>9} | masked/compacted")
     for kind in ("cheap", "gemm"):
         built = {}
         for name, compact in (("compacted", True), ("masked", False)):
-            info = build_module(built_as(kind, compact), name=f"cond_{kind}_{name}")
+            info = build_module(built_as(kind, compact), name=f"cond_{kind}_{name}{'_train' if args.train else ''}",
+                                train=args.train)
             module = import_module(info["name"], info["build"])
             set_threads(module, 1)
             built[name] = module.Model(seed=0)
@@ -72,11 +81,19 @@ def main() -> None:
                 a = built["compacted"].forward(h=h, gate=gate)["y"]
                 b = built["masked"].forward(h=h, gate=gate)["y"]
                 np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+                feed = {"h": h, "gate": gate}
+                if args.train:  # lr 0.01: the weights barely move over the alternated calls
+                    feed["labels"] = rng.integers(0, 4, size).astype(np.int64)
+                    la, lb = built["compacted"].train_step(**feed), built["masked"].train_step(**feed)
+                    assert abs(la - lb) <= 1e-5 * max(1.0, abs(lb)), (la, lb)
+                    for k, g in built["masked"].gradients().items():
+                        np.testing.assert_allclose(np.asarray(built["compacted"].gradients()[k]), np.asarray(g),
+                                                   rtol=1e-4, atol=1e-6, err_msg=k)
                 times = {"compacted": [], "masked": []}
                 for _ in range(args.reps):
                     for name in ("compacted", "masked"):
                         t0 = time.perf_counter()
-                        built[name].forward(h=h, gate=gate)
+                        getattr(built[name], call)(**feed)
                         times[name].append(1000 * (time.perf_counter() - t0))
                 c, m = statistics.median(times["compacted"]), statistics.median(times["masked"])
                 print(f"{kind:>6} {size:>5} {100 * share:4.0f}% | {c:9.4f} {m:9.4f} | {m / c:15.2f}x", flush=True)
