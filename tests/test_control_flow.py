@@ -1,6 +1,7 @@
-"""Booleans and data-dependent branches (issue #42, first slice): comparisons,
-logical_and/or/not, where, and dg.cond (masking: both branches run on the whole
-batch, where selects per example; docs/ARCHITECTURE.md).
+"""Booleans and data-dependent branches (issue #42): comparisons, logical_and/or/not,
+where, and dg.cond, masked (compact=False: both branches run on the whole batch,
+where selects per example) and compacted (the default: each branch one batched
+block over the examples that take it; docs/ARCHITECTURE.md), and dg.while_loop.
 
 The reference against numpy oracles; the generated C++ (one trainable project,
 built once) against the reference at several batch sizes, pred all true, all
@@ -23,8 +24,9 @@ from generator.transforms.autodiff import differentiate
 N = dg.dim("N")
 
 
-def _gated():
-    """Every boolean op, and a classifier whose hidden layer is chosen per example."""
+def _gated(compact=False):
+    """Every boolean op, and a classifier whose hidden layer is chosen per example
+    (masked; compact=True: the cond compacted)."""
 
     @dg.model
     def gated():
@@ -41,7 +43,7 @@ def _gated():
         hidden = dg.cond(confident,
                          lambda v: dg.tanh(dg.dense(v, 6, name="deep")),
                          lambda v: dg.relu(dg.dense(v, 6, name="shallow")),
-                         x)
+                         x, compact=compact)
         logits = dg.dense(hidden, 3, name="out")
         dg.train(dg.softmax_cross_entropy(logits, labels), dg.sgd(lr=0.1))
         return {"picked": same, "logits": logits}
@@ -365,6 +367,168 @@ def test_cuda_target_emulated_matches_reference(gated_cuda_emulated):
     assert abs(loss - want_loss) <= 1e-5 * max(1.0, abs(want_loss))
     for name, g in want_grads.items():
         np.testing.assert_allclose(np.asarray(model.gradients()[name]), g, rtol=1e-4, atol=1e-6, err_msg=name)
+
+
+# -- cond compacted (compact=True: each branch one batched block over its examples) --
+
+
+def _gated_infer(compact):
+    """The gated classifier's branch, untrained: compacted or masked."""
+
+    @dg.model
+    def gated_infer():
+        x = dg.input("x", (N, 4))
+        confident = dg.sum(x, 1) > 0.0
+        hidden, scaled = dg.cond(confident,
+                                 lambda v, s: (dg.tanh(dg.dense(v, 6, name="deep")), s * 2.0),
+                                 lambda v, s: (dg.relu(dg.dense(v, 6, name="shallow")), s - 1.0),
+                                 x, x * 0.5, compact=compact)
+        return {"logits": dg.dense(hidden, 3, name="out"), "scaled": scaled}
+
+    return gated_infer
+
+
+def test_cond_compacted_reference_matches_masked_and_numpy():
+    compacted, masked = _gated_infer(True).build(), _gated_infer(False).build()
+    assert [n.op for n in compacted.nodes].count("cond") == 1 and "where" not in [n.op for n in compacted.nodes]
+    params = reference.init_params(masked, seed=1)
+    for seed, n, sign in ((0, 5, None), (1, 3, 1.0), (2, 3, -1.0), (3, 1, None)):
+        x = _inputs(seed, n, sign)["x"]
+        got, want = reference.run(compacted, {"x": x}, params), reference.run(masked, {"x": x}, params)
+        for name in ("logits", "scaled"):
+            np.testing.assert_allclose(got[name], want[name], rtol=1e-6, atol=1e-7, err_msg=name)
+        np.testing.assert_allclose(got["scaled"], np.where(x.sum(1, keepdims=True) > 0, x, x * 0.5 - 1.0), rtol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def gated_compacted(builds):
+    graph = _gated_infer(True).build("gated_compacted")
+    module, where = builds.module(graph)
+    return graph, module, where
+
+
+def test_cond_compacted_generated_matches_reference_and_plan(gated_compacted):
+    graph, module, where = gated_compacted
+    code = "\n".join(p.read_text() for p in (where / "src_tree").rglob("*.cpp"))
+    assert "dg::branch_examples(" in code and "dg::where(" not in code
+    assert "// The examples that take the then-branch: one batched block of their rows" in code
+    assert "dg::sort_rows(x, then_examples.data(), /*rows=*/then_rows" in code
+    assert "for (int64_t n" not in code  # no per-example loop
+    memory = lowered(prepare(_gated_infer(True).build())).memory
+    model = module.Model(seed=7)
+    params = reference.init_params(graph, seed=7)
+    for seed, n, sign in ((0, 5, None), (1, 1, None), (2, 3, 1.0), (3, 4, -1.0), (4, 40, None)):
+        x = _inputs(seed, n, sign)["x"]
+        got, want = model.forward(x=x), reference.run(graph, {"x": x}, params)
+        for name in ("logits", "scaled"):
+            np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6, err_msg=name)
+        stats = model.memory_stats()
+        assert stats["peak_bytes"] == stats["predicted_peak_bytes"] == 4 * int(
+            sympy.sympify(memory["forward_floats"]).subs({N: n}))
+
+
+def test_cond_compacted_row_reads_from_outside_name_the_users_line():
+    def outer_batch():
+        x = dg.input("x", (N, 4))
+        return dg.cond(dg.sum(x, 1) > 0.0, lambda v: v + x, lambda v: v, x, compact=True)
+
+    msg = _error(outer_batch)
+    assert "'then_x' [then_rows, 4], 'x' [N, 4]" in msg and "lambda v: v + x" in msg  # pass x as an operand
+
+
+def test_cond_compacted_gradient_matches_finite_differences_and_masked():
+    compacted, masked = _gated(True).build(), _gated(False).build()
+    assert "cond" in [n.op for n in compacted.nodes]
+    params = {k: v.astype(np.float64) for k, v in reference.init_params(masked, seed=2).items()}
+    for seed, n, sign in ((5, 5, None), (6, 3, 1.0), (7, 3, -1.0)):
+        inputs = _inputs(seed, n, sign)
+        inputs64 = dict(inputs, x=inputs["x"].astype(np.float64), y=inputs["y"].astype(np.float64))
+        loss, grads = reference.gradients(compacted, inputs64, params, float_dtype=np.float64)
+        want_loss, want = reference.gradients(masked, inputs64, params, float_dtype=np.float64)
+        assert abs(loss - want_loss) <= 1e-12
+        for name, g in want.items():
+            np.testing.assert_allclose(grads[name], g, rtol=1e-10, atol=1e-12, err_msg=name)
+        if sign is None:
+            _check_finite_differences(compacted, inputs64, params)
+
+
+@pytest.fixture(scope="module")
+def gated_compact_train(builds):
+    graph = _gated(True).build("gated_compact_train")
+    module, where = builds.module(graph)
+    return graph, module, where
+
+
+def test_cond_compacted_train_step_matches_reference_twin_and_plan(gated_compact_train):
+    """A trained compacted cond: train_step's loss and gradients against the reference
+    and the PyTorch per-example twin (mixed, all then, all else), then several steps of
+    training against the reference's; memory measured == planned, forward and train."""
+    graph, module, where = gated_compact_train
+    code = "\n".join(p.read_text() for p in (where / "src_tree").rglob("*.cpp"))
+    assert "dg::branch_examples(" in code and "backward: one batched block of their rows" in code
+    memory = lowered(prepare(_gated(True).build())).memory
+    torch = pytest.importorskip("torch")
+    for seed, n, sign in ((6, 6, None), (7, 4, 1.0), (8, 3, -1.0)):
+        inputs = _inputs(seed, n, sign)
+        model = module.Model(seed=3)
+        start = {k: np.array(v) for k, v in model.parameters().items()}
+        loss = model.train_step(**inputs)
+        stats = model.memory_stats()
+        assert stats["peak_bytes"] == stats["predicted_peak_bytes"] == 4 * int(
+            sympy.sympify(memory["train_floats"]).subs({N: n}))
+        got = {k: np.asarray(v) for k, v in model.gradients().items()}
+        ref_loss, ref_grads = reference.gradients(graph, inputs, start)
+        assert abs(loss - ref_loss) <= 1e-5 * max(1.0, abs(ref_loss))
+        for name, g in ref_grads.items():
+            np.testing.assert_allclose(got[name], g, rtol=1e-4, atol=1e-6, err_msg=name)
+        p = {k: torch.tensor(v, dtype=torch.float64, requires_grad=True) for k, v in start.items()}
+        want = _torch_twin_loss(torch, p, inputs)
+        want.backward()
+        assert abs(loss - want.item()) <= 1e-5 * max(1.0, abs(want.item()))
+        for name, t in p.items():  # (a branch no example takes: no gradient in the twin, zeros here)
+            want_grad = t.grad.numpy() if t.grad is not None else np.zeros(t.shape)
+            np.testing.assert_allclose(got[name], want_grad, rtol=1e-4, atol=1e-6, err_msg=name)
+    # Trained: ten steps, compacted C++ against the reference's own SGD from the same start.
+    model = module.Model(seed=4)
+    params = {k: np.array(v, dtype=np.float64) for k, v in model.parameters().items()}
+    inputs = _inputs(9, 8)
+    for _ in range(10):
+        loss = model.train_step(**inputs)
+        ref_loss, ref_grads = reference.gradients(graph, inputs, params, float_dtype=np.float64)
+        assert abs(loss - ref_loss) <= 1e-4 * max(1.0, abs(ref_loss))
+        params = {k: v - 0.1 * ref_grads[k] for k, v in params.items()}
+    for name, v in model.parameters().items():
+        np.testing.assert_allclose(np.asarray(v), params[name], rtol=1e-4, atol=1e-5, err_msg=name)
+    x = inputs["x"]
+    np.testing.assert_allclose(model.forward(x=x, y=inputs["y"])["logits"],
+                               reference.run(graph, inputs, {k: v.astype(np.float32) for k, v in params.items()})["logits"],
+                               rtol=1e-4, atol=1e-5)
+
+
+def test_cond_compacted_cuda_target_emulated_matches_reference():
+    """The CUDA target's cond: dg::branch_examples reads the flags back to the host and
+    copies each branch's list to the device; the blocks as on the CPU."""
+    graph = _gated_infer(True).build("gated_compacted_emu")
+    module, files = _cuda_emulated(graph)
+    code = b"\n".join(data for path, data in files.items() if path.endswith((".cu", ".h")))
+    assert b"dg::branch_examples(" in code
+    params = reference.init_params(graph, seed=7)
+    for seed, n, sign in ((0, 5, None), (2, 3, 1.0), (3, 1, -1.0)):
+        x = _inputs(seed, n, sign)["x"]
+        got, want = module.Model(seed=7).forward(x=x), reference.run(graph, {"x": x}, params)
+        for name in ("logits", "scaled"):
+            np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6, err_msg=name)
+    graph = _gated(True).build("gated_compact_emu")
+    module, files = _cuda_emulated(graph)
+    for seed, n, sign in ((6, 6, None), (7, 3, 1.0)):
+        inputs = _inputs(seed, n, sign)
+        model = module.Model(seed=3)
+        start = {k: np.array(v) for k, v in model.parameters().items()}
+        loss = model.train_step(**inputs)
+        want_loss, want_grads = reference.gradients(graph, inputs, start)
+        assert abs(loss - want_loss) <= 1e-5 * max(1.0, abs(want_loss))
+        for name, g in want_grads.items():
+            np.testing.assert_allclose(np.asarray(model.gradients()[name]), g, rtol=1e-4, atol=1e-6, err_msg=name)
 
 
 # -- while_loop (one loop op, masked: docs/ARCHITECTURE.md "dg.while_loop is one loop") --

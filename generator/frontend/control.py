@@ -3,10 +3,12 @@ operators `<`, `<=`, `>`, `>=`, `==`, `!=` on tensors), `logical_and/or/not`,
 `where`, and `cond`.
 
 `cond(pred, then_fn, else_fn, *operands)` runs, for each example n, then_fn on
-example n's operands where pred[n] is true and else_fn where it is false. Both
+example n's operands where pred[n] is true and else_fn where it is false. By
+default (the rule: docs/ARCHITECTURE.md, "dg.cond compacts") each branch is
+traced once as a cell and runs as one batched block over the examples that take
+it, listed by index (ops/cond.py), forward and backward. With compact=False both
 branches are traced once, on the whole batch, and their results are selected per
-example with `where` (the masking rule: docs/ARCHITECTURE.md, "dg.cond masks"):
-no per-example work and no data-dependent sizes, so the arena plan is exact; the
+example with `where` (masking: "dg.cond masks"): no data-dependent sizes; the
 gradient reaches each branch only on its own examples (where's gradient is 0 on
 the other side)."""
 
@@ -15,13 +17,17 @@ from __future__ import annotations
 import math
 import numbers
 
+import sympy
+
 from .builder import Tensor, current
 from .dsl import concat, gather, reshape, slice_axis, sum as _sum
 from .recursion import build_recursion
 from ..errors import ModelError
+from ..ir.graph import Value, outer_reads
 from ..ir.shapes import fmt_shape, same
 from .source import user_loc
 from ..ops import ARGS as _ARGS
+from ..ops.cond import Branch, CondSpec
 
 __all__ = ["logical_and", "logical_or", "logical_not", "where", "cast", "cond", "while_loop"]
 
@@ -114,14 +120,20 @@ def _flat(result, what, branch):
     return items
 
 
-def cond(pred, then_fn, else_fn, *operands):
+def cond(pred, then_fn, else_fn, *operands, compact=None):
     """Per example n: then_fn(operands)[n] where pred[n], else else_fn(operands)[n].
 
     pred is bool [N]; every operand and every result of both branches has the batch
     N first; the branches return the same structure (a tensor or a tuple) of the same
-    shapes. Both branches run on the whole batch and the results are selected with
-    where (masking: see the module's docstring); returns what the branches return."""
+    shapes. Compaction (compact=True, and the rule's choice with None whenever every
+    operand is float32): each branch is traced once as a cell and runs as one batched
+    block over the examples that take it, listed by index (ops/cond.py); its rows must
+    not depend on each other (as a recursive cell's). Masking (compact=False): both
+    branches run on the whole batch and the results are selected with where (see the
+    module's docstring). Both train. Returns what the branches return."""
     loc = user_loc()
+    if compact is not None and not isinstance(compact, bool):
+        raise ModelError(f"compact must be True, False or None (the rule decides), got {compact!r}", loc, "cond")
     if not isinstance(pred, Tensor) or pred.dtype != "bool" or pred.ndim != 1:
         got = pred.value.type_str() if isinstance(pred, Tensor) else repr(pred)
         raise ModelError(f"pred must be a bool tensor [N] (one per example, e.g. x.sum(1) > 0), got {got}", loc, "cond")
@@ -134,6 +146,10 @@ def cond(pred, then_fn, else_fn, *operands):
         if x.ndim == 0 or not same(x.shape[0], batch):
             raise ModelError(f"operand '{x.name}' {fmt_shape(x.shape)} must have the batch first, "
                              f"like pred '{pred.name}' {fmt_shape(pred.shape)}", loc, "cond")
+    # The rule (docs/ARCHITECTURE.md, "dg.cond compacts"): compaction, unless asked for
+    # masking or an operand is not float32 (the blocks move float rows only).
+    if compact or (compact is None and all(x.dtype == "float32" for x in operands)):
+        return _compacted(pred, then_fn, else_fn, operands, loc)
     then_out = then_fn(*operands)
     else_out = else_fn(*operands)
     single = not isinstance(then_out, (tuple, list))
@@ -158,6 +174,59 @@ def cond(pred, then_fn, else_fn, *operands):
         attrs = {"values": (None, None), "cond": True}  # dg.cond's selection (the C++ says so)
         results.append(b.add("where", [flags, t, e], attrs, label="where")[0])
     return results[0] if single else tuple(results)
+
+
+def _compacted(pred, then_fn, else_fn, operands, loc):
+    """cond(compact=True): each branch traced once as a cell over `rows` rows (the
+    examples that take it), into one `cond` node (ops/cond.py)."""
+    b = current()
+    batch = pred.shape[0]
+    for x in operands:
+        if x.dtype != "float32":
+            raise ModelError(f"a compacted cond takes float32 operands, got '{x.name}' {x.dtype}", loc, "cond")
+    branches, structure, users = [], [], {}
+
+    def shown(t):
+        """The user's name of a branch's value: an operand's own name for its rows."""
+        return users.get(id(t.value), t.name)
+
+    for side, fn in (("then", then_fn), ("else", else_fn)):
+        rows = sympy.Symbol(b.names.unique(f"{side}_rows"), integer=True, nonnegative=True)
+        places = [Value(b.names.unique(f"{side}_{x.name}"), "float32", (rows,) + tuple(x.shape[1:]), kind="cell",
+                        explicit=True) for x in operands]
+        users.update({id(p): x.name for p, x in zip(places, operands)})
+        start = len(b.graph.nodes)
+        result = fn(*[Tensor(p) for p in places])
+        nodes = b.graph.nodes[start:]
+        del b.graph.nodes[start:]
+        b.regions.append((nodes, f"{side}_"))
+        structure.append(not isinstance(result, (tuple, list)))
+        outs = _flat(result, "cond", f"{side}_fn")
+        for k, t in enumerate(outs):
+            if t.dtype != "float32" or t.ndim == 0 or not same(t.shape[0], rows):
+                raise ModelError(f"result {k} of {side}_fn, '{shown(t)}' {_as_batch(t.shape, rows, batch)} {t.dtype}, "
+                                 f"must be float32 with the batch {fmt_shape((batch,))} first (one row per example)",
+                                 loc, "cond")
+        branches.append(Branch(side, rows, places, nodes, [t.value for t in outs]))
+    then, other = branches
+    if len(then.outputs) != len(other.outputs) or structure[0] != structure[1]:
+        raise ModelError(f"then_fn returns {len(then.outputs)} tensor(s) and else_fn {len(other.outputs)}: they must "
+                         "return the same structure", loc, "cond")
+    for k, (t, e) in enumerate(zip(then.outputs, other.outputs)):
+        if len(t.shape) != len(e.shape) or not all(same(x, y) for x, y in zip(t.shape[1:], e.shape[1:])):
+            raise ModelError(f"result {k} of the branches differs in shape: then_fn's '{users.get(id(t), t.name)}' "
+                             f"{_as_batch(t.shape, then.rows, batch)}, else_fn's '{users.get(id(e), e.name)}' "
+                             f"{_as_batch(e.shape, other.rows, batch)}", loc, "cond")
+    free = []
+    for branch in branches:
+        inside = {id(p) for p in branch.operands} | {id(v) for n in branch.nodes for v in n.outputs}
+        # (An outer value read row by row against the block fails its op's shape check: rows vs N.)
+        for v in outer_reads(branch.nodes, inside):
+            if all(v is not f for f in free):
+                free.append(v)
+    spec = CondSpec((then, other), len(operands), free)
+    results = b.add("cond", [pred, *operands, *[Tensor(v) for v in free]], {"spec": spec}, label="cond")
+    return results[0] if structure[0] else tuple(results)
 
 
 def _per_example(pred, rank, label="then_rows"):

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from ..ir.graph import Node, Value, needed_nodes
 from ..ir.names import NameTable, safe_identifier
 from ..ops import ARGS
+from ..ops.cond import register_branch_grad
 from ..ops.recurse import register_cell_grad
 from ..ops.recurse_scope import cell_values
 from .autodiff import GradBuilder, backprop, reaching
@@ -148,6 +149,9 @@ def differentiate_cell(gb: GradBuilder, spec, cell, keep=(), wanted=None) -> Bac
     read = {id(x) for n in back.nodes for x in n.inputs}
     back.loaded = [pair for pair in load.values() if id(pair[0]) in read]
     return back
+
+
+register_branch_grad(differentiate_cell)  # a compacted dg.cond's branches (ops/cond.py)
 
 
 @register_cell_grad

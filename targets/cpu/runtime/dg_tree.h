@@ -152,4 +152,20 @@ inline int64_t still_running(const float* running, const int64_t* all_order, con
   return n;
 }
 
+// dg.cond compacted: the examples that take the then-branch (pred[n] != 0) listed by index
+// in then_examples, the others in else_examples, each in example order; returns how many
+// take the then-branch (the else-branch's count is n minus that). Each branch then runs as
+// one batched block of its examples' rows.
+inline int64_t branch_examples(const std::uint8_t* pred, int64_t n, int64_t* then_examples,
+                               int64_t* else_examples) {
+  int64_t taken = 0, other = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    if (pred[i] != 0)
+      then_examples[taken++] = i;
+    else
+      else_examples[other++] = i;
+  }
+  return taken;
+}
+
 }  // namespace dg

@@ -195,4 +195,19 @@ inline int64_t still_running(const float* running, const int64_t* all_order, con
   return n;
 }
 
+// dg.cond compacted (see the CPU runtime): each branch's examples listed by index (device
+// arrays); returns how many take the then-branch, read on the host (its block's size). The
+// flags are read on the host once per cond, the lists copied back.
+inline int64_t branch_examples(const std::uint8_t* pred, int64_t n, int64_t* then_examples,
+                               int64_t* else_examples) {
+  if (n == 0) return 0;
+  const std::vector<std::uint8_t> flags = host_values(pred, n);
+  std::vector<int64_t> taken, other;
+  for (int64_t i = 0; i < n; ++i)
+    (flags[i] != 0 ? taken : other).push_back(i);
+  if (!taken.empty()) copy_bytes(then_examples, taken.data(), taken.size() * sizeof(int64_t));
+  if (!other.empty()) copy_bytes(else_examples, other.data(), other.size() * sizeof(int64_t));
+  return static_cast<int64_t>(taken.size());
+}
+
 }  // namespace dg
