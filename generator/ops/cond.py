@@ -26,7 +26,7 @@ from ..codegen.stmt import Block, Comment, Copy, Declare, Named
 from ..ir.graph import Value, needed_nodes
 from ..ir.printing import format_node
 from ..ir.shapes import numel
-from .recurse_scope import LoopState
+from .recurse_scope import LoopState, replace_in_cells
 from .registry import OpDef, get_op, register
 from .scalar import ARGS
 
@@ -224,13 +224,7 @@ class CondGrad(OpDef):
         return [(back.nodes, {id(v) for v in back.results()}) for back in node.attrs["backs"]]
 
     def replace(self, node, old, new):
-        spec = node.attrs["spec"]
-        spec.free = [new if v is old else v for v in spec.free]
-        for back in node.attrs["backs"]:
-            for inner in back.nodes:
-                inner.inputs = [new if v is old else v for v in inner.inputs]
-            back.d_children = [[new if v is old else v for v in slot] for slot in back.d_children]
-            back.d_free = {i: new if v is old else v for i, v in back.d_free.items()}
+        replace_in_cells(node.attrs["spec"], node.attrs["backs"], old, new)
 
     def infer(self, inputs, attrs):
         spec = attrs["spec"]

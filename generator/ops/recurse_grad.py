@@ -31,7 +31,8 @@ from ..ir.printing import format_node
 from ..ir.shapes import numel
 from ..codegen.stmt import Block, Comment, Copy, Declare, Loop, Named
 from .recurse import batch_nodes, reference_schedule
-from .recurse_scope import LoopScope, LoopState, has_rows, hoistable, inspector_lines, named_for_messages, pack_loop_weights
+from .recurse_scope import (LoopScope, LoopState, has_rows, hoistable, inspector_lines, named_for_messages,
+                            pack_loop_weights, replace_in_cells)
 from .registry import OpDef, get_op, register
 
 
@@ -69,13 +70,7 @@ class RecurseGrad(OpDef):
         return [(cell.nodes, {id(v) for v in cell.results()}) for cell in back.cells]
 
     def replace(self, node, old, new):
-        spec, back = node.attrs["spec"], node.attrs["back"]
-        spec.free = [new if v is old else v for v in spec.free]
-        for cell in back.cells:
-            for inner in cell.nodes:
-                inner.inputs = [new if v is old else v for v in inner.inputs]
-            cell.d_children = [[new if v is old else v for v in slot] for slot in cell.d_children]
-            cell.d_free = {i: new if v is old else v for i, v in cell.d_free.items()}
+        replace_in_cells(node.attrs["spec"], node.attrs["back"].cells, old, new)
 
     def infer(self, inputs, attrs):
         spec = attrs["spec"]

@@ -194,6 +194,17 @@ def cell_values(cell) -> list:
     return values + [v for n in cell.nodes for v in n.outputs]
 
 
+def replace_in_cells(spec, cells, old, new) -> None:
+    """A value the graph replaced (OpDef.replace), also where a gradient op's cells and its
+    spec read it: the free values, the cells' nodes, their children's and free gradients."""
+    spec.free = [new if v is old else v for v in spec.free]
+    for cell in cells:
+        for inner in cell.nodes:
+            inner.inputs = [new if v is old else v for v in inner.inputs]
+        cell.d_children = [[new if v is old else v for v in slot] for slot in cell.d_children]
+        cell.d_free = {i: new if v is old else v for i, v in cell.d_free.items()}
+
+
 @contextmanager
 def named_for_messages(node, cells):
     """The cells' word ids named after the user's input while the cells lower
