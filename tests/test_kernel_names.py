@@ -87,3 +87,15 @@ def test_the_broadcast_pattern_names_apart_what_the_chain_does_not(tmp_path):
     assert [str(c) for c in _calls(plan)] == ["kernels::add_bias(x, b.ptr(), y.data(), /*n0=*/N, /*n1=*/8);",
                                               "kernels::add_rows(x, s, z.data(), /*n0=*/N, /*n1=*/8);",
                                               "kernels::add(x, w.data(), /*n=*/8*N);"]
+
+
+def test_epilogues_that_add_one_bias_or_two_are_named_apart():
+    """The LSTM's gate products add two biases in their epilogue, the classifier's one: the
+    way both biases are read is said once, in the plural, instead of a number."""
+    files = project_files(load_model(str(ROOT / "examples" / "lstm_classifier.py")).build(None))
+    structs = re.findall(r"^struct (\w+) \{", files["src/kernels.h"].decode(), re.M)
+    assert {"add_biases_epilogue", "add_bias_epilogue"} <= set(structs), structs
+    assert not any(re.search(r"_\d+$", name) for name in structs), structs
+    text = files["src/model.cpp"].decode()
+    assert "kernels::add_biases_epilogue{lstm_bias_ih_l0.ptr(), lstm_bias_hh_l0.ptr()}" in text
+    assert "kernels::add_bias_epilogue{classifier_b.ptr()}" in text

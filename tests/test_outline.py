@@ -180,6 +180,37 @@ def test_a_long_train_steps_gradient_phase_is_a_member_function():
     assert "Network::backward" not in mlp and "// gradient of mlp.py" in mlp[mlp.index("Network::_run("):]
 
 
+def test_a_gradient_summed_from_two_uses_names_each_part_after_its_use():
+    """A block's input feeds its first convolution and its shortcut: the two parts of its
+    gradient are `d_x_from_conv1` and `d_x_from_shortcut` (transforms/autodiff.py), not
+    `d_x_1` and `d_x_2`; the sum is `d_x`, and the caller's name for it the user's."""
+    text = project_files(load_example("resnet18").build())["src/model.cpp"].decode()
+    start = text.index("\nvoid basic_block_with_shortcut_backward(")
+    body = text[start:text.index("\n}\n", start)]
+    assert "kernels::add(d_x_from_shortcut, d_x_from_conv1, d_x, " in body
+    assert not re.search(r"\bd_x_\d", text)
+    assert re.search(r"/\*d_x=\*/d_layer3_1_out, ", text)
+
+
+def test_a_convolutions_geometry_is_declared_once_per_function():
+    """A convolution, its input gradient and its weight gradient take one dg::Conv2dGeom,
+    named after the convolution (codegen/declared_once.py); two convolutions of one shape
+    (a block's conv1 and conv2) keep one each."""
+    text = project_files(load_example("resnet18").build())["src/model.cpp"].decode()
+    for fn in ("basic_block", "basic_block_backward"):
+        start = text.index(f"\nvoid {fn}(")
+        body = text[start:text.index("\n}\n", start)]
+        declared = re.findall(r"const dg::Conv2dGeom (\w+)\(", body)
+        assert sorted(declared) == ["conv1_geom", "conv2_geom"], (fn, declared)
+    assert re.search(r"dg::conv2d_grad_input\(d_conv1, layer\.conv1_weight\.ptr\(\), [^;]*, conv1_geom\);", text)
+    assert re.search(r"dg::conv2d_grad_weight\(x, d_conv1, d_conv1_weight, d_conv1_weight_cols, conv1_geom\);", text)
+    # The stem's weight gradient, in backward(), reads the geometry _run declared for its forward.
+    start = text.index("\nvoid Network::backward(")
+    method = text[start:text.index("\n}\n", start)]
+    assert "const dg::Conv2dGeom& conv1_geom" in method[:method.index("{")]
+    assert "Conv2dGeom conv1_geom" not in method[method.index("{"):]
+
+
 def _function_lengths(text: str):
     """(name, lines) of each top-level function definition in a C++ file."""
     lines = text.splitlines()

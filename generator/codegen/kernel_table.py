@@ -61,7 +61,7 @@ class KernelTable:
         base = use.chain if not is_reserved(use.chain) else f"{use.chain}_kernel"
         words = use.shape_words
         end = ["epilogue"] if use.kernel.kind == "epilogue" else []  # a functor: add_bias_epilogue
-        first = "_".join([base] + list(dict.fromkeys(w for _, w in words)) + end)
+        first = "_".join([base] + _ways(words) + end)
         candidates = [first]
         value = "_".join(p for p in use.value.split("_") if not p.isdigit())  # node_c_2 -> node_c
         if value and not is_reserved(value):  # the value it was first made for: ..._for_node_c
@@ -70,6 +70,19 @@ class KernelTable:
             if name not in taken:
                 return name
         return fresh_name(candidates[-1], taken)
+
+
+# A way of reading an operand that several operands share, said once in the plural
+# (add_biases_epilogue adds two biases; add_bias_epilogue one).
+_PLURAL = {"bias": "biases", "scalar": "scalars"}
+
+
+def _ways(words: list) -> list:
+    """Each way the kernel reads its operands, once, in the order of their first operand."""
+    counts = {}
+    for _, w in words:
+        counts[w] = counts.get(w, 0) + 1
+    return [_PLURAL.get(w, w) if n > 1 else w for w, n in counts.items()]
 
 
 def _comment(header: str, places: list) -> str:

@@ -43,6 +43,7 @@ from .modules import gradient_field_of_each, local_name, name_arguments
 from .frames import FrameDecl, FramePiece, GradientPiece, layout, members_by_name
 from .printer import size_expr
 from .plan import ArenaDecl, GradientDecl, Statement
+from .declared_once import declare_once
 from .sections import outline_blocks
 from .stmt import Alias, Call, Comment, Copy, Declare, EarlyUpdate, Functor, Named, Operand, Read, Scope, UpdateRows, Write, operands
 
@@ -120,6 +121,7 @@ class _Leaf:
     kind: str  # "ext" operand from outside, "arena" piece, "text" leaf
     payload: object  # the Operand, the ArenaDecl, or the (renamed) text
     slot: str = ""  # where it sits, for names: the Named label or the local value name
+    of: str = ""  # the local name of what the call it is an argument of writes (a size's: what it counts)
 
 
 @dataclass
@@ -143,6 +145,9 @@ def outline(plan, graph=None):
     lists = {"forward": plan.statements}
     if plan.train is not None:
         lists["backward"] = plan.train.backward_statements
+    for statements in lists.values():  # a convolution's two gradients take one geometry
+        for s in statements:
+            declare_once([[s]])
     found, inline = {}, {}
     for part, statements in lists.items():
         found[part] = []
@@ -170,6 +175,9 @@ def outline(plan, graph=None):
             plan.train.backward_statements = new
     _declare_read_pieces(plan)
     _name_module_sizes(plan, {c: sizes for c, (fn, sizes) in called.items() if fn in forward}, graph)
+    for f in plan.functions:
+        declare_once([f.body])
+    declare_once([plan.statements] + ([plan.train.loss_statements, plan.train.backward_statements] if plan.train else []))
     outline_blocks(plan)  # then each long block that runs once: a member function
     return plan
 
@@ -560,7 +568,7 @@ def _rename(text: str, renames: dict) -> str:
     return _IDENT.sub(lambda m: renames.get(m.group(0), m.group(0)), text)
 
 
-def _walk(obj, inst: _Instance, slot: str = "") -> None:
+def _walk(obj, inst: _Instance, slot: str = "", of: str = "") -> None:
     """Record `obj`'s structure and leaves (in the order _rebuild visits them)."""
     shape, leaves = inst.shape, inst.leaves
     if isinstance(obj, ArenaDecl):  # a GradientDecl too
@@ -592,7 +600,7 @@ def _walk(obj, inst: _Instance, slot: str = "") -> None:
             leaves.append(_Leaf("ext", obj, slot))
     elif isinstance(obj, Named):
         shape.append(("named", obj.name))
-        _walk(obj.arg, inst, obj.name)
+        _walk(obj.arg, inst, obj.name, of)
     elif isinstance(obj, Functor):
         shape.append(("functor", obj.name, len(obj.members)))
         for m in obj.members:
@@ -602,7 +610,7 @@ def _walk(obj, inst: _Instance, slot: str = "") -> None:
         # What the call writes names its other arguments (batch norm's label: `bn1_label`).
         own = next((inst.renames[a.expr] for a in obj.args if isinstance(a, Write) and a.expr in inst.renames), slot)
         for a in obj.args:
-            _walk(a, inst, slot if isinstance(a, Named) else own)
+            _walk(a, inst, slot if isinstance(a, Named) else own, own)
     elif isinstance(obj, Declare):
         shape.append(("declare", obj.type, inst.renames[obj.name], len(obj.args), obj.init is None, obj.note))
         for a in obj.args:
@@ -631,7 +639,7 @@ def _walk(obj, inst: _Instance, slot: str = "") -> None:
     elif isinstance(obj, (str, int, float)) or type(obj).__module__.startswith("sympy"):
         text = _rename(str(obj), inst.renames)
         shape.append(("text",))
-        leaves.append(_Leaf("text", text, slot))
+        leaves.append(_Leaf("text", text, slot, of))
     else:
         raise _NotOutlined  # a level loop, an update, anything else: not moved
 
@@ -878,6 +886,9 @@ def _make_function_with(group, plan, fn_name, later_reads, called, layouts):
             if member:  # a parameter's data or size, by the update
                 stem = _strip(member.group(1), first)
                 wanted = stem if member.group(2) == "ptr" else f"{stem}_size"
+            elif not label and wanted in names and leaf.of:  # a second `n`: what it counts (n_x for d_x's)
+                counted = leaf.of[len("d_"):] if leaf.of.startswith("d_") else leaf.of
+                wanted = f"{wanted}_{counted}" if f"{wanted}_{counted}".isidentifier() else wanted
             replace.append(add_param(ctype, wanted, values, "text", "label" if label else "size"))
     # Free names the body reads: the run-time sizes and the mode.
     body_text = re.sub(r'"(\\.|[^"\\])*"', " ", " ".join(str(r) for r in replace))

@@ -122,6 +122,7 @@ class Declare:
     note: str = ""
     at: int = -1
     element: str = ""  # an owned buffer's element type (`float` for `std::vector<float> h(n)`), else ""
+    of: str = ""  # what a constant describes (a convolution's weight): equal ones of one `of` are one (declared_once.py)
 
     def __str__(self) -> str:
         if self.init is not None:

@@ -55,16 +55,19 @@ def _window(x, kernel, attrs, op):
     return OH, OW
 
 
-def _geom(ctx, node, x_shape, out_channels, kernel, out_hw):
-    """The Declare of this call's dg::Conv2dGeom, and its name."""
+def _geom(ctx, node, x_shape, out_channels, kernel, out_hw, weight: str = ""):
+    """The Declare of this call's dg::Conv2dGeom, and its name: a convolution's (and its
+    gradients') after its `weight` (`conv1_geom` for conv1_weight), so that the code of a
+    function declares it once (codegen/declared_once.py); a pool's after its output."""
     (sh, sw), (ph, pw), (dh, dw) = (node.attrs[k] for k in GEOM)
     N, C, H, W = x_shape
-    name = ctx.graph.names.unique(f"{node.outputs[0].name}_geom")
+    base = weight[: -len("_weight")] if weight.endswith("_weight") and len(weight) > len("_weight") else ""
+    name = ctx.graph.names.unique(f"{base or node.outputs[0].name}_geom")
     args = [Named("N", ctx.size(N)), Named("C", C), Named("H", H), Named("W", W), Named("O", out_channels),
             Named("KH", kernel[0]), Named("KW", kernel[1]), Named("OH", out_hw[0]), Named("OW", out_hw[1]),
             Named("stride_h", sh), Named("stride_w", sw), Named("pad_h", ph), Named("pad_w", pw),
             Named("dil_h", dh), Named("dil_w", dw), Named("groups", node.attrs.get("groups", 1))]
-    return Declare("const dg::Conv2dGeom", name, args), name
+    return Declare("const dg::Conv2dGeom", name, args, of=weight), name
 
 
 def _columns(node, x_shape, kernel, out_hw):
@@ -212,7 +215,7 @@ class Conv2d(OpDef):
         x, w = node.inputs[:2]
         y = node.outputs[0]
         kernel, out_hw = tuple(w.shape[2:]), tuple(y.shape[2:])
-        geom, name = _geom(ctx, node, x.shape, w.shape[0], kernel, out_hw)
+        geom, name = _geom(ctx, node, x.shape, w.shape[0], kernel, out_hw, w.name)
         cols = _columns(node, x.shape, kernel, out_hw)
         ws = ctx.workspace(f"{y.name}_cols", cols) if cols else "nullptr"
         b = ctx.read(node.inputs[2]) if len(node.inputs) == 3 else "nullptr"
@@ -261,7 +264,7 @@ class Conv2dGradInput(OpDef):
         g, w = node.inputs
         dx = node.outputs[0]
         kernel, out_hw = tuple(w.shape[2:]), tuple(g.shape[2:])
-        geom, name = _geom(ctx, node, dx.shape, w.shape[0], kernel, out_hw)
+        geom, name = _geom(ctx, node, dx.shape, w.shape[0], kernel, out_hw, w.name)
         cols = _columns(node, dx.shape, kernel, out_hw)
         ws = ctx.workspace(f"{dx.name}_cols", cols) if cols else "nullptr"
         return [geom, ctx.call("dg::conv2d_grad_input", ctx.read(g), ctx.read(w), ctx.write(dx), ws, name)]
@@ -297,7 +300,8 @@ class Conv2dGradWeight(OpDef):
         x, g = node.inputs
         dw = node.outputs[0]
         kernel, out_hw = tuple(node.attrs["kernel"]), tuple(g.shape[2:])
-        geom, name = _geom(ctx, node, x.shape, g.shape[1], kernel, out_hw)
+        weight = dw.name[len("d_"):] if dw.name.startswith("d_") else ""  # d_conv1_weight: conv1_weight's
+        geom, name = _geom(ctx, node, x.shape, g.shape[1], kernel, out_hw, weight)
         floats = _columns(node, x.shape, kernel, out_hw)
         if ctx.target.weight_grad_partials:  # room for partial sums of one group's weight gradient
             floats += dw.shape[0] // node.attrs["groups"] * dw.shape[1] * kernel[0] * kernel[1]

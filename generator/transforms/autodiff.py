@@ -9,6 +9,8 @@ forward one. Gradients of a value used several times are added up.
 
 from __future__ import annotations
 
+import re
+
 import sympy
 
 from ..errors import ModelError
@@ -118,6 +120,7 @@ def backprop(gb, nodes, grads: dict, reaches: set, needed=None) -> dict:
 
 
 def _backprop(gb, nodes, grads: dict, reaches: set, needed) -> None:
+    came_from = {}  # id(a gradient part) -> the node whose rule made it
     for node in reversed(list(nodes)):
         if not any(id(v) in grads for v in node.outputs):
             continue
@@ -137,9 +140,34 @@ def _backprop(gb, nodes, grads: dict, reaches: set, needed) -> None:
             if id(v) in grads:
                 a, b = ARGS[0], ARGS[1]
                 parts = [grads[id(v)], g]
+                freed = _name_parts(gb, v, parts, [came_from.get(id(grads[id(v)])), node])
                 g = gb.ewise("add", a + b, parts, v.shape, f"d_{v.name}")
+                if freed is not None and g.producer is not None:
+                    g.name = freed  # the sum is the gradient: d_<v>, the name its part had
                 _total_takes_the_name(g, parts, f"d_{v.name}")
+            else:
+                came_from[id(g)] = node
             grads[id(v)] = g
+
+
+def _name_parts(gb, v, parts, consumers) -> str | None:
+    """The parts of a gradient summed from several uses of v are named after the use each
+    comes from (`d_x_from_conv1`, `d_x_from_shortcut_0`) instead of numbered, where a part is
+    a value made for v's gradient alone (named d_<v>, numbered) by the rule of a use whose
+    result the user named (a variable or name=, not one deepgen made from the op's name).
+    Returns the name d_<v> where a renamed part had it (the sum takes it), else None."""
+    stem, freed = f"d_{v.name}", None
+    for part, consumer in zip(parts, consumers):
+        if consumer is None or part.producer is None or part.producer not in gb.nodes or not consumer.outputs:
+            continue
+        if not re.fullmatch(rf"{re.escape(stem)}(_\d+)?", part.name):
+            continue
+        made = consumer.outputs[0]
+        use = made.name if made.explicit else re.sub(r"_\d+$", "", made.name)  # a variable's out_3: out
+        if use.isidentifier() and not use.startswith("_") and use != consumer.op:  # not a name made from the op's
+            freed = part.name if part.name == stem else freed
+            part.name = gb.graph.names.unique(f"{stem}_from_{use}")
+    return freed
 
 
 def _total_takes_the_name(total, parts, name) -> None:
