@@ -60,7 +60,9 @@ def block_params(i):
 
 
 def heads(x, rows, length):
-    """[rows * length, EMBED] -> [rows, HEADS, length, HEAD]."""
+    """[rows * length, EMBED] -> [rows, HEADS, length, HEAD] (one position: a view)."""
+    if length == 1:
+        return dg.reshape(x, (rows, HEADS, 1, HEAD))
     return dg.transpose(dg.reshape(x, (rows, length, HEADS, HEAD)), (0, 2, 1, 3))
 
 
@@ -76,7 +78,8 @@ def attention(q, keys, values, mask, p, rows, length):
     (additive mask broadcast to [rows, HEADS, length, T]), heads joined and projected:
     [rows * length, EMBED]."""
     weights = dg.softmax(dg.bmm(q * (1.0 / HEAD**0.5), keys, tb=True), axis=-1, mask=mask)
-    joined = dg.reshape(dg.transpose(dg.bmm(weights, values), (0, 2, 1, 3)), (rows * length, EMBED))
+    context = dg.bmm(weights, values)  # [rows, HEADS, length, HEAD]
+    joined = dg.reshape(context if length == 1 else dg.transpose(context, (0, 2, 1, 3)), (rows * length, EMBED))
     return joined @ p["attn_c_proj_weight"] + p["attn_c_proj_bias"]
 
 
@@ -155,12 +158,34 @@ def gpt2_generate(compact=None):
 # ----------------------------------------------------------------------------
 
 
+def _transformers():
+    """transformers, imported. It imports torchvision when that is installed, whose import
+    fails beside a CPU-only torch unless the schemas of its ops nms and qnms exist: they
+    are defined first when missing (tests/vision_models.py does the same)."""
+    import importlib.util
+
+    import torch
+
+    if "torchvision" not in sys.modules and importlib.util.find_spec("torchvision") is not None:
+        try:
+            torch.ops.torchvision.nms.default
+        except (AttributeError, RuntimeError):
+            global _SCHEMAS
+            _SCHEMAS = torch.library.Library("torchvision", "DEF")
+            for op in ("nms", "qnms"):
+                _SCHEMAS.define(f"{op}(Tensor dets, Tensor scores, float iou_threshold) -> Tensor")
+    import transformers
+
+    return transformers
+
+
 def hf_model(seed: int = 0):
     """A config-built GPT2LMHeadModel of this file's sizes, seeded random weights (no
     download), eval mode. initializer_range 0.5: GPT-2's 0.02 makes near-uniform logits
     and continuations that barely depend on the prompt."""
     import torch
-    import transformers
+
+    transformers = _transformers()
 
     config = transformers.GPT2Config(vocab_size=VOCAB, n_embd=EMBED, n_layer=LAYERS, n_head=HEADS,
                                      n_positions=N_POSITIONS, bos_token_id=EOS, eos_token_id=EOS,
