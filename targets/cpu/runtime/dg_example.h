@@ -36,11 +36,13 @@ inline ExampleOptions parse_example_args(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     if (flag == "--help" || flag == "-h") throw std::invalid_argument("");
-    if (flag != "--weights" && flag != "--input" && flag != "--output" && flag != "--values" && flag != "--print")
+    if (flag != "--weights" && flag != "--input" && flag != "--output" && flag != "--values" &&
+        flag != "--print")
       throw std::invalid_argument("unknown argument '" + flag + "'");
     if (i + 1 == argc) throw std::invalid_argument(flag + " needs a value");
     const std::string value = argv[++i];
-    if (value.empty()) throw std::invalid_argument(flag + (flag == "--print" ? ": the name is empty" : ": the path is empty"));
+    if (value.empty())
+      throw std::invalid_argument(flag + (flag == "--print" ? ": the name is empty" : ": the path is empty"));
     if (flag == "--weights") {
       options.weights = value;
     } else if (flag == "--output") {
@@ -51,7 +53,8 @@ inline ExampleOptions parse_example_args(int argc, char** argv) {
       const size_t eq = value.find('=');
       const bool file = flag == "--input";
       if (eq == std::string::npos || eq == 0)
-        throw std::invalid_argument(flag + " " + value + (file ? ": expected NAME=FILE.npy" : ": expected NAME=V,V,..."));
+        throw std::invalid_argument(flag + " " + value +
+                                    (file ? ": expected NAME=FILE.npy" : ": expected NAME=V,V,..."));
       (file ? options.inputs : options.values).emplace_back(value.substr(0, eq), value.substr(eq + 1));
     }
   }
@@ -85,12 +88,14 @@ View<T> values_input(const std::string& text, const std::string& name, std::vect
     start = comma + 1;
   }
   int64_t rest = 1;
-  for (size_t k = 1; k < example.size(); ++k) rest *= example[k];
+  for (size_t k = 1; k < example.size(); ++k)
+    rest *= example[k];
   const int64_t count = static_cast<int64_t>(storage.size());
   if (example.empty() ? count != 1 : count % rest != 0)
-    throw std::invalid_argument("--values " + name + ": " + std::to_string(count) + " values, expected " +
-                                (example.empty() ? std::string("1") : "a multiple of " + std::to_string(rest)) +
-                                " (the shape " + shape_str(example) + " with the first axis fitted)");
+    throw std::invalid_argument(
+        "--values " + name + ": " + std::to_string(count) + " values, expected " +
+        (example.empty() ? std::string("1") : "a multiple of " + std::to_string(rest)) + " (the shape " +
+        shape_str(example) + " with the first axis fitted)");
   if (!example.empty()) example[0] = count / rest;
   return {storage.data(), example};
 }

@@ -23,7 +23,8 @@ void compare(const A* a, B b, uint8_t* out, Compare how, int ndim, const int64_t
   for (int64_t row = 0; row < layout.total; row += n) {  // a run along the last axis at a time
     const int64_t a0 = layout.offset(row, 0), b0 = layout.offset(row, 1);
     for (int64_t i = 0; i < n; ++i)
-      out[row + i] = logic_detail::compare_one(a[a0 + i * as], logic_detail::read(b, b0 + i * bs), how) ? 1 : 0;
+      out[row + i] =
+          logic_detail::compare_one(a[a0 + i * as], logic_detail::read(b, b0 + i * bs), how) ? 1 : 0;
   }
 }
 
@@ -59,11 +60,13 @@ template <typename A, typename B>
 void where(const uint8_t* cond, A a, B b, float* out, int ndim, const int64_t* shape,
            const int64_t* cond_step, const int64_t* a_step, const int64_t* b_step) {
   const logic_detail::Broadcast layout(ndim, shape, cond_step, a_step, b_step);
-  const int64_t n = layout.inner(), cs = layout.inner_step(0), as = layout.inner_step(1), bs = layout.inner_step(2);
+  const int64_t n = layout.inner(), cs = layout.inner_step(0), as = layout.inner_step(1),
+                bs = layout.inner_step(2);
   for (int64_t row = 0; row < layout.total; row += n) {  // a run along the last axis at a time
     const int64_t c0 = layout.offset(row, 0), a0 = layout.offset(row, 1), b0 = layout.offset(row, 2);
     for (int64_t i = 0; i < n; ++i)
-      out[row + i] = cond[c0 + i * cs] != 0 ? logic_detail::read(a, a0 + i * as) : logic_detail::read(b, b0 + i * bs);
+      out[row + i] =
+          cond[c0 + i * cs] != 0 ? logic_detail::read(a, a0 + i * as) : logic_detail::read(b, b0 + i * bs);
   }
 }
 
