@@ -189,7 +189,7 @@ def hf_model(seed: int = 0):
 
     config = transformers.GPT2Config(vocab_size=VOCAB, n_embd=EMBED, n_layer=LAYERS, n_head=HEADS,
                                      n_positions=N_POSITIONS, bos_token_id=EOS, eos_token_id=EOS,
-                                     pad_token_id=EOS, initializer_range=0.5)
+                                     initializer_range=0.5)  # pad_token_id: generate()'s argument
     torch.manual_seed(seed)
     model = transformers.GPT2LMHeadModel(config).eval()
     g = torch.Generator().manual_seed(seed + 1)
