@@ -318,8 +318,11 @@ def main() -> None:
         "--quick", action="store_true", help="fewer batches, repetitions and rounds (about a minute)"
     )
     parser.add_argument("--rounds", type=int, help="rounds of children (default 3; 1 with --quick)")
-    parser.add_argument("--gpt2", action="store_true",
-                        help="the GPT-2 generator against Hugging Face generate() (benchmarks/control_flow_gpt2.py)")
+    parser.add_argument(
+        "--gpt2",
+        action="store_true",
+        help="the GPT-2 generator against Hugging Face generate() (benchmarks/control_flow_gpt2.py)",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.gpt2:

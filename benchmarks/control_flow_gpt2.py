@@ -43,7 +43,17 @@ import statistics
 import time
 from pathlib import Path
 
-from _common import BUSY_LIMIT, ROOT, build_module, import_module, machine_facts, measure, quiet_blas, run_rounds, set_threads
+from _common import (
+    BUSY_LIMIT,
+    ROOT,
+    build_module,
+    import_module,
+    machine_facts,
+    measure,
+    quiet_blas,
+    run_rounds,
+    set_threads,
+)
 
 PEERS = ("deepgen", "deepgen-masked", "hf-generate")
 THREADS = (1, 2)
@@ -59,7 +69,10 @@ def example():
 
 def workloads(ex: dict, sets: dict) -> dict:
     """{batch: [prompt arrays]}: seeded prompts, the same in every process."""
-    return {size: list(ex["prompts"](size * count, 201 + size).reshape(count, size, -1)) for size, count in sets.items()}
+    return {
+        size: list(ex["prompts"](size * count, 201 + size).reshape(count, size, -1))
+        for size, count in sets.items()
+    }
 
 
 def loaded(info: dict, weights: str):
@@ -122,8 +135,10 @@ def child(config: dict) -> None:
             lengths += [len(w) for w in want]
             loop_steps.append(max(len(w) for w in want))
         if agree != total:
-            raise SystemExit(f"{peer}: {total - agree} of {total} sequences differ from the generated module's "
-                             f"(batch {size}); refusing to time different functions")
+            raise SystemExit(
+                f"{peer}: {total - agree} of {total} sequences differ from the generated module's "
+                f"(batch {size}); refusing to time different functions"
+            )
 
         def run_set(batches=batches):
             for prompt in batches:
@@ -131,11 +146,23 @@ def child(config: dict) -> None:
 
         t = measure(run_set, config["target_s"], config["min_reps"])
         per_batch = [1000 * s / len(batches) for s in t["times"]]
-        out["rows"].append({"batch": size, "times_ms": per_batch, "cpu_per_wall": t["cpu_per_wall"], "agree": agree,
-                            "examples": total, "lengths": lengths, "loop_steps": loop_steps})
-        print(f"  [round {config['round'] + 1}, {threads} thr] batch {size:2d} {peer:14s} "
-              f"{statistics.median(per_batch):9.3f} ms/batch ({len(per_batch)} reps, cpu/wall {t['cpu_per_wall']:.2f}; "
-              f"tokens agree {agree}/{total})", flush=True)
+        out["rows"].append(
+            {
+                "batch": size,
+                "times_ms": per_batch,
+                "cpu_per_wall": t["cpu_per_wall"],
+                "agree": agree,
+                "examples": total,
+                "lengths": lengths,
+                "loop_steps": loop_steps,
+            }
+        )
+        print(
+            f"  [round {config['round'] + 1}, {threads} thr] batch {size:2d} {peer:14s} "
+            f"{statistics.median(per_batch):9.3f} ms/batch ({len(per_batch)} reps, cpu/wall {t['cpu_per_wall']:.2f}; "
+            f"tokens agree {agree}/{total})",
+            flush=True,
+        )
     Path(config["out"]).write_text(json.dumps(out))
 
 
@@ -150,46 +177,70 @@ def report(results: list, ex: dict, info: dict) -> list:
             facts[(r["batch"], res["peer"])] = r
     med = {k: statistics.median(v) for k, v in pooled.items()}
     machine = machine_facts()
-    print(f"\nMachine: {machine['cpu']} ({machine['machine']}, {machine['cores']} cores; ISA "
-          f"{' '.join(machine['cpu_isa'])}); torch {machine['torch']}, numpy {machine['numpy']}, git {machine['git']}")
-    print(f"Model: examples/gpt2_generate.py, {ex['LAYERS']} layers, {ex['HEADS']} heads, embedding {ex['EMBED']}, "
-          f"vocabulary {ex['VOCAB']}, prompt {ex['PROMPT']}, up to {ex['MAX_NEW']} new tokens, EOS {ex['EOS']}")
+    print(
+        f"\nMachine: {machine['cpu']} ({machine['machine']}, {machine['cores']} cores; ISA "
+        f"{' '.join(machine['cpu_isa'])}); torch {machine['torch']}, numpy {machine['numpy']}, git {machine['git']}"
+    )
+    print(
+        f"Model: examples/gpt2_generate.py, {ex['LAYERS']} layers, {ex['HEADS']} heads, embedding {ex['EMBED']}, "
+        f"vocabulary {ex['VOCAB']}, prompt {ex['PROMPT']}, up to {ex['MAX_NEW']} new tokens, EOS {ex['EOS']}"
+    )
     for size in BATCHES:
         r = facts[(size, "deepgen")]
-        print(f"Tokens: every peer agreed with the generated module on all {r['examples']} sequences at batch {size}.")
+        print(
+            f"Tokens: every peer agreed with the generated module on all {r['examples']} sequences at batch {size}."
+        )
     print("\nms per batch (median); ratio = peer / deepgen (> 1: deepgen faster):")
-    head = (f"{'batch':>5} {'thr':>3} | {'deepgen':>8} {'dg-masked':>9} {'hf-generate':>11} | "
-            f"{'masked/dg':>9} {'hf/dg':>8}")
+    head = (
+        f"{'batch':>5} {'thr':>3} | {'deepgen':>8} {'dg-masked':>9} {'hf-generate':>11} | "
+        f"{'masked/dg':>9} {'hf/dg':>8}"
+    )
     print(head)
     print("-" * len(head))
     records, flagged = [], False
     for size in BATCHES:
         for threads in THREADS:
             dg_ms, masked_ms, hf_ms = (med[(size, threads, p)] for p in PEERS)
-            mark = {p: "*" if threads > 1 and med[(size, threads, p)] > 2 * med[(size, 1, p)] else " " for p in PEERS}
+            mark = {
+                p: "*" if threads > 1 and med[(size, threads, p)] > 2 * med[(size, 1, p)] else " "
+                for p in PEERS
+            }
             flagged = flagged or "*" in mark.values()
-            print(f"{size:>5} {threads:>3} | {dg_ms:7.3f}{mark['deepgen']} {masked_ms:8.3f}{mark['deepgen-masked']} "
-                  f"{hf_ms:10.3f}{mark['hf-generate']} | {masked_ms / dg_ms:8.2f}x {hf_ms / dg_ms:7.2f}x")
+            print(
+                f"{size:>5} {threads:>3} | {dg_ms:7.3f}{mark['deepgen']} {masked_ms:8.3f}{mark['deepgen-masked']} "
+                f"{hf_ms:10.3f}{mark['hf-generate']} | {masked_ms / dg_ms:8.2f}x {hf_ms / dg_ms:7.2f}x"
+            )
             for peer in PEERS:
                 m = med[(size, threads, peer)]
-                records.append({"batch": size, "threads": threads, "peer": peer, "median_ms": round(m, 4),
-                                "min_ms": round(min(pooled[(size, threads, peer)]), 4),
-                                "reps": len(pooled[(size, threads, peer)]),
-                                "cpu_per_wall": round(statistics.mean(cpu[(size, threads, peer)]), 3),
-                                "ratio_vs_deepgen": round(m / dg_ms, 3)})
+                records.append(
+                    {
+                        "batch": size,
+                        "threads": threads,
+                        "peer": peer,
+                        "median_ms": round(m, 4),
+                        "min_ms": round(min(pooled[(size, threads, peer)]), 4),
+                        "reps": len(pooled[(size, threads, peer)]),
+                        "cpu_per_wall": round(statistics.mean(cpu[(size, threads, peer)]), 3),
+                        "ratio_vs_deepgen": round(m / dg_ms, 3),
+                    }
+                )
     if flagged:
-        print("* the peer's 2-thread median is over twice its 1-thread one: its threads waited for cores (another "
-              "process held one); such a cell's ratios say little")
+        print(
+            "* the peer's 2-thread median is over twice its 1-thread one: its threads waited for cores (another "
+            "process held one); such a cell's ratios say little"
+        )
     print("\nProfile (1 thread):")
     for size in BATCHES:
         r = facts[(size, "deepgen")]
         lengths, loops = r["lengths"], r["loop_steps"]
-        print(f"  batch {size:2d}: new tokens per sequence mean {statistics.mean(lengths):.2f} (min {min(lengths)}, "
-              f"max {max(lengths)}); tokens per batch call {statistics.mean(loops):.2f} (the batch runs until its "
-              f"longest sequence ends: {100 * (1 - sum(lengths) / (size * sum(loops))):.0f}% of the masked build's "
-              f"rows are finished sequences); deepgen {1000 * med[(size, 1, 'deepgen')] / statistics.mean(loops):.1f} "
-              f"us per generated position of the batch, hf-generate "
-              f"{1000 * med[(size, 1, 'hf-generate')] / statistics.mean(loops):.1f} us")
+        print(
+            f"  batch {size:2d}: new tokens per sequence mean {statistics.mean(lengths):.2f} (min {min(lengths)}, "
+            f"max {max(lengths)}); tokens per batch call {statistics.mean(loops):.2f} (the batch runs until its "
+            f"longest sequence ends: {100 * (1 - sum(lengths) / (size * sum(loops))):.0f}% of the masked build's "
+            f"rows are finished sequences); deepgen {1000 * med[(size, 1, 'deepgen')] / statistics.mean(loops):.1f} "
+            f"us per generated position of the batch, hf-generate "
+            f"{1000 * med[(size, 1, 'hf-generate')] / statistics.mean(loops):.1f} us"
+        )
     return records
 
 
@@ -209,19 +260,31 @@ def main(argv=None) -> None:
     info = build_module(ex["gpt2_generate"])
     masked_info = build_module(ex["gpt2_generate"], name="gpt2_generate_masked", compact=False)
     rounds = args.rounds or (1 if args.quick else 3)
-    config = {"module": info, "masked": masked_info, "weights": hf_weights(ex, info), "sets": QUICK_SETS if args.quick else SETS,
-              "min_reps": 3 if args.quick else 5, "target_s": 0.3 if args.quick else 1.0 / rounds}
+    config = {
+        "module": info,
+        "masked": masked_info,
+        "weights": hf_weights(ex, info),
+        "sets": QUICK_SETS if args.quick else SETS,
+        "min_reps": 3 if args.quick else 5,
+        "target_s": 0.3 if args.quick else 1.0 / rounds,
+    }
     print(f"\n{rounds} round(s) x {len(THREADS)} thread counts, a child per peer:", flush=True)
     results = run_rounds(__file__, config, rounds, THREADS, PEERS, "control_flow_gpt2")
     records = report(results, ex, info)
     contention = max([max(r["other_cores"] or 0, r["steal_cores"] or 0) for r in results], default=0.0)
     if contention > BUSY_LIMIT:
-        print(f"\nWARNING: other processes or the hypervisor took up to {contention:.2f} cores while children ran: "
-              "the figures are noisy, the 2-thread ones most.")
+        print(
+            f"\nWARNING: other processes or the hypervisor took up to {contention:.2f} cores while children ran: "
+            "the figures are noisy, the 2-thread ones most."
+        )
     print(f"\n(ran in {time.perf_counter() - t_start:.0f} s)")
     if args.json:
-        Path(args.json).write_text(json.dumps({"machine": machine_facts(), "module": info, "records": records,
-                                               "children": results}, indent=1))
+        Path(args.json).write_text(
+            json.dumps(
+                {"machine": machine_facts(), "module": info, "records": records, "children": results},
+                indent=1,
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -38,7 +38,7 @@ HEAD = EMBED // HEADS
 PROMPT, MAX_NEW = 6, 10
 POSITIONS = PROMPT + MAX_NEW - 1  # the cache: the last new token is never fed back
 N_POSITIONS = PROMPT + MAX_NEW  # the Hugging Face config's n_positions (wpe's rows)
-EOS = 22  # a token the seeded model below emits often (about one new token in ten): sequences stop at different steps
+EOS = 22  # a token the seeded model below emits often (one new token in ten): sequences stop at varied steps
 NEG = -1e30  # the additive mask past the current position
 
 
@@ -50,13 +50,27 @@ def gelu_tanh(x):
 def block_params(i):
     """Layer i's parameters, named after the Hugging Face state_dict."""
     p = f"transformer_h_{i}_"
-    shapes = {"ln_1_weight": (EMBED,), "ln_1_bias": (EMBED,), "attn_c_attn_weight": (EMBED, 3 * EMBED),
-              "attn_c_attn_bias": (3 * EMBED,), "attn_c_proj_weight": (EMBED, EMBED), "attn_c_proj_bias": (EMBED,),
-              "ln_2_weight": (EMBED,), "ln_2_bias": (EMBED,), "mlp_c_fc_weight": (EMBED, 4 * EMBED),
-              "mlp_c_fc_bias": (4 * EMBED,), "mlp_c_proj_weight": (4 * EMBED, EMBED), "mlp_c_proj_bias": (EMBED,)}
-    inits = {"weight": dg.normal(0.0, 0.02), "bias": dg.zeros()}
-    return {k: dg.param(p + k, s, init=dg.ones() if k.startswith("ln") and k.endswith("weight") else
-                        inits[k.rsplit("_", 1)[1]]) for k, s in shapes.items()}
+    shapes = {
+        "ln_1_weight": (EMBED,),
+        "ln_1_bias": (EMBED,),
+        "attn_c_attn_weight": (EMBED, 3 * EMBED),
+        "attn_c_attn_bias": (3 * EMBED,),
+        "attn_c_proj_weight": (EMBED, EMBED),
+        "attn_c_proj_bias": (EMBED,),
+        "ln_2_weight": (EMBED,),
+        "ln_2_bias": (EMBED,),
+        "mlp_c_fc_weight": (EMBED, 4 * EMBED),
+        "mlp_c_fc_bias": (4 * EMBED,),
+        "mlp_c_proj_weight": (4 * EMBED, EMBED),
+        "mlp_c_proj_bias": (EMBED,),
+    }
+
+    def init(key):  # GPT-2's: layer norm weights 1, biases 0, weights normal(0, 0.02)
+        if key.startswith("ln") and key.endswith("weight"):
+            return dg.ones()
+        return dg.zeros() if key.endswith("bias") else dg.normal(0.0, 0.02)
+
+    return {k: dg.param(p + k, s, init=init(k)) for k, s in shapes.items()}
 
 
 def heads(x, rows, length):
@@ -64,6 +78,12 @@ def heads(x, rows, length):
     if length == 1:
         return dg.reshape(x, (rows, HEADS, 1, HEAD))
     return dg.transpose(dg.reshape(x, (rows, length, HEADS, HEAD)), (0, 2, 1, 3))
+
+
+def project_qkv(x, p):
+    """The block's first half begins: ln_1, then c_attn; q, k and v of x [rows, EMBED]."""
+    h = dg.layer_norm(x, p["ln_1_weight"], p["ln_1_bias"])
+    return dg.split(h @ p["attn_c_attn_weight"] + p["attn_c_attn_bias"], 3, axis=1)
 
 
 def mlp(x, p):
@@ -79,8 +99,15 @@ def attention(q, keys, values, mask, p, rows, length):
     [rows * length, EMBED]."""
     weights = dg.softmax(dg.bmm(q * (1.0 / HEAD**0.5), keys, tb=True), axis=-1, mask=mask)
     context = dg.bmm(weights, values)  # [rows, HEADS, length, HEAD]
-    joined = dg.reshape(context if length == 1 else dg.transpose(context, (0, 2, 1, 3)), (rows * length, EMBED))
+    joined = dg.reshape(
+        context if length == 1 else dg.transpose(context, (0, 2, 1, 3)), (rows * length, EMBED)
+    )
     return joined @ p["attn_c_proj_weight"] + p["attn_c_proj_bias"]
+
+
+def counting(zero, length):
+    """0, 1, ..., length - 1 in each row, [rows, length], from a column of zeros [rows, 1]."""
+    return dg.cumsum(dg.expand(zero + 1.0, (zero.shape[0], length)), 1) - 1.0
 
 
 def best_token(x, ln_f_weight, ln_f_bias, wte):
@@ -103,21 +130,21 @@ def gpt2_generate(compact=None):
 
     # The prefill: the whole prompt, causal attention; the caches hold its keys and values.
     embedded = dg.gather(wte, prompt)  # [N, PROMPT, EMBED]
-    x = dg.reshape(embedded + dg.reshape(dg.slice_axis(wpe, 0, 0, PROMPT), (1, PROMPT, EMBED)), (N * PROMPT, EMBED))
+    x = dg.reshape(
+        embedded + dg.reshape(dg.slice_axis(wpe, 0, 0, PROMPT), (1, PROMPT, EMBED)), (N * PROMPT, EMBED)
+    )
     causal = dg.causal_mask(PROMPT)
-    zero = dg.reshape(dg.slice_axis(dg.slice_axis(embedded, 1, 0, 1), 2, 0, 1) * 0.0, (N, 1, 1, 1))
-    later = dg.expand(zero, (N, HEADS, POSITIONS - PROMPT, HEAD))  # the cache's positions past the prompt
+    zero = dg.slice_axis(dg.cast(prompt, "float32"), 1, 0, 1) * 0.0  # [N, 1]
+    later = dg.expand(dg.reshape(zero, (N, 1, 1, 1)), (N, HEADS, POSITIONS - PROMPT, HEAD))  # past the prompt
     caches = []
     for p in layers:
-        qkv = dg.layer_norm(x, p["ln_1_weight"], p["ln_1_bias"]) @ p["attn_c_attn_weight"] + p["attn_c_attn_bias"]
-        q, k, v = (heads(t, N, PROMPT) for t in dg.split(qkv, 3, axis=1))
+        q, k, v = (heads(t, N, PROMPT) for t in project_qkv(x, p))
         x = mlp(x + attention(q, k, v, causal, p, N, PROMPT), p)
         caches += [dg.concat([k, later], axis=2), dg.concat([v, later], axis=2)]
     last = dg.reshape(dg.slice_axis(dg.reshape(x, (N, PROMPT, EMBED)), 1, PROMPT - 1, PROMPT), (N, EMBED))
     first = best_token(last, ln_f_weight, ln_f_bias, wte)
-    ones = first * 0.0 + 1.0  # [N, VOCAB]
-    positions = dg.slice_axis(dg.cumsum(ones, 1), 1, 0, POSITIONS) - 1.0  # 0, 1, ... per row, [N, POSITIONS]
-    place = dg.cast(positions == float(PROMPT), "float32")  # one-hot of the position the first token takes
+    # the one-hot of the position the first new token takes
+    place = dg.cast(counting(zero, POSITIONS) == float(PROMPT), "float32")
 
     # The loop: one batched step over the sequences still generating.
     def still_generating(s):
@@ -133,24 +160,36 @@ def gpt2_generate(compact=None):
         mask = dg.reshape(dg.where(upto > 0.5, 0.0, NEG), (rows, 1, 1, POSITIONS))
         written = []
         for i, p in enumerate(layers):
-            qkv = dg.layer_norm(x, p["ln_1_weight"], p["ln_1_bias"]) @ p["attn_c_attn_weight"] + p["attn_c_attn_bias"]
-            q, k, v = (heads(t, rows, 1) for t in dg.split(qkv, 3, axis=1))
+            q, k, v = (heads(t, rows, 1) for t in project_qkv(x, p))
             keys = cache[2 * i] + at * k  # the new key written at its position
             values = cache[2 * i + 1] + at * v
             x = mlp(x + attention(q, keys, values, mask, p, rows, 1), p)
             written += [keys, values]
-        step = dg.concat([dg.slice_axis(place, 1, 0, 1) * 0.0, dg.slice_axis(place, 1, 0, POSITIONS - 1)], axis=1)
+        before = dg.slice_axis(place, 1, 0, POSITIONS - 1)
+        step = dg.concat([dg.slice_axis(place, 1, 0, 1) * 0.0, before], axis=1)  # the next position
         return (best_token(x, ln_f_weight, ln_f_bias, wte), step, *written)
 
     names = ["token", "place"] + [f"{kv}_{i}" for i in range(LAYERS) for kv in ("keys", "values")]
-    _, steps, every = dg.while_loop(still_generating, generate_step, (first, place, *caches), MAX_NEW - 1,
-                                   outputs=True, names=names, compact=compact)
-    tokens = dg.concat([dg.reshape(first, (N, 1, VOCAB)), every[0]], axis=1)  # [N, MAX_NEW, VOCAB], zeros past
-    ids = dg.reshape(dg.slice_axis(dg.cumsum(ones, 1), 1, 0, VOCAB) - 1.0, (N, 1, VOCAB))
+    _, steps, every = dg.while_loop(
+        still_generating,
+        generate_step,
+        (first, place, *caches),
+        MAX_NEW - 1,
+        outputs=True,
+        names=names,
+        compact=compact,
+    )
+    tokens = dg.concat(
+        [dg.reshape(first, (N, 1, VOCAB)), every[0]], axis=1
+    )  # [N, MAX_NEW, VOCAB], zeros past
+    ids = dg.reshape(counting(zero, VOCAB), (N, 1, VOCAB))  # each token's id
     made = dg.sum(tokens, 2)  # 1 for a new token, 0 past the sequence's end
     continuation = dg.sum(tokens * ids, 2) + float(EOS) * (1.0 - made)
-    return {"continuation": dg.cast(continuation, "int64"), "length": dg.cast(dg.sum(made, 1), "int64"),
-            "steps": steps}
+    return {
+        "continuation": dg.cast(continuation, "int64"),
+        "length": dg.cast(dg.sum(made, 1), "int64"),
+        "steps": steps,
+    }
 
 
 # ----------------------------------------------------------------------------
@@ -187,9 +226,16 @@ def hf_model(seed: int = 0):
 
     transformers = _transformers()
 
-    config = transformers.GPT2Config(vocab_size=VOCAB, n_embd=EMBED, n_layer=LAYERS, n_head=HEADS,
-                                     n_positions=N_POSITIONS, bos_token_id=EOS, eos_token_id=EOS,
-                                     initializer_range=0.5)  # pad_token_id: generate()'s argument
+    config = transformers.GPT2Config(
+        vocab_size=VOCAB,
+        n_embd=EMBED,
+        n_layer=LAYERS,
+        n_head=HEADS,
+        n_positions=N_POSITIONS,
+        bos_token_id=EOS,
+        eos_token_id=EOS,
+        initializer_range=0.5,
+    )  # pad_token_id: generate()'s argument
     torch.manual_seed(seed)
     model = transformers.GPT2LMHeadModel(config).eval()
     g = torch.Generator().manual_seed(seed + 1)
@@ -204,9 +250,14 @@ def hf_weights(model) -> dict:
     """The model's parameters by this file's names (state_dict keys, dots as
     underscores); lm_head.weight is wte's (tied), checked and left out."""
     state = model.state_dict()
-    assert state["lm_head.weight"].data_ptr() == state["transformer.wte.weight"].data_ptr(), "lm_head is not tied"
-    return {k.replace(".", "_"): v.detach().numpy().astype(np.float32) for k, v in state.items()
-            if k != "lm_head.weight" and not k.endswith(".attn.bias") and not k.endswith(".masked_bias")}
+    assert (
+        state["lm_head.weight"].data_ptr() == state["transformer.wte.weight"].data_ptr()
+    ), "lm_head is not tied"
+    return {
+        k.replace(".", "_"): v.detach().numpy().astype(np.float32)
+        for k, v in state.items()
+        if k != "lm_head.weight" and not k.endswith(".attn.bias") and not k.endswith(".masked_bias")
+    }
 
 
 def hf_generate(model, prompt: np.ndarray) -> list:
@@ -216,8 +267,15 @@ def hf_generate(model, prompt: np.ndarray) -> list:
 
     ids = torch.as_tensor(prompt, dtype=torch.int64)
     with torch.inference_mode():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False, max_new_tokens=MAX_NEW,
-                             eos_token_id=EOS, pad_token_id=EOS, use_cache=True)
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            do_sample=False,
+            max_new_tokens=MAX_NEW,
+            eos_token_id=EOS,
+            pad_token_id=EOS,
+            use_cache=True,
+        )
     result = []
     for row in out[:, PROMPT:].tolist():
         result.append(row[: row.index(EOS) + 1] if EOS in row else row)

@@ -37,7 +37,9 @@ def gpt2(builds):
 def test_weights_map_by_name_onto_every_parameter(gpt2):
     example, _, model, _, hf, weights = gpt2
     assert set(weights) == set(model.parameters())
-    assert "transformer_h_1_attn_c_attn_weight" in weights  # transformer.h.1.attn.c_attn.weight, Conv1D [in, out]
+    assert (
+        "transformer_h_1_attn_c_attn_weight" in weights
+    )  # transformer.h.1.attn.c_attn.weight, Conv1D [in, out]
     assert weights["transformer_h_1_attn_c_attn_weight"].shape == (example["EMBED"], 3 * example["EMBED"])
     np.testing.assert_array_equal(weights["transformer_wte_weight"], hf.lm_head.weight.detach().numpy())
 
@@ -85,9 +87,20 @@ def test_example_program_prints_the_continuation(gpt2, tmp_path):
     np.savez(tmp_path / "gpt2.npz", **weights)
     prompts = example["prompts"](3, 12)
     ids = ",".join(str(int(v)) for v in prompts.reshape(-1))
-    proc = subprocess.run([str(where / "build" / f"{graph.name}_example"), "--weights", str(tmp_path / "gpt2.npz"),
-                           "--values", f"prompt={ids}", "--print", "continuation"],
-                          capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [
+            str(where / "build" / f"{graph.name}_example"),
+            "--weights",
+            str(tmp_path / "gpt2.npz"),
+            "--values",
+            f"prompt={ids}",
+            "--print",
+            "continuation",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     rows = [line for line in proc.stdout.splitlines() if line.startswith("continuation[")]
     printed = [[int(v) for v in r.split(":")[1].split()] for r in rows]
@@ -103,7 +116,7 @@ def test_loop_reads_as_one_batched_step_over_the_sequences_still_generating():
 
     example = runpy.run_path(str(ROOT / "examples" / "gpt2_generate.py"))
     code = project_files(example["gpt2_generate"].build())["src/model.cpp"].decode()
-    loop = code[code.index("// One batched step per loop step, over the examples still generating only"):]
+    loop = code[code.index("// One batched step per loop step, over the examples still generating only") :]
     loop = loop[: loop.index("\n  }\n")]
     assert "// The examples still generating (their previous step ran), listed by index in `live`:" in loop
     assert "dg::still_running(" in loop and "// No example is still generating" in loop
