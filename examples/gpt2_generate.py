@@ -3,6 +3,9 @@ dg.while_loop, each sequence until its end token (EOS) or MAX_NEW tokens.
 
     python examples/gpt2_generate.py   # generates, builds; the tokens against Hugging Face's generate()
 
+(then it saves the Hugging Face weights beside the project and prints how to build and run the
+project's C++ example program, a text generator: prompt ids in, the continuation printed).
+
 The decoder is written here in the DSL (the importer traces a forward pass over whole
 sequences; it has no step function that reads and writes a cache). Its parameters have
 the names of a Hugging Face GPT2LMHeadModel's state_dict, dots as underscores
@@ -314,6 +317,14 @@ def main():
     for p, g in zip(batch, got):
         print(" ".join(map(str, p)), "->", " ".join(map(str, g)))
     print(f"equal to Hugging Face generate(do_sample=False): {got == want}")
+    model.save(str(project / "hf_weights.npz"))
+    ids = ",".join(map(str, batch[0]))
+    print(
+        f"The C++ text generator (weights saved to {project / 'hf_weights.npz'}):\n"
+        f"  cmake -S {project} -B {project / 'cpp'} -DCMAKE_BUILD_TYPE=Release && cmake --build {project / 'cpp'}\n"
+        f"  {project / 'cpp' / 'gpt2_generate_example'} --weights {project / 'hf_weights.npz'} "
+        f"--values prompt={ids} --print continuation"
+    )
 
 
 if __name__ == "__main__":
