@@ -86,7 +86,9 @@ def heads(x, rows, length):
 def project_qkv(x, p):
     """The block's first half begins: ln_1, then c_attn; q, k and v of x [rows, EMBED]."""
     h = dg.layer_norm(x, p["ln_1_weight"], p["ln_1_bias"])
-    return dg.split(h @ p["attn_c_attn_weight"] + p["attn_c_attn_bias"], 3, axis=1)
+    qkv = h @ p["attn_c_attn_weight"] + p["attn_c_attn_bias"]
+    q, k, v = dg.split(qkv, 3, axis=1)
+    return q, k, v
 
 
 def mlp(x, p):
@@ -172,7 +174,7 @@ def gpt2_generate(compact=None):
         step = dg.concat([dg.slice_axis(place, 1, 0, 1) * 0.0, before], axis=1)  # the next position
         return (best_token(x, ln_f_weight, ln_f_bias, wte), step, *written)
 
-    names = ["token", "place"] + [f"{kv}_{i}" for i in range(LAYERS) for kv in ("keys", "values")]
+    names = ["token", "place"] + [f"layer{i}_{kv}" for i in range(LAYERS) for kv in ("keys", "values")]
     _, steps, every = dg.while_loop(
         still_generating,
         generate_step,
