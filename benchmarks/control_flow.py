@@ -1,6 +1,9 @@
 """Benchmark: data-dependent control flow (#42), the seq2seq greedy decoder's dg.while_loop.
 
     python benchmarks/control_flow.py [--quick] [--json FILE] [--rounds R]
+    python benchmarks/control_flow.py --gpt2 [--quick] [--json FILE] [--rounds R]
+      (the GPT-2 generator, examples/gpt2_generate.py, against Hugging Face's generate():
+      benchmarks/control_flow_gpt2.py, whose docstring says what it measures)
 
 The model is examples/seq2seq_decode.py (a GRU encoder over 2..5 digits, hidden 96, then a
 GRU decoder cell fed its own best token until it emits EOS or MAX_STEPS = 6): its generated
@@ -56,6 +59,7 @@ import argparse
 import json
 import runpy
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -314,8 +318,18 @@ def main() -> None:
         "--quick", action="store_true", help="fewer batches, repetitions and rounds (about a minute)"
     )
     parser.add_argument("--rounds", type=int, help="rounds of children (default 3; 1 with --quick)")
+    parser.add_argument(
+        "--gpt2",
+        action="store_true",
+        help="the GPT-2 generator against Hugging Face generate() (benchmarks/control_flow_gpt2.py)",
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.gpt2:
+        import control_flow_gpt2
+
+        control_flow_gpt2.main([a for a in sys.argv[1:] if a != "--gpt2"])
+        return
     if args.child:
         child(json.loads(args.child))
         return

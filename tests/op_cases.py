@@ -124,6 +124,13 @@ def _cases():
         Case("compare_where", lambda t: dg.where(t["a"] < t["b"], t["a"] * t["b"], t["b"] - 1.0),
              lambda a: np.where(a["a"] < a["b"], a["a"] * a["b"], a["b"] - 1.0),
              {"a": _f((N, 1, 4)), "b": _f((3, 1))}, ("compare", "where")),
+        # a flag per example against [N, 3, 1, 4] rows (a while loop's kept state): the runtime
+        # merges the axes it steps over alike and drops those of size 1
+        Case("where_rows", lambda t: dg.where(dg.reshape(dg.sum(dg.reshape(t["a"], (-1, 12)), 1) > 0.0, (-1, 1, 1, 1)),
+                                              t["a"], dg.where(dg.logical_not(t["b"] > 0.0) | (t["a"] > 0.5), t["b"], -1.0)),
+             lambda a: np.where((a["a"].reshape(-1, 12).sum(1) > 0)[:, None, None, None], a["a"],
+                                np.where(~(a["b"] > 0) | (a["a"] > 0.5), a["b"], np.float32(-1.0))),
+             {"a": _f((N, 3, 1, 4)), "b": _f((3, 1, 1))}, ("compare", "logical", "where")),
         Case("compare_numbers", lambda t: dg.where(t["x"] >= 0.5, 2.0, t["x"]) + dg.where(t["x"] <= -0.5, t["x"], -1.0),
              lambda a: np.where(a["x"] >= 0.5, 2.0, a["x"]) + np.where(a["x"] <= -0.5, a["x"], -1.0),
              {"x": _f((N, 5))}, ("compare", "where")),

@@ -96,6 +96,35 @@ def test_example_program_without_arguments_and_with_bad_ones(built, tmp_path):
         assert re.search(message, proc.stderr), (what, proc.stderr)
 
 
+def test_example_program_takes_values_and_prints_outputs(built, tmp_path):
+    """--values NAME=V,V,...: an input on the command line, the batch fitted to the count;
+    --print NAME: an output's values, a line per example (printed with %.6g)."""
+    _, module, where = built
+    model = _trained(module)
+    model.save(str(tmp_path / "trained.npz"))
+    x = np.round(_batch(n=3, seed=4)["x"], 2)
+    text = ",".join(f"{v:g}" for v in x.reshape(-1))
+    proc = _example(where, "--weights", tmp_path / "trained.npz", "--values", f"x={text}", "--print", "logits")
+    assert proc.returncode == 0, proc.stderr
+    assert "logits: shape [3, 3]" in proc.stdout
+    rows = [line for line in proc.stdout.splitlines() if line.startswith("logits[")]
+    assert [r.split(":")[0] for r in rows] == ["logits[0]", "logits[1]", "logits[2]"]
+    got = np.array([[float(v) for v in r.split(":")[1].split()] for r in rows])
+    np.testing.assert_allclose(got, model.forward(x=x)["logits"], rtol=1e-5, atol=1e-5)
+    cases = {
+        "count": (["--values", "x=1,2,3"], 1, "--values x: 3 values, expected a multiple of 6"),
+        "number": (["--values", "x=1,2,z,4,5,6"], 1, "--values x: 'z' is not a number"),
+        "empty": (["--values", "x=1,,3,4,5,6"], 1, "--values x: '' is not a number"),
+        "input": (["--values", "y=1"], 1, "--values y: the model has no input 'y' \\(its inputs: x\\)"),
+        "output": (["--print", "probs"], 1, "--print probs: the model has no output 'probs' \\(its outputs: logits\\)"),
+        "form": (["--values", "x"], 2, "expected NAME=V,V,..."),
+    }
+    for what, (args, code, message) in cases.items():
+        proc = _example(where, *args)
+        assert proc.returncode == code, (what, proc.stdout, proc.stderr)
+        assert re.search(message, proc.stderr), (what, proc.stderr)
+
+
 def test_save_writes_what_numpy_reads(built, tmp_path):
     _, module, _ = built
     model = _trained(module)

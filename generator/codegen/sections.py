@@ -171,7 +171,10 @@ def _method(line, wanted: str, body: list, source: str, scope: dict, plan, taken
         inner = {n: t for t, n in params}
         cut = []
         for k, part in enumerate(method.body):
-            if isinstance(part, (Block, Loop)) and part.part and _formatted_length(part) >= MIN_LINES:
+            # (A loop is cut out with the loop itself as the part's body: not `line` again, which
+            # would cut the same loop out of itself without end.)
+            if (isinstance(part, (Block, Loop)) and part.part and part is not line
+                    and _formatted_length(part) >= MIN_LINES):
                 # The buffers declared just before the part that nothing after it reads are its own.
                 later = set(_WORD.findall(_STRING.sub(" ", "\n".join(str(b) for b in method.body[k + 1:]))))
                 own = []

@@ -34,17 +34,31 @@ struct Broadcast {
   int64_t step[3][kMaxBroadcastRank] = {};
   int64_t total = 1;
 
-  Broadcast(int rank, const int64_t* out_shape, const int64_t* s0, const int64_t* s1, const int64_t* s2)
-      : ndim(rank) {
+  // Axes of size 1 are dropped and an axis is merged into the one before it where every
+  // operand steps over both as over one (a [rows, 1, 1, 1] flag against [rows, 4, 15, 8]
+  // values: [rows, 480], the flag's steps 1 and 0): the same offsets, fewer axes to walk.
+  Broadcast(int rank, const int64_t* out_shape, const int64_t* s0, const int64_t* s1, const int64_t* s2) {
     if (rank > kMaxBroadcastRank) throw std::invalid_argument("broadcast: more than 8 axes");
     const int64_t* steps[3] = {s0, s1, s2};
     for (int d = 0; d < rank; ++d) {
-      shape[d] = out_shape[d];
       total *= out_shape[d];
+      if (out_shape[d] == 1) continue;
+      int64_t at[3];
       for (int k = 0; k < 3; ++k)
-        step[k][d] = steps[k] != nullptr ? steps[k][d] : 0;
+        at[k] = steps[k] != nullptr ? steps[k][d] : 0;
+      const int last = ndim - 1;
+      bool merge = last >= 0;
+      for (int k = 0; k < 3 && merge; ++k)
+        merge = step[k][last] == at[k] * out_shape[d];
+      const int into = merge ? last : ndim++;
+      shape[into] = merge ? shape[into] * out_shape[d] : out_shape[d];
+      for (int k = 0; k < 3; ++k)
+        step[k][into] = at[k];
     }
   }
+  // The last axis: its length (1 without axes) and operand k's step along it.
+  int64_t inner() const { return ndim > 0 ? shape[ndim - 1] : 1; }
+  int64_t inner_step(int k) const { return ndim > 0 ? step[k][ndim - 1] : 0; }
 
   // The element of operand k that output element `at` reads.
   DG_HD int64_t offset(int64_t at, int k) const {

@@ -1,8 +1,12 @@
 // tiny: an example program using the C++ API without Python.
 // Build: cmake -S . -B build && cmake --build build
-// Run:   ./build/tiny_example [--weights W.npz] [--input NAME=FILE.npy ...] [--output OUT.npz]
+// Run:   ./build/tiny_example [--weights W.npz] [--input NAME=FILE.npy ...] [--values NAME=V,V,... ...]
+//                [--print NAME ...] [--output OUT.npz]
 //   --weights  parameters from a file that save() wrote (Python or C++); default: drawn from seed 0
 //   --input    an input from a .npy file (dtype and shape are checked); default: the example's own
+//   --values   an input's values on the command line, comma-separated: the example's shape, its first
+//              axis (the batch) as long as the count asks (`--values ids=1,2,3,4` for ids [N, 2]: N = 2)
+//   --print    an output's values, a line per example (per index of its first axis)
 //   --output   the outputs into an .npz file; each output's shape and sum are printed either way
 // Its first line says how it was built: the GEMM micro-kernel compiled in (avx512, avx2, neon
 // or portable), OpenMP and the compiler, as build_info() of the Python module does.
@@ -19,7 +23,9 @@
 namespace tiny {
 namespace {
 
-const char kUsage[] = "usage: tiny_example [--weights W.npz] [--input NAME=FILE.npy ...] [--output OUT.npz]";
+const char kUsage[] =
+    "usage: tiny_example [--weights W.npz] [--input NAME=FILE.npy ...] [--values NAME=V,V,... ...] "
+    "[--print NAME ...] [--output OUT.npz]";
 
 void print_build_info() {
 #ifdef _OPENMP
@@ -50,11 +56,27 @@ int run(const dg::ExampleOptions& options) {
                                   "' (its inputs: x)");
     }
   }
+  for (const auto& [name, text] : options.values) {  // numbers replace the example's inputs
+    if (name == "x") {
+      inputs.x = dg::values_input(text, name, x_data, {2, 3});
+    } else {
+      throw std::invalid_argument("--values " + name + ": the model has no input '" + name +
+                                  "' (its inputs: x)");
+    }
+  }
+  for (const auto& name : options.prints) {  // checked before the model runs
+    if (name != "y")
+      throw std::invalid_argument("--print " + name + ": the model has no output '" + name +
+                                  "' (its outputs: y)");
+  }
   Outputs outputs = model.forward(inputs);
   double y_sum = 0;
   for (auto v : outputs.y.data)
     y_sum += static_cast<double>(v);
   std::printf("y: shape %s, sum %.6g\n", dg::shape_str(outputs.y.shape).c_str(), y_sum);
+  for (const auto& name : options.prints) {
+    if (name == "y") dg::print_values(name, outputs.y);
+  }
   if (!options.output.empty()) {
     dg::write_npz(options.output, {dg::to_npy("y", outputs.y)});
     std::printf("wrote %s\n", options.output.c_str());

@@ -1,8 +1,12 @@
 // tiny_cuda: an example program using the C++ API without Python.
 // Build: cmake -S . -B build && cmake --build build
-// Run:   ./build/tiny_cuda_example [--weights W.npz] [--input NAME=FILE.npy ...] [--output OUT.npz]
+// Run:   ./build/tiny_cuda_example [--weights W.npz] [--input NAME=FILE.npy ...] [--values NAME=V,V,... ...]
+//                [--print NAME ...] [--output OUT.npz]
 //   --weights  parameters from a file that save() wrote (Python or C++); default: drawn from seed 0
 //   --input    an input from a .npy file (dtype and shape are checked); default: the example's own
+//   --values   an input's values on the command line, comma-separated: the example's shape, its first
+//              axis (the batch) as long as the count asks (`--values ids=1,2,3,4` for ids [N, 2]: N = 2)
+//   --print    an output's values, a line per example (per index of its first axis)
 //   --output   the outputs into an .npz file; each output's shape and sum are printed either way
 #include <cstdio>
 #include <stdexcept>
@@ -17,7 +21,8 @@ namespace tiny_cuda {
 namespace {
 
 const char kUsage[] =
-    "usage: tiny_cuda_example [--weights W.npz] [--input NAME=FILE.npy ...] [--output OUT.npz]";
+    "usage: tiny_cuda_example [--weights W.npz] [--input NAME=FILE.npy ...] [--values NAME=V,V,... ...] "
+    "[--print NAME ...] [--output OUT.npz]";
 
 int run(const dg::ExampleOptions& options) {
   Model model(/*seed=*/0);
@@ -33,11 +38,27 @@ int run(const dg::ExampleOptions& options) {
                                   "' (its inputs: x)");
     }
   }
+  for (const auto& [name, text] : options.values) {  // numbers replace the example's inputs
+    if (name == "x") {
+      inputs.x = dg::values_input(text, name, x_data, {2, 3});
+    } else {
+      throw std::invalid_argument("--values " + name + ": the model has no input '" + name +
+                                  "' (its inputs: x)");
+    }
+  }
+  for (const auto& name : options.prints) {  // checked before the model runs
+    if (name != "logits")
+      throw std::invalid_argument("--print " + name + ": the model has no output '" + name +
+                                  "' (its outputs: logits)");
+  }
   Outputs outputs = model.forward(inputs);
   double logits_sum = 0;
   for (auto v : outputs.logits.data)
     logits_sum += static_cast<double>(v);
   std::printf("logits: shape %s, sum %.6g\n", dg::shape_str(outputs.logits.shape).c_str(), logits_sum);
+  for (const auto& name : options.prints) {
+    if (name == "logits") dg::print_values(name, outputs.logits);
+  }
   if (!options.output.empty()) {
     dg::write_npz(options.output, {dg::to_npy("logits", outputs.logits)});
     std::printf("wrote %s\n", options.output.c_str());
