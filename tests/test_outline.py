@@ -134,11 +134,16 @@ def test_each_residual_blocks_gradient_is_one_call():
 
 def test_an_argument_that_names_its_parameter_has_no_comment():
     """`layer1_0_bn1_mean` fills `bn1_mean`: no /*bn1_mean=*/ beside it; `layer1_0_out` (the
-    first block's result, named after its call) filling `x` keeps /*x=*/, and `result` too; the
-    module `layer1_0` filling `layer` (a `BasicBlock`) names itself."""
-    run = _run_body(project_files(build_example("resnet18"))["src/model.cpp"].decode())
+    first block's result, named after its call) filling `x` keeps /*x=*/, and `bn2` too (the
+    result is made in place over bn2: the caller passes its variable there, once, and the
+    function names `result` inside); the module `layer1_0` filling `layer` (a `BasicBlock`)
+    names itself."""
+    text = project_files(build_example("resnet18"))["src/model.cpp"].decode()
+    run = _run_body(text)
     assert "/*bn1_mean=*/" not in run and "/*mode=*/" not in run
-    assert "/*x=*/layer1_0_out," in run and "/*result=*/layer1_0_out," in run
+    assert "/*x=*/layer1_0_out," in run and "/*bn2=*/layer1_0_out, " in run and "/*result=*/layer1_0_out, N" not in run
+    start = text.index("\nvoid basic_block(")
+    assert "  float* result = bn2;  // in place" in text[start:text.index("\n}\n", start)]
     assert "/*layer=*/" not in run and re.search(r"^\s+basic_block\(x, layer1_0, ", run, re.M)
     # A call's gradient struct (`d_layer1_0` fills `d_layer`) names itself too.
     assert "/*d_layer=*/" not in run and re.search(r"^\s+basic_block_backward\([^;]*\bd_layer1_0, ", run, re.M)
@@ -189,7 +194,8 @@ def test_a_gradient_summed_from_two_uses_names_each_part_after_its_use():
     body = text[start:text.index("\n}\n", start)]
     assert "kernels::add(d_x_from_shortcut, d_x_from_conv1, d_x, " in body
     assert not re.search(r"\bd_x_\d", text)
-    assert re.search(r"/\*d_x=\*/d_layer3_1_out, ", text)
+    # (the sum is made in place over the shortcut's part: the caller passes its d_layer3_1_out there)
+    assert re.search(r"/\*d_x_from_shortcut=\*/d_layer3_1_out,\s", text) and "float* d_x = d_x_from_shortcut;" in body
 
 
 def test_a_convolutions_geometry_is_declared_once_per_function():

@@ -781,6 +781,12 @@ def _make_function_with(group, plan, fn_name, later_reads, called, layouts):
             _make_writable(params, frame_params[frames])
         return frame_params[frames]
 
+    # The pieces each call's caller declares (read after the call), by place: a piece of the
+    # call at the same place (the in-place result made again: bn2_again under result_again)
+    # is passed as that variable, so its place is printed once.
+    declared = [{lv.payload.piece(): lv.payload.buffer.name for lv in inst.leaves
+                 if lv.kind == "arena" and isinstance(lv.payload, ArenaDecl) and not isinstance(lv.payload, GradientDecl)
+                 and lv.payload.buffer.name in later_reads} for inst in group]
     for k, leaf in enumerate(first.leaves):
         leaves = [inst.leaves[k] for inst in group]
         if k in slots:  # a piece of the calls' frames
@@ -845,11 +851,12 @@ def _make_function_with(group, plan, fn_name, later_reads, called, layouts):
                 elif isinstance(decl, GradientDecl):  # the Model's member, or an arena piece
                     values.append(decl.place())
                 else:
-                    values.append(decl.piece())
+                    values.append(declared[j].get(decl.piece(), decl.piece()))
             # A piece that is another piece of the call in every call (an in-place result:
             # the relu's `out` over batch norm's `bn1`) is that parameter under its own name.
             shared = by_values.get(("piece", tuple(values)))
-            if shared is not None and all(v.startswith("_arena.at(") for v in values):
+            if shared is not None and all(v.startswith("_arena.at(") or v in declared[j].values()
+                                          for j, v in enumerate(values)):
                 replace.append(shared)
                 continue
             name = add_param("float*", leaf.slot, values, ("arena", leaf.slot), "arena", exact=True)
