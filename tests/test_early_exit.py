@@ -31,7 +31,14 @@ def early_exit(builds):
 @pytest.fixture(scope="module")
 def trained(early_exit):
     example, _, module, _ = early_exit
-    return example["train"](module, log=lambda *_: None)
+    # One thread: its small steps gain little from a second, and on a busy machine each
+    # parallel region waits for a core (about 6x slower here, under load).
+    threads = module.get_num_threads()
+    module.set_num_threads(1)
+    try:
+        return example["train"](module, log=lambda *_: None)
+    finally:
+        module.set_num_threads(threads)
 
 
 def _safe_thresholds(entropies):
