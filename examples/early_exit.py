@@ -72,13 +72,15 @@ def early_exit(layers: int = 3, hidden: int = 32, heads: int = 2, ffn: int = 64)
                                            p["self_attn_out_proj_weight"], p["self_attn_out_proj_bias"], heads)
         x = dg.layer_norm(x + attended, p["norm1_weight"], p["norm1_bias"])
         expanded = dg.gelu(dg.linear_t(x, p["linear1_weight"], p["linear1_bias"]))
-        return dg.layer_norm(x + dg.linear_t(expanded, p["linear2_weight"], p["linear2_bias"]), p["norm2_weight"],
-                             p["norm2_bias"])
+        state = dg.layer_norm(x + dg.linear_t(expanded, p["linear2_weight"], p["linear2_bias"]), p["norm2_weight"],
+                              p["norm2_bias"])
+        return state
 
     def classify(classifier, x):
         """The classifier on the [CLS] token's state."""
         cls_state = dg.reshape(x[:, :1], (x.shape[0], hidden))
-        return dg.linear_t(cls_state, *classifier)
+        logits = dg.linear_t(cls_state, *classifier)
+        return logits
 
     def entropy(logits):
         log_p = dg.log_softmax(logits, 1)

@@ -212,6 +212,7 @@ def _compacted(pred, then_fn, else_fn, operands, loc, said):
         places = [Value(b.names.unique(f"{side}_{x.name}"), "float32", (rows,) + tuple(x.shape[1:]), kind="cell",
                         explicit=True) for x in operands]
         users.update({id(p): x.name for p, x in zip(places, operands)})
+        b.operand_rows += [(p, x.value, f"{side}_") for p, x in zip(places, operands)]
         start = len(b.graph.nodes)
         result = fn(*[Tensor(p) for p in places])
         nodes = b.graph.nodes[start:]
