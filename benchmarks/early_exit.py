@@ -43,7 +43,17 @@ import statistics
 import time
 from pathlib import Path
 
-from _common import BUSY_LIMIT, ROOT, build_module, import_module, machine_facts, measure, quiet_blas, run_rounds, set_threads
+from _common import (
+    BUSY_LIMIT,
+    ROOT,
+    build_module,
+    import_module,
+    machine_facts,
+    measure,
+    quiet_blas,
+    run_rounds,
+    set_threads,
+)
 
 PEERS = ("deepgen", "torch-loop", "torch-masked")
 THREADS = (1, 2)
@@ -60,8 +70,10 @@ def example():
 
 def workloads(ex: dict, sets: dict) -> dict:
     """{batch: [tokens]}: seeded held-out sentences, the same in every process."""
-    return {size: list(ex["make_sentences"](size * count, 101 + size)["tokens"].reshape(count, size, -1))
-            for size, count in sets.items()}
+    return {
+        size: list(ex["make_sentences"](size * count, 101 + size)["tokens"].reshape(count, size, -1))
+        for size, count in sets.items()
+    }
 
 
 # -- the PyTorch peers: fn(tokens, threshold) -> (predictions, exit layers) ------------------
@@ -76,17 +88,34 @@ def torch_model(params: dict, ex: dict):
     nn = torch.nn
     hidden, ffn = params["embeddings_norm_weight"].shape[0], params["encoder_layers_0_linear1_bias"].shape[0]
     layers = sum(1 for k in params if k.startswith("classifiers_") and k.endswith("_bias"))
-    model = nn.ModuleDict({
-        "embeddings": nn.ModuleDict({"word_embeddings": nn.Embedding(ex["VOCAB"], hidden),
-                                     "position_embeddings": nn.Embedding(ex["T"], hidden),
-                                     "norm": nn.LayerNorm(hidden)}),
-        "encoder": nn.ModuleDict({"layers": nn.ModuleList(
-            nn.TransformerEncoderLayer(hidden, 2, ffn, dropout=0.0, activation="gelu", batch_first=True)
-            for _ in range(layers))}),
-        "classifiers": nn.ModuleList(nn.Linear(hidden, ex["CLASSES"]) for _ in range(layers)),
-    })
-    model.load_state_dict({k: torch.from_numpy(np.array(params[k.replace(".", "_")], dtype=np.float32))
-                           for k in model.state_dict()})
+    model = nn.ModuleDict(
+        {
+            "embeddings": nn.ModuleDict(
+                {
+                    "word_embeddings": nn.Embedding(ex["VOCAB"], hidden),
+                    "position_embeddings": nn.Embedding(ex["T"], hidden),
+                    "norm": nn.LayerNorm(hidden),
+                }
+            ),
+            "encoder": nn.ModuleDict(
+                {
+                    "layers": nn.ModuleList(
+                        nn.TransformerEncoderLayer(
+                            hidden, 2, ffn, dropout=0.0, activation="gelu", batch_first=True
+                        )
+                        for _ in range(layers)
+                    )
+                }
+            ),
+            "classifiers": nn.ModuleList(nn.Linear(hidden, ex["CLASSES"]) for _ in range(layers)),
+        }
+    )
+    model.load_state_dict(
+        {
+            k: torch.from_numpy(np.array(params[k.replace(".", "_")], dtype=np.float32))
+            for k in model.state_dict()
+        }
+    )
     return model.eval()
 
 
@@ -193,8 +222,10 @@ def child(config: dict) -> None:
                 total += len(tokens)
                 exits += want[1]
             if agree < 0.99 * total:
-                raise SystemExit(f"{peer}: {total - agree} of {total} examples predict or exit differently from the "
-                                 f"generated module's (batch {size}, threshold {threshold}); refusing to time")
+                raise SystemExit(
+                    f"{peer}: {total - agree} of {total} examples predict or exit differently from the "
+                    f"generated module's (batch {size}, threshold {threshold}); refusing to time"
+                )
 
             def run_set(batches=batches, threshold=threshold):
                 for tokens in batches:
@@ -202,11 +233,22 @@ def child(config: dict) -> None:
 
             t = measure(run_set, config["target_s"], config["min_reps"])
             per_batch = [1000 * s / len(batches) for s in t["times"]]
-            out["rows"].append({"batch": size, "threshold": threshold, "times_ms": per_batch, "agree": agree,
-                                "examples": total, "exit_layer": statistics.mean(exits)})
-            print(f"  [round {config['round'] + 1}, {threads} thr] batch {size:2d} threshold {threshold:<5g} "
-                  f"{peer:12s} {statistics.median(per_batch):8.3f} ms/batch (cpu/wall {t['cpu_per_wall']:.2f}; "
-                  f"agree {agree}/{total})", flush=True)
+            out["rows"].append(
+                {
+                    "batch": size,
+                    "threshold": threshold,
+                    "times_ms": per_batch,
+                    "agree": agree,
+                    "examples": total,
+                    "exit_layer": statistics.mean(exits),
+                }
+            )
+            print(
+                f"  [round {config['round'] + 1}, {threads} thr] batch {size:2d} threshold {threshold:<5g} "
+                f"{peer:12s} {statistics.median(per_batch):8.3f} ms/batch (cpu/wall {t['cpu_per_wall']:.2f}; "
+                f"agree {agree}/{total})",
+                flush=True,
+            )
     Path(config["out"]).write_text(json.dumps(out))
 
 
@@ -225,8 +267,11 @@ def trained_weights(ex: dict, info: dict) -> Path:
     t0 = time.perf_counter()
     model, results = ex["train"](module, log=lambda *_: None)
     model.save(str(path))
-    print(f"  trained in {time.perf_counter() - t0:.0f} s: held-out accuracy {results[0.0]['accuracy']:.3f} "
-          f"(every layer); saved to {path}", flush=True)
+    print(
+        f"  trained in {time.perf_counter() - t0:.0f} s: held-out accuracy {results[0.0]['accuracy']:.3f} "
+        f"(every layer); saved to {path}",
+        flush=True,
+    )
     return path
 
 
@@ -239,10 +284,14 @@ def report(results: list) -> list:
             exits[(r["batch"], r["threshold"])] = r["exit_layer"]
             agree.setdefault((r["batch"], r["threshold"]), []).append((r["agree"], r["examples"]))
     med = {k: statistics.median(v) for k, v in pooled.items()}
-    print("\nms per batch (median); ratio = peer / deepgen at the same threshold (> 1: deepgen faster); "
-          "dg/dg@0 = deepgen against its own time at threshold 0 (every layer):")
-    head = (f"{'batch':>5} {'thr':>3} {'threshold':>9} {'exit':>5} | {'deepgen':>8} {'torch-loop':>10} "
-            f"{'torch-masked':>12} | {'loop/dg':>7} {'masked/dg':>9} {'dg/dg@0':>7}")
+    print(
+        "\nms per batch (median); ratio = peer / deepgen at the same threshold (> 1: deepgen faster); "
+        "dg/dg@0 = deepgen against its own time at threshold 0 (every layer):"
+    )
+    head = (
+        f"{'batch':>5} {'thr':>3} {'threshold':>9} {'exit':>5} | {'deepgen':>8} {'torch-loop':>10} "
+        f"{'torch-masked':>12} | {'loop/dg':>7} {'masked/dg':>9} {'dg/dg@0':>7}"
+    )
     print(head)
     print("-" * len(head))
     records, starred = [], False
@@ -252,22 +301,43 @@ def report(results: list) -> list:
                 dg_ms, loop_ms, masked_ms = (med[(size, threads, threshold, p)] for p in PEERS)
                 full = med[(size, threads, 0.0, "deepgen")]
                 # a 2-thread median over twice the same peer's 1-thread one: its threads waited for a core
-                mark = {p: "*" if threads > 1 and med[(size, threads, threshold, p)] > 2 * med[(size, 1, threshold, p)]
-                        else " " for p in PEERS}
+                mark = {
+                    p: (
+                        "*"
+                        if threads > 1
+                        and med[(size, threads, threshold, p)] > 2 * med[(size, 1, threshold, p)]
+                        else " "
+                    )
+                    for p in PEERS
+                }
                 starred = starred or "*" in mark.values()
-                print(f"{size:>5} {threads:>3} {threshold:>9g} {exits[(size, threshold)]:5.2f} | {dg_ms:7.3f}"
-                      f"{mark['deepgen']} {loop_ms:9.3f}{mark['torch-loop']} {masked_ms:11.3f}{mark['torch-masked']} | "
-                      f"{loop_ms / dg_ms:6.2f}x {masked_ms / dg_ms:8.2f}x {dg_ms / full:7.2f}")
-                records += [{"batch": size, "threads": threads, "threshold": threshold, "peer": p,
-                             "exit_layer": round(exits[(size, threshold)], 4),
-                             "median_ms": round(med[(size, threads, threshold, p)], 4),
-                             "ratio_vs_deepgen": round(med[(size, threads, threshold, p)] / dg_ms, 3)} for p in PEERS]
+                print(
+                    f"{size:>5} {threads:>3} {threshold:>9g} {exits[(size, threshold)]:5.2f} | {dg_ms:7.3f}"
+                    f"{mark['deepgen']} {loop_ms:9.3f}{mark['torch-loop']} {masked_ms:11.3f}{mark['torch-masked']} | "
+                    f"{loop_ms / dg_ms:6.2f}x {masked_ms / dg_ms:8.2f}x {dg_ms / full:7.2f}"
+                )
+                records += [
+                    {
+                        "batch": size,
+                        "threads": threads,
+                        "threshold": threshold,
+                        "peer": p,
+                        "exit_layer": round(exits[(size, threshold)], 4),
+                        "median_ms": round(med[(size, threads, threshold, p)], 4),
+                        "ratio_vs_deepgen": round(med[(size, threads, threshold, p)] / dg_ms, 3),
+                    }
+                    for p in PEERS
+                ]
     if starred:
-        print("* the peer's 2-thread median is over twice its 1-thread one: its threads waited for cores (another "
-              "process held one); such a cell's ratios say little")
+        print(
+            "* the peer's 2-thread median is over twice its 1-thread one: its threads waited for cores (another "
+            "process held one); such a cell's ratios say little"
+        )
     worst = min(a / t for pairs in agree.values() for a, t in pairs)
-    print(f"Predictions and exit layers: every peer agreed with the generated module on at least {100 * worst:.1f}% "
-          "of the examples at every batch and threshold.")
+    print(
+        f"Predictions and exit layers: every peer agreed with the generated module on at least {100 * worst:.1f}% "
+        "of the examples at every batch and threshold."
+    )
     return records
 
 
@@ -287,23 +357,37 @@ def main() -> None:
     info = build_module(ex["early_exit"])
     weights = trained_weights(ex, info)
     rounds = args.rounds or (1 if args.quick else 3)
-    config = {"module": info, "weights": str(weights), "sets": QUICK_SETS if args.quick else SETS,
-              "min_reps": 3 if args.quick else 5, "target_s": 0.2 if args.quick else 0.6 / rounds}
+    config = {
+        "module": info,
+        "weights": str(weights),
+        "sets": QUICK_SETS if args.quick else SETS,
+        "min_reps": 3 if args.quick else 5,
+        "target_s": 0.2 if args.quick else 0.6 / rounds,
+    }
     print(f"\n{rounds} round(s) x {len(THREADS)} thread counts, a child per peer:", flush=True)
     results = run_rounds(__file__, config, rounds, THREADS, PEERS, "early_exit")
     machine = machine_facts()
-    print(f"\nMachine: {machine['cpu']} ({machine['machine']}, {machine['cores']} cores; ISA "
-          f"{' '.join(machine['cpu_isa'])}); torch {machine['torch']}, numpy {machine['numpy']}, git {machine['git']}")
-    print("Model: examples/early_exit.py, 3 layers, hidden 32, trained weights; exit = the average exit layer.")
+    print(
+        f"\nMachine: {machine['cpu']} ({machine['machine']}, {machine['cores']} cores; ISA "
+        f"{' '.join(machine['cpu_isa'])}); torch {machine['torch']}, numpy {machine['numpy']}, git {machine['git']}"
+    )
+    print(
+        "Model: examples/early_exit.py, 3 layers, hidden 32, trained weights; exit = the average exit layer."
+    )
     records = report(results)
     contention = max([max(r["other_cores"] or 0, r["steal_cores"] or 0) for r in results], default=0.0)
     if contention > BUSY_LIMIT:
-        print(f"\nWARNING: other processes or the hypervisor took up to {contention:.2f} cores while children ran: "
-              "the figures are noisy, the 2-thread ones most.")
+        print(
+            f"\nWARNING: other processes or the hypervisor took up to {contention:.2f} cores while children ran: "
+            "the figures are noisy, the 2-thread ones most."
+        )
     print(f"\n(ran in {time.perf_counter() - t_start:.0f} s)")
     if args.json:
-        Path(args.json).write_text(json.dumps({"machine": machine, "module": info, "records": records,
-                                               "children": results}, indent=1))
+        Path(args.json).write_text(
+            json.dumps(
+                {"machine": machine, "module": info, "records": records, "children": results}, indent=1
+            )
+        )
 
 
 if __name__ == "__main__":

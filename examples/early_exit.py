@@ -44,8 +44,10 @@ def early_exit(layers: int = 3, hidden: int = 32, heads: int = 2, ffn: int = 64)
     labels = dg.input("labels", (N,), dtype="int64")
     word = dg.param("embeddings_word_embeddings_weight", (VOCAB, hidden), init=dg.normal(0.0, 1.0))
     position = dg.param("embeddings_position_embeddings_weight", (T, hidden), init=dg.normal(0.0, 1.0))
-    norm = (dg.param("embeddings_norm_weight", (hidden,), init=dg.ones()),
-            dg.param("embeddings_norm_bias", (hidden,), init=dg.zeros()))
+    norm = (
+        dg.param("embeddings_norm_weight", (hidden,), init=dg.ones()),
+        dg.param("embeddings_norm_bias", (hidden,), init=dg.zeros()),
+    )
 
     def fan_in(n):  # nn.Linear's default: uniform in +-1/sqrt(fan_in)
         return dg.uniform(-1 / math.sqrt(n), 1 / math.sqrt(n))
@@ -56,24 +58,41 @@ def early_exit(layers: int = 3, hidden: int = 32, heads: int = 2, ffn: int = 64)
         "self_attn_in_proj_bias": ((3 * hidden,), dg.zeros()),
         "self_attn_out_proj_weight": ((hidden, hidden), fan_in(hidden)),
         "self_attn_out_proj_bias": ((hidden,), dg.zeros()),
-        "linear1_weight": ((ffn, hidden), fan_in(hidden)), "linear1_bias": ((ffn,), fan_in(hidden)),
-        "linear2_weight": ((hidden, ffn), fan_in(ffn)), "linear2_bias": ((hidden,), fan_in(ffn)),
-        "norm1_weight": ((hidden,), dg.ones()), "norm1_bias": ((hidden,), dg.zeros()),
-        "norm2_weight": ((hidden,), dg.ones()), "norm2_bias": ((hidden,), dg.zeros()),
+        "linear1_weight": ((ffn, hidden), fan_in(hidden)),
+        "linear1_bias": ((ffn,), fan_in(hidden)),
+        "linear2_weight": ((hidden, ffn), fan_in(ffn)),
+        "linear2_bias": ((hidden,), fan_in(ffn)),
+        "norm1_weight": ((hidden,), dg.ones()),
+        "norm1_bias": ((hidden,), dg.zeros()),
+        "norm2_weight": ((hidden,), dg.ones()),
+        "norm2_bias": ((hidden,), dg.zeros()),
     }
-    encoder = [{key: dg.param(f"encoder_layers_{i}_{key}", shape, init=init) for key, (shape, init) in shapes.items()}
-               for i in range(layers)]
-    classifiers = [(dg.param(f"classifiers_{i}_weight", (CLASSES, hidden), init=fan_in(hidden)),
-                    dg.param(f"classifiers_{i}_bias", (CLASSES,), init=fan_in(hidden))) for i in range(layers)]
+    encoder = [
+        {
+            key: dg.param(f"encoder_layers_{i}_{key}", shape, init=init)
+            for key, (shape, init) in shapes.items()
+        }
+        for i in range(layers)
+    ]
+    classifiers = [
+        (
+            dg.param(f"classifiers_{i}_weight", (CLASSES, hidden), init=fan_in(hidden)),
+            dg.param(f"classifiers_{i}_bias", (CLASSES,), init=fan_in(hidden)),
+        )
+        for i in range(layers)
+    ]
 
     def encoder_layer(p, x):
         """nn.TransformerEncoderLayer, post-norm, GELU, no padding."""
-        attended = dg.multi_head_attention(x, None, p["self_attn_in_proj_weight"], p["self_attn_in_proj_bias"],
-                                           p["self_attn_out_proj_weight"], p["self_attn_out_proj_bias"], heads)
+        projections = [
+            p[f"self_attn_{key}"]
+            for key in ("in_proj_weight", "in_proj_bias", "out_proj_weight", "out_proj_bias")
+        ]
+        attended = dg.multi_head_attention(x, None, *projections, heads)
         x = dg.layer_norm(x + attended, p["norm1_weight"], p["norm1_bias"])
         expanded = dg.gelu(dg.linear_t(x, p["linear1_weight"], p["linear1_bias"]))
-        state = dg.layer_norm(x + dg.linear_t(expanded, p["linear2_weight"], p["linear2_bias"]), p["norm2_weight"],
-                              p["norm2_bias"])
+        fed = dg.linear_t(expanded, p["linear2_weight"], p["linear2_bias"])
+        state = dg.layer_norm(x + fed, p["norm2_weight"], p["norm2_bias"])
         return state
 
     def classify(classifier, x):
@@ -96,12 +115,13 @@ def early_exit(layers: int = 3, hidden: int = 32, heads: int = 2, ffn: int = 64)
     running = entropy(logits) >= threshold
     exit_layer = dg.cast(running, "float32") + 1.0
     for k in range(1, layers):
+
         def next_layer(x, logits, k=k):  # noqa: ARG001  (the logits are replaced)
             x = encoder_layer(encoder[k], x)
             return x, classify(classifiers[k], x)
 
-        x, logits = dg.cond(running, next_layer, exited, x, logits,
-                            examples=(f"still running after layer {k}", f"that exited by layer {k}"))
+        who = (f"still running after layer {k}", f"that exited by layer {k}")  # the C++ comments' words
+        x, logits = dg.cond(running, next_layer, exited, x, logits, examples=who)
         every_layer_logits.append(logits)
         if k + 1 < layers:
             running = running & (entropy(logits) >= threshold)
@@ -147,10 +167,12 @@ def evaluate(model, data, threshold: float) -> dict:
     with a "not" and without."""
     out = model.forward(tokens=data["tokens"], threshold=np.array([threshold], np.float32))
     negated = (data["tokens"] == NOT).any(axis=1)
-    return {"accuracy": float(np.mean(out["logits"].argmax(1) == data["labels"])),
-            "exit_layer": float(np.mean(out["exit_layer"])),
-            "exit_layer_with_not": float(np.mean(out["exit_layer"][negated])),
-            "exit_layer_without_not": float(np.mean(out["exit_layer"][~negated]))}
+    return {
+        "accuracy": float(np.mean(out["logits"].argmax(1) == data["labels"])),
+        "exit_layer": float(np.mean(out["exit_layer"])),
+        "exit_layer_with_not": float(np.mean(out["exit_layer"][negated])),
+        "exit_layer_without_not": float(np.mean(out["exit_layer"][~negated])),
+    }
 
 
 def train(module, epochs=20, batch=64, seed=0, thresholds=(0.05, 0.2), log=print):
@@ -162,15 +184,20 @@ def train(module, epochs=20, batch=64, seed=0, thresholds=(0.05, 0.2), log=print
     rng = np.random.default_rng(seed)
     for epoch in range(epochs):
         order = rng.permutation(len(train_set["tokens"]))
-        losses = [model.train_step(tokens=train_set["tokens"][rows], labels=train_set["labels"][rows],
-                                   threshold=every_layer)
-                  for rows in (order[start : start + batch] for start in range(0, len(order), batch))]
+        losses = [
+            model.train_step(
+                tokens=train_set["tokens"][rows], labels=train_set["labels"][rows], threshold=every_layer
+            )
+            for rows in (order[start : start + batch] for start in range(0, len(order), batch))
+        ]
         log(f"epoch {epoch + 1:2d}  loss {np.mean(losses):.4f}")
     results = {t: evaluate(model, test_set, t) for t in (0.0, *thresholds)}
     for t, r in results.items():
-        log(f"{'every layer' if t == 0 else f'exit under entropy {t}':24s}  held-out accuracy {r['accuracy']:.4f}  "
-            f"average exit layer {r['exit_layer']:.2f} (sentences with a \"not\" {r['exit_layer_with_not']:.2f}, "
-            f"without {r['exit_layer_without_not']:.2f})")
+        what = "every layer" if t == 0 else f"exit under entropy {t}"
+        log(
+            f"{what:24s}  held-out accuracy {r['accuracy']:.4f}  average exit layer {r['exit_layer']:.2f} "
+            f"(sentences with a \"not\" {r['exit_layer_with_not']:.2f}, without {r['exit_layer_without_not']:.2f})"
+        )
     return model, results
 
 

@@ -56,15 +56,28 @@ def _twin(torch, params, ex, layers=3, heads=2):
     nn = torch.nn
     hidden = params["embeddings_norm_weight"].shape[0]
     ffn = params["encoder_layers_0_linear1_bias"].shape[0]
-    twin = nn.ModuleDict({
-        "embeddings": nn.ModuleDict({"word_embeddings": nn.Embedding(ex["VOCAB"], hidden),
-                                     "position_embeddings": nn.Embedding(ex["T"], hidden),
-                                     "norm": nn.LayerNorm(hidden)}),
-        "encoder": nn.ModuleDict({"layers": nn.ModuleList(
-            nn.TransformerEncoderLayer(hidden, heads, ffn, dropout=0.0, activation="gelu", batch_first=True)
-            for _ in range(layers))}),
-        "classifiers": nn.ModuleList(nn.Linear(hidden, ex["CLASSES"]) for _ in range(layers)),
-    }).double()
+    twin = nn.ModuleDict(
+        {
+            "embeddings": nn.ModuleDict(
+                {
+                    "word_embeddings": nn.Embedding(ex["VOCAB"], hidden),
+                    "position_embeddings": nn.Embedding(ex["T"], hidden),
+                    "norm": nn.LayerNorm(hidden),
+                }
+            ),
+            "encoder": nn.ModuleDict(
+                {
+                    "layers": nn.ModuleList(
+                        nn.TransformerEncoderLayer(
+                            hidden, heads, ffn, dropout=0.0, activation="gelu", batch_first=True
+                        )
+                        for _ in range(layers)
+                    )
+                }
+            ),
+            "classifiers": nn.ModuleList(nn.Linear(hidden, ex["CLASSES"]) for _ in range(layers)),
+        }
+    ).double()
     own = twin.state_dict()
     assert len(own) == len(params)
     for key in own:
@@ -159,8 +172,14 @@ def test_trained_model_exits_early_and_keeps_its_accuracy(early_exit, trained):
     # the sentences with a "not" run more layers than those without
     assert early["exit_layer_with_not"] >= early["exit_layer_without_not"] + 0.5
     tokens = example["make_sentences"](16, 9)["tokens"]
-    exits = _check_forward(torch, example, graph, model, tokens,
-                           _mixed_threshold(torch, example, model.parameters(), tokens, near=0.05))
+    exits = _check_forward(
+        torch,
+        example,
+        graph,
+        model,
+        tokens,
+        _mixed_threshold(torch, example, model.parameters(), tokens, near=0.05),
+    )
     assert len(set(exits.tolist())) >= 2, exits
 
 
@@ -215,7 +234,9 @@ def test_train_step_matches_reference_and_pytorch_twin(early_exit):
         got, want = np.asarray(v), params[name]
         if name.endswith("in_proj_bias"):  # the keys' bias: its gradient is 0 but for rounding (a
             # shift of every key's score; softmax ignores it), which Adam scales to whole steps
-            got, want = np.delete(got, np.s_[hidden : 2 * hidden]), np.delete(want, np.s_[hidden : 2 * hidden])
+            got, want = np.delete(got, np.s_[hidden : 2 * hidden]), np.delete(
+                want, np.s_[hidden : 2 * hidden]
+            )
         np.testing.assert_allclose(got, want, rtol=1e-3, atol=1e-4, err_msg=name)
 
 
@@ -243,9 +264,19 @@ def test_generated_code_reads_as_batched_blocks_over_the_examples_still_running(
     _, _, _, where = early_exit
     code = "\n".join(p.read_text() for p in (where / "src_tree").rglob("*.cpp"))
     for k in (1, 2):
-        assert (f"// dg.cond, compacted: the examples still running after layer {k}, and those that exited by "
-                f"layer {k}, listed by index;") in code
-        assert f"// The examples still running after layer {k} (the then-branch): one batched block of their rows" in code
-        assert f"// The examples that exited by layer {k} (the else-branch): one batched block of their rows" in code
+        assert (
+            f"// dg.cond, compacted: the examples still running after layer {k}, and those that exited by "
+            f"layer {k}, listed by index;"
+        ) in code
+        assert (
+            f"// The examples still running after layer {k} (the then-branch): one batched block of their rows"
+            in code
+        )
+        assert (
+            f"// The examples that exited by layer {k} (the else-branch): one batched block of their rows"
+            in code
+        )
         assert f"// The examples still running after layer {k} (the then-branch), backward:" in code
-    assert "dg::branch_examples(" in code and "for (std::int64_t n" not in code and "for (int64_t n" not in code
+    assert (
+        "dg::branch_examples(" in code and "for (std::int64_t n" not in code and "for (int64_t n" not in code
+    )
