@@ -530,6 +530,8 @@ def test_cond_compacted_branch_returning_its_operand_passes_the_gradient_on():
 
 
 def test_cond_examples_must_be_two_phrases():
+    from generator.pipeline import project_files
+
     def bad(examples):
         def model():
             x = dg.input("x", (N, 4))
@@ -539,6 +541,16 @@ def test_cond_examples_must_be_two_phrases():
     for examples in ("running", ("running",), ("running", ""), ("a\nb", "c"), ("a", 3)):
         msg = _error(bad(examples))
         assert "examples must be two phrases" in msg and "examples=examples" in msg
+
+    @dg.model
+    def masked():  # masking says it too, where it selects
+        x = dg.input("x", (N, 4))
+        positive = dg.sum(x, 1) > 0.0
+        return dg.cond(positive, lambda v: v * 2.0, lambda v: v - 1.0, x, compact=False,
+                       examples=("with a positive sum", "without"))
+
+    code = project_files(masked.build())["src/model.cpp"].decode()
+    assert "// the examples with a positive sum (positive) take " in code and ", those without " in code
 
 
 def test_cond_compacted_cuda_target_emulated_matches_reference():
