@@ -37,8 +37,10 @@ def _model_cpp(tmp_path, source=BLOCKS, **options) -> str:
 
 
 def _run_body(text: str) -> str:
+    """`_run`, and the `backward` it calls where train_step()'s gradient phase is one (codegen/sections.py)."""
     start = text.index("Network::_run(")
-    return text[start:]
+    backward = text.find("\nvoid Network::backward(")
+    return text[start:] + (text[backward:text.index("\n}\n", backward)] if backward >= 0 else "")
 
 
 def test_a_function_called_in_a_loop_is_one_cpp_function_called_once_per_use(tmp_path):
@@ -158,6 +160,26 @@ def test_a_long_block_that_runs_once_is_a_member_function():
             assert length <= 200, (example, fn, length)
 
 
+def test_a_long_train_steps_gradient_phase_is_a_member_function():
+    """ResNet-18's `_run` reads as the forward pass, the loss and `backward(...)`: the gradient
+    phase a member function taking the forward's locals it reads (codegen/sections.py), so no
+    function of the project passes 200 lines; a short one (the MLP's) stays inline."""
+    files = project_files(load_example("resnet18").build())  # the example's sizes (build_example's are smaller)
+    text = files["src/model.cpp"].decode()
+    header = next(v for k, v in files.items() if k.endswith("/model.h")).decode()
+    run = text[text.index("Network::_run("):]
+    assert re.search(r"^  backward\(_arena, N, [^;]*\blayer1_0_saved\b[^;]*\);", run, re.M)
+    assert "basic_block_backward(" not in run and "basic_block(" in run
+    assert re.search(r"^\s+void backward\(dg::Arena& _arena, [^;]*const kernels::sgd_hyper& _hyper", header, re.M)
+    assert re.search(r"^namespace kernels \{.*\n^struct sgd_hyper;$", header, re.M)  # what backward() takes
+    method = text[text.index("\nvoid Network::backward("):]
+    assert "/*x=*/" in method and not re.search(r"[(,] float\* x[,)]", method[:method.index("{")])  # not a comment's word
+    for fn, length in _function_lengths(text):
+        assert length <= 200, (fn, length)
+    mlp = project_files(build_example("mlp"))["src/model.cpp"].decode()
+    assert "Network::backward" not in mlp and "// gradient of mlp.py" in mlp[mlp.index("Network::_run("):]
+
+
 def _function_lengths(text: str):
     """(name, lines) of each top-level function definition in a C++ file."""
     lines = text.splitlines()
@@ -179,8 +201,9 @@ def test_a_call_passes_what_it_keeps_for_its_gradient_as_one_frame():
     text = project_files(build_example("resnet18"))["src/model.cpp"].decode()
     run = _run_body(text)
     assert re.search(r"\n  float\* layer1_0_saved = _arena\.at\(", run)
-    assert len(re.findall(r"\blayer1_0_saved\b", run)) == 3  # declared, forward call, gradient
-    assert len(re.findall(r"\blayer2_0_saved\b", run)) == 4  # ... and the shortcut made again
+    passed = 2 if "void Network::backward(" in text else 0  # `_run` passes it to backward(): argument, parameter
+    assert len(re.findall(r"\blayer1_0_saved\b", run)) == 3 + passed  # declared, forward call, gradient
+    assert len(re.findall(r"\blayer2_0_saved\b", run)) == 4 + passed  # ... and the shortcut made again
     assert "layer1_0_conv1 " not in run and "layer1_0_bn1_mean" not in run  # no piece one by one
     forward = text[text.index("\nvoid basic_block("): text.index("\n}\n", text.index("\nvoid basic_block("))]
     assert "float* saved," in forward

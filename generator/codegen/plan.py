@@ -197,6 +197,8 @@ class TrainPlan:
     grad_offsets: list = field(default_factory=list)  # [offset] of each gradient in the one gradient buffer
     places: bool = False  # a GradientDecl: the backward pass writes a gradient where dg::GradientPlaces says
     grad_total: int = 0  # elements of that buffer (every gradient, in gradients() order)
+    tail: list = field(default_factory=list)  # C++ lines after the backward statements: copies, late updates
+    backward_call: object = None  # sections.MethodCall of `backward` where the gradient phase is one
 
 
 @dataclass(eq=False)
@@ -307,6 +309,7 @@ class ProjectPlan:
     # on_ready): an input called so would repeat the name, so it becomes _self, _on_ready.
     functions: list = field(default_factory=list)  # [outline.Function]: a user's function called more than once
     methods: list = field(default_factory=list)  # [sections.Method]: a long block that runs once
+    kernel_structs: list = field(default_factory=list)  # kernels.h structs a method takes (model.h declares them)
     py_self: str = "self"
     modules: Modules = field(default_factory=Modules)  # the module structs and each parameter's C++ path
     precision: str = "fp32"  # "bf16": products read operands rounded to bfloat16 (transforms/precision.py)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from ..ir.names import fresh_name
 from .emit import clang_format_cpp
+from .frames import FrameDecl
 from .plan import ArenaDecl, Statement
 from .stmt import Alias, Block, Comment, Declare, Loop
 
@@ -29,9 +30,14 @@ MIN_LINES = 40
 # (a recursion's first step, its loop, the rest of its later rows: stmt.Block.part) of
 # MIN_LINES or more becomes a function of its own that it calls.
 MAX_LINES = 200
+# What model.cpp.j2 prints in `_run` around the statements (the input checks, the arena, the
+# outputs, the loss check, the banners): a training `_run` whose statements take more than
+# MAX_LINES less this calls its gradient phase as a member function (`backward`).
+_RUN_FRAME_LINES = 50
 
 _STRING = re.compile(r'"(\\.|[^"\\])*"')
 _COMMENT = re.compile(r"//[^\n]*")
+_COMMENTS = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)  # and the /*name=*/ of arguments
 _WORD = re.compile(r"(?<![\w.:>])[A-Za-z_]\w*(?!\w|::)")
 _BY_VALUE = re.compile(r"^(const )?(std::int64_t|bool|float|double|int)$")
 # _run's own locals, declared by the template, and how a function takes each.
@@ -86,13 +92,59 @@ def outline_blocks(plan) -> None:
         parts += [plan.train.loss_statements, plan.train.backward_statements]
     taken = _taken(plan, parts)
     scope = _template_locals(plan)
+    before_backward = scope
     for statements in parts:
+        if plan.train is not None and statements is plan.train.backward_statements:
+            before_backward = dict(scope)
         for s in statements:
             lines = []
             for line in s.lines:
                 lines.append(_outlined(line, s, scope, plan, taken))
                 _declare(line, scope)
             s.lines = lines
+    if plan.train is not None:
+        plan.train.tail = _train_tail(plan.train)
+        if _formatted_length("\n".join(_emitted(p) for p in parts)) > MAX_LINES - _RUN_FRAME_LINES:
+            _outline_backward(plan, before_backward, taken)
+    plan.kernel_structs = sorted({t.split("::", 1)[1].rstrip("&") for m in plan.methods for t, _ in m.params
+                                  if t.startswith("const kernels::")})
+
+
+def _outline_backward(plan, scope: dict, taken: set) -> None:
+    """train_step()'s gradient phase (the backward statements, then the gradient copies and
+    the updates left to its end) as the member function `backward`, called where it was:
+    `_run` would be too long to read in one sitting otherwise. It takes the locals of the
+    forward pass and the loss that it reads, as any long block does."""
+    train = plan.train
+    body = _emitted(train.backward_statements).split("\n") + list(train.tail)
+    train.backward_call = _method(None, "backward", body, "train_step(): the gradients and the updates",
+                                  scope, plan, taken)
+    train.backward_statements, train.tail = [], []
+
+
+def _emitted(statements) -> str:
+    """The statements as model.cpp.j2's `emit` prints them: a banner for the call of the
+    user's function a statement starts, the comment citing its line, its lines."""
+    out = []
+    for s in statements:
+        if s.header:
+            out += ["", f"// ---- {s.header}"]
+        if s.comment:
+            out += ["", f"// {s.comment}"]
+        out += [str(line) for line in s.lines]
+    return "\n".join(out)
+
+
+def _train_tail(train) -> list:
+    """What train_step() runs after the backward statements: the gradient copies (when the
+    gradients are kept) and the updates that could not run earlier."""
+    out = []
+    if train.copies:
+        out += ["if (_gradients_kept) {  // gradients() shows these too"]
+        out += [f"  {line}" for line in train.copies] + ["}"]
+    if train.updates:
+        out += ["if (_gradients_only == nullptr) {"] + [f"  {line}" for line in train.updates] + ["}"]
+    return out
 
 
 def _outlined(line, statement: Statement, scope: dict, plan, taken: set):
@@ -105,7 +157,7 @@ def _outlined(line, statement: Statement, scope: dict, plan, taken: set):
 def _method(line, wanted: str, body: list, source: str, scope: dict, plan, taken: set) -> MethodCall:
     """The member function `wanted` made of `body` (what `line` held), taking the names of
     `scope` it reads; a long one cut into its parts. Returns its call."""
-    text = _STRING.sub(" ", "\n".join(str(b) for b in body))
+    text = _COMMENTS.sub("", _STRING.sub(" ", "\n".join(str(b) for b in body)))  # words in comments name nothing
     params, seen = [], set()
     for word in _WORD.findall(text):
         if word in scope and word not in seen:
@@ -134,7 +186,7 @@ def _method(line, wanted: str, body: list, source: str, scope: dict, plan, taken
                 cut.append(part)
             _declare(part, inner)
         method.body = cut
-    return MethodCall(name, [n for _, n in params], at=line.at)
+    return MethodCall(name, [n for _, n in params], at=getattr(line, "at", -1))
 
 
 def _length(line) -> int:
@@ -177,11 +229,15 @@ def _template_locals(plan) -> dict:
         scope[i.name] = f"const {i.ctype}*"
     if plan.mode:
         scope[plan.mode] = "const dg::Mode&"
+    for name, _ in (plan.memory or {}).get("bases", []):
+        scope[name] = "const std::int64_t"
     return scope
 
 
 def _declare(line, scope: dict) -> None:
-    if isinstance(line, ArenaDecl):
+    if isinstance(line, FrameDecl):
+        scope[line.frame.name] = "float*"
+    elif isinstance(line, ArenaDecl):
         scope[line.buffer.name] = "float*"
     elif isinstance(line, Declare):
         scope[line.name] = line.type
