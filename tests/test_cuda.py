@@ -620,6 +620,8 @@ def test_train_steps_match_reference(example):
         # moved an element whose gradient is rounding noise differently (see below), and
         # elsewhere a gradient can depend on it (attention's key bias, early_exit's)
         before = {k: np.array(v) for k, v in model.parameters().items()}
+        if graph.states:  # batch norm's running statistics
+            before.update({k: np.array(v) for k, v in model.buffers().items()})
         want = reference.train_step(graph, batch, params, state, step=i + 1, hyper=hyper)
         np.testing.assert_allclose(model.train_step(**batch), want, rtol=1e-5, atol=1e-6)
     _, grads = reference.gradients(graph, batches[-1], before)
