@@ -4,6 +4,7 @@
     python benchmarks/control_flow.py --gpt2 [--quick] [--json FILE] [--rounds R]
       (the GPT-2 generator, examples/gpt2_generate.py, against Hugging Face's generate():
       benchmarks/control_flow_gpt2.py, whose docstring says what it measures)
+    python benchmarks/control_flow.py --early-exit [...]   # benchmarks/early_exit.py: dg.cond's early exit
 
 The model is examples/seq2seq_decode.py (a GRU encoder over 2..5 digits, hidden 96, then a
 GRU decoder cell fed its own best token until it emits EOS or MAX_STEPS = 6): its generated
@@ -312,7 +313,13 @@ def _verdict(ratio, target):
 
 
 def main() -> None:
+    if "--early-exit" in sys.argv[1:]:  # the other #42 benchmark, its own script (its own children)
+        sys.argv.remove("--early-exit")
+        runpy.run_path(str(Path(__file__).with_name("early_exit.py")), run_name="__main__")
+        return
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--early-exit", action="store_true",
+                        help="run benchmarks/early_exit.py instead (examples/early_exit.py's dg.cond), with the other options")
     parser.add_argument("--json", metavar="FILE", help="write every figure to FILE as JSON")
     parser.add_argument(
         "--quick", action="store_true", help="fewer batches, repetitions and rounds (about a minute)"

@@ -213,14 +213,31 @@ def check_hyperparameters_are_validated(module):
     assert model.lr == 0.0
 
 
+def _inputs_the_loss_computes_with(graph) -> set:
+    """The float inputs whose values reach the loss through float values: a NaN in one makes
+    the loss NaN. One that only decides comparisons (early_exit's threshold picks each
+    example's branch) does not: its path to the loss goes through a bool."""
+    seen, found, stack = set(), set(), [graph.train.loss]
+    while stack:
+        v = stack.pop()
+        if id(v) in seen or v.dtype != "float32":
+            continue
+        seen.add(id(v))
+        if v.kind == "input":
+            found.add(v.name)
+        if v.producer is not None:
+            stack.extend(v.producer.inputs)
+    return found
+
+
 def check_non_finite_loss_changes_nothing(graph, module):
     """A train_step whose loss is NaN or inf raises NonFiniteLossError (a
     ValueError) naming the step, and changes nothing; training then goes on."""
     model = module.Model(seed=1)
     inputs = sample_inputs(graph)
     model.train_step(**inputs)
-    floats = [k for k, v in inputs.items() if v.dtype == np.float32]
-    # Poison a float input; a model with none (a tree batch is ints) gets a poisoned
+    floats = [k for k, v in inputs.items() if v.dtype == np.float32 and k in _inputs_the_loss_computes_with(graph)]
+    # Poison a float input the loss computes with; a model with none (a tree batch is ints) gets a poisoned
     # parameter instead, through its view, put back afterwards.
     # (The view stays alive while it is used: the CUDA target uploads a parameter's host
     # copy only while a view of it exists.)

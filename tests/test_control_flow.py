@@ -505,6 +505,54 @@ def test_cond_compacted_train_step_matches_reference_twin_and_plan(gated_compact
                                rtol=1e-4, atol=1e-5)
 
 
+def test_cond_compacted_branch_returning_its_operand_passes_the_gradient_on():
+    """A branch that returns its operand as it is (early exit's examples that exited, carried
+    along): its backward block passes the result's gradient rows on to the operand's; the
+    generated train_step's values are checked in tests/test_early_exit.py."""
+    from generator.pipeline import project_files
+
+    @dg.model
+    def passes_on():
+        x = dg.input("x", (N, 4))
+        labels = dg.input("labels", (N,), dtype="int64")
+        h = dg.dense(x, 4, name="first")
+        hidden = dg.cond(dg.sum(x, 1) > 0.0, lambda v: dg.tanh(dg.dense(v, 4, name="deep")), lambda v: v, h,
+                         examples=("with a positive sum", "without"))
+        dg.train(dg.softmax_cross_entropy(dg.dense(hidden, 3, name="out"), labels), dg.sgd(lr=0.1))
+        return {"hidden": hidden}
+
+    code = project_files(passes_on.build())["src/model.cpp"].decode()
+    block = code[code.index("// The examples without (the else-branch), backward: one batched block of their rows"):]
+    block = block[: block.index("\n    }\n")]
+    assert "dg::sort_rows(d_hidden, else_examples.data()" in block and "else_examples.data(), /*rows=*/else_rows" in block
+    assert block.rstrip().endswith(", d_h);")  # the gradient rows written back to the operand's
+    assert "// dg.cond, compacted: the examples with a positive sum, and those without, listed by index;" in code
+
+
+def test_cond_examples_must_be_two_phrases():
+    from generator.pipeline import project_files
+
+    def bad(examples):
+        def model():
+            x = dg.input("x", (N, 4))
+            return dg.cond(dg.sum(x, 1) > 0.0, lambda v: v * 2.0, lambda v: v, x, examples=examples)
+        return model
+
+    for examples in ("running", ("running",), ("running", ""), ("a\nb", "c"), ("a", 3)):
+        msg = _error(bad(examples))
+        assert "examples must be two phrases" in msg and "examples=examples" in msg
+
+    @dg.model
+    def masked():  # masking says it too, where it selects
+        x = dg.input("x", (N, 4))
+        positive = dg.sum(x, 1) > 0.0
+        return dg.cond(positive, lambda v: v * 2.0, lambda v: v - 1.0, x, compact=False,
+                       examples=("with a positive sum", "without"))
+
+    code = project_files(masked.build())["src/model.cpp"].decode()
+    assert "// the examples with a positive sum (positive) take " in code and ", those without " in code
+
+
 def test_cond_compacted_cuda_target_emulated_matches_reference():
     """The CUDA target's cond: dg::branch_examples reads the flags back to the host and
     copies each branch's list to the device; the blocks as on the CPU."""

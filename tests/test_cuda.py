@@ -616,7 +616,12 @@ def test_train_steps_match_reference(example):
         if i == 2:
             model.lr = model.lr * 0.5
             hyper["lr"] = float(np.float32(hyper["lr"]) * np.float32(0.5))
-        before = {k: v.copy() for k, v in params.items()}
+        # the last step's gradients are checked at the module's own parameters: Adam may have
+        # moved an element whose gradient is rounding noise differently (see below), and
+        # elsewhere a gradient can depend on it (attention's key bias, early_exit's)
+        before = {k: np.array(v) for k, v in model.parameters().items()}
+        if graph.states:  # batch norm's running statistics
+            before.update({k: np.array(v) for k, v in model.buffers().items()})
         want = reference.train_step(graph, batch, params, state, step=i + 1, hyper=hyper)
         np.testing.assert_allclose(model.train_step(**batch), want, rtol=1e-5, atol=1e-6)
     _, grads = reference.gradients(graph, batches[-1], before)
@@ -627,13 +632,16 @@ def test_train_steps_match_reference(example):
         np.testing.assert_allclose(value, grads[name], rtol=1e-4, atol=atol, err_msg=name)
     # Adam moves an element whose gradient is rounding noise (|g| near eps: a sum that
     # cancels, 1e-9 against terms of 1e-4) by up to lr per step, in a direction the
-    # noise picks: a few elements in 10,000 may differ by up to the learning rates summed.
+    # noise picks: a few elements in 10,000 (in a smaller tensor, two) may differ by up to the
+    # learning rates summed, and so may every element whose gradient is only noise (attention's
+    # key bias: softmax ignores a shift of every key's score, so its gradient is 0 but for rounding).
     lr_total = sum(float(np.float32(dict(graph.train.hyper)["lr"])) * f for f in (1, 1, 0.5)) \
         if graph.train.optimizer.kind == "adam" else 0.0
     for name, value in model.parameters().items():
         diff = np.abs(np.asarray(value) - params[name])
         loose = diff > 1e-5 + 1e-4 * np.abs(params[name])
-        assert loose.mean() <= 1e-4 and (diff[loose] <= lr_total).all(), (
+        noise = np.abs(grads[name]) <= 1e-6 * np.abs(grads[name]).max()
+        assert (loose & ~noise).sum() <= max(2, 1e-4 * loose.size) and (diff[loose] <= lr_total).all(), (
             f"{name}: {int(loose.sum())} of {loose.size} elements differ, by up to {diff.max():.3g}")
     for key, value in model.optimizer_state().items():
         np.testing.assert_allclose(value, state[key], rtol=1e-4, atol=1e-5, err_msg=key)

@@ -62,6 +62,9 @@ class Builder:
         self.names = NameTable()
         self.dims = set()  # symbolic dims seen so far (their names are taken)
         self.regions = []  # node lists traced apart (recursive cells), named after the graph
+        # (placeholder, operand, prefix): a cond branch's rows of an operand, named `<prefix><the
+        # operand's name>` once the operand has its final name (the user's variable's)
+        self.operand_rows = []
         self.layer_names = {}  # id(value) -> the name= of the layer helper that made it
 
     # -- declarations -------------------------------------------------------
@@ -193,6 +196,8 @@ class Builder:
             if key is not None and t.value.producer is not None and in_return(t.value.loc)
         }
         _name_values(self.graph, self.names, preferred)
+        for place, operand, prefix in self.operand_rows:
+            place.name = self.names.unique(f"{prefix}{operand.name}")
         for nodes, prefix in self.regions:  # the model's own names first, then the cells'
             _name_values(SimpleNamespace(nodes=nodes), self.names, {}, prefix)
         if self.graph.mode is not None:  # the C++ local the mode-dependent ops read: no user's name

@@ -120,7 +120,19 @@ def _flat(result, what, branch):
     return items
 
 
-def cond(pred, then_fn, else_fn, *operands, compact=None):
+def _examples_words(examples, loc):
+    """cond(examples=(then_words, else_words)): the words after "the examples" that the
+    generated comments use for each branch's examples ("still running after layer 2")."""
+    if examples is None:
+        return "", ""
+    if (not isinstance(examples, (tuple, list)) or len(examples) != 2
+            or not all(isinstance(w, str) and w.strip() and w.isprintable() for w in examples)):
+        raise ModelError("examples must be two phrases (then_fn's examples, else_fn's) such as "
+                         f"('still running after layer 2', 'that exited by layer 2'), got {examples!r}", loc, "cond")
+    return tuple(w.strip() for w in examples)
+
+
+def cond(pred, then_fn, else_fn, *operands, compact=None, examples=None):
     """Per example n: then_fn(operands)[n] where pred[n], else else_fn(operands)[n].
 
     pred is bool [N]; every operand and every result of both branches has the batch
@@ -130,8 +142,11 @@ def cond(pred, then_fn, else_fn, *operands, compact=None):
     block over the examples that take it, listed by index (ops/cond.py); its rows must
     not depend on each other (as a recursive cell's). Masking (compact=False): both
     branches run on the whole batch and the results are selected with where (see the
-    module's docstring). Both train. Returns what the branches return."""
+    module's docstring). Both train. `examples`, two phrases such as ("still running
+    after layer 2", "that exited by layer 2"), says in the generated code's comments which
+    examples take each branch. Returns what the branches return."""
     loc = user_loc()
+    said = _examples_words(examples, loc)
     if compact is not None and not isinstance(compact, bool):
         raise ModelError(f"compact must be True, False or None (the rule decides), got {compact!r}", loc, "cond")
     if not isinstance(pred, Tensor) or pred.dtype != "bool" or pred.ndim != 1:
@@ -149,7 +164,7 @@ def cond(pred, then_fn, else_fn, *operands, compact=None):
     # The rule (docs/ARCHITECTURE.md, "dg.cond compacts"): compaction, unless asked for
     # masking or an operand is not float32 (the blocks move float rows only).
     if compact or (compact is None and all(x.dtype == "float32" for x in operands)):
-        return _compacted(pred, then_fn, else_fn, operands, loc)
+        return _compacted(pred, then_fn, else_fn, operands, loc, said)
     then_out = then_fn(*operands)
     else_out = else_fn(*operands)
     single = not isinstance(then_out, (tuple, list))
@@ -172,11 +187,13 @@ def cond(pred, then_fn, else_fn, *operands, compact=None):
         # pred [N] against [N, ...]: one flag per example, as [N, 1, ...].
         flags = pred if t.ndim == 1 else _per_example(pred, t.ndim)
         attrs = {"values": (None, None), "cond": True}  # dg.cond's selection (the C++ says so)
+        if said[0]:
+            attrs["said"] = said
         results.append(b.add("where", [flags, t, e], attrs, label="where")[0])
     return results[0] if single else tuple(results)
 
 
-def _compacted(pred, then_fn, else_fn, operands, loc):
+def _compacted(pred, then_fn, else_fn, operands, loc, said):
     """cond(compact=True): each branch traced once as a cell over `rows` rows (the
     examples that take it), into one `cond` node (ops/cond.py)."""
     b = current()
@@ -195,6 +212,7 @@ def _compacted(pred, then_fn, else_fn, operands, loc):
         places = [Value(b.names.unique(f"{side}_{x.name}"), "float32", (rows,) + tuple(x.shape[1:]), kind="cell",
                         explicit=True) for x in operands]
         users.update({id(p): x.name for p, x in zip(places, operands)})
+        b.operand_rows += [(p, x.value, f"{side}_") for p, x in zip(places, operands)]
         start = len(b.graph.nodes)
         result = fn(*[Tensor(p) for p in places])
         nodes = b.graph.nodes[start:]
@@ -207,7 +225,7 @@ def _compacted(pred, then_fn, else_fn, operands, loc):
                 raise ModelError(f"result {k} of {side}_fn, '{shown(t)}' {_as_batch(t.shape, rows, batch)} {t.dtype}, "
                                  f"must be float32 with the batch {fmt_shape((batch,))} first (one row per example)",
                                  loc, "cond")
-        branches.append(Branch(side, rows, places, nodes, [t.value for t in outs]))
+        branches.append(Branch(side, rows, places, nodes, [t.value for t in outs], said[len(branches)]))
     then, other = branches
     if len(then.outputs) != len(other.outputs) or structure[0] != structure[1]:
         raise ModelError(f"then_fn returns {len(then.outputs)} tensor(s) and else_fn {len(other.outputs)}: they must "

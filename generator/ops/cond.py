@@ -11,8 +11,7 @@ Reference: per branch, the operands' rows of its examples, the branch's nodes on
 the results put back at those rows. Lowering: `dg::branch_examples` lists each
 branch's examples (one pass over the N flags); per branch with examples, the operands'
 rows gathered into a compact block, the branch's statements over its rows, each
-result's rows written back to their examples' rows. No gradient yet (masking, the
-default, trains).
+result's rows written back to their examples' rows. The gradient: `cond_grad` below.
 """
 
 from __future__ import annotations
@@ -38,6 +37,14 @@ class Branch:
     operands: list  # placeholders [rows, ...], one per operand
     nodes: list
     outputs: list
+    said: str = ""  # cond(examples=...): how the generated comments call its examples, else ""
+
+
+def _who(branch) -> str:
+    """The generated comments' words for the examples that take `branch`."""
+    if branch.said:
+        return f"The examples {branch.said} (the {branch.side}-branch)"
+    return f"The examples that take the {branch.side}-branch"
 
 
 @dataclass(eq=False)
@@ -182,8 +189,12 @@ def _lower(node, ctx):
     then, other = spec.branches
     lists = {b.side: f"{b.side}_examples" for b in spec.branches}
     writes = [ctx.write(v) for v in node.outputs]
-    lines = [Comment("dg.cond, compacted: the examples that take the then-branch, and those that take the else-branch,"),
-             Comment("listed by index; each branch is one batched block over its examples' rows.")]
+    if then.said:
+        lines = [Comment(f"dg.cond, compacted: the examples {then.said}, and those {other.said}, listed by index;"),
+                 Comment("each branch is one batched block over its examples' rows.")]
+    else:
+        lines = [Comment("dg.cond, compacted: the examples that take the then-branch, and those that take the else-branch,"),
+                 Comment("listed by index; each branch is one batched block over its examples' rows.")]
     lines += [Declare(f"{scratch}<std::int64_t>", name, [batch]) for name in lists.values()]
     lines.append(Declare("const std::int64_t", str(then.rows), init=ctx.call(
         "dg::branch_examples", ctx.read(pred), Named("n", batch), f"{lists['then']}.data()", f"{lists['else']}.data()")))
@@ -204,9 +215,8 @@ def _lower(node, ctx):
                               Named("width", ctx.size(numel(v.shape[1:]))), w.expr)
                      for v, w in zip(branch.outputs, writes)]
         lines += decls + inner_decls
-        words = "then" if branch.side == "then" else "else"
-        lines.append(Block(gathers + body + backs, comment=f"The examples that take the {words}-branch: one batched "
-                                                                f"block of their rows ({branch.rows} of them, maybe none)."))
+        lines.append(Block(gathers + body + backs, comment=f"{_who(branch)}: one batched block of their rows "
+                                                                f"({branch.rows} of them, maybe none)."))
     return Block(lines, touches=writes)
 
 
@@ -295,7 +305,10 @@ def _lower_grad(node, ctx):
                                   Named("value", "0.0f")))
     for which, (branch, back) in enumerate(zip(spec.branches, backs)):
         listed, rows = f"{lists[branch.side]}.data()", str(branch.rows)
+        # What the block reads: its statements' inputs, and the gradients it writes back as they
+        # come (a branch that returns an operand as it is passes that result's gradient on).
         reads = {id(v) for n in back.nodes for v in n.inputs}
+        reads |= {id(d) for d in back.d_children[0] if d is not None} | {id(v) for v in back.d_free.values()}
         decls, places, gathers = [], {}, []
         for p, x in [(p, x) for p, x in zip(back.children[0], operands)] + list(zip(back.d_out, gouts)):
             if id(p) not in reads:
@@ -315,6 +328,6 @@ def _lower_grad(node, ctx):
                       for i, v in back.d_free.items() if (which, i) in piece_writes]
         lines += decls + inner_decls
         lines.append(Block(gathers + body + backs_out + copies,
-                           comment=f"The examples that take the {branch.side}-branch, backward: one batched block of "
-                                   f"their rows ({rows} of them, maybe none)."))
+                           comment=f"{_who(branch)}, backward: one batched block of their rows ({rows} of them, "
+                                   "maybe none)."))
     return Block(lines, touches=writes)

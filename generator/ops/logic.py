@@ -189,8 +189,12 @@ class Where(OpDef):
         if node.attrs.get("cond"):  # dg.cond's selection: say which rows come from which branch
             viewed = cond.producer is not None and get_op(cond.producer.op).view  # pred as [N, 1, ...]
             pred = cond.producer.inputs[0] if viewed else cond
-            return [Comment(f"examples taking the then branch ({pred.name}) take {a.name}, the others {b.name}"),
-                    Scope(arrays, [call])]
+            then, other = node.attrs.get("said") or ("", "")
+            if then:
+                said = f"the examples {then} ({pred.name}) take {a.name}, those {other} {b.name}"
+            else:
+                said = f"examples taking the then branch ({pred.name}) take {a.name}, the others {b.name}"
+            return [Comment(said), Scope(arrays, [call])]
         if node.attrs.get("loop"):  # a while loop's step: the examples that stopped keep their state
             return [Comment(f"examples still running take {a.name}, the others keep {b.name}"), Scope(arrays, [call])]
         return [Scope(arrays, [call])]
