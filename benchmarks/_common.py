@@ -14,6 +14,7 @@ import math
 import os
 import platform
 import re
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -350,3 +351,46 @@ def quiet_blas() -> None:
     except ImportError:
         return
     threadpool_limits(limits=1, user_api="blas")
+
+
+def machine_line(machine: dict) -> str:
+    """`Machine: <cpu> (<arch>, <n> cores; ISA ...); torch ..., numpy ..., git ...` from machine_facts()."""
+    return (f"Machine: {machine['cpu']} ({machine['machine']}, {machine['cores']} cores; ISA "
+            f"{' '.join(machine['cpu_isa'])}); torch {machine['torch']}, numpy {machine['numpy']}, git {machine['git']}")
+
+
+def pooled_rows(results: list, fields=("batch",)):
+    """The children's rows pooled over rounds, keyed (row[f] for f in fields..., threads, peer):
+    (every time in ms, each round's cpu/wall, their medians), and the last row per (row[f]..., peer)."""
+    pooled, cpu, facts = {}, {}, {}
+    for res in results:
+        for r in res["rows"]:
+            at = tuple(r[f] for f in fields)
+            key = at + (res["threads"], res["peer"])
+            pooled.setdefault(key, []).extend(r["times_ms"])
+            cpu.setdefault(key, []).append(r.get("cpu_per_wall", 0.0))
+            facts[at + (res["peer"],)] = r
+    medians = {k: statistics.median(v) for k, v in pooled.items()}
+    return pooled, cpu, medians, facts
+
+
+# A 2-thread cell whose median is over twice the same peer's 1-thread one: its threads waited for a core.
+WAITED_NOTE = ("* the peer's 2-thread median is over twice its 1-thread one: its threads waited for cores (another "
+               "process held one), not a property of the peer; such a cell's ratios say little")
+
+
+def waited_marks(median_at, threads: int, peers) -> dict:
+    """peer -> "*" where its `threads` median (median_at(threads, peer)) is over twice its 1-thread one, else " "."""
+    return {p: "*" if threads > 1 and median_at(threads, p) > 2 * median_at(1, p) else " " for p in peers}
+
+
+def peer_records(size: int, threads: int, peers, pooled: dict, cpu: dict, medians: dict, dg_ms: float) -> list:
+    """The --json records of one (batch, threads) cell, a record per peer (keys as pooled_rows())."""
+    out = []
+    for peer in peers:
+        key = (size, threads, peer)
+        out.append({"batch": size, "threads": threads, "peer": peer, "median_ms": round(medians[key], 4),
+                    "min_ms": round(min(pooled[key]), 4), "reps": len(pooled[key]),
+                    "cpu_per_wall": round(statistics.mean(cpu[key]), 3),
+                    "ratio_vs_deepgen": round(medians[key] / dg_ms, 3)})
+    return out

@@ -61,20 +61,24 @@ import json
 import runpy
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 from _common import (
     BUSY_LIMIT,
     ROOT,
+    WAITED_NOTE,
     build_module,
     import_module,
     machine_facts,
+    machine_line,
     measure,
+    peer_records,
+    pooled_rows,
     quiet_blas,
     run_rounds,
     set_threads,
+    waited_marks,
 )
 
 PEERS = ("deepgen", "deepgen-masked", "torch-loop", "torch-masked")
@@ -366,21 +370,11 @@ def main() -> None:
     print(f"\n{rounds} round(s) x {len(THREADS)} thread counts, a child per peer:", flush=True)
     results = run_rounds(__file__, config, rounds, THREADS, PEERS, "control_flow")
 
-    pooled, cpu, facts = {}, {}, {}
-    for res in results:
-        for r in res["rows"]:
-            key = (r["batch"], res["threads"], res["peer"])
-            pooled.setdefault(key, []).extend(r["times_ms"])
-            cpu.setdefault(key, []).append(r["cpu_per_wall"])
-            facts[(r["batch"], res["peer"])] = r
-    med = {k: statistics.median(v) for k, v in pooled.items()}
+    pooled, cpu, med, facts = pooled_rows(results)
     contention = max([max(r["other_cores"] or 0, r["steal_cores"] or 0) for r in results], default=0.0)
 
     machine = machine_facts()
-    print(
-        f"\nMachine: {machine['cpu']} ({machine['machine']}, {machine['cores']} cores; ISA "
-        f"{' '.join(machine['cpu_isa'])}); torch {machine['torch']}, numpy {machine['numpy']}, git {machine['git']}"
-    )
+    print("\n" + machine_line(machine))
     print(
         f"Model: examples/seq2seq_decode.py, hidden 96, trained weights; MAX_STEPS {ex['MAX_STEPS']}; {dynet_note}."
     )
@@ -403,10 +397,7 @@ def main() -> None:
             faster = min(loop_ms, masked_ms)
             faster_name = "torch-loop" if loop_ms <= masked_ms else "torch-masked"
             # a 2-thread median over twice the 1-thread one: that peer's threads waited for cores
-            mark = {
-                p: "*" if threads > 1 and med[(size, threads, p)] > 2 * med[(size, 1, p)] else " "
-                for p in PEERS
-            }
+            mark = waited_marks(lambda t, p: med[(size, t, p)], threads, PEERS)
             flagged = flagged or "*" in mark.values()
             starred = "*" in mark.values()
             notes = [f"vs faster ({faster_name}): {_verdict(faster / dg_ms, TARGET_FASTER)}"]
@@ -428,26 +419,10 @@ def main() -> None:
                 f"{loop_ms:9.3f}{mark['torch-loop']} {masked_ms:11.3f}{mark['torch-masked']} | "
                 f"{dgm_ms / dg_ms:8.2f}x {faster / dg_ms:8.2f}x {loop_ms / dg_ms:7.2f}x | {'; '.join(notes)}"
             )
-            for peer in PEERS:
-                m = med[(size, threads, peer)]
-                records.append(
-                    {
-                        "batch": size,
-                        "threads": threads,
-                        "peer": peer,
-                        "median_ms": round(m, 4),
-                        "min_ms": round(min(pooled[(size, threads, peer)]), 4),
-                        "reps": len(pooled[(size, threads, peer)]),
-                        "cpu_per_wall": round(statistics.mean(cpu[(size, threads, peer)]), 3),
-                        "ratio_vs_deepgen": round(m / dg_ms, 3),
-                    }
-                )
+            records += peer_records(size, threads, PEERS, pooled, cpu, med, dg_ms)
 
     if flagged:
-        print(
-            "* the peer's 2-thread median is over twice its 1-thread one: its threads waited for cores (another "
-            "process held one), not a property of the peer; such a cell's ratios say little"
-        )
+        print(WAITED_NOTE)
     print("\nProfile: decoding steps and the generated forward's time (1 thread), then its thread scaling")
     for size in BATCHES:
         r = facts[(size, "deepgen")]

@@ -46,13 +46,18 @@ from pathlib import Path
 from _common import (
     BUSY_LIMIT,
     ROOT,
+    WAITED_NOTE,
     build_module,
     import_module,
     machine_facts,
+    machine_line,
     measure,
+    peer_records,
+    pooled_rows,
     quiet_blas,
     run_rounds,
     set_threads,
+    waited_marks,
 )
 
 PEERS = ("deepgen", "deepgen-masked", "hf-generate")
@@ -168,19 +173,8 @@ def child(config: dict) -> None:
 
 def report(results: list, ex: dict, info: dict) -> list:
     """Prints the table and the profile; returns the records for --json."""
-    pooled, cpu, facts = {}, {}, {}
-    for res in results:
-        for r in res["rows"]:
-            key = (r["batch"], res["threads"], res["peer"])
-            pooled.setdefault(key, []).extend(r["times_ms"])
-            cpu.setdefault(key, []).append(r["cpu_per_wall"])
-            facts[(r["batch"], res["peer"])] = r
-    med = {k: statistics.median(v) for k, v in pooled.items()}
-    machine = machine_facts()
-    print(
-        f"\nMachine: {machine['cpu']} ({machine['machine']}, {machine['cores']} cores; ISA "
-        f"{' '.join(machine['cpu_isa'])}); torch {machine['torch']}, numpy {machine['numpy']}, git {machine['git']}"
-    )
+    pooled, cpu, med, facts = pooled_rows(results)
+    print("\n" + machine_line(machine_facts()))
     print(
         f"Model: examples/gpt2_generate.py, {ex['LAYERS']} layers, {ex['HEADS']} heads, embedding {ex['EMBED']}, "
         f"vocabulary {ex['VOCAB']}, prompt {ex['PROMPT']}, up to {ex['MAX_NEW']} new tokens, EOS {ex['EOS']}"
@@ -201,34 +195,15 @@ def report(results: list, ex: dict, info: dict) -> list:
     for size in BATCHES:
         for threads in THREADS:
             dg_ms, masked_ms, hf_ms = (med[(size, threads, p)] for p in PEERS)
-            mark = {
-                p: "*" if threads > 1 and med[(size, threads, p)] > 2 * med[(size, 1, p)] else " "
-                for p in PEERS
-            }
+            mark = waited_marks(lambda t, p: med[(size, t, p)], threads, PEERS)
             flagged = flagged or "*" in mark.values()
             print(
                 f"{size:>5} {threads:>3} | {dg_ms:7.3f}{mark['deepgen']} {masked_ms:8.3f}{mark['deepgen-masked']} "
                 f"{hf_ms:10.3f}{mark['hf-generate']} | {masked_ms / dg_ms:8.2f}x {hf_ms / dg_ms:7.2f}x"
             )
-            for peer in PEERS:
-                m = med[(size, threads, peer)]
-                records.append(
-                    {
-                        "batch": size,
-                        "threads": threads,
-                        "peer": peer,
-                        "median_ms": round(m, 4),
-                        "min_ms": round(min(pooled[(size, threads, peer)]), 4),
-                        "reps": len(pooled[(size, threads, peer)]),
-                        "cpu_per_wall": round(statistics.mean(cpu[(size, threads, peer)]), 3),
-                        "ratio_vs_deepgen": round(m / dg_ms, 3),
-                    }
-                )
+            records += peer_records(size, threads, PEERS, pooled, cpu, med, dg_ms)
     if flagged:
-        print(
-            "* the peer's 2-thread median is over twice its 1-thread one: its threads waited for cores (another "
-            "process held one); such a cell's ratios say little"
-        )
+        print(WAITED_NOTE)
     print("\nProfile (1 thread):")
     for size in BATCHES:
         r = facts[(size, "deepgen")]

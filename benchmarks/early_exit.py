@@ -46,13 +46,16 @@ from pathlib import Path
 from _common import (
     BUSY_LIMIT,
     ROOT,
+    WAITED_NOTE,
     build_module,
     import_module,
     machine_facts,
+    machine_line,
     measure,
     quiet_blas,
     run_rounds,
     set_threads,
+    waited_marks,
 )
 
 PEERS = ("deepgen", "torch-loop", "torch-masked")
@@ -301,15 +304,7 @@ def report(results: list) -> list:
                 dg_ms, loop_ms, masked_ms = (med[(size, threads, threshold, p)] for p in PEERS)
                 full = med[(size, threads, 0.0, "deepgen")]
                 # a 2-thread median over twice the same peer's 1-thread one: its threads waited for a core
-                mark = {
-                    p: (
-                        "*"
-                        if threads > 1
-                        and med[(size, threads, threshold, p)] > 2 * med[(size, 1, threshold, p)]
-                        else " "
-                    )
-                    for p in PEERS
-                }
+                mark = waited_marks(lambda t, p: med[(size, t, threshold, p)], threads, PEERS)
                 starred = starred or "*" in mark.values()
                 print(
                     f"{size:>5} {threads:>3} {threshold:>9g} {exits[(size, threshold)]:5.2f} | {dg_ms:7.3f}"
@@ -329,10 +324,7 @@ def report(results: list) -> list:
                     for p in PEERS
                 ]
     if starred:
-        print(
-            "* the peer's 2-thread median is over twice its 1-thread one: its threads waited for cores (another "
-            "process held one); such a cell's ratios say little"
-        )
+        print(WAITED_NOTE)
     worst = min(a / t for pairs in agree.values() for a, t in pairs)
     print(
         f"Predictions and exit layers: every peer agreed with the generated module on at least {100 * worst:.1f}% "
@@ -367,10 +359,7 @@ def main() -> None:
     print(f"\n{rounds} round(s) x {len(THREADS)} thread counts, a child per peer:", flush=True)
     results = run_rounds(__file__, config, rounds, THREADS, PEERS, "early_exit")
     machine = machine_facts()
-    print(
-        f"\nMachine: {machine['cpu']} ({machine['machine']}, {machine['cores']} cores; ISA "
-        f"{' '.join(machine['cpu_isa'])}); torch {machine['torch']}, numpy {machine['numpy']}, git {machine['git']}"
-    )
+    print("\n" + machine_line(machine))
     print(
         "Model: examples/early_exit.py, 3 layers, hidden 32, trained weights; exit = the average exit layer."
     )
