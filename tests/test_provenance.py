@@ -67,7 +67,8 @@ def test_a_multi_line_call_is_quoted_whole_and_each_pass_of_a_loop_apart(tmp_pat
     path = tmp_path / "prov.py"
     path.write_text(MODEL)
     cpp = project_files(load_model(f"{path}:prov").build())["src/model.cpp"].decode()
-    assert '// prov.py:7  h = dg.relu(x @ dg.param("w", (8, 8)), )  # and one after it' in cpp
+    # as one line the way a person writes it on one: no trailing comma, no space inside brackets
+    assert '// prov.py:7  h = dg.relu(x @ dg.param("w", (8, 8)))  # and one after it' in cpp
     quoted = '// prov.py:10  h = dg.dense(h, 8, act=dg.tanh, name=f"fc{i}")'
     run = cpp[cpp.index("Network::_run"):]
     assert run.count(quoted) == 2, run  # one block per call, each under its own comment

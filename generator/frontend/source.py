@@ -184,7 +184,21 @@ def _call_text(filename: str, line: int) -> str:
             row, col = t.start
             if row < len(lines):  # a comment on the last line stays, as on a one-line call
                 lines[row - 1] = lines[row - 1][:col]
-    return " ".join(text.strip() for text in lines if text.strip())
+    return _one_line([text.strip() for text in lines if text.strip()])
+
+
+def _one_line(parts: list) -> str:
+    """Lines of a call as one line, as a person writes it on one: no space inside its
+    brackets, no trailing comma before a closing one (`dg.relu(x @ w)`, not `dg.relu( x @ w, )`)."""
+    out = ""
+    for text in parts:
+        if not out or out[-1] in "([{":
+            out += text
+        elif text[0] in ")]}":
+            out = out[:-1] + text if out[-1] == "," else out + text
+        else:
+            out += " " + text
+    return out
 
 
 def assigned_names(loc: Loc | None) -> list[str] | None:
