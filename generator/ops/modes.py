@@ -324,7 +324,7 @@ class ConvBatchNorm(OpDef):
         b = ctx.read(conv_b[0]) if conv_b else "nullptr"
         y, mean, invstd = node.outputs
         kernel, out_hw = tuple(w.shape[2:]), tuple(y.shape[2:])
-        geom, name = _conv_geom(ctx, node, x.shape, w.shape[0], kernel, out_hw)
+        geom, name = _conv_geom(ctx, node, x.shape, w.shape[0], kernel, out_hw, w.name)
         cols = _conv_columns(node, x.shape, kernel, out_hw)
         ws = ctx.workspace(f"{y.name}_cols", cols) if cols else "nullptr"
         what = ctx.string(f"batch norm of the convolution of '{x.name}'")
