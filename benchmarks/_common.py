@@ -394,3 +394,15 @@ def peer_records(size: int, threads: int, peers, pooled: dict, cpu: dict, median
                     "cpu_per_wall": round(statistics.mean(cpu[key]), 3),
                     "ratio_vs_deepgen": round(medians[key] / dg_ms, 3)})
     return out
+
+
+def time_batches(fn, batches: list, config: dict, *args) -> tuple:
+    """fn(batch, *args) over every batch of the set, timed as a set (measure()): each
+    repetition's ms per batch, and the cpu/wall ratio."""
+
+    def run_set():
+        for batch in batches:
+            fn(batch, *args)
+
+    t = measure(run_set, config["target_s"], config["min_reps"])
+    return [1000 * s / len(batches) for s in t["times"]], t["cpu_per_wall"]

@@ -72,12 +72,12 @@ from _common import (
     import_module,
     machine_facts,
     machine_line,
-    measure,
     peer_records,
     pooled_rows,
     quiet_blas,
     run_rounds,
     set_threads,
+    time_batches,
     waited_marks,
 )
 
@@ -259,17 +259,12 @@ def child(config: dict) -> None:
                 f"module's (batch {size}); refusing to time different functions"
             )
 
-        def run_set(batches=batches):
-            for inputs in batches:
-                fn(inputs)
-
-        t = measure(run_set, config["target_s"], config["min_reps"])
-        per_batch = [1000 * s / len(batches) for s in t["times"]]
+        per_batch, cpu_per_wall = time_batches(fn, batches, config)
         out["rows"].append(
             {
                 "batch": size,
                 "times_ms": per_batch,
-                "cpu_per_wall": t["cpu_per_wall"],
+                "cpu_per_wall": cpu_per_wall,
                 "agree": agree,
                 "examples": total,
                 "steps": steps,
@@ -279,7 +274,7 @@ def child(config: dict) -> None:
         print(
             f"  [round {config['round'] + 1}, {threads} thr] batch {size:2d} {peer:12s} "
             f"{statistics.median(per_batch):9.3f} ms/batch ({len(per_batch)} reps, cpu/wall "
-            f"{t['cpu_per_wall']:.2f}; tokens agree {agree}/{total})",
+            f"{cpu_per_wall:.2f}; tokens agree {agree}/{total})",
             flush=True,
         )
     Path(config["out"]).write_text(json.dumps(out))

@@ -51,10 +51,10 @@ from _common import (
     import_module,
     machine_facts,
     machine_line,
-    measure,
     quiet_blas,
     run_rounds,
     set_threads,
+    time_batches,
     waited_marks,
 )
 
@@ -230,12 +230,7 @@ def child(config: dict) -> None:
                     f"generated module's (batch {size}, threshold {threshold}); refusing to time"
                 )
 
-            def run_set(batches=batches, threshold=threshold):
-                for tokens in batches:
-                    fn(tokens, threshold)
-
-            t = measure(run_set, config["target_s"], config["min_reps"])
-            per_batch = [1000 * s / len(batches) for s in t["times"]]
+            per_batch, cpu_per_wall = time_batches(fn, batches, config, threshold)
             out["rows"].append(
                 {
                     "batch": size,
@@ -248,7 +243,7 @@ def child(config: dict) -> None:
             )
             print(
                 f"  [round {config['round'] + 1}, {threads} thr] batch {size:2d} threshold {threshold:<5g} "
-                f"{peer:12s} {statistics.median(per_batch):8.3f} ms/batch (cpu/wall {t['cpu_per_wall']:.2f}; "
+                f"{peer:12s} {statistics.median(per_batch):8.3f} ms/batch (cpu/wall {cpu_per_wall:.2f}; "
                 f"agree {agree}/{total})",
                 flush=True,
             )
