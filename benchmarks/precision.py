@@ -1,6 +1,6 @@
 """Benchmark: reduced precision (issue #41): accuracy and speed of bf16 and int8 against fp32.
 
-    python benchmarks/precision.py [--quick] [--accuracy-only] [--json FILE]
+    python benchmarks/precision.py [--quick] [--accuracy-only | --speed-only] [--json FILE]
 
 Accuracy (in this process; benchmarks/precision_accuracy.py says how each model is trained
 and on what): the digits MLP, LeNet on the digits, the LSTM classifier, the TreeLSTM
@@ -141,6 +141,7 @@ def main() -> None:
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--quick", action="store_true", help="one round, shorter timings")
     parser.add_argument("--accuracy-only", action="store_true", help="the accuracy table only (no timings)")
+    parser.add_argument("--speed-only", action="store_true", help="the speed table only (no accuracy)")
     parser.add_argument("--json", type=Path, help="write the tables here")
     args = parser.parse_args()
     if args.child:
@@ -150,8 +151,9 @@ def main() -> None:
     cache.mkdir(parents=True, exist_ok=True)
     facts = machine_facts()
     print(f"machine: {facts.get('cpu')} ({', '.join(facts.get('cpu_isa') or [])})")
-    accuracy = accuracy_table(cache)
-    print_accuracy(accuracy)
+    accuracy = [] if args.speed_only else accuracy_table(cache)
+    if accuracy:
+        print_accuracy(accuracy)
     speed = [] if args.accuracy_only else speed_table(cache, 1 if args.quick else 3, 0.3 if args.quick else 1.0)
     if speed:
         print("\nmlp forward(), 1 thread: median ms (ratio = our fp32 / peer)")
