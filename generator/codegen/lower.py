@@ -263,9 +263,16 @@ class LowerCtx:
             rows, cols = shape or b.shape
             k, n = (cols, rows) if tb else (rows, cols)
             member = _member_name(self.graph, f"{b.name}_t_packed" if tb else f"{b.name}_packed", self.live_names())
+            kept_as, product = get_op(b.producer.op).kept_as if prepare and shape is None else ("", "")
             self.kept[key] = KeptPacking(member, self.modules.path(param.name), bool(tb), self.size(k), self.size(n),
-                                         prepare=prepare)
+                                         prepare=prepare, kept_as=kept_as, product=product)
         return [self.kept[key].member]
+
+    def kept_product(self, b, tb: bool) -> str:
+        """The product function that reads op(b) through a kept member of its own type
+        (KeptPacking.product: dg::matmul_bf16), or "" for the plain products."""
+        kept = self.kept.get((id(b), tb))
+        return getattr(kept, "product", "") if self.loop is None or (id(b), tb) not in self.loop.packed else ""
 
     def kept_int8(self, w, scale, tb: bool, k, n) -> str:
         """The Model's dg::KeptInt8Weight member of parameter w (op(w) [k, n]) quantized

@@ -28,6 +28,7 @@ class RoundBf16(OpDef):
     name = "round_bf16"
     in_place = True
     prepared_by_packing = "dg::round_bf16"  # a weight's kept packing rounds it as it packs
+    kept_as = ("dg::KeptBf16Weight", "dg::matmul_bf16")  # a dense layer's weight: bf16 products (dg_bf16.h)
 
     def infer(self, inputs, attrs):
         require_float(inputs)
