@@ -248,7 +248,7 @@ class KeptPacking:
     stands_in: bool = False  # the forward pass reads the param through this packing only
     prepare: str = ""  # a function the packing applies to the param as it packs it (dg::round_bf16)
     kept_as: str = ""  # the member's type where it is not a dg::KeptPackedB (OpDef.kept_as: dg::KeptBf16Weight)
-    product: str = ""  # then the product function that reads it (dg::matmul_bf16)
+    calls: dict = field(default_factory=dict)  # then {a product's function: the one that reads it}
     quantized = False  # (a KeptInt8's is True)
 
     def __str__(self) -> str:

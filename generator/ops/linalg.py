@@ -96,8 +96,9 @@ class MatMul(OpDef):
         fn = "matmul" + ("_tn" if ta else "_nt" if tb else "")
         # B packed before a loop (ops/recurse.py) is passed as the PackedB itself,
         # a parameter the Model keeps packed as that packing (which knows its B).
-        b_args = (None if ta else ctx.packed_operand(b, tb)) or [ctx.read(b)]
-        fn = (None if ta else ctx.kept_product(b, tb)) or f"dg::{fn}"  # (a bf16 weight's: dg::matmul_bf16)
+        packed = None if ta else ctx.packed_operand(b, tb)
+        b_args = packed or [ctx.read(b)]
+        fn = ctx.kept_call(f"dg::{fn}", b, tb) if packed else f"dg::{fn}"  # (a bf16 weight's: dg::matmul_bf16)
         n = Named("N", ctx.size(sb[1]))
         args = [ctx.read(a), *b_args, ctx.write(node.outputs[0]), Named("M", ctx.size(numel(sa[:-1]))),
                 Named("K", ctx.size(sa[-1])), n]
