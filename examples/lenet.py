@@ -17,7 +17,7 @@ N = dg.dim("N")
 
 
 @dg.model
-def lenet():
+def lenet(precision: str = "fp32"):
     images = dg.input("images", (N, 1, 8, 8))
     labels = dg.input("labels", (N,), dtype="int64")
     c1 = dg.conv2d_layer(images, 6, 3, padding=1, act=dg.relu)  # [N, 6, 8, 8]
@@ -28,7 +28,7 @@ def lenet():
     f6 = dg.dense(f5, 84, act=dg.relu)
     logits = dg.dense(f6, 10)
     loss = dg.softmax_cross_entropy(logits, labels)
-    dg.train(loss, dg.adam(lr=0.005))
+    dg.train(loss, dg.adam(lr=0.005), precision=precision)  # precision=bf16: bf16 products
     return {"probs": dg.softmax(logits)}
 
 

@@ -315,6 +315,8 @@ class LowerCtx:
             how = get_op(user.op).packed_read(user)
             if how is None or user.inputs[how[0]] is not out or sum(u is out for u in user.inputs) != 1:
                 return False
+            if user.phase != "forward":  # a gradient's product (bf16 training) reads the rounded weight as it is
+                return False
             if not self.keeps_packed(param, matrix=how[2] is not None):
                 return False
         return True

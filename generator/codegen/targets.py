@@ -29,6 +29,9 @@ A target is a folder targets/<name>/ with a target.json:
 - `update_rows`: the runtime's GEMM takes a row-block epilogue that updates the
   parameter whose gradient it writes (`dg::update_rows`), so the memory stage may
   fuse an update into that product (memory/liveness.py).
+- `bf16_products`: the runtime has bf16 products of its own (`dg::matmul_bf16` and the
+  other functions an op's `kept_as` names, runtime/dg_bf16.h), which the products of a
+  bf16 model call; without it they run the plain functions on the rounded values.
 - `early_ready`: compute_gradients() can report a gradient ready as soon as the
   backward pass completes it (CUDA: a gradient is ready when the device is).
 - `files`: {path in the project: path under templates/} of files copied verbatim
@@ -64,6 +67,7 @@ class Target:
     weight_grad_partials: bool = False
     update_rows: bool = False
     early_ready: bool = False
+    bf16_products: bool = False
     copy_fn: str = "std::copy"
     names: dict = None  # template-facing names (see the module docstring)
     files: dict = None  # {project path: file under templates/} copied verbatim
@@ -105,6 +109,7 @@ def load_target(name: str) -> Target:
         weight_grad_partials=bool(conf.get("weight_grad_partials", False)),
         update_rows=bool(conf.get("update_rows", False)),
         early_ready=bool(conf.get("early_ready", False)),
+        bf16_products=bool(conf.get("bf16_products", False)),
         copy_fn=conf.get("copy", "std::copy"),
         files=dict(conf.get("files", {})),
     )

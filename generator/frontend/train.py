@@ -152,6 +152,7 @@ class TrainSpec:
     optimizer: Optimizer
     weight_decay: float
     loc: object = None
+    precision: str = "fp32"  # "bf16": products in bf16, fp32 master weights (autodiff.prepare_training)
     grads: dict = field(default_factory=dict)  # param name -> gradient Value (after prepare)
     prepared: bool = False
 
@@ -164,11 +165,12 @@ class TrainSpec:
 def train(loss, optimizer: Optimizer | None = None, weight_decay: float = 0.0, precision: str = "fp32"):
     """Make the model trainable: the generated module gets train_step(**inputs),
     which minimizes `loss` (a scalar) with `optimizer` (default sgd(0.01)).
-    `precision` is "fp32": bf16 training is not implemented yet."""
+    `precision` "bf16": the forward and backward products multiply bfloat16 values
+    (their operands rounded, float32 sums), the weights, gradients and optimizer
+    state stay float32 (master weights), as forward() does in bf16."""
     b, loc = current(), user_loc()
-    if precision != "fp32":
-        raise ModelError(f"dg.train(precision={precision!r}): only fp32 training is implemented; bf16 inference "
-                         "is `deepgen generate MODEL.py --precision bf16` (issue #41)", loc, "train")
+    if precision not in ("fp32", "bf16"):
+        raise ModelError(f"dg.train(precision={precision!r}): expected 'fp32' or 'bf16'", loc, "train")
     if not isinstance(loss, Tensor):
         raise ModelError(f"dg.train needs the loss Tensor, got {type(loss).__name__}", loc, "train")
     if loss.shape != () or loss.dtype != "float32":
@@ -178,7 +180,8 @@ def train(loss, optimizer: Optimizer | None = None, weight_decay: float = 0.0, p
     optimizer = optimizer or sgd()
     if not isinstance(optimizer, Optimizer):
         raise ModelError(f"optimizer must be dg.sgd(...) or dg.adam(...), got {optimizer!r}", loc, "train")
-    b.graph.train = TrainSpec(loss.value, optimizer, _positive("weight_decay", weight_decay, True), loc)
+    b.graph.train = TrainSpec(loss.value, optimizer, _positive("weight_decay", weight_decay, True), loc,
+                              precision=precision)
 
 
 # -- losses --------------------------------------------------------------------

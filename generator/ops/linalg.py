@@ -47,6 +47,17 @@ def epilogue_role(v, out_shape):
     return None
 
 
+def _call_on(ctx, fn: str, a, b) -> str:
+    """The runtime function of product `fn` on operands a and b: where both are results
+    of one op that names its own for it (OpDef.kept_as: bf16 values, dg::matmul_bf16)
+    and the target's runtime has it (Target.bf16_products), that one."""
+    if not ctx.target.bf16_products:
+        return fn
+    ops = {get_op(v.producer.op).name if v.producer is not None else "" for v in (a, b)}
+    op = get_op(ops.pop()) if len(ops) == 1 and "" not in ops else None
+    return op.kept_as[1].get(fn, fn) if op is not None and op.kept_as else fn
+
+
 @register
 class MatMul(OpDef):
     name = "matmul"
@@ -98,7 +109,7 @@ class MatMul(OpDef):
         # a parameter the Model keeps packed as that packing (which knows its B).
         packed = None if ta else ctx.packed_operand(b, tb)
         b_args = packed or [ctx.read(b)]
-        fn = ctx.kept_call(f"dg::{fn}", b, tb) if packed else f"dg::{fn}"  # (a bf16 weight's: dg::matmul_bf16)
+        fn = ctx.kept_call(f"dg::{fn}", b, tb) if packed else _call_on(ctx, f"dg::{fn}", a, b)  # (bf16: matmul_bf16)
         n = Named("N", ctx.size(sb[1]))
         args = [ctx.read(a), *b_args, ctx.write(node.outputs[0]), Named("M", ctx.size(numel(sa[:-1]))),
                 Named("K", ctx.size(sa[-1])), n]

@@ -18,6 +18,7 @@ from ..ir.graph import Node, Value, needed_for, needed_nodes
 from ..ir.names import NameTable
 from ..ops import ARGS, get_op
 from ..ir.shapes import broadcast, contiguous_groups, same
+from .rounding import round_products
 
 
 class GradBuilder:
@@ -237,5 +238,7 @@ def prepare_training(graph):
         if g is not None and g.producer is not None and g.producer.phase == "backward":
             if graph.names.claim(f"d_{p.name}"):
                 g.name = f"d_{p.name}"
+    if spec.precision == "bf16":  # every product, forward and backward, on bf16 values (the gradient of a
+        round_products(graph)  # rounding is taken as 1: products round what they read, nothing else changes)
     spec.prepared = True
     return graph

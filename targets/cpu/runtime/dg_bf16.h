@@ -30,6 +30,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <type_traits>
 #include <vector>
 
 #include "dg_amx.h"
@@ -311,18 +312,32 @@ void block_amx(const uint16_t* a, int64_t width, const Bf16PackedB& b, int64_t M
 #endif
 
 // store for matmul_bf16: the block's rows into c (row stride ldc), then the
-// GEMM epilogue on them (dg_gemm.h).
+// GEMM epilogue on them (dg_gemm.h); a row-block epilogue (dg::UpdateRows) on
+// whole rows once they are done (rows_done), with its prefetch hints.
 template <class Epilogue>
 struct RowsInto {
+  static constexpr bool kWholeRows = gemm_detail::row_blocks<Epilogue>::value;
   float* c;
-  int64_t ldc;
+  int64_t ldc, N;
   const Epilogue& epi;
   void operator()(int64_t i0, int64_t i1, int64_t j0, int64_t j1, const float* sums, int64_t ld) const {
     for (int64_t r = i0; r < i1; ++r)
       std::memcpy(c + r * ldc + j0, sums + (r - i0) * ld, static_cast<size_t>(j1 - j0) * sizeof(float));
-    gemm_detail::finish(epi, i0, i1, j0, j1, c + i0 * ldc + j0, ldc);
+    if constexpr (!kWholeRows) gemm_detail::finish(epi, i0, i1, j0, j1, c + i0 * ldc + j0, ldc);
+  }
+  void rows_done(int64_t i0, int64_t i1) const {
+    if constexpr (kWholeRows) epi.rows_done(i0, i1, 0, N, c + i0 * ldc, ldc);
+  }
+  void prefetch(int64_t i0, int64_t i1, int64_t part, int64_t parts) const {
+    if constexpr (kWholeRows) epi.prefetch(i0, i1, 0, N, part, parts);
   }
 };
+
+// Whether a store of bf16_products finishes whole rows (RowsInto of a row-block epilogue).
+template <class S, class = void>
+struct whole_rows : std::false_type {};
+template <class S>
+struct whole_rows<S, std::void_t<decltype(S::kWholeRows)>> : std::bool_constant<S::kWholeRows> {};
 
 }  // namespace bf16_detail
 
@@ -353,9 +368,7 @@ void bf16_products(const uint16_t* a, const Bf16PackedB& b, int64_t M, const Sto
       config.set(t, static_cast<int>(kBf16TileRows), 64);
     std::unique_ptr<TileScope> tiles(amx ? new TileScope(config) : nullptr);
 #endif
-#pragma omp for schedule(static)
-    for (int64_t item = 0; item < row_blocks * col_blocks; ++item) {
-      const int64_t p = item / row_blocks * block_panels, i = item % row_blocks * block_rows;
+    const auto block = [&](int64_t i, int64_t p) {
       const int64_t rows = std::min(block_rows, M - i), panels = std::min(block_panels, b.panels - p);
 #if DG_AMX
       if (amx) {
@@ -370,10 +383,29 @@ void bf16_products(const uint16_t* a, const Bf16PackedB& b, int64_t M, const Sto
           else
             bf16_detail::block_amx<1, 1>(a, width, b, M, i, p, store);
         }
-        continue;
+        return;
       }
 #endif
       bf16_detail::panels_avx512(a, width, b, i, rows, p, panels, store);
+    };
+    if constexpr (bf16_detail::whole_rows<Store>::value) {
+      // A store that finishes whole rows (a parameter's update from its gradient,
+      // dg::UpdateRows): each thread makes whole row blocks, column block after
+      // column block, prefetching a share of the next row block's parameter rows
+      // with each, then finishes the rows.
+#pragma omp for schedule(static)
+      for (int64_t r = 0; r < row_blocks; ++r) {
+        const int64_t i = r * block_rows, i1 = std::min(M, i + block_rows);
+        for (int64_t q = 0; q < col_blocks; ++q) {
+          block(i, q * block_panels);
+          if (i1 < M) store.prefetch(i1, std::min(M, i1 + block_rows), q, col_blocks);
+        }
+        store.rows_done(i, i1);
+      }
+    } else {
+#pragma omp for schedule(static)
+      for (int64_t item = 0; item < row_blocks * col_blocks; ++item)
+        block(item % row_blocks * block_rows, item / row_blocks * block_panels);
     }
   }
 }
@@ -385,9 +417,82 @@ void matmul_bf16(const float* a, const Bf16PackedB& b, float* c, int64_t M,
                  const Epilogue& epi = Epilogue()) {
   if (M <= 0) return;
   const std::vector<uint16_t> rows = bf16_detail::pack_rows(a, b.K, M, b);
-  bf16_products(rows.data(), b, M, bf16_detail::RowsInto<Epilogue>{c, b.N, epi});
+  bf16_products(rows.data(), b, M, bf16_detail::RowsInto<Epilogue>{c, b.N, b.N, epi});
 }
+
+namespace bf16_detail {
+
+// to[c][r] = from[r][c] for a rows x cols matrix (row strides: cols, rows), in
+// 16 x 16 blocks that stay in the cache.
+inline void transpose(const float* from, int64_t rows, int64_t cols, float* to) {
+  for (int64_t r0 = 0; r0 < rows; r0 += 16)
+    for (int64_t c0 = 0; c0 < cols; c0 += 16)
+      for (int64_t r = r0; r < std::min(rows, r0 + 16); ++r)
+        for (int64_t c = c0; c < std::min(cols, c0 + 16); ++c)
+          to[c * rows + r] = from[r * cols + c];
+}
+
+// b [K, N] (row stride N) packed: each k pair of rows converted and interleaved
+// 16 columns at a time (pack_pair_bf16).
+inline Bf16PackedB pack_b(const float* b, int64_t K, int64_t N) {
+  Bf16PackedB packed(K, N);
+  for (int64_t k = 0; k < K; k += 2)
+    pack_pair_bf16(b + k * N, k + 1 < K ? b + (k + 1) * N : nullptr, N, packed, 0, k / 2);
+  return packed;
+}
+
+// The weight w [K, N] (or [N, K] when tb) packed: pack_b, after a transpose for tb.
+inline Bf16PackedB pack_weight(const float* w, bool tb, int64_t K, int64_t N) {
+  if (!tb) return pack_b(w, K, N);
+  std::vector<float> flipped(static_cast<size_t>(K * N));
+  transpose(w, N, K, flipped.data());
+  return pack_b(flipped.data(), K, N);
+}
+
+}  // namespace bf16_detail
 #endif
+
+// c[M, N] = op(a) @ op(b) in bf16 products with float32 sums, then epi (dg_gemm.h's
+// epilogues, row blocks included): both operands hold bf16 values and are packed
+// per call (a product of a training step, where nothing is kept); ta: a is
+// stored [K, M], tb: b is stored [N, K]. Where the CPU has no bf16 products:
+// dg::gemm, the float32 products of the same values.
+template <class Epilogue = NoEpilogue>
+void gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* a, const float* b, float* c,
+               const Epilogue& epi = Epilogue()) {
+#if DG_BF16_PRODUCTS
+  if (M <= 0 || N <= 0) return;
+  const Bf16PackedB packed = bf16_detail::pack_weight(b, tb, K, N);
+  std::vector<float> a_rows;
+  if (ta) {  // a [M, K] from a [K, M]
+    a_rows.resize(static_cast<size_t>(M * K));
+    bf16_detail::transpose(a, K, M, a_rows.data());
+    a = a_rows.data();
+  }
+  const std::vector<uint16_t> rows = bf16_detail::pack_rows(a, K, M, packed);
+  bf16_products(rows.data(), packed, M, bf16_detail::RowsInto<Epilogue>{c, N, N, epi});
+#else
+  gemm(ta, tb, M, N, K, a, ta ? M : K, b, tb ? K : N, c, N, epi);
+#endif
+}
+
+// dg_matmul.h's matmul, matmul_nt and matmul_tn for operands that hold bf16
+// values (dg::round_bf16 made them): gemm_bf16.
+template <class Epilogue = NoEpilogue>
+void matmul_bf16(const float* a, const float* b, float* c, int64_t M, int64_t K, int64_t N,
+                 const Epilogue& epi = Epilogue()) {
+  gemm_bf16(false, false, M, N, K, a, b, c, epi);
+}
+template <class Epilogue = NoEpilogue>
+void matmul_nt_bf16(const float* a, const float* b, float* c, int64_t M, int64_t K, int64_t N,
+                    const Epilogue& epi = Epilogue()) {
+  gemm_bf16(false, true, M, N, K, a, b, c, epi);
+}
+template <class Epilogue = NoEpilogue>
+void matmul_tn_bf16(const float* a, const float* b, float* c, int64_t M, int64_t K, int64_t N,
+                    const Epilogue& epi = Epilogue()) {
+  gemm_bf16(true, false, M, N, K, a, b, c, epi);
+}
 
 // weight [K, N] (or [N, K] when tb) kept rounded and packed for the bf16 products:
 // remade when the Model's ParameterVersion has counted a change, made per call
@@ -457,7 +562,11 @@ class KeptBf16Weight {
 
  private:
   std::shared_ptr<const Bf16PackedB> make() const {
+#if DG_BF16_PRODUCTS
+    return std::make_shared<const Bf16PackedB>(bf16_detail::pack_weight(weight_.ptr(), tb_, K_, N_));
+#else
     return std::make_shared<const Bf16PackedB>(weight_.ptr(), tb_, K_, N_);
+#endif
   }
 
   KeptPackedB float32_;
@@ -487,6 +596,11 @@ void matmul_bf16(const float* a, const KeptBf16Weight& w, float* c, int64_t M, i
 #else
   matmul(a, w.float32(), c, M, K, N, epi);
 #endif
+}
+template <class Epilogue = NoEpilogue>
+void matmul_nt_bf16(const float* a, const KeptBf16Weight& w, float* c, int64_t M, int64_t K, int64_t N,
+                    const Epilogue& epi = Epilogue()) {
+  matmul_bf16(a, w, c, M, K, N, epi);
 }
 
 }  // namespace dg
