@@ -16,13 +16,13 @@ N = dg.dim("N")
 
 
 @dg.model
-def digits():
+def digits(precision: str = "fp32"):
     pixels = dg.input("pixels", (N, 64))
     labels = dg.input("labels", (N,), dtype="int64")
     hidden = dg.dense(pixels, 64, act=dg.relu)
     logits = dg.dense(hidden, 10)
     loss = dg.softmax_cross_entropy(logits, labels)
-    dg.train(loss, dg.adam(lr=0.01), weight_decay=1e-4)
+    dg.train(loss, dg.adam(lr=0.01), weight_decay=1e-4, precision=precision)  # precision=bf16: bf16 products
     return {"probs": dg.softmax(logits)}
 
 
