@@ -440,14 +440,17 @@ inline void matmul_int8_vnni(const int8_t* a8, float xs, const Int8PackedB& b, f
 
 #if DG_INT8_AMX
 // The fewest rows for which matmul_int8 uses AMX tiles. Fewer rows than a tile's
-// 16 are padded with zero rows; measured on Sapphire Rapids (one thread, 784 x 512
+// 16 are padded with zero rows; measured on a Sapphire Rapids class Xeon (one thread, 784 x 512
 // and 512 x 256): the VNNI kernel is faster up to 6 rows, even at 8, the tiles
 // from 10 (1.5x) and 16 (2.4x-2.8x).
 constexpr int64_t kInt8AmxMinRows = 8;
 
 // Tiles for a block of RT x CT C tiles (16 rows x one 16-column panel each, int32):
 //   tiles 0..3  C, tile 2 * r + q for row tile r and panel q
-//   tiles 4, 5  A: 16 rows x 64 bytes (64 k) of the activation, rows lda bytes apart
+//   tiles 4, 5  A: 16 rows x 64 bytes (64 k) of the activation: row r of k tile
+//               t of row tile q at a + q * a_tile + t * a_step + r * a_row
+//               (int8_amx_tiles' copy: a_row 64, a_step 1 KB; the activation's
+//               own rows: a_row the row's bytes, a_step 64, a_tile 16 rows)
 //   tiles 6, 7  B: 16 rows x 64 bytes, one tile of a panel as Int8PackedB holds it
 //               (row g: the 16 columns' 4 bytes of k = 4g..4g+3), 64 bytes apart
 // tdpbssd C += A . B sums, for each row and column, the 64 products of A's row
@@ -455,8 +458,8 @@ constexpr int64_t kInt8AmxMinRows = 8;
 // tile loads and RT * CT products. The C tiles are stored to sums
 // ([RT * 16][CT * 16] int32), which the caller scales into c.
 template <int RT, int CT>
-inline void matmul_int8_amx_block(const int8_t* a, int64_t lda, const Int8PackedB& b, int64_t p0, int64_t ktiles,
-                                  int32_t* sums) {
+inline void matmul_int8_amx_block(const int8_t* a, int64_t a_row, int64_t a_step, int64_t a_tile,
+                                  const Int8PackedB& b, int64_t p0, int64_t ktiles, int32_t* sums) {
   constexpr int64_t kTileBytes = Int8PackedB::kTileGroups * Int8PackedB::kCols * 4;  // 1 KB
   const int64_t stride = b.panel_groups * Int8PackedB::kCols * 4;
   const int8_t* w = b.panel(p0);
@@ -465,10 +468,10 @@ inline void matmul_int8_amx_block(const int8_t* a, int64_t lda, const Int8Packed
   if (RT > 1) _tile_zero(2);
   if (RT > 1 && CT > 1) _tile_zero(3);
   for (int64_t t = 0; t < ktiles; ++t) {
-    _tile_loadd(4, a + 64 * t, lda);
+    _tile_loadd(4, a + a_step * t, a_row);
     _tile_loadd(6, w + t * kTileBytes, 64);
     if (CT > 1) _tile_loadd(7, w + stride + t * kTileBytes, 64);
-    if (RT > 1) _tile_loadd(5, a + 16 * lda + 64 * t, lda);
+    if (RT > 1) _tile_loadd(5, a + a_tile + a_step * t, a_row);
     _tile_dpbssd(0, 4, 6);
     if (CT > 1) _tile_dpbssd(1, 4, 7);
     if (RT > 1) _tile_dpbssd(2, 5, 6);
@@ -481,37 +484,34 @@ inline void matmul_int8_amx_block(const int8_t* a, int64_t lda, const Int8Packed
   if (RT > 1 && CT > 1) _tile_stored(3, sums + 16 * CT * 16 + 16, ld);
 }
 
-// The activation as the tiles read it: rows of whole tiles (64 k, zero-padded)
-// and a whole number of 16-row tiles (zero rows after M). Where a's rows are
-// already whole tiles (K a multiple of 64) and M a multiple of 16, a itself; else
-// a copy in a buffer of the calling thread (a tile read past a row's end would
-// read the next row, and past the last row, memory that is not the activation's).
-inline const int8_t* int8_amx_rows(const int8_t* a, int64_t M, int64_t K, int64_t* lda) {
-  const int64_t row = int8_row_bytes(K), padded = (row + 63) / 64 * 64;
-  if (row == padded && M % 16 == 0) {
-    *lda = row;
-    return a;
-  }
-  static thread_local std::vector<int8_t> buffer;
-  const int64_t rows = (M + 15) / 16 * 16;
-  if (static_cast<int64_t>(buffer.size()) < rows * padded) buffer.resize(static_cast<size_t>(rows * padded));
-  int8_t* out = buffer.data();
-  for (int64_t i = 0; i < rows; ++i) {
-    int8_t* o = out + i * padded;
-    if (i < M) {
-      std::memcpy(o, a + i * row, static_cast<size_t>(row));
-      std::memset(o + row, 0, static_cast<size_t>(padded - row));
-    } else {
-      std::memset(o, 0, static_cast<size_t>(padded));
+// The activation as the tiles read it, copied once per product into a buffer of
+// the calling thread: tile after tile, each 16 rows x 64 bytes (1 KB, rows 64
+// bytes apart), the k tiles of a row tile in order, zeros past K and past M. A
+// tile load then reads 1 KB in a row, as it reads the weight's panels. Read from
+// the activation's own rows, a tile load reads 16 pieces a row apart: measured,
+// 2x slower at 64 rows x 512 columns whatever K (512 to 1024), so the copy pays
+// for itself once several column blocks read the activation; and a tile read
+// from the rows would read past a row's end where K is not a multiple of 64 (and
+// past the activation's end where M is not one of 16). Returns the bytes from a
+// row tile to the next.
+inline int64_t int8_amx_tiles(const int8_t* a, int64_t M, int64_t K, int64_t ktiles, int8_t* out) {
+  const int64_t row = int8_row_bytes(K), row_tiles = (M + 15) / 16;
+  for (int64_t rt = 0; rt < row_tiles; ++rt)
+    for (int64_t r = 0; r < 16; ++r) {
+      const int64_t i = rt * 16 + r;
+      for (int64_t t = 0; t < ktiles; ++t) {
+        int8_t* o = out + ((rt * ktiles + t) * 16 + r) * 64;
+        const int64_t n = i < M ? std::min<int64_t>(64, row - 64 * t) : 0;  // ktiles * 64 >= row: n >= 1
+        if (n > 0) std::memcpy(o, a + i * row + 64 * t, static_cast<size_t>(n));
+        if (n < 64) std::memset(o + n, 0, static_cast<size_t>(64 - n));
+      }
     }
-  }
-  *lda = padded;
-  return out;
+  return ktiles * 1024;
 }
 
 // How many times the float GEMM's operations per second (the rate threads_for's
 // kMinParallelWork assumes, ~80 GFLOP/s) the tiles do: ~1.9 T int8 operations/s
-// measured on one Sapphire Rapids core (784 x 512 at 64 rows). A product is split
+// measured on one core of a Sapphire Rapids class Xeon (784 x 512 at 64 rows). A product is split
 // over threads when its time on one thread, not its operation count, is worth it.
 constexpr int64_t kInt8AmxSpeedup = 24;
 
@@ -520,10 +520,22 @@ constexpr int64_t kInt8AmxSpeedup = 24;
 // configuration (every tile 16 rows x 64 bytes); a block runs against every 32
 // rows (2 A tiles: 2 x 2 C tiles) while its panels are in the cache.
 inline void matmul_int8_amx(const int8_t* a8, float xs, const Int8PackedB& b, float* c, int64_t M) {
-  int64_t lda = 0;
-  const int8_t* a = int8_amx_rows(a8, M, b.K, &lda);
   const int64_t N = b.N, ktiles = b.panel_groups / Int8PackedB::kTileGroups;
   const int64_t row_tiles = (M + 15) / 16, blocks = (b.panels + 1) / 2;
+  // One column block (N <= 32) reads the activation once: straight from its rows
+  // where they are whole tiles, else (and for more column blocks) from the copy.
+  const int64_t row = int8_row_bytes(b.K);
+  const int8_t* a = a8;
+  int64_t a_row = row, a_step = 64, a_tile = 16 * row;
+  if (blocks > 1 || row % 64 != 0 || M % 16 != 0) {
+    static thread_local std::vector<int8_t> tiles;
+    if (static_cast<int64_t>(tiles.size()) < row_tiles * ktiles * 1024)
+      tiles.resize(static_cast<size_t>(row_tiles * ktiles * 1024));
+    a = tiles.data();
+    a_tile = int8_amx_tiles(a8, M, b.K, ktiles, tiles.data());
+    a_row = 64;
+    a_step = 1024;
+  }
   const double work = 2.0 * double(M) * double(N) * double(b.K) / double(kInt8AmxSpeedup);
   const int threads = threads_for(work < 1e18 ? int64_t(work) : int64_t(1e18));
 #pragma omp parallel num_threads(threads) if (threads > 1)
@@ -540,11 +552,11 @@ inline void matmul_int8_amx(const int8_t* a8, float xs, const Int8PackedB& b, fl
       const int ct = b.panels - p0 >= 2 ? 2 : 1;
       for (int64_t rt = 0; rt < row_tiles; rt += 2) {
         const int rts = row_tiles - rt >= 2 ? 2 : 1;
-        const int8_t* ai = a + rt * 16 * lda;
-        if (rts == 2 && ct == 2) matmul_int8_amx_block<2, 2>(ai, lda, b, p0, ktiles, sums);
-        if (rts == 2 && ct == 1) matmul_int8_amx_block<2, 1>(ai, lda, b, p0, ktiles, sums);
-        if (rts == 1 && ct == 2) matmul_int8_amx_block<1, 2>(ai, lda, b, p0, ktiles, sums);
-        if (rts == 1 && ct == 1) matmul_int8_amx_block<1, 1>(ai, lda, b, p0, ktiles, sums);
+        const int8_t* ai = a + rt * a_tile;
+        if (rts == 2 && ct == 2) matmul_int8_amx_block<2, 2>(ai, a_row, a_step, a_tile, b, p0, ktiles, sums);
+        if (rts == 2 && ct == 1) matmul_int8_amx_block<2, 1>(ai, a_row, a_step, a_tile, b, p0, ktiles, sums);
+        if (rts == 1 && ct == 2) matmul_int8_amx_block<1, 2>(ai, a_row, a_step, a_tile, b, p0, ktiles, sums);
+        if (rts == 1 && ct == 1) matmul_int8_amx_block<1, 1>(ai, a_row, a_step, a_tile, b, p0, ktiles, sums);
         const int64_t rows = std::min<int64_t>(16 * rts, M - rt * 16);
         for (int q = 0; q < ct; ++q) {
           const int64_t j = (p0 + q) * Int8PackedB::kCols, cols = std::min(Int8PackedB::kCols, N - j);
