@@ -562,7 +562,8 @@ inline void matmul_int8_amx(const int8_t* a8, float xs, const Int8PackedB& b, fl
           const int64_t j = (p0 + q) * Int8PackedB::kCols, cols = std::min(Int8PackedB::kCols, N - j);
           const __m512 scale = _mm512_mul_ps(vxs, _mm512_loadu_ps(b.scale.data() + j));
           for (int64_t r = 0; r < rows; ++r)
-            int8_store16(_mm512_load_si512(sums + r * ct * 16 + q * 16), scale, c + (rt * 16 + r) * N + j, cols);
+            int8_store16(_mm512_load_si512(sums + r * ct * 16 + q * 16), scale, c + (rt * 16 + r) * N + j,
+                         cols);
         }
       }
     }
