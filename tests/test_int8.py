@@ -92,7 +92,7 @@ def test_mlp_int8_generated_equals_reference(tmp_path, builds, capsys):
     module, project = builds.module(graph, flags=CHECK_BUILD_FLAGS)
     info = module.build_info()
     assert info["precision"] == "int8"
-    assert info["int8_kernel"] in ("amx", "avx512_vnni", "avx_vnni", "avx2", "portable"), info  # dg::int8_kernel()
+    assert info["int8_kernel"] in ("amx", "avx512_vnni", "avx_vnni", "avx2", "portable"), info  # int8_kernel()
     text = (project / "src_tree" / "src" / "model.cpp").read_text()
     model = module.Model(seed=0)
     with pytest.raises(ValueError, match=r"int8 scale 'fc1_w_input_scale' is 0: it was never set; run `deepgen quantize"):
@@ -341,7 +341,8 @@ def test_runtime_int8_equals_reference_portable_and_avx2(tmp_path):
     equal a plain int32 loop (rows 1..9 and 12..65, K and N odd, K a multiple of 64 and not,
     the extreme values), and quantize_int8, quantize_pack_int8 and matmul_int8 on one and two
     threads equal the numpy reference bit for bit at sizes that leave every tail (K % 4, K % 64,
-    N % 16, rows % 16 and the VNNI kernel's row blocks, the quantizer's 16-wide blocks). The
+    N % 16, rows % 16 and the VNNI kernel's row blocks, the quantizer's 16-wide blocks; one
+    product large enough for the AMX kernel to split it over the two threads). The
     AVX-VNNI (ymm vpdpbusd) build is not run: on a CPU with AVX-512 VNNI the zmm kernel replaces it."""
     import os
     import subprocess
@@ -369,7 +370,8 @@ def test_runtime_int8_equals_reference_portable_and_avx2(tmp_path):
     cases = [(1, 1, 1, False), (3, 16, 4, True), (5, 37, 6, False), (17, 64, 10, True), (64, 300, 33, False),
              (9, 130, 70, False), (4, 37, 20, False), (6, 33, 17, False), (7, 37, 20, False),
              (8, 64, 16, False), (16, 128, 32, True), (33, 200, 17, False), (40, 784, 50, True),
-             (48, 256, 48, False), (13, 190, 40, False)]  # (M, K, N, tb)
+             (48, 256, 48, False), (13, 190, 40, False),
+             (260, 784, 340, True)]  # (M, K, N, tb); the last past kInt8AmxMinParallelWork: AMX, 2 threads
     for m, k, n, tb in cases:
         x = rng.normal(scale=3, size=(m, k)).astype(np.float32)
         x[0, 0] = 1000.0  # clamped

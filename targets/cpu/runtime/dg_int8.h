@@ -509,11 +509,13 @@ inline int64_t int8_amx_tiles(const int8_t* a, int64_t M, int64_t K, int64_t kti
   return ktiles * 1024;
 }
 
-// How many times the float GEMM's operations per second (the rate threads_for's
-// kMinParallelWork assumes, ~80 GFLOP/s) the tiles do: ~1.9 T int8 operations/s
-// measured on one core of a Sapphire Rapids class Xeon (784 x 512 at 64 rows). A product is split
-// over threads when its time on one thread, not its operation count, is worth it.
-constexpr int64_t kInt8AmxSpeedup = 24;
+// The work (2 * M * N * K) from which the tiles split a product over threads:
+// they do ~1.9 T int8 operations/s on one core, so kMinParallelWork (tuned for
+// the float GEMM) would split products of a few microseconds. Measured on a
+// 2-vCPU Sapphire Rapids class Xeon VM (784 x 512, one thread against two,
+// medians of 3 alternated runs): 64 rows (51 M operations) 27 us against 32, 128
+// rows 53 against 52, 256 rows 194 against 149, 512 rows 402 against 299.
+constexpr int64_t kInt8AmxMinParallelWork = int64_t(1) << 27;  // 134 M
 
 // matmul_int8 with AMX tiles (M >= kInt8AmxMinRows, amx_ready()). Column blocks
 // of two panels are split over threads, each thread with its own tile
@@ -536,8 +538,9 @@ inline void matmul_int8_amx(const int8_t* a8, float xs, const Int8PackedB& b, fl
     a_row = 64;
     a_step = 1024;
   }
-  const double work = 2.0 * double(M) * double(N) * double(b.K) / double(kInt8AmxSpeedup);
-  const int threads = threads_for(work < 1e18 ? int64_t(work) : int64_t(1e18));
+  const double work = 2.0 * double(M) * double(N) * double(b.K);
+  const int threads =
+      work < double(kInt8AmxMinParallelWork) ? 1 : threads_for(work < 1e18 ? int64_t(work) : int64_t(1e18));
 #pragma omp parallel num_threads(threads) if (threads > 1)
   {
     TileConfig config;
