@@ -19,8 +19,8 @@ round) runs in a child process of its own; medians pooled over rounds (3, 1 with
 --quick), peers in alternating order. Ratio = fp32 median / peer median (> 1: faster than
 our fp32). The issue sets no speed target on an AVX2-only core. The int8 kernel is the
 one the module was compiled for (AMX tiles, AVX-512 VNNI, AVX2...: printed, from
-build_info()["int8_kernel"]; DG_AMX=0 in the environment turns the tiles off); bf16
-kernels that use AVX512-BF16 / AMX are future work, so there bf16 is a correctness check.
+build_info()["int8_kernel"]; the bf16 one is build_info()["bf16_kernel"]); DG_AMX=0 in
+the environment turns the tiles off.
 """
 
 from __future__ import annotations

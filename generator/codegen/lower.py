@@ -263,9 +263,22 @@ class LowerCtx:
             rows, cols = shape or b.shape
             k, n = (cols, rows) if tb else (rows, cols)
             member = _member_name(self.graph, f"{b.name}_t_packed" if tb else f"{b.name}_packed", self.live_names())
+            kept_as, calls = get_op(b.producer.op).kept_as if prepare else ("", {})
             self.kept[key] = KeptPacking(member, self.modules.path(param.name), bool(tb), self.size(k), self.size(n),
-                                         prepare=prepare)
+                                         prepare=prepare, kept_as=kept_as, calls=calls)
         return [self.kept[key].member]
+
+    def kept_call(self, fn: str, b, tb: bool) -> str:
+        """The runtime function a product `fn` (dg::matmul, dg::conv2d ...) calls to read
+        op(b): fn, or where b is read through a kept member of its own type the function
+        that reads it (KeptPacking.calls: dg::matmul_bf16 for a dg::KeptBf16Weight)."""
+        key = (id(b), tb)
+        kept = self.kept.get(key) if self.loop is None or key not in self.loop.packed else None
+        if kept is None or not getattr(kept, "kept_as", ""):
+            return fn
+        if fn not in kept.calls:
+            raise NotImplementedError(f"{fn} cannot read {kept.member} ({kept.kept_as}): no such call in the runtime")
+        return kept.calls[fn]
 
     def kept_int8(self, w, scale, tb: bool, k, n) -> str:
         """The Model's dg::KeptInt8Weight member of parameter w (op(w) [k, n]) quantized

@@ -247,10 +247,14 @@ class KeptPacking:
     N: str
     stands_in: bool = False  # the forward pass reads the param through this packing only
     prepare: str = ""  # a function the packing applies to the param as it packs it (dg::round_bf16)
+    kept_as: str = ""  # the member's type where it is not a dg::KeptPackedB (OpDef.kept_as: dg::KeptBf16Weight)
+    calls: dict = field(default_factory=dict)  # then {a product's function: the one that reads it}
     quantized = False  # (a KeptInt8's is True)
 
     def __str__(self) -> str:
         tb, stands_in = ("true" if flag else "false" for flag in (self.tb, self.stands_in))
+        if self.kept_as:  # it prepares the param itself, and never stands in
+            return f"{self.kept_as} {self.member}{{_version, {self.param}, /*tb=*/{tb}, /*K=*/{self.K}, /*N=*/{self.N}}};"
         prepare = f", /*prepare=*/{self.prepare}" if self.prepare else ""
         return (f"dg::KeptPackedB {self.member}{{_version, {self.param}, /*tb=*/{tb}, /*K=*/{self.K}, /*N=*/{self.N}, "
                 f"/*stands_in=*/{stands_in}{prepare}}};")
@@ -270,6 +274,7 @@ class KeptInt8:
     N: str
     quantized: bool = True  # (the templates tell it from a KeptPacking by this)
     prepare = ""  # (a KeptPacking's: none here)
+    kept_as = ""
 
     def __str__(self) -> str:
         tb = "true" if self.tb else "false"

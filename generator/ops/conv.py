@@ -16,7 +16,7 @@ import numpy as np
 
 from ..codegen.stmt import Declare, Named
 from ..ir.shapes import fmt_shape
-from .registry import OpDef, register, require_float
+from .registry import OpDef, get_op, register, require_float
 
 GEOM = ("stride", "padding", "dilation")
 
@@ -89,22 +89,27 @@ def kept_weight_read(node):
     the Model's kept packing (dg::KeptPackedB, as for a Linear layer's weight): the
     runtime multiplies by it transposed over the whole batch (small output planes,
     one group: the packing is made once, not at every call, so a weight bigger than
-    the caches is streamed once, in order); else None. The runtime checks the rule."""
+    the caches is streamed once, in order); else None. The runtime checks the rule.
+    A weight prepared by an op with a kept type of its own (OpDef.kept_as: the bf16
+    rounding) is read through it at every plane size (one group, not direct)."""
     x, w, y = node.inputs[0], node.inputs[1], node.outputs[0]
     O = w.shape[0]
     G = node.attrs.get("groups", 1)
     OH, OW = y.shape[2:]
     direct = x.shape[1] == G and O // G <= DIRECT_MAX_OUTPUTS
-    small = not direct and OH * OW <= SMALL_PLANE
+    own_kept = w.producer is not None and bool(get_op(w.producer.op).kept_as)
+    small = not direct and (OH * OW <= SMALL_PLANE or own_kept)
     return (1, True, (O, w.shape[1] * w.shape[2] * w.shape[3])) if small and G == 1 else None
 
 
-def conv_weight(ctx, node, w):
-    """How a convolution's call reads its weight w: its kept packing where
-    kept_weight_read says so and the Model keeps it, else w as stored."""
+def conv_call(ctx, node, fn: str, w) -> tuple:
+    """(the runtime function, how it reads the weight w) of a convolution's call `fn`
+    (dg::conv2d ...): w's kept packing where kept_weight_read says so and the Model
+    keeps it (read by the function ctx.kept_call names: dg::conv2d_bf16 for a bf16
+    weight), else fn and w as stored."""
     kept = kept_weight_read(node)
     packed = ctx.packed_operand(w, True, kept[2]) if kept else None
-    return packed[0] if packed else ctx.read(w)
+    return (ctx.kept_call(fn, w, True), packed[0]) if packed else (fn, ctx.read(w))
 
 
 def _pad(x, ph, pw, value=0.0):
@@ -219,7 +224,8 @@ class Conv2d(OpDef):
         cols = _columns(node, x.shape, kernel, out_hw)
         ws = ctx.workspace(f"{y.name}_cols", cols) if cols else "nullptr"
         b = ctx.read(node.inputs[2]) if len(node.inputs) == 3 else "nullptr"
-        return [geom, ctx.call("dg::conv2d", ctx.read(x), conv_weight(ctx, node, w), b, ctx.write(y), ws, name)]
+        fn, weight = conv_call(ctx, node, "dg::conv2d", w)
+        return [geom, ctx.call(fn, ctx.read(x), weight, b, ctx.write(y), ws, name)]
 
     def grad(self, node, gouts, gb):
         (g,) = gouts

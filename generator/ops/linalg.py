@@ -96,13 +96,15 @@ class MatMul(OpDef):
         fn = "matmul" + ("_tn" if ta else "_nt" if tb else "")
         # B packed before a loop (ops/recurse.py) is passed as the PackedB itself,
         # a parameter the Model keeps packed as that packing (which knows its B).
-        b_args = (None if ta else ctx.packed_operand(b, tb)) or [ctx.read(b)]
+        packed = None if ta else ctx.packed_operand(b, tb)
+        b_args = packed or [ctx.read(b)]
+        fn = ctx.kept_call(f"dg::{fn}", b, tb) if packed else f"dg::{fn}"  # (a bf16 weight's: dg::matmul_bf16)
         n = Named("N", ctx.size(sb[1]))
         args = [ctx.read(a), *b_args, ctx.write(node.outputs[0]), Named("M", ctx.size(numel(sa[:-1]))),
                 Named("K", ctx.size(sa[-1])), n]
         if "epilogue" in node.attrs:
             args.append(ctx.epilogue(node))
-        return [Gemm(f"dg::{fn}", args, n=n, epilogue="epilogue" in node.attrs)]
+        return [Gemm(fn, args, n=n, epilogue="epilogue" in node.attrs)]
 
     def describe(self, node):
         a, b = node.inputs[:2]

@@ -22,7 +22,7 @@ from ..ir.shapes import fmt_shape, numel
 from ..reference.rng import dropout_keep
 from .conv import _columns as _conv_columns
 from .conv import _geom as _conv_geom
-from .conv import conv_weight, kept_weight_read
+from .conv import conv_call, kept_weight_read
 from .registry import OpDef, get_op, register, require_float
 
 
@@ -329,7 +329,8 @@ class ConvBatchNorm(OpDef):
         ws = ctx.workspace(f"{y.name}_cols", cols) if cols else "nullptr"
         what = ctx.string(f"batch norm of the convolution of '{x.name}'")
         r = ctx.read(residual) if residual is not None else "nullptr"
-        return [geom, ctx.call("dg::conv2d_batch_norm", ctx.read(x), conv_weight(ctx, node, w), b,
+        fn, weight = conv_call(ctx, node, "dg::conv2d_batch_norm", w)
+        return [geom, ctx.call(fn, ctx.read(x), weight, b,
                                ctx.read(bn_w), ctx.read(bn_b), ctx.write(rm), ctx.write(rv), Named("residual", r),
                                ctx.write(y), ctx.write(mean), ctx.write(invstd), ws, name,
                                Named("eps", _float(node.attrs["eps"])),

@@ -28,6 +28,10 @@ class RoundBf16(OpDef):
     name = "round_bf16"
     in_place = True
     prepared_by_packing = "dg::round_bf16"  # a weight's kept packing rounds it as it packs
+    # a weight read by products kept in bf16 for the bf16 products (dg_bf16.h, dg_bf16_conv.h)
+    kept_as = ("dg::KeptBf16Weight", {"dg::matmul": "dg::matmul_bf16", "dg::matmul_nt": "dg::matmul_bf16",
+                                      "dg::conv2d": "dg::conv2d_bf16",
+                                      "dg::conv2d_batch_norm": "dg::conv2d_batch_norm_bf16"})
 
     def infer(self, inputs, attrs):
         require_float(inputs)

@@ -49,6 +49,12 @@ here too, so that a new op needs no edit in the stages:
                   kept packing of that operand can apply as it packs it (`dg::round_bf16`):
                   where every reader reads the op's result through such a packing, the op
                   itself is lowered to nothing (the weight is rounded once per change).
+- `kept_as`       with `prepared_by_packing`: (the Model member type that keeps a weight the
+                  op prepares, {runtime function of a product: the function that reads
+                  such a member instead}) where the products have kernels of their own
+                  (`dg::KeptBf16Weight`; `dg::matmul` -> `dg::matmul_bf16`, `dg::conv2d` ->
+                  `dg::conv2d_bf16`: bf16 instructions where the CPU has them); empty: a
+                  `dg::KeptPackedB` that applies the function as it packs.
 - `memory_note`   a line the memory report adds for a model that holds the op.
 - `helpers(node)` module functions the bindings generate for it (trees from nested
                   Python tuples), as plain data.
@@ -72,6 +78,7 @@ class OpDef:
     output_hints = ()
     products = ()
     prepared_by_packing = ""
+    kept_as = ()
     memory_note = ""
 
     def regions(self, node) -> list:

@@ -1,0 +1,492 @@
+// dg_bf16.h: the products by a weight of a model generated with --precision bf16.
+//
+// Both operands of such a product are bfloat16 values (transforms/precision.py
+// rounds them: dg::round_bf16, dg_precision.h), so the product can run on the
+// CPU's bf16 instructions, which multiply pairs of bf16 values exactly and add
+// them into float32 sums:
+//
+//   amx          AMX tiles (tdpbf16ps: a 16 x 16 block of sums, 32 products
+//                each, per instruction), for 16 rows or more
+//   avx512_bf16  vdpbf16ps (16 sums, two products each, per instruction)
+//   float32      where the CPU has neither: the rounded operands multiplied
+//                in float32 by dg::gemm (the kept packing of the rounded
+//                weight, dg_packed_weights.h)
+//
+// bf16_kernel() names the one a product of M rows runs. Every path multiplies
+// the same bf16 values exactly; the sums differ only in the order of the float32
+// additions (vdpbf16ps and tdpbf16ps add each pair before the running sum, and
+// treat float32 subnormals as zero), a few float32 ulps of the sum.
+//
+// KeptBf16Weight is the Model's member for one weight: the weight rounded and
+// packed in bf16 once per change of the parameters (dg::ParameterVersion), as
+// a KeptPackedB keeps an fp32 packing; matmul_bf16 by it chooses the path.
+//
+// Part of the deepgen runtime: hand-written, copied unchanged into every
+// generated project that uses it. Header-only, C++17.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "dg_amx.h"
+#include "dg_gemm.h"
+#include "dg_packed_weights.h"
+#include "dg_parallel.h"
+#include "dg_precision.h"
+#include "dg_tensor.h"
+
+#if defined(__AVX512BF16__) && defined(__AVX512F__)
+#define DG_BF16_PRODUCTS 1
+#include <immintrin.h>
+#else
+#define DG_BF16_PRODUCTS 0
+#endif
+
+namespace dg {
+
+// The bf16 bits of x rounded to bfloat16 (ties to even): its float32's top half.
+inline uint16_t bf16_bits(float x) {
+  const float y = round_bf16_value(x);
+  uint32_t bits;
+  std::memcpy(&bits, &y, sizeof bits);
+  return static_cast<uint16_t>(bits >> 16);
+}
+
+// The rows an AMX block covers at once and the k one tile holds.
+constexpr int64_t kBf16TileRows = 16;
+constexpr int64_t kBf16TileK = 32;
+
+// A weight as the bf16 products read it: op(W) is [K, N], cut into panels of 16
+// columns; in a panel, for each pair of k (2g, 2g + 1), the 16 columns' two bf16
+// values side by side (64 bytes): what vdpbf16ps multiplies with a broadcast pair
+// of the activation row, and what an AMX tile of 16 such rows (32 k) holds as
+// its right operand. k is padded with zeros to whole tiles, columns to whole
+// panels.
+struct Bf16PackedB {
+  static constexpr int64_t kCols = 16;
+
+  // Zeros, [K, N].
+  Bf16PackedB(int64_t K_, int64_t N_)
+      : K(K_),
+        N(N_),
+        pairs((K_ + kBf16TileK - 1) / kBf16TileK * kBf16TileK / 2),
+        panels((N_ + kCols - 1) / kCols),
+        data(static_cast<size_t>(panels * pairs * kCols * 2), 0) {}
+  // w stored [K, N], or [N, K] when tb (a PyTorch Linear weight); each value is
+  // rounded to bf16 as it is packed.
+  Bf16PackedB(const float* w, bool tb, int64_t K_, int64_t N_) : Bf16PackedB(K_, N_) {
+    for (int64_t k = 0; k < K; ++k)
+      for (int64_t j = 0; j < N; ++j)
+        data[static_cast<size_t>(at(k, j))] = bf16_bits(tb ? w[j * K + k] : w[k * N + j]);
+  }
+
+  int64_t K, N, pairs, panels;
+  std::vector<uint16_t> data;
+
+  int64_t at(int64_t k, int64_t j) const {
+    return ((j / kCols * pairs + k / 2) * kCols + j % kCols) * 2 + k % 2;
+  }
+  const uint16_t* panel(int64_t p) const { return data.data() + p * pairs * kCols * 2; }
+  uint16_t* panel(int64_t p) { return data.data() + p * pairs * kCols * 2; }
+  int64_t bytes() const { return static_cast<int64_t>(data.size() * sizeof(uint16_t)); }
+};
+
+// From 3 rows on, tiles beat vdpbf16ps (784 x 512, one thread, Xeon with AMX: 3
+// rows 0.021 vs 0.028 ms, 12 rows 0.023 vs 0.098); at 1-2 rows the tiles' 16 rows
+// are mostly padding (1 row 0.020 vs 0.014 ms).
+constexpr int64_t kBf16AmxRows = 3;
+// Whether a product of M rows runs on AMX tiles.
+inline bool bf16_uses_amx(int64_t M) {
+  return M >= kBf16AmxRows && amx_ready();
+}
+
+// The path a product of M rows takes (see the top of this file).
+inline const char* bf16_kernel(int64_t M = kBf16TileRows) {
+#if DG_BF16_PRODUCTS
+  return bf16_uses_amx(M) ? "amx" : "avx512_bf16";
+#else
+  (void)M;
+  return "float32";
+#endif
+}
+
+// The width (values) of a bf16 activation row that b multiplies, and the rows of
+// such a matrix of M rows: padded to whole tiles with zeros.
+inline int64_t bf16_row_width(const Bf16PackedB& b) {
+  return b.pairs * 2;
+}
+inline int64_t bf16_padded_rows(int64_t M) {
+  return (M + kBf16TileRows - 1) / kBf16TileRows * kBf16TileRows;
+}
+
+// A matrix as the left operand of bf16_products reads it: M rows of
+// bf16_row_width values (k padded with zeros to whole tiles), zero rows up to
+// whole tiles. w stored [M, K] (a convolution's weight, [O, C*KH*KW]).
+struct Bf16Rows {
+  Bf16Rows(const float* w, int64_t M_, int64_t K_)
+      : M(M_),
+        K(K_),
+        width((K_ + kBf16TileK - 1) / kBf16TileK * kBf16TileK),
+        data(static_cast<size_t>(bf16_padded_rows(M_) * width), 0) {
+    for (int64_t i = 0; i < M; ++i)
+      for (int64_t k = 0; k < K; ++k)
+        data[static_cast<size_t>(i * width + k)] = bf16_bits(w[i * K + k]);
+  }
+
+  int64_t M, K, width;
+  std::vector<uint16_t> data;
+
+  int64_t bytes() const { return static_cast<int64_t>(data.size() * sizeof(uint16_t)); }
+};
+
+#if DG_BF16_PRODUCTS
+namespace bf16_detail {
+
+// 16 floats (the first n: masked) as bf16, each followed by the same lane of
+// `second`: the 32 values of one k pair of a panel row (16 columns x 2).
+inline __m512i bf16_pairs(const float* first, const float* second, __mmask16 mask) {
+  const __m512 lo = _mm512_maskz_loadu_ps(mask, first);
+  const __m512 hi = second != nullptr ? _mm512_maskz_loadu_ps(mask, second) : _mm512_setzero_ps();
+  const __m512bh both = _mm512_cvtne2ps_pbh(hi, lo);  // lanes 0-15: first, 16-31: second
+  __m512i bits;
+  std::memcpy(&bits, &both, sizeof bits);
+  const __m512i interleave = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
+                                              23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  return _mm512_permutexvar_epi16(interleave, bits);
+}
+
+}  // namespace bf16_detail
+
+// k pair `pair` (k = 2 pair, 2 pair + 1) of columns [c0, c0 + n) of b = first[j]
+// and second[j] (second null: zeros, past K), as bf16 (rounded to nearest even),
+// up to 16 columns at a time: a matrix packed per call (a convolution's column
+// matrix, several images side by side).
+inline void pack_pair_bf16(const float* first, const float* second, int64_t n, Bf16PackedB& b, int64_t c0,
+                           int64_t pair) {
+  for (int64_t j = 0; j < n;) {
+    const int64_t c = c0 + j, at = c % Bf16PackedB::kCols;
+    const int64_t len = std::min(Bf16PackedB::kCols - at, n - j);
+    const __m512i pairs = bf16_detail::bf16_pairs(first + j, second != nullptr ? second + j : nullptr,
+                                                  static_cast<__mmask16>((1u << len) - 1u));
+    uint16_t* to = b.panel(c / Bf16PackedB::kCols) + (pair * Bf16PackedB::kCols + at) * 2;
+    _mm512_mask_storeu_epi16(to, static_cast<__mmask32>((uint64_t(1) << (2 * len)) - 1u), pairs);
+    j += len;
+  }
+}
+
+namespace bf16_detail {
+
+// The activation a [M, K] (row stride lda) as bf16 rows (bf16_row_width, zeros
+// past K; zero rows up to whole tiles).
+inline std::vector<uint16_t> pack_rows(const float* a, int64_t lda, int64_t M, const Bf16PackedB& b) {
+  const int64_t width = bf16_row_width(b);
+  std::vector<uint16_t> out(static_cast<size_t>(bf16_padded_rows(M) * width), 0);
+  for (int64_t i = 0; i < M; ++i)
+    for (int64_t k = 0; k < b.K; ++k)
+      out[static_cast<size_t>(i * width + k)] = bf16_bits(a[i * lda + k]);
+  return out;
+}
+
+inline __m512bh as_bf16x32(__m512i v) {
+  __m512bh out;
+  std::memcpy(&out, &v, sizeof out);
+  return out;
+}
+
+// Rows [i, i + R) x the panels [p, p + P) with vdpbf16ps: R * P accumulators of
+// 16 sums; each k pair of a row is broadcast against the panels' 64-byte rows.
+// The sums go to store (see bf16_products).
+template <int R, int P, class Store>
+void block_avx512(const uint16_t* a, int64_t width, const Bf16PackedB& b, int64_t i, int64_t p,
+                  const Store& store) {
+  constexpr int64_t kOut = P * Bf16PackedB::kCols;
+  __m512 sum[R][P];
+  for (int r = 0; r < R; ++r)
+    for (int q = 0; q < P; ++q)
+      sum[r][q] = _mm512_setzero_ps();
+  const int64_t used = (b.K + 1) / 2;
+  const uint16_t* w[P];
+  for (int q = 0; q < P; ++q)
+    w[q] = b.panel(p + q);
+  for (int64_t g = 0; g < used; ++g) {
+    __m512bh wg[P];
+    for (int q = 0; q < P; ++q)
+      wg[q] = as_bf16x32(_mm512_loadu_si512(w[q] + g * Bf16PackedB::kCols * 2));
+    for (int r = 0; r < R; ++r) {
+      int32_t two;
+      std::memcpy(&two, a + (i + r) * width + 2 * g, sizeof two);
+      const __m512bh x = as_bf16x32(_mm512_set1_epi32(two));
+      for (int q = 0; q < P; ++q)
+        sum[r][q] = _mm512_dpbf16_ps(sum[r][q], x, wg[q]);
+    }
+  }
+  alignas(64) float out[R * kOut];
+  for (int r = 0; r < R; ++r)
+    for (int q = 0; q < P; ++q)
+      _mm512_store_ps(out + r * kOut + q * Bf16PackedB::kCols, sum[r][q]);
+  const int64_t c0 = p * Bf16PackedB::kCols;
+  store(i, i + R, c0, std::min(b.N, c0 + kOut), out, kOut);
+}
+
+// Rows [i, i + rows) (rows <= 8) of the panels [p, p + P).
+template <int P, class Store>
+void rows_avx512(const uint16_t* a, int64_t width, const Bf16PackedB& b, int64_t i, int64_t rows, int64_t p,
+                 const Store& store) {
+  switch (rows) {
+    case 8:
+      return block_avx512<8, P>(a, width, b, i, p, store);
+    case 7:
+      return block_avx512<7, P>(a, width, b, i, p, store);
+    case 6:
+      return block_avx512<6, P>(a, width, b, i, p, store);
+    case 5:
+      return block_avx512<5, P>(a, width, b, i, p, store);
+    case 4:
+      return block_avx512<4, P>(a, width, b, i, p, store);
+    case 3:
+      return block_avx512<3, P>(a, width, b, i, p, store);
+    case 2:
+      return block_avx512<2, P>(a, width, b, i, p, store);
+    default:
+      return block_avx512<1, P>(a, width, b, i, p, store);
+  }
+}
+
+// Rows [i, i + rows) of `panels` panels (1-4) from p.
+template <class Store>
+void panels_avx512(const uint16_t* a, int64_t width, const Bf16PackedB& b, int64_t i, int64_t rows, int64_t p,
+                   int64_t panels, const Store& store) {
+  switch (panels) {
+    case 4:
+      return rows_avx512<4>(a, width, b, i, rows, p, store);
+    case 3:
+      return rows_avx512<3>(a, width, b, i, rows, p, store);
+    case 2:
+      return rows_avx512<2>(a, width, b, i, rows, p, store);
+    default:
+      return rows_avx512<1>(a, width, b, i, rows, p, store);
+  }
+}
+
+#if DG_AMX
+// Rows [i, i + 16 RT) x panels [p, p + CT) on tiles: sums in tiles 0-3 (row
+// tile r, column tile q: tile 2r + q), the activation's row tiles in 4-5, the
+// weight's panels in 6-7; every tile 16 rows of 64 bytes (the thread's
+// configuration, see bf16_products). The sums of the rows and columns that
+// exist go to store.
+template <int RT, int CT, class Store>
+void block_amx(const uint16_t* a, int64_t width, const Bf16PackedB& b, int64_t M, int64_t i, int64_t p,
+               const Store& store) {
+  constexpr int64_t kOut = 2 * Bf16PackedB::kCols;  // floats per row of out
+  alignas(64) float out[2 * kBf16TileRows * kOut];
+  _tile_zero(0);
+  if constexpr (CT == 2) _tile_zero(1);
+  if constexpr (RT == 2) _tile_zero(2);
+  if constexpr (RT == 2 && CT == 2) _tile_zero(3);
+  const int64_t stride = width * static_cast<int64_t>(sizeof(uint16_t));
+  for (int64_t t = 0; t < b.pairs * 2 / kBf16TileK; ++t) {
+    const uint16_t* at = a + i * width + t * kBf16TileK;
+    _tile_loadd(4, at, stride);
+    if constexpr (RT == 2) _tile_loadd(5, at + kBf16TileRows * width, stride);
+    const int64_t w_at = t * (kBf16TileK / 2) * Bf16PackedB::kCols * 2;
+    _tile_loadd(6, b.panel(p) + w_at, 64);
+    if constexpr (CT == 2) _tile_loadd(7, b.panel(p + 1) + w_at, 64);
+    _tile_dpbf16ps(0, 4, 6);
+    if constexpr (CT == 2) _tile_dpbf16ps(1, 4, 7);
+    if constexpr (RT == 2) _tile_dpbf16ps(2, 5, 6);
+    if constexpr (RT == 2 && CT == 2) _tile_dpbf16ps(3, 5, 7);
+  }
+  constexpr int64_t kOutBytes = kOut * static_cast<int64_t>(sizeof(float));
+  _tile_stored(0, out, kOutBytes);
+  if constexpr (CT == 2) _tile_stored(1, out + 16, kOutBytes);
+  if constexpr (RT == 2) _tile_stored(2, out + 16 * kOut, kOutBytes);
+  if constexpr (RT == 2 && CT == 2) _tile_stored(3, out + 16 * kOut + 16, kOutBytes);
+  const int64_t c0 = p * Bf16PackedB::kCols;
+  store(i, std::min(M, i + RT * kBf16TileRows), c0, std::min(b.N, c0 + CT * Bf16PackedB::kCols), out, kOut);
+}
+#endif
+
+// store for matmul_bf16: the block's rows into c (row stride ldc), then the
+// GEMM epilogue on them (dg_gemm.h).
+template <class Epilogue>
+struct RowsInto {
+  float* c;
+  int64_t ldc;
+  const Epilogue& epi;
+  void operator()(int64_t i0, int64_t i1, int64_t j0, int64_t j1, const float* sums, int64_t ld) const {
+    for (int64_t r = i0; r < i1; ++r)
+      std::memcpy(c + r * ldc + j0, sums + (r - i0) * ld, static_cast<size_t>(j1 - j0) * sizeof(float));
+    gemm_detail::finish(epi, i0, i1, j0, j1, c + i0 * ldc + j0, ldc);
+  }
+};
+
+}  // namespace bf16_detail
+
+// The products of M bf16 activation rows a (bf16_row_width(b) values each,
+// bf16_padded_rows(M) rows: the padding zeros) by b, in blocks: rows x two
+// panels (32 columns) on tiles, or up to 8 rows x 2-4 panels with vdpbf16ps.
+// Each block's float32 sums go to store(i0, i1, j0, j1, sums, ld): rows
+// [i0, i1) and columns [j0, j1) of the product, sums[(i - i0) * ld + j - j0].
+// Blocks are split over threads, those of one column block on one thread while
+// its panels are in cache; store runs on the thread that made the block.
+template <class Store>
+void bf16_products(const uint16_t* a, const Bf16PackedB& b, int64_t M, const Store& store) {
+  if (M <= 0) return;
+  const int64_t width = bf16_row_width(b);
+  const bool amx = bf16_uses_amx(M);
+  // Tiles: blocks of 32 rows x 2 panels. vdpbf16ps: 8 rows x 2 panels, or 1-2 rows
+  // x 4 panels (one row's sums depend on each other: more panels, more chains).
+  const int64_t block_rows = amx ? 2 * kBf16TileRows : 8, block_panels = !amx && M <= 2 ? 4 : 2;
+  const int64_t row_blocks = (M + block_rows - 1) / block_rows;
+  const int64_t col_blocks = (b.panels + block_panels - 1) / block_panels;
+  const double work = 2.0 * double(M) * double(b.N) * double(b.K);
+  const int threads = threads_for(work < 1e18 ? int64_t(work) : int64_t(1e18));
+#pragma omp parallel num_threads(threads) if (threads > 1)
+  {
+#if DG_AMX
+    TileConfig config;
+    for (int t = 0; t < 8; ++t)
+      config.set(t, static_cast<int>(kBf16TileRows), 64);
+    std::unique_ptr<TileScope> tiles(amx ? new TileScope(config) : nullptr);
+#endif
+#pragma omp for schedule(static)
+    for (int64_t item = 0; item < row_blocks * col_blocks; ++item) {
+      const int64_t p = item / row_blocks * block_panels, i = item % row_blocks * block_rows;
+      const int64_t rows = std::min(block_rows, M - i), panels = std::min(block_panels, b.panels - p);
+#if DG_AMX
+      if (amx) {
+        if (rows > kBf16TileRows) {
+          if (panels == 2)
+            bf16_detail::block_amx<2, 2>(a, width, b, M, i, p, store);
+          else
+            bf16_detail::block_amx<2, 1>(a, width, b, M, i, p, store);
+        } else {
+          if (panels == 2)
+            bf16_detail::block_amx<1, 2>(a, width, b, M, i, p, store);
+          else
+            bf16_detail::block_amx<1, 1>(a, width, b, M, i, p, store);
+        }
+        continue;
+      }
+#endif
+      bf16_detail::panels_avx512(a, width, b, i, rows, p, panels, store);
+    }
+  }
+}
+
+// c[M, N] = a[M, K] @ op(W) in bf16 products with float32 sums, then epi on each
+// finished piece of c (dg_gemm.h's epilogues).
+template <class Epilogue = NoEpilogue>
+void matmul_bf16(const float* a, const Bf16PackedB& b, float* c, int64_t M,
+                 const Epilogue& epi = Epilogue()) {
+  if (M <= 0) return;
+  const std::vector<uint16_t> rows = bf16_detail::pack_rows(a, b.K, M, b);
+  bf16_products(rows.data(), b, M, bf16_detail::RowsInto<Epilogue>{c, b.N, epi});
+}
+#endif
+
+// weight [K, N] (or [N, K] when tb) kept rounded and packed for the bf16 products:
+// remade when the Model's ParameterVersion has counted a change, made per call
+// (and not kept) while a numpy view may be writing the weight. Where the CPU has
+// no bf16 products it keeps the float32 packing of the rounded weight instead
+// (a KeptPackedB that rounds as it packs). It never stands in for the stored
+// weight. Thread-safe as KeptPackedB is.
+class KeptBf16Weight {
+ public:
+  KeptBf16Weight(ParameterVersion& version, Tensor<float>& weight, bool tb, int64_t K, int64_t N)
+      : float32_(version, weight, tb, K, N, /*stands_in=*/false, /*prepare=*/round_bf16),
+        version_(version),
+        weight_(weight),
+        tb_(tb),
+        K_(K),
+        N_(N) {}
+  KeptBf16Weight(const KeptBf16Weight&) = delete;
+  KeptBf16Weight& operator=(const KeptBf16Weight&) = delete;
+
+  // The weight rounded and packed as the parameters are now.
+  std::shared_ptr<const Bf16PackedB> use() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const uint64_t now = version_.current();
+    if (!version_.watched()) return make();
+    if (!kept_ || kept_version_ != now || kept_from_ != weight_.ptr()) {
+      kept_ = make();
+      kept_version_ = now;
+      kept_from_ = weight_.ptr();
+    }
+    return kept_;
+  }
+  // The weight [N, K] (stored so: a convolution's, tb) as bf16 rows, the left
+  // operand of bf16_products (the convolutions, dg_bf16_conv.h), kept as use()'s.
+  std::shared_ptr<const Bf16Rows> use_rows() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const uint64_t now = version_.current();
+    if (!version_.watched()) return std::make_shared<const Bf16Rows>(weight_.ptr(), N_, K_);
+    if (!rows_ || rows_version_ != now || rows_from_ != weight_.ptr()) {
+      rows_ = std::make_shared<const Bf16Rows>(weight_.ptr(), N_, K_);
+      rows_version_ = now;
+      rows_from_ = weight_.ptr();
+    }
+    return rows_;
+  }
+  // The float32 packing of the rounded weight, and the weight rounded as stored
+  // (CPUs without bf16 products).
+  const KeptPackedB& float32() const { return float32_; }
+  std::vector<float> rounded() const {
+    std::vector<float> out(weight_.data.size());
+    round_bf16(weight_.ptr(), out.data(), static_cast<int64_t>(out.size()));
+    return out;
+  }
+
+  // Bytes the kept packing holds (0 before the first product and after release()).
+  int64_t bytes() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return (kept_ ? kept_->bytes() : 0) + (rows_ ? rows_->bytes() : 0) + float32_.bytes();
+  }
+  // Frees the packing (the next product makes it again); a call still reading it
+  // keeps it alive until it is done.
+  void release() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    kept_.reset();
+    rows_.reset();
+    float32_.release();
+  }
+
+ private:
+  std::shared_ptr<const Bf16PackedB> make() const {
+    return std::make_shared<const Bf16PackedB>(weight_.ptr(), tb_, K_, N_);
+  }
+
+  KeptPackedB float32_;
+  ParameterVersion& version_;
+  const Tensor<float>& weight_;
+  bool tb_;
+  int64_t K_, N_;
+  mutable std::mutex mutex_;
+  mutable std::shared_ptr<const Bf16PackedB> kept_;
+  mutable uint64_t kept_version_ = 0;
+  mutable const float* kept_from_ = nullptr;
+  mutable std::shared_ptr<const Bf16Rows> rows_;
+  mutable uint64_t rows_version_ = 0;
+  mutable const float* rows_from_ = nullptr;
+};
+
+// c[M,N] = a[M,K] @ op(W) for the kept bf16 weight W (stored [K, N], or [N, K]:
+// the kept weight knows which), then epi. a holds bf16 values (dg::round_bf16
+// made them): every path reads them as they are.
+template <class Epilogue = NoEpilogue>
+void matmul_bf16(const float* a, const KeptBf16Weight& w, float* c, int64_t M, int64_t K, int64_t N,
+                 const Epilogue& epi = Epilogue()) {
+#if DG_BF16_PRODUCTS
+  (void)K;
+  (void)N;
+  if (M > 0) matmul_bf16(a, *w.use(), c, M, epi);
+#else
+  matmul(a, w.float32(), c, M, K, N, epi);
+#endif
+}
+
+}  // namespace dg
