@@ -17,8 +17,10 @@ images), and ONNX Runtime on the same weights in fp32 and in int8 (`quantize_dyn
 weights int8 per channel) when torch, onnx and onnxruntime are installed. Each (peer,
 round) runs in a child process of its own; medians pooled over rounds (3, 1 with
 --quick), peers in alternating order. Ratio = fp32 median / peer median (> 1: faster than
-our fp32). The issue sets no speed target on an AVX2-only core; bf16 and int8 kernels
-that use AVX512-BF16 / VNNI / AMX are future work, so there they are a correctness check.
+our fp32). The issue sets no speed target on an AVX2-only core. The int8 kernel is the
+one the module was compiled for (AMX tiles, AVX-512 VNNI, AVX2...: printed, from
+build_info()["int8_kernel"]; the bf16 one is build_info()["bf16_kernel"]); DG_AMX=0 in
+the environment turns the tiles off.
 """
 
 from __future__ import annotations
@@ -102,6 +104,8 @@ def speed_table(cache: Path, rounds: int, seconds: float) -> list:
     model_def = runpy.run_path(str(ROOT / "examples" / "mlp.py"))["mlp"]
     builds = {p: build_module(model_def, name=f"mlp_{p}", cache=cache, precision=p) for p in PRECISIONS}
     fp32 = import_module(builds["fp32"]["name"], builds["fp32"]["build"])
+    int8 = import_module(builds["int8"]["name"], builds["int8"]["build"])
+    print(f"  int8 kernel: {int8.build_info().get('int8_kernel', '?')}")
     params = {k: np.array(v) for k, v in fp32.Model(seed=0).parameters().items()}
     weights = cache / "mlp_int8_weights.npz"
     calibration = {"x": np.random.default_rng(1).uniform(0.0, 1.0, (256, 784)).astype(np.float32)}

@@ -1,5 +1,7 @@
-// Runs runtime/dg_int8.h for tests/test_int8.py. Compiled once for this CPU and
-// once for baseline x86-64 (the portable loops).
+// Runs runtime/dg_int8.h for tests/test_int8.py, which compiles it once per kernel
+// this CPU can run (portable, AVX2, AVX-512 VNNI, AMX: dg_int8.h's int8_kernel()).
+//
+// `int8_driver kernel` prints the kernel matmul_int8 runs (int8_kernel()).
 //
 // `int8_driver M K N stored_PK` reads x[M*K], w ([K, N], or [N, K] when stored_PK
 // is 1), x_scale[1] and w_scale[N] as float32 from stdin, runs quantize_int8,
@@ -7,8 +9,10 @@
 //
 // `int8_driver sums` checks matmul_int8's integer sums against a plain int32 loop
 // on int8 values (activations in [-127, 127], weights in [-63, 63], random and at
-// the extremes where vpmaddubsw's pairs are largest) for M 1..9 and odd K and N;
-// prints "ok <cases>" or the first difference (exit 1).
+// the extremes where vpmaddubsw's pairs are largest) for M 1..9 and 12..65 (the
+// VNNI kernel's row blocks, the AMX one's 16-row tiles, whole and not), K odd, a
+// multiple of 64 (whole AMX tiles) and not, and N odd; prints "ok <cases>" or the
+// first difference (exit 1).
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -26,10 +30,11 @@ static void read_floats(std::vector<float>& v) {
 
 static int check_sums() {
   std::mt19937 rng(5);
-  const int64_t Ks[] = {1, 2, 3, 4, 5, 7, 8, 31, 64, 129, 1000};
+  const int64_t Ms[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 12, 13, 16, 17, 31, 32, 33, 48, 64, 65};
+  const int64_t Ks[] = {1, 2, 3, 4, 5, 7, 8, 31, 64, 129, 192, 1000};
   const int64_t Ns[] = {1, 3, 8, 15, 16, 17, 33, 40};
   int cases = 0;
-  for (int64_t M = 1; M <= 9; ++M)
+  for (int64_t M : Ms)
     for (int64_t K : Ks)
       for (int64_t N : Ns)
         for (int fill = 0; fill < 4; ++fill) {  // random; a = 127, w = 63; a = -127, w = -63; a = 127, w = -63
@@ -64,6 +69,10 @@ static int check_sums() {
 
 int main(int argc, char** argv) {
   if (argc == 2 && std::strcmp(argv[1], "sums") == 0) return check_sums();
+  if (argc == 2 && std::strcmp(argv[1], "kernel") == 0) {
+    std::printf("%s\n", dg::int8_kernel());
+    return 0;
+  }
   if (argc != 5) return 2;
   const int64_t M = std::atoll(argv[1]), K = std::atoll(argv[2]), N = std::atoll(argv[3]);
   const bool stored_PK = std::atoi(argv[4]) != 0;

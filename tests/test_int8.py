@@ -90,7 +90,9 @@ def test_mlp_int8_generated_equals_reference(tmp_path, builds, capsys):
     set_precision(graph, "int8")
     assert [n.op for n in graph.nodes].count("matmul_int8") == 3
     module, project = builds.module(graph, flags=CHECK_BUILD_FLAGS)
-    assert module.build_info()["precision"] == "int8"
+    info = module.build_info()
+    assert info["precision"] == "int8"
+    assert info["int8_kernel"] in ("amx", "avx512_vnni", "avx_vnni", "avx2", "portable"), info  # int8_kernel()
     text = (project / "src_tree" / "src" / "model.cpp").read_text()
     model = module.Model(seed=0)
     with pytest.raises(ValueError, match=r"int8 scale 'fc1_w_input_scale' is 0: it was never set; run `deepgen quantize"):
@@ -276,7 +278,36 @@ def test_int8_leaves_convolutions_attention_and_cells_in_float32():
         project_files(graph, "cuda")
 
 
+def _cpu_flags() -> set:
+    """This CPU's feature flags (/proc/cpuinfo); empty where there is none (not Linux)."""
+    try:
+        text = open("/proc/cpuinfo").read()
+    except OSError:
+        return set()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return set(line.split(":", 1)[1].split())
+    return set()
+
+
+# The drivers built: {name: (g++ flags, the /proc/cpuinfo flags it needs, the kernel it runs)}.
+# Each kernel of dg_int8.h gets its own build where this CPU can run it. x86-64-v4 is
+# AVX-512 F/BW/CD/DQ/VL (and AVX2, FMA, BMI, ...): with -mavx512vnni, the zmm VNNI kernel
+# without AMX, as on Ice Lake and Cascade Lake servers.
+_X86_V3 = {"avx2", "fma", "bmi1", "bmi2", "f16c", "movbe", "abm"}
+INT8_DRIVERS = {
+    "portable": (["-march=x86-64"], set(), "portable"),  # SSE2, no AVX2
+    "avx2": (["-mavx2", "-mfma"], {"avx2", "fma"}, "avx2"),
+    "avx512_vnni": (["-march=x86-64-v4", "-mavx512vnni"],
+                    _X86_V3 | {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl", "avx512_vnni"},
+                    "avx512_vnni"),
+    "amx": (["-march=native"], {"avx512bw", "avx512_vnni", "amx_tile", "amx_int8"}, "amx"),
+}
+
+
 def _int8_drivers(tmp_path) -> dict:
+    """{name: (driver, the kernel it reports)} for each of INT8_DRIVERS this CPU can run."""
+    import platform
     import shutil
     import subprocess
     from concurrent.futures import ThreadPoolExecutor
@@ -284,11 +315,14 @@ def _int8_drivers(tmp_path) -> dict:
     cxx = shutil.which("g++")
     if cxx is None:
         pytest.skip("g++ not found")
-    builds = {"native": ["-march=native"], "portable": ["-march=x86-64"]}  # x86-64: SSE2, no AVX2
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("the int8 drivers are built for x86-64")
+    flags = _cpu_flags()
+    builds = {name: spec for name, spec in INT8_DRIVERS.items() if spec[1] <= flags}
 
     def build(name):
         exe = tmp_path / f"int8_driver_{name}"
-        cmd = [cxx, "-std=c++17", "-O2", "-fopenmp", "-Wall", "-Wextra", *builds[name], "-I",
+        cmd = [cxx, "-std=c++17", "-O2", "-fopenmp", "-Wall", "-Wextra", *builds[name][0], "-I",
                str(ROOT / "targets" / "cpu" / "runtime"), str(ROOT / "tests" / "int8_driver.cpp"), "-o", str(exe)]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         assert proc.returncode == 0 and "warning" not in proc.stderr, proc.stderr
@@ -299,22 +333,45 @@ def _int8_drivers(tmp_path) -> dict:
 
 
 def test_runtime_int8_equals_reference_portable_and_avx2(tmp_path):
-    """dg_int8.h's kernel, built for this CPU (AVX2 here) and for baseline x86-64 (the
-    portable loops): its integer sums equal a plain int32 loop (rows 1..9, odd K and N,
-    the extreme values), and quantize_int8, quantize_pack_int8 and matmul_int8 on one
-    and two threads equal the numpy reference bit for bit at sizes that leave every
-    tail (K % 4, N % 16, rows % 4, the quantizer's 16-wide blocks). A VNNI build
-    (vpdpbusd) is not run here: this CPU has no VNNI."""
+    """dg_int8.h's kernels, each built where this CPU can run it (/proc/cpuinfo's flags; the
+    others are left out, and the test says which ran): the portable loops (baseline x86-64),
+    AVX2 (vpmaddubsw), the zmm AVX-512 VNNI kernel without AMX (x86-64-v4 + VNNI), and this
+    CPU's own build (-march=native) with AMX tiles, run also with DG_AMX=0 (the VNNI kernel
+    again). Each driver names the kernel it runs (int8_kernel(), checked). Their integer sums
+    equal a plain int32 loop (rows 1..9 and 12..65, K and N odd, K a multiple of 64 and not,
+    the extreme values), and quantize_int8, quantize_pack_int8 and matmul_int8 on one and two
+    threads equal the numpy reference bit for bit at sizes that leave every tail (K % 4, K % 64,
+    N % 16, rows % 16 and the VNNI kernel's row blocks, the quantizer's 16-wide blocks; one
+    product large enough for the AMX kernel to split it over the two threads). The
+    AVX-VNNI (ymm vpdpbusd) build is not run: on a CPU with AVX-512 VNNI the zmm kernel replaces it."""
     import os
     import subprocess
 
     drivers = _int8_drivers(tmp_path)
-    for name, exe in drivers.items():  # the kernel's integer sums against a plain int32 loop
-        proc = subprocess.run([str(exe), "sums"], capture_output=True, text=True, timeout=120)
+    runs = [(name, exe, INT8_DRIVERS[name][2], {}) for name, exe in drivers.items()]
+    if "amx" in drivers:
+        runs.append(("amx, DG_AMX=0", drivers["amx"], "avx512_vnni", {"DG_AMX": "0"}))
+    ran = []
+    for name, exe, kernel, env in runs:
+        proc = subprocess.run([str(exe), "kernel"], capture_output=True, text=True, timeout=60,
+                              env=dict(os.environ, **env))
+        got_kernel = proc.stdout.strip()
+        if kernel == "amx" and got_kernel == "avx512_vnni":  # the CPU has AMX, the OS refused the tiles
+            print("amx: the kernel did not grant the tile state (arch_prctl): the VNNI kernel ran")
+        else:
+            assert got_kernel == kernel, f"{name}: {proc.stdout}{proc.stderr}"
+        ran.append(f"{name}: {got_kernel}")
+    print("int8 drivers run: " + "; ".join(ran))
+    for name, exe, _, env in runs:  # the kernel's integer sums against a plain int32 loop
+        proc = subprocess.run([str(exe), "sums"], capture_output=True, text=True, timeout=120,
+                              env=dict(os.environ, **env))
         assert proc.returncode == 0 and proc.stdout.startswith("ok "), f"{name}: {proc.stdout}{proc.stderr}"
     rng = np.random.default_rng(7)
     cases = [(1, 1, 1, False), (3, 16, 4, True), (5, 37, 6, False), (17, 64, 10, True), (64, 300, 33, False),
-             (9, 130, 70, False), (4, 37, 20, False), (6, 33, 17, False), (7, 37, 20, False)]  # (M, K, N, tb)
+             (9, 130, 70, False), (4, 37, 20, False), (6, 33, 17, False), (7, 37, 20, False),
+             (8, 64, 16, False), (16, 128, 32, True), (33, 200, 17, False), (40, 784, 50, True),
+             (48, 256, 48, False), (13, 190, 40, False),
+             (260, 784, 340, True)]  # (M, K, N, tb); the last past kInt8AmxMinParallelWork: AMX, 2 threads
     for m, k, n, tb in cases:
         x = rng.normal(scale=3, size=(m, k)).astype(np.float32)
         x[0, 0] = 1000.0  # clamped
@@ -325,10 +382,11 @@ def test_runtime_int8_equals_reference_portable_and_avx2(tmp_path):
         ws = weight_scales(w, tb) * np.float32(0.9)  # a scale below the largest weight: clamping
         want = matmul_int8(x, w, xs, ws, tb)
         stdin = b"".join(a.tobytes() for a in (x, w, xs, ws))
-        for name, exe in drivers.items():
+        for name, exe, _, env in runs:
             for threads in (1, 2):
                 proc = subprocess.run([str(exe), str(m), str(k), str(n), "1" if tb else "0"], input=stdin,
-                                      capture_output=True, timeout=60, env=dict(os.environ, OMP_NUM_THREADS=str(threads)))
+                                      capture_output=True, timeout=60,
+                                      env=dict(os.environ, OMP_NUM_THREADS=str(threads), **env))
                 assert proc.returncode == 0, proc.stderr.decode()
                 got = np.frombuffer(proc.stdout, np.float32).reshape(m, n)
                 np.testing.assert_array_equal(got, want, err_msg=f"{name}, {threads} threads, {m}x{k}x{n} tb={tb}")

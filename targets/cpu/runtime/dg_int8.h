@@ -26,6 +26,18 @@
 // VNNI (vpdpbusd) adds four products in int32 and needs no such bound; it uses
 // the same quantized values, so every path gives the same integers.
 //
+// The kernels, by what the compiler targets (int8_kernel() names the one built):
+//   amx           AMX tiles (tdpbssd: signed x signed, 16 x 16 int32 sums of 64
+//                 products each) for products of kInt8AmxMinRows rows or more,
+//                 when amx_ready() (dg_amx.h; DG_AMX=0 turns it off); fewer
+//                 rows, or tiles refused, run avx512_vnni
+//   avx512_vnni   zmm vpdpbusd: one 16-column panel group per instruction, blocks
+//                 of up to 12 rows x 2 panels (or 1-5 rows x 4 panels)
+//   avx_vnni      the AVX2 kernel with ymm vpdpbusd (AVX-VNNI)
+//   avx2          the AVX2 kernel (vpmaddubsw + vpmaddwd)
+//   portable      plain loops
+// Each sums the same integers (exact, in int32), then the same float steps.
+//
 // Part of the deepgen runtime: hand-written, copied unchanged into every
 // generated project that uses it.
 #pragma once
@@ -36,12 +48,26 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "dg_amx.h"
 #include "dg_parallel.h"
 
 #if defined(__AVX2__)
 #include <immintrin.h>
+#endif
+
+// The zmm VNNI kernel (AVX-512 VNNI and BW), and the AMX one on top of it.
+#if defined(__AVX512VNNI__) && defined(__AVX512BW__)
+#define DG_INT8_VNNI512 1
+#else
+#define DG_INT8_VNNI512 0
+#endif
+#if DG_INT8_VNNI512 && DG_AMX && defined(__AMX_INT8__)
+#define DG_INT8_AMX 1
+#else
+#define DG_INT8_AMX 0
 #endif
 
 namespace dg {
@@ -87,6 +113,24 @@ inline int8_t quantize_int8_value(float x, float inv_scale, int qmax) {
 // q[i] = quantize(x[i], scale, qmax) for n elements (inv = 1 / scale).
 inline void quantize_int8_span(const float* x, int8_t* q, float inv, int64_t n, int qmax) {
   int64_t i = 0;
+#if defined(__AVX512F__)
+  // Clamped before it is rounded (the same values: the bounds are whole numbers),
+  // rounded to nearest even by the conversion itself, narrowed with saturation
+  // (vpmovsdb) as the AVX2 loop's packs do. (Written as the zero-masking forms
+  // with every lane set: GCC 12 warns of the plain forms' undefined operand.)
+  const __mmask16 all = 0xffff;
+  const __m512 inv512 = _mm512_set1_ps(inv), lo512 = _mm512_set1_ps(-float(qmax)),
+               hi512 = _mm512_set1_ps(float(qmax));
+  for (; i + 32 <= n; i += 32) {  // two vectors a step: two independent chains
+    for (int64_t h = 0; h < 32; h += 16) {
+      const __m512 v = _mm512_maskz_mul_ps(all, _mm512_loadu_ps(x + i + h), inv512);
+      const __m512 clamped = _mm512_maskz_max_ps(all, lo512, _mm512_maskz_min_ps(all, hi512, v));
+      const __m512i whole =
+          _mm512_maskz_cvt_roundps_epi32(all, clamped, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i + h), _mm512_maskz_cvtsepi32_epi8(all, whole));
+    }
+  }
+#endif
 #if defined(__AVX2__)
   const __m256 vinv = _mm256_set1_ps(inv), lo = _mm256_set1_ps(-float(qmax)),
                hi = _mm256_set1_ps(float(qmax));
@@ -145,20 +189,25 @@ inline void quantize_weight_int8(const float* w, int8_t* q, const float* scale, 
 
 // A quantized weight as the products read it: op(W) is [K, N], cut into panels of
 // 16 columns; in a panel, for each group of four k, 16 columns of 4 bytes
-// (column c's w[4g..4g+3][c]: what vpmaddubsw pairs and vpmaddwd adds, and what
-// vpdpbusd adds at once). Padding (k past K, columns past N) is zero. It keeps
-// the scales it was quantized with and 128 * each column's sum (the correction of
-// the activation's +128).
+// (column c's w[4g..4g+3][c]: what vpmaddubsw pairs and vpmaddwd adds, what
+// vpdpbusd adds at once, and one row of an AMX B tile). A panel holds its groups
+// rounded up to a multiple of 16 (panel_groups): 16 groups (64 k, 1 KB) are one
+// AMX B tile, so every tile, the last one too, loads from the panel with a 64-byte
+// stride. Padding (k past K, columns past N) is zero. It keeps the scales it was
+// quantized with and 128 * each column's sum (the correction of the activation's
+// +128).
 struct Int8PackedB {
   static constexpr int64_t kCols = 16;
+  static constexpr int64_t kTileGroups = 16;  // groups of four k in one AMX B tile
 
   // q[N, K]: the weight quantize_weight_int8 made with w_scale[0..N).
   Int8PackedB(const int8_t* q, const float* w_scale, int64_t K_, int64_t N_)
       : K(K_),
         N(N_),
         groups((K_ + 3) / 4),
+        panel_groups((groups + kTileGroups - 1) / kTileGroups * kTileGroups),
         panels((N_ + kCols - 1) / kCols),
-        data(static_cast<size_t>(panels * groups * kCols * 4), 0),
+        data(static_cast<size_t>(panels * panel_groups * kCols * 4), 0),
         shift(static_cast<size_t>(panels * kCols), 0),
         scale(static_cast<size_t>(panels * kCols), 1.0f) {
     for (int64_t j = 0; j < N; ++j) {
@@ -172,16 +221,16 @@ struct Int8PackedB {
     }
   }
 
-  int64_t K, N, groups, panels;
+  int64_t K, N, groups, panel_groups, panels;
   std::vector<int8_t> data;
   std::vector<int32_t> shift;  // [panels * 16]: 128 * sum_k w[k][j]
   std::vector<float> scale;    // [panels * 16]: w_scale[j] (1 past N)
 
   // Where w[k][j] is in data.
   int64_t at(int64_t k, int64_t j) const {
-    return ((j / kCols * groups + k / 4) * kCols + j % kCols) * 4 + k % 4;
+    return ((j / kCols * panel_groups + k / 4) * kCols + j % kCols) * 4 + k % 4;
   }
-  const int8_t* panel(int64_t p) const { return data.data() + p * groups * kCols * 4; }
+  const int8_t* panel(int64_t p) const { return data.data() + p * panel_groups * kCols * 4; }
   int64_t bytes() const {
     return static_cast<int64_t>(data.size() + shift.size() * sizeof(int32_t) + scale.size() * sizeof(float));
   }
@@ -277,13 +326,271 @@ inline void matmul_int8_panel(const int8_t* a, int64_t lda, const Int8PackedB& b
 }
 #endif
 
+#if DG_INT8_VNNI512
+// The activation flipped to unsigned bytes (a + 128, in [1, 255]: the unsigned
+// operand of vpdpbusd), once per product into a buffer of the calling thread, so
+// that the kernel's broadcast of a row's 4 bytes is vpdpbusd's own memory operand
+// (no xor per row, group and panel). The padding bytes become 128: the weight's
+// padding is zero, so they add nothing.
+inline const uint8_t* int8_flipped(const int8_t* a, int64_t bytes) {
+  static thread_local std::vector<uint8_t> buffer;
+  if (static_cast<int64_t>(buffer.size()) < bytes) buffer.resize(static_cast<size_t>(bytes));
+  const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  int64_t i = 0;
+  for (; i + 64 <= bytes; i += 64)
+    _mm512_storeu_si512(buffer.data() + i, _mm512_xor_si512(_mm512_loadu_si512(a + i), flip));
+  for (; i < bytes; ++i)
+    buffer[static_cast<size_t>(i)] = static_cast<uint8_t>(a[i] ^ int8_t(-128));
+  return buffer.data();
+}
+
+// c[r][0..cols) = float(sum[r]) * (x_scale * w_scale[j]) for one panel's 16
+// columns (scale = x_scale * w_scale[j..j+16), multiplied first, as the reference
+// does); a panel past N's last column stores only its `cols` columns.
+// (The conversion is written masked, all 16 lanes: GCC 12 warns of
+// _mm512_cvtepi32_ps's undefined pass-through operand.)
+inline void int8_store16(__m512i sum, __m512 scale, float* out, int64_t cols) {
+  const __m512 y = _mm512_mul_ps(_mm512_maskz_cvtepi32_ps(static_cast<__mmask16>(0xffff), sum), scale);
+  if (cols == Int8PackedB::kCols)
+    _mm512_storeu_ps(out, y);
+  else
+    _mm512_mask_storeu_ps(out, static_cast<__mmask16>((1u << cols) - 1), y);
+}
+
+// R rows of the flipped activation (a, lda bytes apart) times P panels from p0:
+// c[r][16 * p0 ...] (ldc floats apart). Per group of four k, each panel's 64
+// bytes are one zmm (16 columns x 4 k) and each row's 4 bytes are broadcast to
+// the 16 lanes; one vpdpbusd adds the 4 products of every column into its int32
+// lane. R * P accumulators: 12 x 2 = 24 of the 32 zmm registers (the rest hold the
+// panels' vectors), or 5 x 4 for a few rows, where more independent sums hide
+// vpdpbusd's latency. At the end 128 * sum_k w is taken off each column.
+template <int R, int P>
+inline void matmul_int8_vnni_block(const uint8_t* a, int64_t lda, const Int8PackedB& b, int64_t p0, float xs,
+                                   float* c, int64_t ldc) {
+  const int64_t stride = b.panel_groups * Int8PackedB::kCols * 4;  // bytes from a panel to the next
+  const int8_t* w = b.panel(p0);
+  __m512i sum[R][P];
+  for (int r = 0; r < R; ++r)
+    for (int q = 0; q < P; ++q)
+      sum[r][q] = _mm512_setzero_si512();
+  for (int64_t g = 0; g < b.groups; ++g, w += 64) {
+    __m512i wv[P];
+    for (int q = 0; q < P; ++q)
+      wv[q] = _mm512_loadu_si512(w + q * stride);
+    for (int r = 0; r < R; ++r) {
+      int32_t four;
+      std::memcpy(&four, a + r * lda + 4 * g, 4);
+      const __m512i x = _mm512_set1_epi32(four);
+      for (int q = 0; q < P; ++q)
+        sum[r][q] = _mm512_dpbusd_epi32(sum[r][q], x, wv[q]);
+    }
+  }
+  const __m512 vxs = _mm512_set1_ps(xs);
+  for (int q = 0; q < P; ++q) {
+    const int64_t j = (p0 + q) * Int8PackedB::kCols, cols = std::min(Int8PackedB::kCols, b.N - j);
+    const __m512i shift = _mm512_loadu_si512(b.shift.data() + j);
+    const __m512 scale = _mm512_mul_ps(vxs, _mm512_loadu_ps(b.scale.data() + j));
+    for (int r = 0; r < R; ++r)
+      int8_store16(_mm512_sub_epi32(sum[r][q], shift), scale, c + r * ldc + j, cols);
+  }
+}
+
+using Int8VnniBlock = void (*)(const uint8_t*, int64_t, const Int8PackedB&, int64_t, float, float*, int64_t);
+
+// The block kernel of `rows` rows (1..sizeof...(R)) and P panels.
+template <int P, int... R>
+inline Int8VnniBlock int8_vnni_block_of(int64_t rows, std::integer_sequence<int, R...>) {
+  static constexpr Int8VnniBlock table[] = {&matmul_int8_vnni_block<R + 1, P>...};
+  return table[rows - 1];
+}
+
+// matmul_int8 with the zmm VNNI kernel. Column blocks of P panels are split over
+// threads; each block runs against every block of rows while its panels are in
+// the cache (2 panels of K = 784: 26 KB). A last block of fewer than P panels
+// runs one panel at a time.
+inline void matmul_int8_vnni(const int8_t* a8, float xs, const Int8PackedB& b, float* c, int64_t M) {
+  const int64_t lda = int8_row_bytes(b.K), N = b.N;
+  const uint8_t* a = int8_flipped(a8, M * lda);
+  const bool few = M <= 5;  // 1-5 rows x 4 panels: 4 to 20 independent sums
+  const int P = few ? 4 : 2;
+  const int64_t rows_max = few ? 5 : 12;
+  const int64_t blocks = (b.panels + P - 1) / P;
+  const double work = 2.0 * double(M) * double(N) * double(b.K);
+  const int threads = threads_for(work < 1e18 ? int64_t(work) : int64_t(1e18));
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    const int64_t p0 = blk * P, panels = std::min<int64_t>(P, b.panels - p0);
+    for (int64_t i = 0; i < M; i += rows_max) {
+      const int64_t rows = std::min(rows_max, M - i);
+      const uint8_t* ai = a + i * lda;
+      float* ci = c + i * N;
+      if (panels == P) {
+        const Int8VnniBlock run = few ? int8_vnni_block_of<4>(rows, std::make_integer_sequence<int, 5>())
+                                      : int8_vnni_block_of<2>(rows, std::make_integer_sequence<int, 12>());
+        run(ai, lda, b, p0, xs, ci, N);
+      } else {
+        const Int8VnniBlock run = int8_vnni_block_of<1>(rows, std::make_integer_sequence<int, 12>());
+        for (int64_t p = p0; p < p0 + panels; ++p)
+          run(ai, lda, b, p, xs, ci, N);
+      }
+    }
+  }
+}
+#endif
+
+#if DG_INT8_AMX
+// The fewest rows for which matmul_int8 uses AMX tiles. Fewer rows than a tile's
+// 16 are padded with zero rows; measured on a Sapphire Rapids class Xeon (one thread, 784 x 512
+// and 512 x 256): the VNNI kernel is faster up to 6 rows, even at 8, the tiles
+// from 10 (1.5x) and 16 (2.4x-2.8x).
+constexpr int64_t kInt8AmxMinRows = 8;
+
+// Tiles for a block of RT x CT C tiles (16 rows x one 16-column panel each, int32):
+//   tiles 0..3  C, tile 2 * r + q for row tile r and panel q
+//   tiles 4, 5  A: 16 rows x 64 bytes (64 k) of the activation: row r of k tile
+//               t of row tile q at a + q * a_tile + t * a_step + r * a_row
+//               (int8_amx_tiles' copy: a_row 64, a_step 1 KB; the activation's
+//               own rows: a_row the row's bytes, a_step 64, a_tile 16 rows)
+//   tiles 6, 7  B: 16 rows x 64 bytes, one tile of a panel as Int8PackedB holds it
+//               (row g: the 16 columns' 4 bytes of k = 4g..4g+3), 64 bytes apart
+// tdpbssd C += A . B sums, for each row and column, the 64 products of A's row
+// with B's column (signed x signed: no +128, no correction). Per 64 k: RT + CT
+// tile loads and RT * CT products. The C tiles are stored to sums
+// ([RT * 16][CT * 16] int32), which the caller scales into c.
+template <int RT, int CT>
+inline void matmul_int8_amx_block(const int8_t* a, int64_t a_row, int64_t a_step, int64_t a_tile,
+                                  const Int8PackedB& b, int64_t p0, int64_t ktiles, int32_t* sums) {
+  constexpr int64_t kTileBytes = Int8PackedB::kTileGroups * Int8PackedB::kCols * 4;  // 1 KB
+  const int64_t stride = b.panel_groups * Int8PackedB::kCols * 4;
+  const int8_t* w = b.panel(p0);
+  _tile_zero(0);
+  if (CT > 1) _tile_zero(1);
+  if (RT > 1) _tile_zero(2);
+  if (RT > 1 && CT > 1) _tile_zero(3);
+  for (int64_t t = 0; t < ktiles; ++t) {
+    _tile_loadd(4, a + a_step * t, a_row);
+    _tile_loadd(6, w + t * kTileBytes, 64);
+    if (CT > 1) _tile_loadd(7, w + stride + t * kTileBytes, 64);
+    if (RT > 1) _tile_loadd(5, a + a_tile + a_step * t, a_row);
+    _tile_dpbssd(0, 4, 6);
+    if (CT > 1) _tile_dpbssd(1, 4, 7);
+    if (RT > 1) _tile_dpbssd(2, 5, 6);
+    if (RT > 1 && CT > 1) _tile_dpbssd(3, 5, 7);
+  }
+  constexpr int64_t ld = CT * Int8PackedB::kCols * 4;  // bytes from a row of sums to the next
+  _tile_stored(0, sums, ld);
+  if (CT > 1) _tile_stored(1, sums + 16, ld);
+  if (RT > 1) _tile_stored(2, sums + 16 * CT * 16, ld);
+  if (RT > 1 && CT > 1) _tile_stored(3, sums + 16 * CT * 16 + 16, ld);
+}
+
+// The activation as the tiles read it, copied once per product into a buffer of
+// the calling thread: tile after tile, each 16 rows x 64 bytes (1 KB, rows 64
+// bytes apart), the k tiles of a row tile in order, zeros past K and past M. A
+// tile load then reads 1 KB in a row, as it reads the weight's panels. Read from
+// the activation's own rows, a tile load reads 16 pieces a row apart: measured,
+// 2x slower at 64 rows x 512 columns whatever K (512 to 1024), so the copy pays
+// for itself once several column blocks read the activation; and a tile read
+// from the rows would read past a row's end where K is not a multiple of 64 (and
+// past the activation's end where M is not one of 16). Returns the bytes from a
+// row tile to the next.
+inline int64_t int8_amx_tiles(const int8_t* a, int64_t M, int64_t K, int64_t ktiles, int8_t* out) {
+  const int64_t row = int8_row_bytes(K), row_tiles = (M + 15) / 16;
+  for (int64_t rt = 0; rt < row_tiles; ++rt)
+    for (int64_t r = 0; r < 16; ++r) {
+      const int64_t i = rt * 16 + r;
+      for (int64_t t = 0; t < ktiles; ++t) {
+        int8_t* o = out + ((rt * ktiles + t) * 16 + r) * 64;
+        const int64_t n = i < M ? std::min<int64_t>(64, row - 64 * t) : 0;  // ktiles * 64 >= row: n >= 1
+        if (n > 0) std::memcpy(o, a + i * row + 64 * t, static_cast<size_t>(n));
+        if (n < 64) std::memset(o + n, 0, static_cast<size_t>(64 - n));
+      }
+    }
+  return ktiles * 1024;
+}
+
+// The work (2 * M * N * K) from which the tiles split a product over threads:
+// they do ~1.9 T int8 operations/s on one core, so kMinParallelWork (tuned for
+// the float GEMM) would split products of a few microseconds. Measured on a
+// 2-vCPU Sapphire Rapids class Xeon VM (784 x 512, one thread against two,
+// medians of 3 alternated runs): 64 rows (51 M operations) 27 us against 32, 128
+// rows 53 against 52, 256 rows 194 against 149, 512 rows 402 against 299.
+constexpr int64_t kInt8AmxMinParallelWork = int64_t(1) << 27;  // 134 M
+
+// matmul_int8 with AMX tiles (M >= kInt8AmxMinRows, amx_ready()). Column blocks
+// of two panels are split over threads, each thread with its own tile
+// configuration (every tile 16 rows x 64 bytes); a block runs against every 32
+// rows (2 A tiles: 2 x 2 C tiles) while its panels are in the cache.
+inline void matmul_int8_amx(const int8_t* a8, float xs, const Int8PackedB& b, float* c, int64_t M) {
+  const int64_t N = b.N, ktiles = b.panel_groups / Int8PackedB::kTileGroups;
+  const int64_t row_tiles = (M + 15) / 16, blocks = (b.panels + 1) / 2;
+  // One column block (N <= 32) reads the activation once: straight from its rows
+  // where they are whole tiles, else (and for more column blocks) from the copy.
+  const int64_t row = int8_row_bytes(b.K);
+  const int8_t* a = a8;
+  int64_t a_row = row, a_step = 64, a_tile = 16 * row;
+  if (blocks > 1 || row % 64 != 0 || M % 16 != 0) {
+    static thread_local std::vector<int8_t> tiles;
+    if (static_cast<int64_t>(tiles.size()) < row_tiles * ktiles * 1024)
+      tiles.resize(static_cast<size_t>(row_tiles * ktiles * 1024));
+    a = tiles.data();
+    a_tile = int8_amx_tiles(a8, M, b.K, ktiles, tiles.data());
+    a_row = 64;
+    a_step = 1024;
+  }
+  const double work = 2.0 * double(M) * double(N) * double(b.K);
+  const int threads =
+      work < double(kInt8AmxMinParallelWork) ? 1 : threads_for(work < 1e18 ? int64_t(work) : int64_t(1e18));
+#pragma omp parallel num_threads(threads) if (threads > 1)
+  {
+    TileConfig config;
+    for (int t = 0; t < 8; ++t)
+      config.set(t, 16, 64);
+    const TileScope scope(config);
+    alignas(64) int32_t sums[32 * 32];
+    const __m512 vxs = _mm512_set1_ps(xs);
+#pragma omp for schedule(static)
+    for (int64_t blk = 0; blk < blocks; ++blk) {
+      const int64_t p0 = 2 * blk;
+      const int ct = b.panels - p0 >= 2 ? 2 : 1;
+      for (int64_t rt = 0; rt < row_tiles; rt += 2) {
+        const int rts = row_tiles - rt >= 2 ? 2 : 1;
+        const int8_t* ai = a + rt * a_tile;
+        if (rts == 2 && ct == 2) matmul_int8_amx_block<2, 2>(ai, a_row, a_step, a_tile, b, p0, ktiles, sums);
+        if (rts == 2 && ct == 1) matmul_int8_amx_block<2, 1>(ai, a_row, a_step, a_tile, b, p0, ktiles, sums);
+        if (rts == 1 && ct == 2) matmul_int8_amx_block<1, 2>(ai, a_row, a_step, a_tile, b, p0, ktiles, sums);
+        if (rts == 1 && ct == 1) matmul_int8_amx_block<1, 1>(ai, a_row, a_step, a_tile, b, p0, ktiles, sums);
+        const int64_t rows = std::min<int64_t>(16 * rts, M - rt * 16);
+        for (int q = 0; q < ct; ++q) {
+          const int64_t j = (p0 + q) * Int8PackedB::kCols, cols = std::min(Int8PackedB::kCols, N - j);
+          const __m512 scale = _mm512_mul_ps(vxs, _mm512_loadu_ps(b.scale.data() + j));
+          for (int64_t r = 0; r < rows; ++r)
+            int8_store16(_mm512_load_si512(sums + r * ct * 16 + q * 16), scale, c + (rt * 16 + r) * N + j,
+                         cols);
+        }
+      }
+    }
+  }
+}
+#endif
+
 // c[M, N] = float(a[M, K] . op(W)) * (a_scale[0] * w_scale[j]): a is the quantized
 // activation (rows of int8_row_bytes(K) bytes, quantize_int8), b the packed
-// weight. The sums are exact in int32 (MAX_K in ops/quantize.py bounds K). Column
-// panels are split over threads; each panel is read by every block of five rows
-// while it is in the cache.
+// weight. The sums are exact in int32 (MAX_K in ops/quantize.py bounds K). AMX
+// tiles or the zmm VNNI kernel where compiled in (above); else column panels are
+// split over threads and each panel is read by every block of five rows while it
+// is in the cache.
 inline void matmul_int8(const int8_t* a, const float* a_scale, const Int8PackedB& b, float* c, int64_t M) {
   const float xs = a_scale[0];
+#if DG_INT8_AMX
+  if (M >= kInt8AmxMinRows && amx_ready()) {
+    matmul_int8_amx(a, xs, b, c, M);
+    return;
+  }
+#endif
+#if DG_INT8_VNNI512
+  matmul_int8_vnni(a, xs, b, c, M);
+#else
   const int64_t lda = int8_row_bytes(b.K), N = b.N;
   const double work = 2.0 * double(M) * double(N) * double(b.K);
   const int threads = threads_for(work < 1e18 ? int64_t(work) : int64_t(1e18));
@@ -299,6 +606,25 @@ inline void matmul_int8(const int8_t* a, const float* a_scale, const Int8PackedB
     if (M - i == 2) matmul_int8_panel<2>(a + i * lda, lda, b, p, xs, cp + i * N, N, cols);
     if (M - i == 1) matmul_int8_panel<1>(a + i * lda, lda, b, p, xs, cp + i * N, N, cols);
   }
+#endif
+}
+
+// Which kernel matmul_int8 runs (see the top of this file): "amx" (products of
+// kInt8AmxMinRows rows or more; fewer run avx512_vnni), "avx512_vnni",
+// "avx_vnni", "avx2" or "portable".
+inline const char* int8_kernel() {
+#if DG_INT8_AMX
+  if (amx_ready()) return "amx";
+#endif
+#if DG_INT8_VNNI512
+  return "avx512_vnni";
+#elif defined(__AVX2__) && (defined(__AVXVNNI__) || (defined(__AVX512VNNI__) && defined(__AVX512VL__)))
+  return "avx_vnni";
+#elif defined(__AVX2__)
+  return "avx2";
+#else
+  return "portable";
+#endif
 }
 
 }  // namespace dg
