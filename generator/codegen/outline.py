@@ -871,9 +871,10 @@ def _make_function_with(group, plan, fn_name, later_reads, called, layouts):
             if len(set(values)) == 1:
                 replace.append(values[0])
                 continue
-            kept = {k.member for k in plan.kept}
-            if all(v in kept for v in values):  # a weight the Model keeps packed
-                replace.append(add_param("const dg::KeptPackedB&", _strip(values[0], first), values, "text", "outside"))
+            kept = {k.member: k.cpp_type for k in plan.kept}
+            if all(v in kept for v in values) and len({kept[v] for v in values}) == 1:  # a weight the Model keeps
+                replace.append(add_param(f"const {kept[values[0]]}&", _strip(values[0], first), values, "text",
+                                         "outside"))
                 continue
             ctype = _text_type(values)
             derived = _derived(values, leaf.slot, params, group, plan)

@@ -251,6 +251,10 @@ class KeptPacking:
     calls: dict = field(default_factory=dict)  # then {a product's function: the one that reads it}
     quantized = False  # (a KeptInt8's is True)
 
+    @property
+    def cpp_type(self) -> str:
+        return self.kept_as or "dg::KeptPackedB"
+
     def __str__(self) -> str:
         tb, stands_in = ("true" if flag else "false" for flag in (self.tb, self.stands_in))
         if self.kept_as:  # it prepares the param itself, and never stands in
@@ -275,6 +279,7 @@ class KeptInt8:
     quantized: bool = True  # (the templates tell it from a KeptPacking by this)
     prepare = ""  # (a KeptPacking's: none here)
     kept_as = ""
+    cpp_type = "dg::KeptInt8Weight"
 
     def __str__(self) -> str:
         tb = "true" if self.tb else "false"

@@ -1,6 +1,6 @@
 """All ops, registered on import. See registry.py for what an OpDef carries."""
 
-from . import adaptive_pool, cond, conv, elementwise, index, layout, linalg, logic, loss, masks, modes, norm, precision, quantize, recurse, recurse_grad, reduce, sequence, windows  # noqa: F401  (registration)
+from . import adaptive_pool, cond, conv, elementwise, index, layout, linalg, logic, loss, masks, modes, norm, precision, quantize, quantize_conv, recurse, recurse_grad, reduce, sequence, windows  # noqa: F401  (registration)
 from .layout import Fill
 from .registry import REGISTRY, OpDef, get_op, register
 

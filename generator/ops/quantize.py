@@ -166,30 +166,61 @@ class MatMulInt8(OpDef):
 # What transforms/quantize.py, calibration and `deepgen quantize` ask about the ops
 # (the stages name no op: ARCHITECTURE, "What a stage may know").
 
+INT8_OPS = {"matmul": "matmul_int8", "conv2d": "conv2d_int8"}  # a float32 product -> its int8 form
+
+
 def int8_candidates(graph) -> list:
     """The nodes `--precision int8` rewrites, in order: matmuls whose right operand
-    is a parameter (not transposed on the left, no epilogue yet)."""
+    is a parameter (not transposed on the left, no epilogue yet) and one-group
+    convolutions by a parameter (ops/quantize_conv.py)."""
     return [n for n in graph.nodes
-            if n.op == "matmul" and len(n.inputs) == 2 and not n.attrs.get("ta") and "epilogue" not in n.attrs
+            if (n.op == "matmul" and len(n.inputs) == 2 and not n.attrs.get("ta") and "epilogue" not in n.attrs
+                or n.op == "conv2d" and n.attrs.get("groups", 1) == 1)
             and n.inputs[1].kind == "param"]
 
 
+def int8_sizes(node) -> tuple:
+    """(K, P) of a candidate or int8 node: the terms of each sum and the output channels."""
+    w = node.inputs[1]
+    if node.op in ("conv2d", "conv2d_int8"):
+        return numel(w.shape[1:]), w.shape[0]
+    return (w.shape[1], w.shape[0]) if node.attrs.get("tb") else tuple(w.shape)
+
+
+def int8_weight_scales(node, w) -> np.ndarray:
+    """The per-output-channel scales of the weight array w of an int8 node."""
+    w = np.asarray(w, np.float32)
+    if node.op == "conv2d_int8":
+        return weight_scales(w.reshape(w.shape[0], -1), True)
+    return weight_scales(w, bool(node.attrs.get("tb")))
+
+
 def to_int8(node, x_scale, w_scale) -> None:
-    """Turn a candidate matmul into matmul_int8 in place, reading the two scales."""
-    x, w = node.inputs
-    tb = bool(node.attrs.get("tb"))
-    node.op = "matmul_int8"
-    node.inputs = [x, w, x_scale, w_scale]
-    node.attrs = {**({"tb": True} if tb else {}), "x_scale": x_scale.name, "w_scale": w_scale.name}
+    """Turn a candidate into its int8 op in place, reading the two scales (after the
+    weight; a convolution's bias, if any, last)."""
+    x, w, *bias = node.inputs
+    scales = {"x_scale": x_scale.name, "w_scale": w_scale.name}
+    if node.op == "conv2d":
+        node.attrs = {**node.attrs, **scales}
+    else:
+        node.attrs = {**({"tb": True} if node.attrs.get("tb") else {}), **scales}
+    node.op = INT8_OPS[node.op]
+    node.inputs = [x, w, x_scale, w_scale, *bias]
 
 
 def int8_nodes(graph) -> list:
-    return [n for n in graph.nodes if n.op == "matmul_int8"]
+    return [n for n in graph.nodes if n.op in INT8_OPS.values()]
+
+
+def _float_node(n) -> Node:
+    """An int8 node's float32 product (the same values, the same place)."""
+    op = next(f for f, q in INT8_OPS.items() if q == n.op)
+    attrs = {k: v for k, v in n.attrs.items() if k not in ("x_scale", "w_scale")}
+    return Node(op, n.inputs[:2] + n.inputs[4:], attrs, outputs=n.outputs, loc=n.loc, phase=n.phase)
 
 
 def float_twin(graph):
-    """The same graph with each matmul_int8 back to its float32 matmul (the values,
+    """The same graph with each int8 node back to its float32 product (the values,
     scales included, are shared; the nodes at the same places): what calibration runs."""
-    nodes = [Node("matmul", n.inputs[:2], {"tb": True} if n.attrs.get("tb") else {}, outputs=n.outputs, loc=n.loc,
-                  phase=n.phase) if n.op == "matmul_int8" else n for n in graph.nodes]
+    nodes = [_float_node(n) if n.op in INT8_OPS.values() else n for n in graph.nodes]
     return replace(graph, nodes=nodes, precision="fp32")

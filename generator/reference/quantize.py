@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ops.quantize import float_twin, input_scale, int8_nodes, weight_scales
+from ..ops.quantize import float_twin, input_scale, int8_nodes, int8_weight_scales
 from ..transforms.quantize import scale_names
 from .interpreter import run
 
@@ -34,5 +34,5 @@ def calibrate(graph, batches, params: dict) -> dict:
         if n.inputs[2].name not in scales:
             w = n.inputs[1]
             scales[n.inputs[2].name] = input_scale(peaks[w.name])
-            scales[n.inputs[3].name] = weight_scales(np.asarray(params[w.name], np.float32), bool(n.attrs.get("tb")))
+            scales[n.inputs[3].name] = int8_weight_scales(n, params[w.name])
     return scales

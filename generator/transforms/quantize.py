@@ -1,5 +1,6 @@
 """`--precision int8`: every matmul by a weight (a dense layer's product, the weight
-stored [K, P] or, with tb, [P, K]) becomes a `matmul_int8` node (ops/quantize.py)
+stored [K, P] or, with tb, [P, K]) becomes a `matmul_int8` node (ops/quantize.py),
+and every one-group convolution by a weight a `conv2d_int8` (ops/quantize_conv.py),
 that reads two new buffers beside the weight:
 
 - `<weight>_input_scale` [1]: the static scale of the activation the weight
@@ -12,8 +13,8 @@ Both are module state (kind "state", like batch norm's running statistics): save
 and loaded with the weights under those names, zeros in a new Model, which the
 product refuses at run time. The weight itself stays a float32 parameter.
 
-Everything else stays float32: convolutions, bmm (attention's products), products
-of two activations, and the products inside recursive ops' cells.
+Everything else stays float32: grouped and depthwise convolutions, bmm (attention's
+products), products of two activations, and the products inside recursive ops' cells.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from dataclasses import replace
 
 from ..errors import DeepgenError
 from ..ir.graph import Value
-from ..ops.quantize import MAX_K, int8_candidates, int8_nodes, to_int8
+from ..ops.quantize import MAX_K, int8_candidates, int8_nodes, int8_sizes, to_int8
 
 
 def scale_names(graph) -> dict:
@@ -35,8 +36,7 @@ def rewrite_int8(graph) -> list:
     scales = {}  # id(weight) -> (input scale, weight scale)
     for node in int8_candidates(graph):
         w = node.inputs[1]
-        tb = bool(node.attrs.get("tb"))
-        k, p = (w.shape[1], w.shape[0]) if tb else w.shape
+        k, p = int8_sizes(node)
         if not isinstance(k, int) or k > MAX_K:
             raise DeepgenError(f"--precision int8: the product by '{w.name}' sums K={k} terms, more than {MAX_K} "
                                "(int32 sums of int8 products could overflow)")

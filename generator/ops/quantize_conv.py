@@ -1,0 +1,77 @@
+"""int8 inference of a convolution: `conv2d_int8`, what `--precision int8` puts in
+place of a one-group conv2d by a weight (transforms/quantize.py), as matmul_int8
+(ops/quantize.py) is for a dense layer's product:
+
+y[n, o] = float(sum_k qx[n, window k] * qw[o, k]) * (x_scale * w_scale[o]) (+ b[o])
+
+with qx = quantize(x, x_scale) (one static scale per tensor, `<weight>_input_scale`;
+the zero padding quantizes to 0), qw the weight's rows [O, C*KH*KW] quantized per
+output channel to [-63, 63] (`<weight>_scale` [O]), the sum exact in int32, the
+float32 steps in the same order as the runtime's (dg_int8_conv.h: the column matrix
+of an image quantized, the int8 product of dg_int8.h, then the bias). So the numpy
+reference and the C++ agree bit for bit."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..codegen.stmt import Named
+from ..errors import DeepgenError
+from ..ir.shapes import fmt_shape, numel, same
+from .conv import _columns, _conv_ref, _describe, _geom
+from .quantize import WEIGHT_QMAX, check_scale, quantize
+from .registry import OpDef, get_op, register
+
+
+def conv_int8(x, w, x_scale, w_scale, attrs, names=("x_scale", "w_scale")) -> np.ndarray:
+    xs = check_scale(x_scale, names[0])
+    ws = check_scale(w_scale, names[1])
+    qx = quantize(x, xs[0]).astype(np.float64)
+    O = w.shape[0]
+    qw = quantize(np.asarray(w, np.float32).reshape(O, -1), ws[:, None], WEIGHT_QMAX).reshape(w.shape)
+    # int8 x int8 sums are exact in float64 (|sum| < 2^31 < 2^53)
+    acc = _conv_ref(qx, qw.astype(np.float64), attrs).astype(np.int32)
+    return acc.astype(np.float32) * (xs[0] * ws)[None, :, None, None]
+
+
+@register
+class Conv2dInt8(OpDef):
+    """y = conv2d(x, w) (+ b) in int8 with int32 sums: operands x, w, x_scale [1],
+    w_scale [O], then b when the convolution has one; attrs: conv2d's and the
+    scales' names. One group only (the rewrite's rule)."""
+
+    name = "conv2d_int8"
+    describe = _describe
+
+    def infer(self, inputs, attrs):
+        if len(inputs) not in (4, 5):
+            raise ValueError(f"conv2d_int8 takes x, w, x_scale, w_scale and an optional b, got {len(inputs)} operands")
+        x, w, xs, ws = inputs[:4]
+        (y,) = get_op("conv2d").infer([x, w, *inputs[4:]], attrs)
+        if attrs.get("groups", 1) != 1:
+            raise ValueError(f"conv2d_int8: one group only, got groups={attrs['groups']}")
+        if tuple(xs.shape) != (1,) or len(ws.shape) != 1 or not same(ws.shape[0], w.shape[0]):
+            raise ValueError(f"scales: expected '{xs.name}' [1] and '{ws.name}' [{w.shape[0]}], got "
+                             f"{fmt_shape(xs.shape)} and {fmt_shape(ws.shape)}")
+        return [y]
+
+    def reference(self, args, attrs, dims):
+        x, w, xs, ws = args[:4]
+        y = conv_int8(x, w, xs, ws, attrs, (attrs["x_scale"], attrs["w_scale"]))
+        if len(args) == 5:
+            y = y + args[4].reshape(1, -1, 1, 1)
+        return [y.astype(np.float32)]
+
+    def lower(self, node, ctx):
+        x, w, xs, ws = node.inputs[:4]
+        if "dg_int8_conv.h" not in ctx.target.runtime:
+            raise DeepgenError(f"--precision int8: the {ctx.target.name} target has no int8 runtime (dg_int8.h) yet")
+        y = node.outputs[0]
+        kernel, out_hw = tuple(w.shape[2:]), tuple(y.shape[2:])
+        geom, name = _geom(ctx, node, x.shape, w.shape[0], kernel, out_hw, w.name)
+        cols = _columns(node, x.shape, kernel, out_hw)
+        work = ctx.workspace(f"{y.name}_cols", cols) if cols else "nullptr"
+        kept = ctx.kept_int8(w, ws, True, numel(w.shape[1:]), w.shape[0])  # rows [O, C*KH*KW], once per change
+        b = ctx.read(node.inputs[4]) if len(node.inputs) == 5 else "nullptr"
+        return [geom, ctx.call("dg::conv2d_int8", ctx.read(x), ctx.read(xs), kept, b, ctx.write(y), work, name,
+                               Named("scale_name", ctx.string(xs.name)))]
