@@ -44,7 +44,7 @@ import statistics
 import time
 from pathlib import Path
 
-from _common import ROOT, import_module, machine_facts, measure, pooled_rows, quiet_blas, run_rounds, set_threads
+from _common import ROOT, WAITED_NOTE, import_module, machine_facts, measure, pooled_rows, quiet_blas, run_rounds, set_threads
 from precision_accuracy import accuracy_table
 from precision_models import MODELS, installed, prepare
 
@@ -209,10 +209,11 @@ def speed_model(key: str, args, cache: Path) -> tuple:
 
 
 def print_speed(key: str, desc: dict, peers: list, records: list, args) -> None:
-    kernels = ", ".join(f"{k} {v}" for k, v in sorted((desc.get("kernels") or {}).items())) or "none reported"
+    kernels = "; ".join(f"{p} " + (", ".join(f"{k} {v}" for k, v in ks.items()) or "none reported")
+                        for p, ks in (desc.get("kernels") or {}).items())
     size = f", {desc['size']}" if desc.get("size") else ""
     print(f"\n{key}{size}: median ms per call, (x) = our fp32 / peer; vs = peer / ours at its precision. "
-          f"deepgen kernels: {kernels}" + (f"; ov_int8: {desc['ov_int8_status']}" if desc.get("ov_int8_status") else ""))
+          f"deepgen kernels (build_info): {kernels}" + (f"; ov_int8: {desc['ov_int8_status']}" if desc.get("ov_int8_status") else ""))
     others = [p for p in peers if p in SAME]
     print(f"{'batch':>5} {'thr':>3} | " + " ".join(f"{p:>17}" for p in peers) + " | "
           + " ".join(f"{p + ' vs':>11}" for p in others))
@@ -221,14 +222,19 @@ def print_speed(key: str, desc: dict, peers: list, records: list, args) -> None:
         for threads in args.threads:
             cells, vs = [], []
             for p in peers:
-                r = at[(n, threads, p)]
+                r, one = at[(n, threads, p)], at.get((n, 1, p), {})
+                waited = "*" if threads > 1 and r.get("median_ms", 0) > 2 * one.get("median_ms", float("inf")) else " "
                 if "median_ms" not in r:
                     cells.append(f"{'differs ' + format(r['error'], '.0e') if r.get('error') else '-':>17}")
                 else:
-                    cells.append(f"{r['median_ms']:9.3f} ({r['x_fp32']:4.2f}x)" if r["x_fp32"] else f"{r['median_ms']:17.3f}")
+                    cells.append(f"{r['median_ms']:8.3f}{waited}({r['x_fp32']:5.2f}x)" if r["x_fp32"]
+                                 else f"{r['median_ms']:8.3f}{waited}{'':8}")
                 if p in SAME:
                     vs.append(f"{r['vs_ours']:11.2f}" if r.get("vs_ours") else f"{'-':>11}")
             print(f"{n:>5} {threads:>3} | " + " ".join(cells) + " | " + " ".join(vs))
+    if any(r.get("median_ms", 0) > 2 * at.get((r["batch"], 1, r["peer"]), {}).get("median_ms", float("inf"))
+           for r in at.values() if r["threads"] > 1):
+        print(WAITED_NOTE)
 
 
 def target_misses(records: list) -> tuple:
@@ -309,7 +315,9 @@ def main() -> None:
     models, speed = ({}, []) if args.accuracy_only else speed_table(args, cache)
     if args.json:
         settings = {k: getattr(args, k) for k in ("quick", "threads", "batches", "image", "rounds")}
-        args.json.write_text(json.dumps({"machine": facts, "settings": settings, "tolerance": TOLERANCE,
+        legend = {"x_fp32": "our fp32 median / this peer's", "vs_ours": "this peer's median / ours at its precision",
+                  "rel_err": "max |peer - our fp32| / max |our fp32| at this batch"}
+        args.json.write_text(json.dumps({"machine": facts, "settings": settings, "tolerance": TOLERANCE, "legend": legend,
                                          "accuracy": accuracy, "models": models, "speed": speed}, indent=1))
 
 

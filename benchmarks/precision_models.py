@@ -32,6 +32,7 @@ random token ids; seed 3; the same inputs for all three engines):
 from __future__ import annotations
 
 import importlib.util
+import logging
 import runpy
 import warnings
 from pathlib import Path
@@ -162,13 +163,13 @@ def _deepgen_int8(model_def, options: dict, desc: dict, calibration: list, out: 
 
 
 def _kernels(desc: dict) -> dict:
-    """build_info()'s *_kernel entries of the bf16 and int8 modules (bf16_kernel; int8_kernel where reported)."""
+    """Each module's build_info() *_kernel entries: {precision: {"gemm_kernel": ..., "bf16_kernel": ...}}
+    (int8 projects report int8_kernel where the generator has it)."""
     found = {}
-    for precision in ("bf16", "int8"):
-        b = desc["builds"][precision]
+    for precision, b in desc["builds"].items():
         info = getattr(import_module(b["name"], b["build"]), "build_info", None)
         info = dict(info() if callable(info) else info or {})
-        found.update({k: str(v) for k, v in info.items() if k.endswith("_kernel")})
+        found[precision] = {k: str(v) for k, v in sorted(info.items()) if k.endswith("_kernel")}
     return found
 
 
@@ -199,6 +200,7 @@ def _ort_int8(desc: dict, calibration: list, folder: Path) -> str:
     names = desc["torch_args"]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
+        logging.disable(logging.WARNING)  # its advice to pre-process the graph first
         if desc["family"] == "image":
 
             class Reader(CalibrationDataReader):
@@ -212,12 +214,11 @@ def _ort_int8(desc: dict, calibration: list, folder: Path) -> str:
                             activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
         else:
             quantize_dynamic(desc["onnx"], str(out), per_channel=True, weight_type=QuantType.QInt8)
+        logging.disable(logging.NOTSET)
     return str(out)
 
 
 def _ov_int8(desc: dict, calibration: list, folder: Path) -> str:
-    import logging
-
     import nncf
     import openvino as ov
 
