@@ -264,6 +264,10 @@ def speed_table(args, cache: Path) -> tuple:
     checked, misses = target_misses(records)
     print(f"\n#41 targets: {checked - len(misses)} of {checked} checks met"
           + ("; missed:\n  " + "\n  ".join(misses) if misses else ""))
+    untimed = [f"{r['model']} b{r['batch']} {r['threads']}thr {r['peer']}" + (f" (differs: {r['error']:.2e})"
+               if r.get("error") else "") for r in records if "median_ms" not in r]
+    if untimed:
+        print("not timed (so not checked): " + ", ".join(untimed))
     return models, records
 
 
