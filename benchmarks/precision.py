@@ -16,7 +16,7 @@ Speed: the MLP, the TreeLSTM level cell, torchvision's ResNet-18 and ResNet-50 a
 encoder (benchmarks/precision_models.py says how each is built, weighted, quantized and
 exported) at batch 1 and 64, 1 and 2 threads (--models, --batches, --threads pick others).
 Images are 224x224 (the deployment size; --image, 64 with --quick). Peers, all on the same
-weights:
+weights (benchmarks/precision_peers.py says how each one runs):
   dg_fp32 / dg_bf16 / dg_int8   the generated modules (`--precision bf16`, `int8` with
                                 `deepgen quantize`'s scales), set_num_threads(n)
   ov_bf16    OpenVINO on the ONNX graph, INFERENCE_PRECISION_HINT bf16, static shapes
@@ -44,89 +44,15 @@ import statistics
 import time
 from pathlib import Path
 
-from _common import ROOT, WAITED_NOTE, import_module, machine_facts, measure, pooled_rows, quiet_blas, run_rounds, set_threads
+from _common import ROOT, WAITED_NOTE, machine_facts, measure, pooled_rows, quiet_blas, run_rounds
 from precision_accuracy import accuracy_table
-from precision_models import MODELS, installed, prepare
+from precision_models import MODELS, prepare
+from precision_peers import FACTORIES, PRECISION, peers_of
 
-PEERS = ("dg_fp32", "dg_bf16", "dg_int8", "ov_bf16", "ov_int8", "ort_int8")
-PRECISION = {"dg_fp32": "fp32", "dg_bf16": "bf16", "dg_int8": "int8", "ov_bf16": "bf16", "ov_int8": "int8",
-             "ort_int8": "int8"}
 TOLERANCE = {"fp32": 1e-4, "bf16": 5e-2, "int8": 1e-1}
 SAME = {"ov_bf16": "dg_bf16", "ov_int8": "dg_int8", "ort_int8": "dg_int8"}  # peer -> ours at its precision
 TARGET = {"dg_bf16": 1.8, "dg_int8": 2.5}  # x our fp32 at batch >= 32; 1.4 at batch 1; SAME >= 1.0
 TARGET_ONE, LARGE = 1.4, 32
-
-
-# ----------------------------------------------------------------------------
-# Peers: factory(desc, peer, threads) -> for_batch(n) -> (call(feeds), output(result) as numpy)
-# ----------------------------------------------------------------------------
-
-
-def deepgen_peer(desc: dict, peer: str, threads: int):
-    import numpy as np
-
-    from real_models import load_weights
-
-    precision = PRECISION[peer]
-    b = desc["builds"][precision]
-    module = import_module(b["name"], b["build"])
-    set_threads(module, threads)
-    net = module.Model(seed=0)
-    if precision == "int8":
-        net.load(desc["int8_weights"])
-    else:
-        load_weights(net, desc["weights"])
-    if hasattr(net, "eval"):
-        net.eval()
-    name = desc["dg_output"]
-    return lambda n: ((lambda feeds: net.forward(**feeds)), (lambda result: np.asarray(result[name])))
-
-
-def ort_peer(desc: dict, peer: str, threads: int):
-    import numpy as np
-    import onnxruntime as ort
-
-    opts = ort.SessionOptions()
-    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-    opts.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    opts.intra_op_num_threads, opts.inter_op_num_threads = threads, 1
-    session = ort.InferenceSession(desc["ort_int8"], opts, providers=["CPUExecutionProvider"])
-    names = desc["torch_args"]
-    call = lambda feeds: session.run(None, {k: feeds[k] for k in names})  # noqa: E731
-    return lambda n: (call, lambda result: np.asarray(result[0]))
-
-
-def ov_peer(desc: dict, peer: str, threads: int):
-    """A model compiled per batch (static shapes: OpenVINO's best case), one infer request."""
-    import numpy as np
-    import openvino as ov
-
-    core, names = ov.Core(), desc["torch_args"]
-    path = desc["onnx"] if peer == "ov_bf16" else desc["ov_int8"]
-    config = {"INFERENCE_PRECISION_HINT": "bf16" if peer == "ov_bf16" else "f32", "INFERENCE_NUM_THREADS": threads,
-              "PERFORMANCE_HINT": "LATENCY"}
-
-    def for_batch(n):
-        net = core.read_model(path)
-        net.reshape({p.get_any_name(): [n] + [d.get_length() for d in list(p.get_partial_shape())[1:]]
-                     for p in net.inputs})
-        compiled = core.compile_model(net, "CPU", config)
-        request, port = compiled.create_infer_request(), compiled.outputs[0]
-        call = lambda feeds: request.infer({k: feeds[k] for k in names}, share_inputs=True)  # noqa: E731
-        return call, lambda result: np.array(result[port])
-
-    return for_batch
-
-
-FACTORIES = {"dg": deepgen_peer, "ort": ort_peer, "ov": ov_peer}
-
-
-def peers_of(desc: dict) -> list:
-    """The peers that can run model `desc` here."""
-    have = {"dg_fp32": True, "dg_bf16": True, "dg_int8": desc.get("int8_weights") is not None,
-            "ov_bf16": installed("openvino"), "ov_int8": desc.get("ov_int8") is not None,
-            "ort_int8": installed("onnxruntime")}
-    return [p for p in PEERS if have[p]]
 
 
 def child(config: dict) -> None:
@@ -180,11 +106,14 @@ def speed_model(key: str, args, cache: Path) -> tuple:
     config = {"model": desc, "batches": args.batches, "seconds": 0.3 if args.quick else 1.0,
               "min_reps": 3 if args.quick else 5}
     results = run_rounds(Path(__file__), config, args.rounds, args.threads, peers, key)
-    pooled, cpu, medians, rows = pooled_rows(results)
-    errors = {}
+    pooled, cpu, medians, _ = pooled_rows(results)
+    errors, agreement = {}, {}  # untimed cells' errors; the largest error of each timed cell over its rounds
     for res in results:
         for n, err in res["errors"].items():
             errors[(int(n), res["threads"], res["peer"])] = err
+        for r in res["rows"]:
+            at = (r["batch"], res["threads"], res["peer"])
+            agreement[at] = max(agreement.get(at, 0.0), r["rel_err"])
     records = []
     for n in args.batches:
         for threads in args.threads:
@@ -199,7 +128,7 @@ def speed_model(key: str, args, cache: Path) -> tuple:
                 ours = medians.get((n, threads, SAME.get(peer, peer)))
                 rec.update(median_ms=round(medians[key_], 4), min_ms=round(min(pooled[key_]), 4),
                            reps=len(pooled[key_]), cpu_per_wall=round(statistics.mean(cpu[key_]), 3),
-                           rel_err=rows[(n, peer)]["rel_err"],
+                           rel_err=agreement[key_],
                            x_fp32=round(fp32 / medians[key_], 3) if fp32 else None,
                            vs_ours=round(medians[key_] / ours, 3) if peer in SAME and ours else None)
                 records.append(rec)
@@ -282,6 +211,15 @@ def print_accuracy(rows: list) -> None:
         print(f"{row['model']:>20} {row['precision']:>9} {accuracy:>9} {relative:>8} {row['agreement']:16.4f}")
 
 
+def _version(package: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return "not installed"
+
+
 def _ints(text: str) -> list:
     return [int(v) for v in text.split(",") if v]
 
@@ -311,8 +249,9 @@ def main() -> None:
     cache = ROOT / "build" / "bench" / "precision"
     cache.mkdir(parents=True, exist_ok=True)
     facts = machine_facts()
+    facts["engines"] = {p: _version(p) for p in ("onnxruntime", "openvino", "nncf")}
     print(f"machine: {facts.get('cpu')}, {facts.get('cores')} cores ({', '.join(facts.get('cpu_isa') or [])}); "
-          f"git {facts.get('git')}")
+          f"git {facts.get('git')}; " + ", ".join(f"{k} {v}" for k, v in facts["engines"].items()))
     accuracy = [] if args.speed_only else accuracy_table(cache)
     if accuracy:
         print_accuracy(accuracy)
