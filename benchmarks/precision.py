@@ -37,6 +37,9 @@ columns = the other engine's median / ours at the same precision (> 1: we are fa
 Targets (#41), checked and listed at the end: dg_bf16 >= 1.8x and dg_int8 >= 2.5x our fp32 at
 batch >= 32, both >= 1.4x at batch 1; every "vs" >= 1.0. A 2-thread cell whose median is over
 twice the peer's 1-thread one is marked * (its threads waited for a core another process held).
+Each model's table names the kernels its deepgen modules were compiled for (build_info():
+gemm_kernel, bf16_kernel, int8_kernel: amx, avx512_vnni, avx_vnni, avx2 or portable); DG_AMX=0
+in the environment turns the AMX tiles off.
 
 Run time (2-core AVX-512 + AMX VM shared with two other developers' builds, so loaded; builds
 cached; --quick --speed-only --models M): mlp 17-50 s, level_cell 17 s, resnet18 100 s,
