@@ -110,7 +110,7 @@ def speed_model(key: str, args, cache: Path) -> tuple:
     t0 = time.perf_counter()
     desc = prepare(key, cache, args.image, args.batches)
     summary = {k: desc.get(k) for k in ("status", "size", "family", "options", "calibration", "kernels",
-                                        "ov_int8_status", "builds")}
+                                        "ov_int8_status", "builds", "build_errors")}
     if desc["status"] != "ok":
         print(f"\n{key}: not timed: {desc['status']}")
         return summary, []
@@ -154,7 +154,8 @@ def print_speed(key: str, desc: dict, peers: list, records: list, args) -> None:
                         for p, ks in (desc.get("kernels") or {}).items())
     size = f", {desc['size']}" if desc.get("size") else ""
     print(f"\n{key}{size}: median ms per call, (x) = our fp32 / peer; vs = peer / ours at its precision. "
-          f"deepgen kernels (build_info): {kernels}" + (f"; ov_int8: {desc['ov_int8_status']}" if desc.get("ov_int8_status") else ""))
+          f"deepgen kernels (build_info): {kernels}" + (f"; ov_int8: {desc['ov_int8_status']}" if desc.get("ov_int8_status") else "")
+          + "".join(f"; dg_{p} not built: {e}" for p, e in (desc.get("build_errors") or {}).items()))
     others = [p for p in peers if p in SAME]
     print(f"{'batch':>5} {'thr':>3} | " + " ".join(f"{p:>17}" for p in peers) + " | "
           + " ".join(f"{p + ' vs':>11}" for p in others))

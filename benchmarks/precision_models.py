@@ -59,14 +59,26 @@ def prepare(key: str, cache: Path, image: int, batches) -> dict:
     if desc["status"] != "ok":
         return desc
     options = desc.get("options") or {}
+    desc["build_errors"] = {}
     for precision in ("bf16", "int8"):
-        info = build_module(model_def, name=f"{desc['build_name']}_{precision}", cache=cache, precision=precision,
-                            **options)
+        try:
+            info = build_module(model_def, name=f"{desc['build_name']}_{precision}", cache=cache,
+                                precision=precision, **options)
+        except BaseException as e:  # a failed generation or compile: that column is left out, the run goes on
+            if isinstance(e, KeyboardInterrupt):
+                raise
+            lines = str(e).strip().splitlines() or [""]  # a compile's first error, else the message's first line
+            first = next((line for line in lines if "error:" in line), lines[0])
+            desc["build_errors"][precision] = f"{type(e).__name__}: {' '.join(first.split())[:240]}"
+            print(f"  {key} {precision}: not built ({desc['build_errors'][precision]}); its column is left out")
+            continue
         desc["builds"][precision] = {"name": info["name"], "build": info["build"]}
     folder = Path(desc["folder"])
     calibration = _calibration(desc)
     desc["calibration"] = len(calibration)
-    desc["int8_weights"] = _deepgen_int8(model_def, options, desc, calibration, folder / "deepgen_int8.npz")
+    desc["int8_weights"] = None
+    if "int8" in desc["builds"]:
+        desc["int8_weights"] = _deepgen_int8(model_def, options, desc, calibration, folder / "deepgen_int8.npz")
     desc["kernels"] = _kernels(desc)
     desc["reference"] = _reference(desc, folder, batches)
     desc["ort_int8"] = _ort_int8(desc, calibration, folder)

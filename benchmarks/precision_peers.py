@@ -86,7 +86,7 @@ FACTORIES = {"dg": deepgen_peer, "ort": ort_peer, "ov": ov_peer}
 
 def peers_of(desc: dict) -> list:
     """The peers that can run model `desc` here."""
-    have = {"dg_fp32": True, "dg_bf16": True, "dg_int8": desc.get("int8_weights") is not None,
+    have = {"dg_fp32": True, "dg_bf16": "bf16" in desc["builds"], "dg_int8": desc.get("int8_weights") is not None,
             "ov_bf16": installed("openvino"), "ov_int8": desc.get("ov_int8") is not None,
             "ort_int8": installed("onnxruntime")}
     return [p for p in PEERS if have[p]]
