@@ -153,19 +153,9 @@ inline void conv2d_batch_norm_bf16(const float* x, const KeptBf16Weight& w, cons
                                    const float* residual, float* y, float* mean, float* invstd, float* ws,
                                    const Conv2dGeom& g, float eps, float momentum, bool relu,
                                    const Mode& mode, const char* what) {
-  const int64_t OHW = g.OH * g.OW;
-  if (mode.training) {
-    conv2d_bf16(x, w, b, y, ws, g);
-    batch_norm(y, bn_w, bn_b, running_mean, running_var, y, mean, invstd, g.N, g.O, OHW, eps, momentum, mode,
-               what);
-    conv_detail::add_relu(y, residual, g.N * g.O * OHW, relu);
-    return;
-  }
-  batch_norm_eval_statistics(running_mean, running_var, mean, invstd, g.O, eps);
-  bf16_detail::conv2d_bf16_with(x, w, b, y, ws, g, [=](int64_t o, float* c, int64_t n) {
-    modes_detail::normalize_values(c, c, n, mean[o], invstd[o] * bn_w[o], bn_b[o]);
-    conv_detail::add_relu(c, residual != nullptr ? residual + (c - y) : nullptr, n, relu);
-  });
+  conv_detail::batch_norm_after(
+      [&](const auto& epi) { bf16_detail::conv2d_bf16_with(x, w, b, y, ws, g, epi); }, bn_w, bn_b,
+      running_mean, running_var, residual, y, mean, invstd, g, eps, momentum, relu, mode, what);
 }
 
 }  // namespace dg

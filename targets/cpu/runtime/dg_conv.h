@@ -834,6 +834,34 @@ inline void add_relu(float* v, const float* r, int64_t n, bool relu) {
 
 }  // namespace conv_detail
 
+namespace conv_detail {
+
+// conv2d_batch_norm's batch norm, residual and relu after (training) or inside
+// (evaluation, as its channel epilogue) the convolution `run(epi)` writes into y
+// with the channel epilogue epi (see conv2d_with); the bf16 convolutions share it
+// (dg_bf16_conv.h).
+template <class Run>
+void batch_norm_after(const Run& run, const float* bn_w, const float* bn_b, float* running_mean,
+                      float* running_var, const float* residual, float* y, float* mean, float* invstd,
+                      const Conv2dGeom& g, float eps, float momentum, bool relu, const Mode& mode,
+                      const char* what) {
+  const int64_t OHW = g.OH * g.OW;
+  if (mode.training) {
+    run(NoChannelEpilogue());
+    batch_norm(y, bn_w, bn_b, running_mean, running_var, y, mean, invstd, g.N, g.O, OHW, eps, momentum, mode,
+               what);
+    add_relu(y, residual, g.N * g.O * OHW, relu);
+    return;
+  }
+  batch_norm_eval_statistics(running_mean, running_var, mean, invstd, g.O, eps);
+  run([=](int64_t o, float* c, int64_t n) {
+    modes_detail::normalize_values(c, c, n, mean[o], invstd[o] * bn_w[o], bn_b[o]);
+    add_relu(c, residual != nullptr ? residual + (c - y) : nullptr, n, relu);
+  });
+}
+
+}  // namespace conv_detail
+
 // y = batch_norm(conv2d(x, w, b)) with batch norm's weight bn_w, bias bn_b and
 // running statistics, as dg::batch_norm (dg_modes.h) computes it on conv2d's
 // output; mean and invstd are written as it writes them.  Then, as the
@@ -851,19 +879,9 @@ void conv2d_batch_norm(const float* x, const W& w, const float* b, const float* 
                        float* running_mean, float* running_var, const float* residual, float* y, float* mean,
                        float* invstd, float* ws, const Conv2dGeom& g, float eps, float momentum, bool relu,
                        const Mode& mode, const char* what) {
-  const int64_t OHW = g.OH * g.OW;
-  if (mode.training) {
-    conv2d(x, w, b, y, ws, g);
-    batch_norm(y, bn_w, bn_b, running_mean, running_var, y, mean, invstd, g.N, g.O, OHW, eps, momentum, mode,
-               what);
-    conv_detail::add_relu(y, residual, g.N * g.O * OHW, relu);
-    return;
-  }
-  batch_norm_eval_statistics(running_mean, running_var, mean, invstd, g.O, eps);
-  conv_detail::conv2d_with(x, w, b, y, ws, g, [=](int64_t o, float* c, int64_t n) {
-    modes_detail::normalize_values(c, c, n, mean[o], invstd[o] * bn_w[o], bn_b[o]);
-    conv_detail::add_relu(c, residual != nullptr ? residual + (c - y) : nullptr, n, relu);
-  });
+  conv_detail::batch_norm_after([&](const auto& epi) { conv_detail::conv2d_with(x, w, b, y, ws, g, epi); },
+                                bn_w, bn_b, running_mean, running_var, residual, y, mean, invstd, g, eps,
+                                momentum, relu, mode, what);
 }
 
 // dx[N,C,H,W] = the gradient of conv2d with respect to x, given dy[N,O,OH,OW];
