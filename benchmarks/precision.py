@@ -44,8 +44,9 @@ in the environment turns the AMX tiles off.
 Run time (2-core AVX-512 + AMX VM shared with two other developers' builds, so loaded; builds
 cached; --quick --speed-only --models M): mlp 17-54 s, level_cell 17-36 s, resnet18 39-100 s,
 resnet50 145-190 s, bert_encoder 97-135 s. A model's first run also builds its three modules (20-60 s
-each). The full run (224x224, 3 rounds; a batch-64 ResNet-50 call takes seconds) is longer:
-not yet timed on an idle machine.
+each). All five models, --quick --speed-only --threads 1, idle, the builds cached but int8's
+convolution modules rebuilt: 6.2 min. The full run (224x224, 3 rounds; a batch-64 ResNet-50
+call takes seconds) is longer: not yet timed on an idle machine.
 """
 
 from __future__ import annotations
