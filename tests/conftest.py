@@ -3,6 +3,7 @@ build across sessions when the generated sources are byte-identical)."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import importlib
 import os
@@ -164,6 +165,41 @@ def child_env(**extra) -> dict:
     env = {k: v for k, v in os.environ.items() if k != "PYTEST_ADDOPTS"}
     env.update(extra)
     return env
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_flags() -> frozenset:
+    """This CPU's feature flags (/proc/cpuinfo); empty where there is none (not Linux),
+    which skips the builds and paths that need one."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return frozenset(line.split(":", 1)[1].split())
+    return frozenset()
+
+
+def build_runtime_drivers(folder: Path, source: str, builds: dict) -> dict:
+    """{name: executable} of tests/<source>.cpp compiled against the CPU runtime once per
+    entry of `builds` ({name: extra g++ flags}), two at a time, warnings refused."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    cxx = shutil.which("g++")
+    if cxx is None:
+        pytest.skip("g++ not found")
+
+    def build(name):
+        exe = folder / f"{source}_{name}"
+        cmd = [cxx, "-std=c++17", "-O2", "-fopenmp", "-Wall", "-Wextra", *builds[name], "-I",
+               str(ROOT / "targets" / "cpu" / "runtime"), str(ROOT / "tests" / f"{source}.cpp"), "-o", str(exe)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        assert proc.returncode == 0 and "warning" not in proc.stderr, proc.stderr
+        return name, exe
+
+    with ThreadPoolExecutor(2) as pool:
+        return dict(pool.map(build, builds))
 
 
 def load_example(name: str):

@@ -9,23 +9,15 @@ from one another only in the order of their additions, which the tolerance bound
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
-from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+from conftest import build_runtime_drivers, cpu_flags
 from generator.ops.precision import round_to_bf16
 
-ROOT = Path(__file__).resolve().parent.parent
-FLAGS = set()
-if Path("/proc/cpuinfo").exists():
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("flags"):
-            FLAGS = set(line.split(":", 1)[1].split())
-            break
+FLAGS = cpu_flags()
 
 # (M, K, N, stored [N, K]): one row; K not a whole pair, tile (32) or group; N not a
 # whole panel (16); rows below, at and past a tile's 16 and a block's 32
@@ -44,25 +36,11 @@ def conv_drivers(tmp_path_factory):
 
 
 def _build(tmp_path_factory, source: str) -> dict:
-    cxx = shutil.which("g++")
-    if cxx is None:
-        pytest.skip("g++ not found")
-    folder = tmp_path_factory.mktemp(source)
     # native: the bf16 instructions where the CPU has them; float32: the same CPU told it
     # has none (what an AVX2-only or older CPU runs)
-    builds = {"native": ["-march=native"],
-              "float32": ["-march=native", "-mno-avx512bf16", "-mno-amx-bf16", "-mno-amx-int8", "-mno-amx-tile"]}
-
-    def build(name):
-        exe = folder / f"{source}_{name}"
-        cmd = [cxx, "-std=c++17", "-O2", "-fopenmp", "-Wall", "-Wextra", *builds[name], "-I",
-               str(ROOT / "targets" / "cpu" / "runtime"), str(ROOT / "tests" / f"{source}.cpp"), "-o", str(exe)]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        assert proc.returncode == 0 and "warning" not in proc.stderr, proc.stderr
-        return name, exe
-
-    with ThreadPoolExecutor(2) as pool:
-        return dict(pool.map(build, builds))
+    return build_runtime_drivers(tmp_path_factory.mktemp(source), source, {
+        "native": ["-march=native"],
+        "float32": ["-march=native", "-mno-avx512bf16", "-mno-amx-bf16", "-mno-amx-int8", "-mno-amx-tile"]})
 
 
 def _paths() -> list:

@@ -21,6 +21,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import cpu_flags
+
 torch = pytest.importorskip("torch")
 F = torch.nn.functional
 
@@ -31,21 +33,10 @@ CXX_FLAGS = ["-std=c++17", "-O2", "-fopenmp", "-Wall", "-Wextra"]
 GUARD_EXIT = 4  # the driver's exit status for a write past the workspace
 
 
-def _cpu_flags() -> set[str]:
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return set()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
-    return set()
-
-
 def _builds() -> dict[str, list[str]]:
     """Build name -> its ISA flags: native, plus AVX2-only on an AVX-512 machine."""
     builds = {"native": ["-march=native"]}
-    flags = _cpu_flags()
+    flags = cpu_flags()
     if "avx512f" in flags and {"avx2", "fma"} <= flags:
         builds["avx2"] = ["-march=native", "-mno-avx512f", "-mavx2", "-mfma"]
     return builds

@@ -13,7 +13,7 @@ import pytest
 import sympy
 
 import generator as dg
-from conftest import CHECK_BUILD_FLAGS, ROOT, child_env, held_out_agreement, load_example
+from conftest import CHECK_BUILD_FLAGS, ROOT, build_runtime_drivers, child_env, cpu_flags, held_out_agreement, load_example
 from generator.errors import DeepgenError
 from generator.ops.quantize import MAX_K, matmul_int8, quantize, weight_scales
 from generator.pipeline import lowered, prepare
@@ -279,18 +279,6 @@ def test_int8_leaves_attention_and_cells_in_float32():
         project_files(graph, "cuda")
 
 
-def _cpu_flags() -> set:
-    """This CPU's feature flags (/proc/cpuinfo); empty where there is none (not Linux)."""
-    try:
-        text = open("/proc/cpuinfo").read()
-    except OSError:
-        return set()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
-    return set()
-
-
 # The drivers built: {name: (g++ flags, the /proc/cpuinfo flags it needs, the kernel it runs)}.
 # Each kernel of dg_int8.h gets its own build where this CPU can run it. x86-64-v4 is
 # AVX-512 F/BW/CD/DQ/VL (and AVX2, FMA, BMI, ...): with -mavx512vnni, the zmm VNNI kernel
@@ -307,30 +295,14 @@ INT8_DRIVERS = {
 
 
 def _int8_drivers(tmp_path) -> dict:
-    """{name: (driver, the kernel it reports)} for each of INT8_DRIVERS this CPU can run."""
+    """{name: driver} for each of INT8_DRIVERS this CPU can run."""
     import platform
-    import shutil
-    import subprocess
-    from concurrent.futures import ThreadPoolExecutor
 
-    cxx = shutil.which("g++")
-    if cxx is None:
-        pytest.skip("g++ not found")
     if platform.machine() not in ("x86_64", "AMD64"):
         pytest.skip("the int8 drivers are built for x86-64")
-    flags = _cpu_flags()
-    builds = {name: spec for name, spec in INT8_DRIVERS.items() if spec[1] <= flags}
-
-    def build(name):
-        exe = tmp_path / f"int8_driver_{name}"
-        cmd = [cxx, "-std=c++17", "-O2", "-fopenmp", "-Wall", "-Wextra", *builds[name][0], "-I",
-               str(ROOT / "targets" / "cpu" / "runtime"), str(ROOT / "tests" / "int8_driver.cpp"), "-o", str(exe)]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
-        assert proc.returncode == 0 and "warning" not in proc.stderr, proc.stderr
-        return name, exe
-
-    with ThreadPoolExecutor(2) as pool:
-        return dict(pool.map(build, builds))
+    flags = cpu_flags()
+    return build_runtime_drivers(tmp_path, "int8_driver",
+                                 {name: spec[0] for name, spec in INT8_DRIVERS.items() if spec[1] <= flags})
 
 
 def test_runtime_int8_equals_reference_portable_and_avx2(tmp_path):

@@ -9,7 +9,7 @@ import pytest
 import sympy
 
 import generator as dg
-from conftest import held_out_agreement, load_example
+from conftest import cpu_flags, held_out_agreement, load_example
 from generator.errors import DeepgenError
 from generator.ops.precision import round_to_bf16
 from generator.pipeline import lowered, prepare
@@ -101,14 +101,6 @@ def test_generated_rounding_on_edge_values(rounding_module):
     _same_bits(model.forward(x=x)["y"], round_to_bf16(x).view(np.uint32), "generated random")
 
 
-def _cpu_flags() -> set:
-    from pathlib import Path
-
-    info = Path("/proc/cpuinfo")
-    lines = info.read_text().splitlines() if info.exists() else []
-    return next((set(line.split(":", 1)[1].split()) for line in lines if line.startswith("flags")), set())
-
-
 def _error(got, want) -> float:
     """The largest difference relative to the largest magnitude of `want`."""
     return float(np.abs(np.asarray(got, np.float64) - want).max() / np.abs(want).max())
@@ -171,7 +163,7 @@ def test_bf16_weights_are_rounded_once_by_their_packing(builds):
     assert "dg::KeptBf16Weight h1_w_bf16_packed{_version, h1_w, /*tb=*/false, /*K=*/784, /*N=*/512};" in header
     # the products' path (tests/test_bf16_kernels.py runs each): bf16 instructions where the CPU has them
     kernel = module.build_info()["bf16_kernel"]
-    flags = _cpu_flags()
+    flags = cpu_flags()
     assert kernel in ({"amx", "avx512_bf16"} if "amx_bf16" in flags else {"avx512_bf16"} if "avx512_bf16" in flags
                       else {"float32"}), kernel
     params = reference.init_params(graph, seed=3)

@@ -8,7 +8,6 @@ compares against numpy (for the ops) or against generator/reference/rng.py bit f
 
 from __future__ import annotations
 
-import functools
 import itertools
 import platform
 import shutil
@@ -24,6 +23,7 @@ RUNTIME_DIR = ROOT / "targets" / "cpu" / "runtime"
 DRIVER_SRC = Path(__file__).resolve().parent / "runtime_driver.cpp"
 
 sys.path.insert(0, str(ROOT))
+from conftest import cpu_flags  # noqa: E402
 from generator.reference import rng  # noqa: E402
 
 CXX_FLAGS = ["-std=c++17", "-O2", "-Wall", "-Wextra"]
@@ -399,19 +399,6 @@ GEMM_BUILDS = {
     "avx2": ["-mavx2", "-mfma", "-fopenmp"],
     "avx512": ["-mavx512f", "-mavx512vl", "-mavx512bw", "-mavx512dq", "-mfma", "-fopenmp"],
 }
-
-
-@functools.lru_cache(maxsize=None)
-def cpu_flags() -> frozenset[str]:
-    """The CPU's feature flags (Linux; empty elsewhere, which skips the AVX2 runs)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return frozenset()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return frozenset(line.split(":", 1)[1].split())
-    return frozenset()
 
 
 @pytest.fixture(scope="session")
