@@ -274,7 +274,7 @@ class LowerCtx:
         that reads it (KeptPacking.calls: dg::matmul_bf16 for a dg::KeptBf16Weight)."""
         key = (id(b), tb)
         kept = self.kept.get(key) if self.loop is None or key not in self.loop.packed else None
-        if kept is None or not getattr(kept, "kept_as", ""):
+        if kept is None or not kept.kept_as:
             return fn
         if fn not in kept.calls:
             raise NotImplementedError(f"{fn} cannot read {kept.member} ({kept.kept_as}): no such call in the runtime")

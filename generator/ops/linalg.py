@@ -53,8 +53,8 @@ def _call_on(ctx, fn: str, a, b) -> str:
     and the target's runtime has it (Target.bf16_products), that one."""
     if not ctx.target.bf16_products:
         return fn
-    ops = {get_op(v.producer.op).name if v.producer is not None else "" for v in (a, b)}
-    op = get_op(ops.pop()) if len(ops) == 1 and "" not in ops else None
+    made_by = {v.producer.op if v.producer is not None else None for v in (a, b)}
+    op = get_op(made_by.pop()) if len(made_by) == 1 and None not in made_by else None
     return op.kept_as[1].get(fn, fn) if op is not None and op.kept_as else fn
 
 
