@@ -54,7 +54,7 @@ int main(int argc, char** argv) {
   } else {
     dg::conv2d_bf16(x.data(), kept, b.data(), y.data(), ws.data(), g);
   }
-  std::printf("%s\n", dg::bf16_kernel(g.O));
+  std::printf("%s\n", dg::conv2d_bf16_kernel(g));
   std::fflush(stdout);
   std::fwrite(y.data(), sizeof(float), y.size(), stdout);
   return 0;

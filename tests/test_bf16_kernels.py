@@ -89,7 +89,10 @@ def test_bf16_products_equal_float64_products_of_the_bf16_values(drivers, driver
 # outputs; a 1x1 of stride 1 (the input is the column matrix); a 1x1 of stride 2;
 # dilation; images several to a product and over kBf16ConvColumnBytes (two products)
 CONVS = [(1, 3, 9, 9, 5, 3, 3, 1, 1, 1), (2, 4, 8, 8, 33, 3, 3, 2, 1, 1), (3, 16, 5, 7, 16, 1, 1, 1, 0, 1),
-         (2, 8, 6, 6, 20, 1, 1, 2, 0, 1), (5, 7, 4, 4, 12, 3, 3, 1, 2, 2), (4, 64, 32, 32, 8, 3, 3, 1, 1, 1)]
+         (2, 8, 6, 6, 20, 1, 1, 2, 0, 1), (5, 7, 4, 4, 12, 3, 3, 1, 2, 2), (4, 64, 32, 32, 8, 3, 3, 1, 1, 1),
+         # channels in whole 16s: the channels-last path (positions are the product's rows)
+         (1, 32, 4, 4, 40, 3, 3, 2, 1, 1), (2, 16, 3, 3, 17, 3, 3, 1, 1, 1), (1, 48, 5, 5, 16, 3, 3, 2, 2, 2),
+         (1, 16, 1, 2, 8, 1, 1, 1, 0, 1), (3, 32, 8, 8, 64, 1, 1, 2, 0, 1)]
 
 
 def _conv64(x, w, stride, pad, dil):
@@ -148,7 +151,8 @@ def test_bf16_convolutions_equal_float64_convolutions_of_the_bf16_values(conv_dr
                                       timeout=120, env=dict(env, OMP_NUM_THREADS=str(threads)))
                 assert proc.returncode == 0, proc.stderr.decode()
                 name, _, data = proc.stdout.partition(b"\n")
-                assert name.decode() == (kernel if o >= 3 or kernel != "amx" else "avx512_bf16"), (case, name)
+                rows = n * oh * ow if c % 16 == 0 else o  # the product's rows (conv2d_bf16_kernel)
+                assert name.decode() == (kernel if rows >= 3 or kernel != "amx" else "avx512_bf16"), (case, name)
                 got = np.frombuffer(data, np.float32).reshape(want[bn].shape).astype(np.float64)
                 what = f"{driver} DG_AMX={amx} {threads} threads, conv {case} bn={bn}"
                 assert (np.abs(got - want[bn]) <= bounds[bn]).all(), (what, np.abs(got - want[bn]).max())

@@ -559,6 +559,21 @@ class KeptBf16Weight {
     }
     return rows_;
   }
+  // The weight [N, K] of a convolution with `taps` kernel positions (stored [O,
+  // C, KH, KW]) as the right operand of its channels-last product
+  // (dg_bf16_conv.h): op(W) [K, N] with k in [tap][channel] order, packed as
+  // use()'s is and kept as it is.
+  std::shared_ptr<const Bf16PackedB> use_taps(int64_t taps) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const uint64_t now = version_.current();
+    if (!version_.watched()) return make_taps(taps);
+    if (!taps_ || taps_version_ != now || taps_from_ != weight_.ptr()) {
+      taps_ = make_taps(taps);
+      taps_version_ = now;
+      taps_from_ = weight_.ptr();
+    }
+    return taps_;
+  }
   // The float32 packing of the rounded weight, and the weight rounded as stored
   // (CPUs without bf16 products).
   const KeptPackedB& float32() const { return float32_; }
@@ -571,7 +586,8 @@ class KeptBf16Weight {
   // Bytes the kept packing holds (0 before the first product and after release()).
   int64_t bytes() const {
     std::lock_guard<std::mutex> lock(mutex_);
-    return (kept_ ? kept_->bytes() : 0) + (rows_ ? rows_->bytes() : 0) + float32_.bytes();
+    return (kept_ ? kept_->bytes() : 0) + (rows_ ? rows_->bytes() : 0) + (taps_ ? taps_->bytes() : 0) +
+           float32_.bytes();
   }
   // Frees the packing (the next product makes it again); a call still reading it
   // keeps it alive until it is done.
@@ -579,6 +595,7 @@ class KeptBf16Weight {
     std::lock_guard<std::mutex> lock(mutex_);
     kept_.reset();
     rows_.reset();
+    taps_.reset();
     float32_.release();
   }
 
@@ -588,6 +605,21 @@ class KeptBf16Weight {
     return std::make_shared<const Bf16PackedB>(bf16_detail::pack_weight(weight_.ptr(), tb_, K_, N_));
 #else
     return std::make_shared<const Bf16PackedB>(weight_.ptr(), tb_, K_, N_);
+#endif
+  }
+
+  std::shared_ptr<const Bf16PackedB> make_taps(int64_t taps) const {
+    const int64_t C = K_ / taps;
+    std::vector<float> b(static_cast<size_t>(K_ * N_));  // b[t*C + c][o] = w[o][c][t]
+    const float* w = weight_.ptr();
+    for (int64_t o = 0; o < N_; ++o)
+      for (int64_t c = 0; c < C; ++c)
+        for (int64_t t = 0; t < taps; ++t)
+          b[static_cast<size_t>((t * C + c) * N_ + o)] = w[(o * C + c) * taps + t];
+#if DG_BF16_PRODUCTS
+    return std::make_shared<const Bf16PackedB>(bf16_detail::pack_b(b.data(), K_, N_));
+#else
+    return std::make_shared<const Bf16PackedB>(b.data(), false, K_, N_);
 #endif
   }
 
@@ -603,6 +635,9 @@ class KeptBf16Weight {
   mutable std::shared_ptr<const Bf16Rows> rows_;
   mutable uint64_t rows_version_ = 0;
   mutable const float* rows_from_ = nullptr;
+  mutable std::shared_ptr<const Bf16PackedB> taps_;
+  mutable uint64_t taps_version_ = 0;
+  mutable const float* taps_from_ = nullptr;
 };
 
 // c[M,N] = a[M,K] @ op(W) for the kept bf16 weight W (stored [K, N], or [N, K]:
