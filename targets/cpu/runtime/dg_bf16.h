@@ -135,26 +135,6 @@ inline int64_t bf16_tiled_at(int64_t width, int64_t r, int64_t k) {
          k % kBf16TileK;
 }
 
-// A matrix as the left operand of bf16_products reads it: M rows of
-// bf16_row_width values (k padded with zeros to whole tiles), zero rows up to
-// whole tiles, laid out tile by tile (bf16_tiled_at). w stored [M, K] (a convolution's weight, [O, C*KH*KW]).
-struct Bf16Rows {
-  Bf16Rows(const float* w, int64_t M_, int64_t K_)
-      : M(M_),
-        K(K_),
-        width((K_ + kBf16TileK - 1) / kBf16TileK * kBf16TileK),
-        data(static_cast<size_t>(bf16_padded_rows(M_) * width), 0) {
-    for (int64_t i = 0; i < M; ++i)
-      for (int64_t k = 0; k < K; ++k)
-        data[static_cast<size_t>(bf16_tiled_at(width, i, k))] = bf16_bits(w[i * K + k]);
-  }
-
-  int64_t M, K, width;
-  std::vector<uint16_t> data;
-
-  int64_t bytes() const { return static_cast<int64_t>(data.size() * sizeof(uint16_t)); }
-};
-
 #if DG_BF16_PRODUCTS
 namespace bf16_detail {
 
@@ -175,8 +155,7 @@ inline __m512i bf16_pairs(const float* first, const float* second, __mmask16 mas
 
 // k pair `pair` (k = 2 pair, 2 pair + 1) of columns [c0, c0 + n) of b = first[j]
 // and second[j] (second null: zeros, past K), as bf16 (rounded to nearest even),
-// up to 16 columns at a time: a matrix packed per call (a convolution's column
-// matrix, several images side by side).
+// up to 16 columns at a time (pack_b: a weight, or an operand packed per call).
 inline void pack_pair_bf16(const float* first, const float* second, int64_t n, Bf16PackedB& b, int64_t c0,
                            int64_t pair) {
   for (int64_t j = 0; j < n;) {
@@ -546,19 +525,6 @@ class KeptBf16Weight {
     }
     return kept_;
   }
-  // The weight [N, K] (stored so: a convolution's, tb) as bf16 rows, the left
-  // operand of bf16_products (the convolutions, dg_bf16_conv.h), kept as use()'s.
-  std::shared_ptr<const Bf16Rows> use_rows() const {
-    std::lock_guard<std::mutex> lock(mutex_);
-    const uint64_t now = version_.current();
-    if (!version_.watched()) return std::make_shared<const Bf16Rows>(weight_.ptr(), N_, K_);
-    if (!rows_ || rows_version_ != now || rows_from_ != weight_.ptr()) {
-      rows_ = std::make_shared<const Bf16Rows>(weight_.ptr(), N_, K_);
-      rows_version_ = now;
-      rows_from_ = weight_.ptr();
-    }
-    return rows_;
-  }
   // The weight [N, K] of a convolution with `taps` kernel positions (stored [O,
   // C, KH, KW]) as the right operand of its channels-last product
   // (dg_bf16_conv.h): op(W) [K, N] with k in [tap][channel] order, packed as
@@ -586,15 +552,13 @@ class KeptBf16Weight {
   // Bytes the kept packing holds (0 before the first product and after release()).
   int64_t bytes() const {
     std::lock_guard<std::mutex> lock(mutex_);
-    return (kept_ ? kept_->bytes() : 0) + (rows_ ? rows_->bytes() : 0) + (taps_ ? taps_->bytes() : 0) +
-           float32_.bytes();
+    return (kept_ ? kept_->bytes() : 0) + (taps_ ? taps_->bytes() : 0) + float32_.bytes();
   }
   // Frees the packing (the next product makes it again); a call still reading it
   // keeps it alive until it is done.
   void release() {
     std::lock_guard<std::mutex> lock(mutex_);
     kept_.reset();
-    rows_.reset();
     taps_.reset();
     float32_.release();
   }
@@ -632,9 +596,6 @@ class KeptBf16Weight {
   mutable std::shared_ptr<const Bf16PackedB> kept_;
   mutable uint64_t kept_version_ = 0;
   mutable const float* kept_from_ = nullptr;
-  mutable std::shared_ptr<const Bf16Rows> rows_;
-  mutable uint64_t rows_version_ = 0;
-  mutable const float* rows_from_ = nullptr;
   mutable std::shared_ptr<const Bf16PackedB> taps_;
   mutable uint64_t taps_version_ = 0;
   mutable const float* taps_from_ = nullptr;

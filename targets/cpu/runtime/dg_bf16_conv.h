@@ -1,19 +1,26 @@
 // dg_bf16_conv.h: the convolutions of a model generated with --precision bf16
 // (one group; depthwise and grouped ones stay dg::conv2d on rounded operands).
 //
-// A convolution is a product: the weight [O, C*KH*KW] times the column matrix
-// [C*KH*KW, OH*OW] of each image (as dg::conv_detail::im2col makes it; the input
-// itself for a 1x1 convolution of stride 1). So it runs on the bf16 products of dg_bf16.h
-// (AMX tiles or vdpbf16ps): the weight, the left operand, kept as bf16 rows
-// once per change (dg::KeptBf16Weight::use_rows); the column matrices of a few
-// images side by side (kBf16ConvColumnBytes) packed per call as the right
-// operand, each k pair of 16 columns converted and interleaved at once
-// (dg::pack_pair_bf16), two rows of the column matrix made at a time in a small
-// buffer rather than the whole matrix in ws. Each block of the product, 32 output channels by 32
-// positions, is written into the output planes (NCHW) as it is finished, bias
-// and the channel epilogue (batch norm, residual, relu) applied there while it
-// is in cache. Where the CPU has no bf16 products the convolution is dg::conv2d
-// on the weight rounded per call (the float32 products of the same bf16 values).
+// A convolution is a product: for each output position, its window of the input
+// (every tap's input channels) times the weight. So it runs on the bf16 products
+// of dg_bf16.h (AMX tiles or vdpbf16ps), channels last:
+//
+//   - each image is copied once as bf16 [H*W, C] (to_channels_last), so that a
+//     tap's input channels lie side by side, and the kw taps of one kernel row
+//     too (dilation 1): one run of KW*C values;
+//   - the left operand, one row per output position of a few images side by side
+//     (kBf16ConvColumnBytes), is made of those runs (pack_window_rows): k is
+//     (kh*KW + kw)*C + c, zeros where the window lies in the padding;
+//   - the right operand is the weight kept in the same [tap][channel] order
+//     (dg::KeptBf16Weight::use_taps), packed once per change of the parameters.
+//
+// Each block of the product, 32 positions by 32 output channels, is written
+// into the output planes (NCHW) as it is finished (ChannelsInto), bias and the
+// channel epilogue (batch norm, residual, relu) applied there while it is in
+// cache. Nothing is zero-filled but the padding. (ResNet-18 at 64x64, batch 1,
+// one thread: the column-matrix packing this replaced was 37% of the forward.)
+// Where the CPU has no bf16 products the convolution is dg::conv2d on the
+// weight rounded per call (the float32 products of the same bf16 values).
 //
 // Part of the deepgen runtime: hand-written, copied unchanged into every
 // generated project that uses it. Header-only, C++17.
@@ -33,158 +40,163 @@
 
 namespace dg {
 
-// The most bytes of packed columns one product of a convolution takes (images
+// The most bytes of left operand one product of a convolution takes (images
 // are multiplied in groups that fit; at least one image).
 constexpr int64_t kBf16ConvColumnBytes = int64_t(4) << 20;
+
+// The positions of the images one product of conv2d_bf16 multiplies at once (its rows).
+inline int64_t conv2d_bf16_rows(const Conv2dGeom& g) {
+  const int64_t OHW = g.OH * g.OW, width = (g.C * g.KH * g.KW + kBf16TileK - 1) / kBf16TileK * kBf16TileK;
+  const int64_t image_bytes = OHW * width * static_cast<int64_t>(sizeof(uint16_t));
+  return std::max<int64_t>(1, std::min(g.N, kBf16ConvColumnBytes / std::max<int64_t>(1, image_bytes))) * OHW;
+}
+
+// The path conv2d_bf16 takes for g (bf16_kernel of its product's rows).
+inline const char* conv2d_bf16_kernel(const Conv2dGeom& g) {
+  return bf16_kernel(conv2d_bf16_rows(g));
+}
 
 namespace bf16_detail {
 
 #if DG_BF16_PRODUCTS
-// Columns [c0, c0 + OH*OW) of `columns` = the column matrix of one image xn
-// [C, H, W]: row k of it (channel k / (KH*KW), tap k % (KH*KW)) made two at a
-// time into a small buffer (conv_detail::tap_row; the planes themselves for a
-// 1x1 convolution of stride 1), then packed as one k pair. Pairs are shared out
-// over threads.
-inline void pack_window_columns(const float* xn, const Conv2dGeom& g, Bf16PackedB& columns, int64_t c0) {
-  const int64_t HW = g.H * g.W, OHW = g.OH * g.OW, KK = g.KH * g.KW, K = columns.K;
-  const std::vector<conv_detail::Tap> taps = conv_detail::taps_of(g);
-  const bool pointwise = g.pointwise();
-  const int threads = threads_for(conv_detail::kCopyWork * K * OHW);
-#pragma omp parallel num_threads(threads) if (threads > 1)
-  {
-    std::vector<float> rows(pointwise ? 0 : static_cast<size_t>(2 * OHW));
-#pragma omp for schedule(static)
-    for (int64_t pair = 0; pair < (K + 1) / 2; ++pair) {
-      const float* two[2] = {nullptr, nullptr};
-      for (int64_t h = 0; h < 2 && 2 * pair + h < K; ++h) {
-        const int64_t k = 2 * pair + h;
-        if (pointwise) {
-          two[h] = xn + k * HW;
-        } else {
-          conv_detail::tap_row(xn + k / KK * HW, taps[static_cast<size_t>(k % KK)], rows.data() + h * OHW, g);
-          two[h] = rows.data() + h * OHW;
-        }
-      }
-      pack_pair_bf16(two[0], two[1], OHW, columns, c0, pair);
-    }
-  }
-}
-
-// to[0..n) = from[0..n) (+ v where add): 16 at a time (a call of memmove per run
-// of a few dozen floats costs more than the copy).
-inline void copy_plus(const float* from, float v, bool add, float* to, int64_t n) {
-  const __m512 vv = _mm512_set1_ps(v);
-  for (int64_t t = 0; t < n; t += 16) {
-    const __mmask16 mask = static_cast<__mmask16>(n - t >= 16 ? 0xFFFFu : (1u << (n - t)) - 1u);
-    const __m512 x = _mm512_maskz_loadu_ps(mask, from + t);
-    _mm512_mask_storeu_ps(to + t, mask, add ? _mm512_add_ps(x, vv) : x);
-  }
-}
-
-// store for a convolution's product (bf16_products): rows are output channels,
-// columns the output positions of the images from n0, side by side; each run of
-// one image's positions is written into its output plane, bias added, then
-// epi(channel, values, count) on it.
-template <class Epi>
-struct PlanesInto {
-  float* y;
-  const float* bias;
-  const Conv2dGeom& g;
-  int64_t n0;
-  const Epi& epi;
-  void operator()(int64_t i0, int64_t i1, int64_t j0, int64_t j1, const float* sums, int64_t ld) const {
-    const int64_t OHW = g.OH * g.OW;
-    for (int64_t j = j0; j < j1;) {
-      const int64_t n = n0 + j / OHW, at = j % OHW, run = std::min(j1 - j, OHW - at);
-      for (int64_t o = i0; o < i1; ++o) {
-        float* yo = y + (n * g.O + o) * OHW + at;
-        const float* from = sums + (o - i0) * ld + (j - j0);
-        copy_plus(from, bias != nullptr ? bias[o] : 0.0f, bias != nullptr, yo, run);
-        epi(o, yo, run);
-      }
-      j += run;
-    }
-  }
-};
-
-// The channels-last path (see the top of this file) where the input channels
-// fill whole halves of a tile row (16 bf16 values): each tap's channels are then
-// one run of 32-byte pieces in a row of the left operand.
-inline bool channels_last(const Conv2dGeom& g) {
-  return g.C % 16 == 0;
-}
-
 // xt[H*W, C] = the image xn[C, H, W] (holding bf16 values) as bf16 bits,
-// channels last: 16 channels x 16 positions at a time through a small block
-// (read along the planes, written along the channels).
+// channels last: each position's channels gathered 16 at a time (the 16 planes'
+// lines stay in L1 for the next 15 positions).
 inline void to_channels_last(const float* xn, int64_t C, int64_t HW, uint16_t* xt) {
-  alignas(64) uint16_t block[16][16];
-  for (int64_t p0 = 0; p0 < HW; p0 += 16) {
-    const int64_t n = std::min<int64_t>(16, HW - p0);
-    const __mmask16 mask = static_cast<__mmask16>((1u << n) - 1u);
-    for (int64_t c0 = 0; c0 < C; c0 += 16) {
-      for (int64_t c = 0; c < 16; ++c) {
-        const __m256bh half = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(mask, xn + (c0 + c) * HW + p0));
-        std::memcpy(block[c], &half, sizeof half);
-      }
-      for (int64_t q = 0; q < n; ++q) {
-        uint16_t* to = xt + (p0 + q) * C + c0;
-        for (int64_t c = 0; c < 16; ++c)
-          to[c] = block[c][q];
-      }
+  const __m512i planes =
+      _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                         _mm512_set1_epi32(static_cast<int>(HW)));
+  for (int64_t c0 = 0; c0 < C; c0 += 16) {
+    const __mmask16 mask = static_cast<__mmask16>(C - c0 >= 16 ? 0xFFFFu : (1u << (C - c0)) - 1u);
+    const float* from = xn + c0 * HW;
+    for (int64_t p = 0; p < HW; ++p) {
+      const __m512 v = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), mask, planes, from + p, 4);
+      const __m256bh half = _mm512_cvtneps_pbh(v);
+      __m256i bits;
+      std::memcpy(&bits, &half, sizeof bits);
+      _mm256_mask_storeu_epi16(xt + p * C + c0, mask, bits);
     }
+  }
+}
+
+// Values [k, k + n) of row r of the left operand a (bf16_tiled_at, `width`
+// values a row) = from[0, n), or zeros where from is null: a piece per tile it
+// crosses.
+inline void put_run(const uint16_t* from, int64_t n, uint16_t* a, int64_t width, int64_t r, int64_t k) {
+  while (n > 0) {
+    const int64_t len = std::min(n, kBf16TileK - k % kBf16TileK);
+    const __mmask32 mask = static_cast<__mmask32>((uint64_t(1) << len) - 1u);
+    const __m512i v = from != nullptr ? _mm512_maskz_loadu_epi16(mask, from) : _mm512_setzero_si512();
+    _mm512_mask_storeu_epi16(a + bf16_tiled_at(width, r, k), mask, v);
+    if (from != nullptr) from += len;
+    k += len;
+    n -= len;
   }
 }
 
 // Rows [r0, r0 + OH*OW) of the left operand a (bf16_tiled_at, `width` values a
-// row) for one image xt (channels last): row (oh, ow) holds, for each tap t in
-// the weight's order, the C input channels at that tap of the position's window
-// as values [t*C, (t + 1)*C), zeros where the window lies in the padding, then
-// zeros up to `width`. Positions are shared out over threads.
+// row) for one image xt (channels last): row (oh, ow) holds the position's
+// window, tap after tap in the weight's order, C channels each (zeros where the
+// window lies in the padding), then zeros up to `width`. A kernel row's taps
+// that lie inside the input are one run of xt where the dilation is 1.
+// Positions are shared out over threads.
 inline void pack_window_rows(const uint16_t* xt, const Conv2dGeom& g, uint16_t* a, int64_t width,
                              int64_t r0) {
-  const int64_t C = g.C, KK = g.KH * g.KW, OW = g.OW, OHW = g.OH * g.OW;
-  const int threads = threads_for(conv_detail::kCopyWork * C * KK * OHW);
+  const int64_t C = g.C, KW = g.KW, OW = g.OW, OHW = g.OH * g.OW, K = C * g.KH * KW;
+  const int threads = threads_for(conv_detail::kCopyWork * K * OHW);
 #pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
   for (int64_t q = 0; q < OHW; ++q) {
-    const int64_t r = r0 + q, oh = q / OW, ow = q % OW;
-    for (int64_t t = 0; t < KK; ++t) {
-      const int64_t ih = oh * g.stride_h + t / g.KW * g.dil_h - g.pad_h;
-      const int64_t iw = ow * g.stride_w + t % g.KW * g.dil_w - g.pad_w;
-      const bool inside = ih >= 0 && ih < g.H && iw >= 0 && iw < g.W;
-      const uint16_t* from = xt + (ih * g.W + iw) * C;
-      for (int64_t c = 0; c < C; c += 16) {
-        const __m256i v =
-            inside ? _mm256_loadu_si256(reinterpret_cast<const __m256i*>(from + c)) : _mm256_setzero_si256();
-        _mm256_storeu_si256(reinterpret_cast<__m256i*>(a + bf16_tiled_at(width, r, t * C + c)), v);
+    const int64_t r = r0 + q, iw0 = q % OW * g.stride_w - g.pad_w, ih0 = q / OW * g.stride_h - g.pad_h;
+    for (int64_t kh = 0; kh < g.KH; ++kh) {
+      const int64_t ih = ih0 + kh * g.dil_h;
+      const bool row_inside = ih >= 0 && ih < g.H;
+      for (int64_t kw = 0; kw < KW;) {
+        const int64_t iw = iw0 + kw * g.dil_w;
+        const bool inside = row_inside && iw >= 0 && iw < g.W;
+        int64_t taps = 1;  // taps in this run: all inside or all outside, contiguous in xt when inside
+        while (kw + taps < KW &&
+               (row_inside && iw + taps * g.dil_w >= 0 && iw + taps * g.dil_w < g.W) == inside &&
+               (!inside || g.dil_w == 1))
+          ++taps;
+        put_run(inside ? xt + (ih * g.W + iw) * C : nullptr, taps * C, a, width, r, (kh * KW + kw) * C);
+        kw += taps;
       }
     }
-    for (int64_t k = C * KK; k < width; k += 16)
-      _mm256_storeu_si256(reinterpret_cast<__m256i*>(a + bf16_tiled_at(width, r, k)), _mm256_setzero_si256());
+    put_run(nullptr, width - K, a, width, r, K);
   }
 }
 
-// store for the channels-last product: rows are the output positions of the
-// images from n0, side by side, columns output channels; each channel's run of
-// one image's positions is written into its output plane, bias added, then
-// epi(channel, values, count) on it.
+// to[c * ldt + r] = from[r * ldf + c] for r, c < 16: a 16 x 16 block of floats
+// transposed in registers (pairs unpacked, then 4 x 4 blocks, then 128-bit lanes
+// moved twice).
+inline void transpose16(const float* from, int64_t ldf, float* to, int64_t ldt) {
+  constexpr __mmask16 kAll = 0xFFFF;  // (the unmasked forms warn in gcc 12: an undefined source)
+  __m512 r[16], t[16];
+  for (int i = 0; i < 16; ++i)
+    r[i] = _mm512_loadu_ps(from + i * ldf);
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_maskz_unpacklo_ps(kAll, r[i], r[i + 1]);
+    t[i + 1] = _mm512_maskz_unpackhi_ps(kAll, r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {
+    r[i] = _mm512_maskz_shuffle_ps(kAll, t[i], t[i + 2], 0x44);
+    r[i + 1] = _mm512_maskz_shuffle_ps(kAll, t[i], t[i + 2], 0xEE);
+    r[i + 2] = _mm512_maskz_shuffle_ps(kAll, t[i + 1], t[i + 3], 0x44);
+    r[i + 3] = _mm512_maskz_shuffle_ps(kAll, t[i + 1], t[i + 3], 0xEE);
+  }
+  for (int i = 0; i < 4; ++i) {
+    t[i] = _mm512_maskz_shuffle_f32x4(kAll, r[i], r[i + 4], 0x88);
+    t[i + 4] = _mm512_maskz_shuffle_f32x4(kAll, r[i], r[i + 4], 0xDD);
+    t[i + 8] = _mm512_maskz_shuffle_f32x4(kAll, r[i + 8], r[i + 12], 0x88);
+    t[i + 12] = _mm512_maskz_shuffle_f32x4(kAll, r[i + 8], r[i + 12], 0xDD);
+  }
+  for (int i = 0; i < 8; ++i) {
+    _mm512_storeu_ps(to + i * ldt, _mm512_maskz_shuffle_f32x4(kAll, t[i], t[i + 8], 0x88));
+    _mm512_storeu_ps(to + (i + 8) * ldt, _mm512_maskz_shuffle_f32x4(kAll, t[i], t[i + 8], 0xDD));
+  }
+}
+
+// to[0..n) = from[0..n) + v, 16 at a time.
+inline void copy_plus(const float* from, float v, float* to, int64_t n) {
+  const __m512 vv = _mm512_set1_ps(v);
+  for (int64_t t = 0; t < n; t += 16) {
+    const __mmask16 mask = static_cast<__mmask16>(n - t >= 16 ? 0xFFFFu : (1u << (n - t)) - 1u);
+    _mm512_mask_storeu_ps(to + t, mask, _mm512_add_ps(_mm512_maskz_loadu_ps(mask, from + t), vv));
+  }
+}
+
+// store for a convolution's product (bf16_products): rows are the output
+// positions of the images from n0, side by side, columns output channels. The
+// block (at most 32 rows, 64 columns) is turned channels-major (16 x 16 pieces
+// in registers where 16 rows exist), then each channel's run of one image's
+// positions is written into its output plane, bias added, and epi(channel,
+// values, count) run on it.
 template <class Epi>
 struct ChannelsInto {
+  static constexpr int64_t kRows = 2 * kBf16TileRows, kCols = 64;
   float* y;
   const float* bias;
   const Conv2dGeom& g;
   int64_t n0;
   const Epi& epi;
   void operator()(int64_t i0, int64_t i1, int64_t j0, int64_t j1, const float* sums, int64_t ld) const {
-    const int64_t OHW = g.OH * g.OW;
+    const int64_t OHW = g.OH * g.OW, rows = i1 - i0, cols = j1 - j0;
+    alignas(64) float t[kCols * kRows];  // t[c * kRows + r] = sums[r * ld + c]
+    for (int64_t r0 = 0; r0 < rows; r0 += 16) {
+      if (r0 + 16 <= rows) {  // (ld is a whole number of 16s: the last 16 columns can be read)
+        for (int64_t c0 = 0; c0 < cols; c0 += 16)
+          transpose16(sums + r0 * ld + c0, ld, t + c0 * kRows + r0, kRows);
+        continue;
+      }
+      for (int64_t r = r0; r < rows; ++r)
+        for (int64_t c = 0; c < cols; ++c)
+          t[c * kRows + r] = sums[r * ld + c];
+    }
     for (int64_t i = i0; i < i1;) {
       const int64_t n = n0 + i / OHW, at = i % OHW, run = std::min(i1 - i, OHW - at);
       for (int64_t o = j0; o < j1; ++o) {
         float* yo = y + (n * g.O + o) * OHW + at;
-        const float* from = sums + (i - i0) * ld + (o - j0);
-        const float v = bias != nullptr ? bias[o] : 0.0f;
-        for (int64_t r = 0; r < run; ++r)
-          yo[r] = from[r * ld] + v;
+        copy_plus(t + (o - j0) * kRows + (i - i0), bias != nullptr ? bias[o] : 0.0f, yo, run);
         epi(o, yo, run);
       }
       i += run;
@@ -192,36 +204,9 @@ struct ChannelsInto {
   }
 };
 
-// A buffer of n bf16 values left unset (every value is written before it is read).
+// A buffer of n bf16 values left unset (each value is written before it is read).
 inline std::unique_ptr<uint16_t[]> bf16_buffer(int64_t n) {
   return std::unique_ptr<uint16_t[]>(new uint16_t[static_cast<size_t>(std::max<int64_t>(n, 1))]);
-}
-
-// conv2d_bf16_with's channels-last path: the images in groups whose left operand
-// fits kBf16ConvColumnBytes, each group's rows packed from the channels-last
-// copies of its images, times the weight kept in the same [tap][channel] order.
-template <class Epi>
-void conv2d_channels_last(const float* x, const KeptBf16Weight& w, const float* b, float* y,
-                          const Conv2dGeom& g, const Epi& epi) {
-  const std::shared_ptr<const Bf16PackedB> weight = w.use_taps(g.KH * g.KW);
-  const int64_t HW = g.H * g.W, OHW = g.OH * g.OW, width = bf16_row_width(*weight);
-  const int64_t image_bytes = OHW * width * static_cast<int64_t>(sizeof(uint16_t));
-  const int64_t chunk =
-      std::max<int64_t>(1, std::min(g.N, kBf16ConvColumnBytes / std::max<int64_t>(1, image_bytes)));
-  const std::unique_ptr<uint16_t[]> xt = bf16_buffer(HW * g.C);
-  const std::unique_ptr<uint16_t[]> a = bf16_buffer(bf16_padded_rows(chunk * OHW) * width);
-  for (int64_t n0 = 0; n0 < g.N; n0 += chunk) {
-    const int64_t images = std::min(chunk, g.N - n0), M = images * OHW;
-    for (int64_t m = 0; m < images; ++m) {
-      to_channels_last(x + (n0 + m) * g.C * HW, g.C, HW, xt.get());
-      pack_window_rows(xt.get(), g, a.get(), width, m * OHW);
-    }
-    // the zero rows up to whole tiles (the last row tile's, tile after tile)
-    for (int64_t r = M; r < bf16_padded_rows(M); ++r)
-      for (int64_t k = 0; k < width; k += kBf16TileK)
-        std::memset(a.get() + bf16_tiled_at(width, r, k), 0, kBf16TileK * sizeof(uint16_t));
-    bf16_products(a.get(), *weight, M, ChannelsInto<Epi>{y, b, g, n0, epi});
-  }
 }
 #endif
 
@@ -233,21 +218,21 @@ void conv2d_bf16_with(const float* x, const KeptBf16Weight& w, const float* b, f
     throw std::logic_error(
         "dg::conv2d_bf16: one group only (the generator's rule, ops/conv.py kept_weight_read)");
 #if DG_BF16_PRODUCTS
-  (void)ws;  // (the column matrix is made two rows at a time, or not at all)
-  if (channels_last(g)) return conv2d_channels_last(x, w, b, y, g, epi);
-  const std::shared_ptr<const Bf16Rows> weight = w.use_rows();
-  const int64_t HW = g.H * g.W, OHW = g.OH * g.OW, K = weight->K;
-  const int64_t image_bytes = OHW * weight->width * static_cast<int64_t>(sizeof(uint16_t));
-  const int64_t chunk =
-      std::max<int64_t>(1, std::min(g.N, kBf16ConvColumnBytes / std::max<int64_t>(1, image_bytes)));
-  Bf16PackedB columns(K, chunk * OHW);
+  (void)ws;  // (no column matrix is made)
+  const std::shared_ptr<const Bf16PackedB> weight = w.use_taps(g.KH * g.KW);
+  const int64_t HW = g.H * g.W, OHW = g.OH * g.OW, width = bf16_row_width(*weight);
+  const int64_t chunk = conv2d_bf16_rows(g) / std::max<int64_t>(1, OHW);
+  const std::unique_ptr<uint16_t[]> xt = bf16_buffer(HW * g.C);
+  const std::unique_ptr<uint16_t[]> a = bf16_buffer(bf16_padded_rows(chunk * OHW) * width);
   for (int64_t n0 = 0; n0 < g.N; n0 += chunk) {
-    const int64_t images = std::min(chunk, g.N - n0);
-    for (int64_t m = 0; m < images; ++m)
-      pack_window_columns(x + (n0 + m) * g.C * HW, g, columns, m * OHW);
-    columns.N = images * OHW;  // the last group may have fewer images: the columns it fills
-    columns.panels = (columns.N + Bf16PackedB::kCols - 1) / Bf16PackedB::kCols;
-    bf16_products(weight->data.data(), columns, g.O, PlanesInto<Epi>{y, b, g, n0, epi});
+    const int64_t images = std::min(chunk, g.N - n0), M = images * OHW;
+    for (int64_t m = 0; m < images; ++m) {
+      to_channels_last(x + (n0 + m) * g.C * HW, g.C, HW, xt.get());
+      pack_window_rows(xt.get(), g, a.get(), width, m * OHW);
+    }
+    for (int64_t r = M; r < bf16_padded_rows(M); ++r)  // the last row tile's zero rows
+      put_run(nullptr, width, a.get(), width, r, 0);
+    bf16_products(a.get(), *weight, M, ChannelsInto<Epi>{y, b, g, n0, epi});
   }
 #else
   const std::vector<float> rounded = w.rounded();
@@ -256,21 +241,6 @@ void conv2d_bf16_with(const float* x, const KeptBf16Weight& w, const float* b, f
 }
 
 }  // namespace bf16_detail
-
-// The path conv2d_bf16 takes for g (bf16_kernel of its product's rows: the
-// positions of the images it multiplies at once on the channels-last path, the
-// output channels otherwise).
-inline const char* conv2d_bf16_kernel(const Conv2dGeom& g) {
-#if DG_BF16_PRODUCTS
-  if (bf16_detail::channels_last(g)) {
-    const int64_t OHW = g.OH * g.OW, width = (g.C * g.KH * g.KW + kBf16TileK - 1) / kBf16TileK * kBf16TileK;
-    const int64_t bytes = OHW * width * static_cast<int64_t>(sizeof(uint16_t));
-    return bf16_kernel(
-        std::max<int64_t>(1, std::min(g.N, kBf16ConvColumnBytes / std::max<int64_t>(1, bytes))) * OHW);
-  }
-#endif
-  return bf16_kernel(g.O);
-}
 
 // y = conv2d(x, w, b) as dg::conv2d computes it (dg_conv.h), for x holding bf16
 // values and the Model's kept bf16 weight w: bf16 products, float32 sums.
