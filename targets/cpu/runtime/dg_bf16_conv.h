@@ -41,8 +41,10 @@
 namespace dg {
 
 // The most bytes of left operand one product of a convolution takes (images
-// are multiplied in groups that fit; at least one image).
-constexpr int64_t kBf16ConvColumnBytes = int64_t(4) << 20;
+// are multiplied in groups that fit; at least one image): about half of a
+// core's L2, so that the rows packed are still there when the tiles read them
+// (ResNet-18 64px, batch 64, one thread: 4 MB 79 ms, 1 MB 65 ms, 512 KB 66 ms).
+constexpr int64_t kBf16ConvColumnBytes = int64_t(1) << 20;
 
 // The positions of the images one product of conv2d_bf16 multiplies at once (its rows).
 inline int64_t conv2d_bf16_rows(const Conv2dGeom& g) {
