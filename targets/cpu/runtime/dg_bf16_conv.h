@@ -61,35 +61,17 @@ inline const char* conv2d_bf16_kernel(const Conv2dGeom& g) {
 namespace bf16_detail {
 
 #if DG_BF16_PRODUCTS
-// xt[H*W, C] = the image xn[C, H, W] (holding bf16 values) as bf16 bits,
-// channels last: each position's channels gathered 16 at a time (the 16 planes'
-// lines stay in L1 for the next 15 positions).
-inline void to_channels_last(const float* xn, int64_t C, int64_t HW, uint16_t* xt) {
-  const __m512i planes =
-      _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
-                         _mm512_set1_epi32(static_cast<int>(HW)));
-  for (int64_t c0 = 0; c0 < C; c0 += 16) {
-    const __mmask16 mask = static_cast<__mmask16>(C - c0 >= 16 ? 0xFFFFu : (1u << (C - c0)) - 1u);
-    const float* from = xn + c0 * HW;
-    for (int64_t p = 0; p < HW; ++p) {
-      const __m512 v = _mm512_mask_i32gather_ps(_mm512_setzero_ps(), mask, planes, from + p, 4);
-      const __m256bh half = _mm512_cvtneps_pbh(v);
-      __m256i bits;
-      std::memcpy(&bits, &half, sizeof bits);
-      _mm256_mask_storeu_epi16(xt + p * C + c0, mask, bits);
-    }
-  }
-}
-
-// Values [k, k + n) of row r of the left operand a (bf16_tiled_at, `width`
-// values a row) = from[0, n), or zeros where from is null: a piece per tile it
+// Values [k, k + n) of one row of the left operand (bf16_tiled_at: `row` is
+// where its value 0 is; its values k and k + 32 are a tile, 16 x 32 values,
+// apart) = from[0, n), or zeros where from is null: a piece per tile it
 // crosses.
-inline void put_run(const uint16_t* from, int64_t n, uint16_t* a, int64_t width, int64_t r, int64_t k) {
+inline void put_run(const uint16_t* from, int64_t n, uint16_t* row, int64_t k) {
+  constexpr int64_t kTile = kBf16TileRows * kBf16TileK;
   while (n > 0) {
-    const int64_t len = std::min(n, kBf16TileK - k % kBf16TileK);
+    const int64_t in_tile = k % kBf16TileK, len = std::min(n, kBf16TileK - in_tile);
     const __mmask32 mask = static_cast<__mmask32>((uint64_t(1) << len) - 1u);
     const __m512i v = from != nullptr ? _mm512_maskz_loadu_epi16(mask, from) : _mm512_setzero_si512();
-    _mm512_mask_storeu_epi16(a + bf16_tiled_at(width, r, k), mask, v);
+    _mm512_mask_storeu_epi16(row + k / kBf16TileK * kTile + in_tile, mask, v);
     if (from != nullptr) from += len;
     k += len;
     n -= len;
@@ -108,23 +90,28 @@ inline void pack_window_rows(const uint16_t* xt, const Conv2dGeom& g, uint16_t* 
   const int threads = threads_for(conv_detail::kCopyWork * K * OHW);
 #pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
   for (int64_t q = 0; q < OHW; ++q) {
-    const int64_t r = r0 + q, iw0 = q % OW * g.stride_w - g.pad_w, ih0 = q / OW * g.stride_h - g.pad_h;
+    uint16_t* row = a + bf16_tiled_at(width, r0 + q, 0);
+    const int64_t iw0 = q % OW * g.stride_w - g.pad_w, ih0 = q / OW * g.stride_h - g.pad_h;
+    const bool columns_inside = g.dil_w == 1 && iw0 >= 0 && iw0 + KW <= g.W;
     for (int64_t kh = 0; kh < g.KH; ++kh) {
-      const int64_t ih = ih0 + kh * g.dil_h;
+      const int64_t ih = ih0 + kh * g.dil_h, k = kh * KW * C;
       const bool row_inside = ih >= 0 && ih < g.H;
-      for (int64_t kw = 0; kw < KW;) {
+      if (!row_inside || columns_inside) {  // the kernel row's taps: one run, zeros or input
+        put_run(row_inside ? xt + (ih * g.W + iw0) * C : nullptr, KW * C, row, k);
+        continue;
+      }
+      for (int64_t kw = 0; kw < KW;) {  // runs of taps all inside (contiguous at dilation 1) or all outside
         const int64_t iw = iw0 + kw * g.dil_w;
-        const bool inside = row_inside && iw >= 0 && iw < g.W;
-        int64_t taps = 1;  // taps in this run: all inside or all outside, contiguous in xt when inside
-        while (kw + taps < KW &&
-               (row_inside && iw + taps * g.dil_w >= 0 && iw + taps * g.dil_w < g.W) == inside &&
+        const bool inside = iw >= 0 && iw < g.W;
+        int64_t taps = 1;
+        while (kw + taps < KW && (iw + taps * g.dil_w >= 0 && iw + taps * g.dil_w < g.W) == inside &&
                (!inside || g.dil_w == 1))
           ++taps;
-        put_run(inside ? xt + (ih * g.W + iw) * C : nullptr, taps * C, a, width, r, (kh * KW + kw) * C);
+        put_run(inside ? xt + (ih * g.W + iw) * C : nullptr, taps * C, row, k + kw * C);
         kw += taps;
       }
     }
-    put_run(nullptr, width - K, a, width, r, K);
+    put_run(nullptr, width - K, row, K);
   }
 }
 
@@ -155,6 +142,32 @@ inline void transpose16(const float* from, int64_t ldf, float* to, int64_t ldt) 
   for (int i = 0; i < 8; ++i) {
     _mm512_storeu_ps(to + i * ldt, _mm512_maskz_shuffle_f32x4(kAll, t[i], t[i + 8], 0x88));
     _mm512_storeu_ps(to + (i + 8) * ldt, _mm512_maskz_shuffle_f32x4(kAll, t[i], t[i + 8], 0xDD));
+  }
+}
+
+// xt[H*W, C] = the image xn[C, H, W] (holding bf16 values) as bf16 bits,
+// channels last: blocks of 16 channels x 16 positions transposed in registers
+// (transpose16; the planes' rows read whole), each position's 16 channels then
+// converted at once.
+inline void to_channels_last(const float* xn, int64_t C, int64_t HW, uint16_t* xt) {
+  alignas(64) float in[16 * 16], out[16 * 16];
+  for (int64_t c0 = 0; c0 < C; c0 += 16) {
+    const int64_t channels = std::min<int64_t>(16, C - c0);
+    const __mmask16 cmask = static_cast<__mmask16>((1u << channels) - 1u);
+    for (int64_t p0 = 0; p0 < HW; p0 += 16) {
+      const int64_t positions = std::min<int64_t>(16, HW - p0);
+      const __mmask16 pmask = static_cast<__mmask16>((1u << positions) - 1u);
+      for (int64_t c = 0; c < 16; ++c)
+        _mm512_store_ps(in + c * 16, c < channels ? _mm512_maskz_loadu_ps(pmask, xn + (c0 + c) * HW + p0)
+                                                  : _mm512_setzero_ps());
+      transpose16(in, 16, out, 16);
+      for (int64_t q = 0; q < positions; ++q) {
+        const __m256bh half = _mm512_cvtneps_pbh(_mm512_load_ps(out + q * 16));
+        __m256i bits;
+        std::memcpy(&bits, &half, sizeof bits);
+        _mm256_mask_storeu_epi16(xt + (p0 + q) * C + c0, cmask, bits);
+      }
+    }
   }
 }
 
@@ -233,7 +246,7 @@ void conv2d_bf16_with(const float* x, const KeptBf16Weight& w, const float* b, f
       pack_window_rows(xt.get(), g, a.get(), width, m * OHW);
     }
     for (int64_t r = M; r < bf16_padded_rows(M); ++r)  // the last row tile's zero rows
-      put_run(nullptr, width, a.get(), width, r, 0);
+      put_run(nullptr, width, a.get() + bf16_tiled_at(width, r, 0), 0);
     bf16_products(a.get(), *weight, M, ChannelsInto<Epi>{y, b, g, n0, epi});
   }
 #else
