@@ -189,6 +189,7 @@ inline void copy_plus(const float* from, float v, float* to, int64_t n) {
 template <class Epi>
 struct ChannelsInto {
   static constexpr int64_t kRows = 2 * kBf16TileRows, kCols = 64;
+  static constexpr bool kColumnOrder = true;  // (bf16_products: channel after channel)
   float* y;
   const float* bias;
   const Conv2dGeom& g;
