@@ -31,6 +31,8 @@
 #include <cstring>
 #include <memory>
 #include <stdexcept>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "dg_bf16.h"
@@ -180,6 +182,13 @@ inline void copy_plus(const float* from, float v, float* to, int64_t n) {
   }
 }
 
+// Whether a channel epilogue reads memory it can ask for ahead (prefetch(c, n)).
+template <class E, class = void>
+struct has_prefetch : std::false_type {};
+template <class E>
+struct has_prefetch<E, std::void_t<decltype(std::declval<const E&>().prefetch(nullptr, 0))>>
+    : std::true_type {};
+
 // store for a convolution's product (bf16_products): rows are the output
 // positions of the images from n0, side by side, columns output channels. The
 // block (at most 32 rows, 64 columns) is turned channels-major (16 x 16 pieces
@@ -214,6 +223,24 @@ struct ChannelsInto {
         float* yo = y + (n * g.O + o) * OHW + at;
         copy_plus(t + (o - j0) * kRows + (i - i0), bias != nullptr ? bias[o] : 0.0f, yo, run);
         epi(o, yo, run);
+      }
+      i += run;
+    }
+    ask_next(i1, std::min(i1 + (i1 - i0), g.N * OHW - n0 * OHW), j0, j1);
+  }
+
+  // The lines the block of rows [i0, i1) of the same channels (the next one
+  // this thread makes, in column order) will write, and its epilogue read, asked
+  // for now: they lie in short runs, one a plane, that the prefetchers miss.
+  void ask_next(int64_t i0, int64_t i1, int64_t j0, int64_t j1) const {
+    const int64_t OHW = g.OH * g.OW;
+    for (int64_t i = i0; i < i1;) {
+      const int64_t n = n0 + i / OHW, at = i % OHW, run = std::min(i1 - i, OHW - at);
+      for (int64_t o = j0; o < j1; ++o) {
+        float* yo = y + (n * g.O + o) * OHW + at;
+        for (int64_t r = 0; r < run; r += 16)
+          __builtin_prefetch(yo + r, 1);
+        if constexpr (has_prefetch<Epi>::value) epi.prefetch(yo, run);
       }
       i += run;
     }

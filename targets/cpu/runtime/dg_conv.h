@@ -836,6 +836,27 @@ inline void add_relu(float* v, const float* r, int64_t n, bool relu) {
 
 namespace conv_detail {
 
+// conv2d_batch_norm's channel epilogue in evaluation mode: on n values c of
+// channel o of y, the normalization by the stored statistics, then the residual
+// (read at the same place in its tensor) and relu (add_relu).
+struct NormalizeEpilogue {
+  const float *mean, *invstd, *bn_w, *bn_b, *residual, *y;
+  bool relu;
+  void operator()(int64_t o, float* c, int64_t n) const {
+    modes_detail::normalize_values(c, c, n, mean[o], invstd[o] * bn_w[o], bn_b[o]);
+    add_relu(c, residual != nullptr ? residual + (c - y) : nullptr, n, relu);
+  }
+  // Asks for the lines of what operator() will read for the n values at c (the
+  // residual's): a convolution writing its planes in short runs (dg_bf16_conv.h)
+  // calls it a block ahead.
+  void prefetch(const float* c, int64_t n) const {
+    if (residual == nullptr) return;
+    const float* r = residual + (c - y);
+    for (int64_t i = 0; i < n; i += 16)
+      __builtin_prefetch(r + i);
+  }
+};
+
 // conv2d_batch_norm's batch norm, residual and relu after (training) or inside
 // (evaluation, as its channel epilogue) the convolution `run(epi)` writes into y
 // with the channel epilogue epi (see conv2d_with); the bf16 convolutions share it
@@ -854,10 +875,7 @@ void batch_norm_after(const Run& run, const float* bn_w, const float* bn_b, floa
     return;
   }
   batch_norm_eval_statistics(running_mean, running_var, mean, invstd, g.O, eps);
-  run([=](int64_t o, float* c, int64_t n) {
-    modes_detail::normalize_values(c, c, n, mean[o], invstd[o] * bn_w[o], bn_b[o]);
-    add_relu(c, residual != nullptr ? residual + (c - y) : nullptr, n, relu);
-  });
+  run(NormalizeEpilogue{mean, invstd, bn_w, bn_b, residual, y, relu});
 }
 
 }  // namespace conv_detail
