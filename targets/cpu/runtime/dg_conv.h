@@ -1107,10 +1107,11 @@ inline void max_pool2d(const float* x, float* y, const Conv2dGeom& g) {
 #if defined(__AVX512F__)
   if (g.stride_w == 1) return conv_detail::max_pool2d_avx512<1>(x, y, g);
   if (g.stride_w == 2) return conv_detail::max_pool2d_avx512<2>(x, y, g);
-  return conv_detail::max_pool2d_avx512<0>(x, y, g);
-#else
-  conv_detail::max_pool2d_scalar(x, y, g);
+  // Other strides gather, by int32 indices into a row: rows too long for them take the scalar loop.
+  const int64_t reach = (g.OW + 15) * g.stride_w + (g.KW - 1) * g.dil_w + g.pad_w + g.W;
+  if (reach <= std::numeric_limits<int32_t>::max()) return conv_detail::max_pool2d_avx512<0>(x, y, g);
 #endif
+  conv_detail::max_pool2d_scalar(x, y, g);
 }
 
 // dx[N,C,H,W] = the gradient of max_pool2d given x, its output y and dy: zeros,
