@@ -13,6 +13,9 @@
 //   conv2d_grad_input  dy, w                       -> dx
 //   conv2d_grad_weight x, dy                       -> dw
 //   max_pool2d         x                           -> y
+//   max_pool2d_reference x                         -> y by a plain loop here (one
+//                      output at a time, every window position in order), which
+//                      dg::max_pool2d must match bit for bit
 //   max_pool2d_grad    x, y, dy                    -> dx
 //   avg_pool2d         x                           -> y
 //   avg_pool2d_grad    dy                          -> dx
@@ -25,6 +28,8 @@
 // times conv2d on random data against dg::gemm with the same sizes (one
 // [O/groups, K] @ [K, OH*OW] product per image and group, K = C/groups*KH*KW)
 // and prints the GFLOP/s of both.
+//   conv_runtime_driver bench_max_pool2d <16 numbers> reps
+// times dg::max_pool2d and the reference loop above on random data.
 //   conv_runtime_driver isa      prints dg::gemm_isa().
 #include <chrono>
 #include <cmath>
@@ -159,6 +164,49 @@ int bench(const dg::Conv2dGeom& g, int reps) {
     return 0;
 }
 
+// y = max_pool2d of x, written plainly: every window position in order (kh
+// outer, kw inner), padding skipped; a NaN, once seen, is kept (the last one).
+void max_pool2d_reference(const float* x, float* y, const dg::Conv2dGeom& g) {
+    for (int64_t p = 0; p < g.N * g.C; ++p) {
+        for (int64_t oh = 0; oh < g.OH; ++oh) {
+            for (int64_t ow = 0; ow < g.OW; ++ow) {
+                float m = -std::numeric_limits<float>::infinity();
+                for (int64_t kh = 0; kh < g.KH; ++kh) {
+                    for (int64_t kw = 0; kw < g.KW; ++kw) {
+                        const int64_t ih = oh * g.stride_h - g.pad_h + kh * g.dil_h;
+                        const int64_t iw = ow * g.stride_w - g.pad_w + kw * g.dil_w;
+                        if (ih < 0 || ih >= g.H || iw < 0 || iw >= g.W) continue;
+                        const float v = x[(p * g.H + ih) * g.W + iw];
+                        if (v > m || std::isnan(v)) m = v;
+                    }
+                }
+                y[(p * g.OH + oh) * g.OW + ow] = m;
+            }
+        }
+    }
+}
+
+int bench_max_pool2d(const dg::Conv2dGeom& g, int reps) {
+    std::vector<float> x(g.N * g.C * g.H * g.W), y(g.N * g.C * g.OH * g.OW);
+    uint32_t state = 12345;
+    for (auto& v : x) {
+        state = state * 1664525u + 1013904223u;
+        v = static_cast<float>(state >> 8) / 16777216.0f - 0.5f;
+    }
+    dg::max_pool2d(x.data(), y.data(), g);  // warm up
+    auto t0 = std::chrono::steady_clock::now();
+    for (int r = 0; r < reps; ++r) dg::max_pool2d(x.data(), y.data(), g);
+    const double pool_s = seconds_since(t0) / reps;
+    max_pool2d_reference(x.data(), y.data(), g);
+    t0 = std::chrono::steady_clock::now();
+    for (int r = 0; r < reps; ++r) max_pool2d_reference(x.data(), y.data(), g);
+    const double ref_s = seconds_since(t0) / reps;
+    std::printf("threads %d\n", dg::get_num_threads());
+    std::printf("max_pool2d            %9.2f us\n", pool_s * 1e6);
+    std::printf("max_pool2d_reference  %9.2f us\n", ref_s * 1e6);
+    return 0;
+}
+
 int run(int argc, char** argv) {
     if (argc < 2) throw std::runtime_error("usage: conv_runtime_driver <op> <16 geometry numbers> [extra]");
     const std::string op = argv[1];
@@ -169,6 +217,7 @@ int run(int argc, char** argv) {
     if (argc < 18) throw std::runtime_error("driver: expected 16 geometry numbers");
     const dg::Conv2dGeom g = geom_args(argv);
     if (op == "bench") return bench(g, argc > 18 ? std::stoi(argv[18]) : 10);
+    if (op == "bench_max_pool2d") return bench_max_pool2d(g, argc > 18 ? std::stoi(argv[18]) : 100);
 
     const int64_t x_n = g.N * g.C * g.H * g.W, y_n = g.N * g.O * g.OH * g.OW;
     const int64_t w_n = g.O * (g.C / g.groups) * g.KH * g.KW;
@@ -252,6 +301,11 @@ int run(int argc, char** argv) {
         in.expect_end();
         out = nans(y_n);
         dg::max_pool2d(x.data(), out.data(), g);
+    } else if (op == "max_pool2d_reference") {
+        const auto x = in.take(x_n);
+        in.expect_end();
+        out = nans(y_n);
+        max_pool2d_reference(x.data(), out.data(), g);
     } else if (op == "max_pool2d_grad") {
         const auto x = in.take(x_n), y = in.take(y_n), dy = in.take(y_n);
         in.expect_end();

@@ -367,6 +367,89 @@ def test_avg_pool2d(driver, g):
     close(driver("avg_pool2d_grad", g, inputs=[dy]), x.grad)
 
 
+def sized(g, OH, OW):
+    """g with the output size set (ceil_mode gives one row or column more than the
+    floor; bigger still leaves windows all padding, which Conv2dGeom allows)."""
+    g.OH, g.OW = OH, OW
+    return g
+
+
+# Shapes for the bit-for-bit comparison: the AVX-512 path runs 16 outputs of a row
+# at a time, stride 1 and 2 by loads, other strides by gathers, masking the lanes
+# before and after the row.
+MAX_POOL_BIT_CASES = [
+    pool_geom(1, 64, 32, 32, 3, 2, 1),            # ResNet's stem pool at 64px: OW 16, one vector
+    pool_geom(2, 3, 9, 37, 3, 1, 1),              # stride 1, OW 37: three vectors, the last partial
+    pool_geom(1, 2, 11, 16, 3, 1, 0),             # OW 14
+    pool_geom(1, 2, 6, 16, 3, 1, 1),              # OW 16: the last lane's window ends past the row
+    pool_geom(1, 2, 8, 17, 2, 1, 0),              # OW 16, the loads end at the row's end
+    pool_geom(1, 3, 13, 45, 3, 2, 1),             # stride 2, OW 23
+    pool_geom(2, 2, 7, 5, 3, 2, 1),               # rows narrower than a vector
+    pool_geom(1, 2, 12, 50, 3, 3, 1),             # stride 3 (gather)
+    pool_geom(1, 2, 9, 61, (2, 4), (3, 5), (1, 2)),  # stride 5, windows skip positions
+    pool_geom(1, 2, 15, 41, 3, 2, 2, dil=2),      # dilation 2, stride 2
+    pool_geom(1, 2, 10, 35, 3, 1, 2, dil=2),      # dilation 2, stride 1
+    pool_geom(1, 2, 13, 40, 3, 3, 3, dil=(1, 2)),  # dilation 2, stride 3
+    pool_geom(1, 3, 9, 33, (2, 5), (1, 2), (0, 2)),  # rectangular
+    pool_geom(1, 2, 6, 21, 1, 2, 0),              # 1x1 window, stride 2: every other input
+    pool_geom(2, 2, 5, 5, 5, 1, 2),               # window bigger than the input
+    pool_geom(1, 2, 8, 19, 3, 1, 3),              # padding 3 > the window's reach: edge windows all padding
+    sized(pool_geom(1, 2, 34, 34, 3, 2, 0), 17, 17),  # ceil_mode: the last window cut by the edge
+    sized(pool_geom(1, 2, 33, 47, 3, 2, 1), 17, 24),  # ceil_mode with padding
+    sized(pool_geom(1, 2, 5, 37, 2, 3, 0), 3, 14),    # ceil_mode, stride 3
+    sized(pool_geom(1, 2, 5, 5, 2, 2, 0), 4, 4),      # beyond ceil_mode: windows all padding (-inf)
+    sized(pool_geom(1, 2, 6, 30, 3, 2, 1, dil=2), 4, 17),  # dilated, the last windows past the edge
+]
+
+
+def _planted(shape, seed):
+    """Random floats with NaNs (random sign and payload), infinities and signed zeros
+    planted, as raw uint32 bits."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(shape).astype(np.float32).view(np.uint32)
+    kind = rng.integers(0, 40, shape)
+    nan = 0x7FC00000 | rng.integers(0, 1 << 22, shape, dtype=np.uint32) | (rng.integers(0, 2, shape, dtype=np.uint32) << 31)
+    x = np.where(kind == 0, nan, x)
+    x = np.where(kind == 1, np.float32(-np.inf).view(np.uint32), x)
+    x = np.where(kind == 2, np.float32(np.inf).view(np.uint32), x)
+    x = np.where(kind == 3, np.uint32(0), x)
+    x = np.where(kind == 4, np.uint32(0x80000000), x)
+    return x.astype(np.uint32)
+
+
+@pytest.mark.parametrize("g", MAX_POOL_BIT_CASES, ids=repr)
+def test_max_pool2d_bits_match_plain_loop(driver, g):
+    """dg::max_pool2d gives the bits of a plain loop (tests/conv_runtime_driver.cpp's
+    max_pool2d_reference): the same maximum, the same signed zero, the last NaN of
+    the window with its payload, -inf for a window all padding. Inputs are mostly
+    ordinary values, so that the planted ones meet them; once more with many NaNs
+    and -infs, and once with every value -inf or 0."""
+    shape = (g.N, g.C, g.H, g.W)
+    rng = np.random.default_rng(11)
+    inputs = [_planted(shape, 0), _planted(shape, 1)]
+    dense = _planted(shape, 2)
+    dense[rng.integers(0, 3, shape) == 0] = np.float32(np.nan).view(np.uint32)
+    dense[rng.integers(0, 3, shape) == 0] = np.float32(-np.inf).view(np.uint32)
+    inputs.append(dense)
+    inputs.append(np.where(rng.integers(0, 2, shape) == 0, np.float32(-np.inf).view(np.uint32), np.uint32(0)))
+    for x in inputs:
+        x = x.view(np.float32)
+        got = driver("max_pool2d", g, inputs=[x]).view(np.uint32)
+        want = driver("max_pool2d_reference", g, inputs=[x]).view(np.uint32)
+        assert got.size == g.N * g.C * g.OH * g.OW
+        np.testing.assert_array_equal(got, want)
+    if g.OH * g.OW > 16:  # two threads: the same bits
+        np.testing.assert_array_equal(driver("max_pool2d", g, inputs=[x], threads=2).view(np.uint32), got)
+
+
+def test_max_pool2d_reference_matches_torch(driver):
+    """The plain loop the bits are compared with is PyTorch's max_pool2d (no NaN)."""
+    g = pool_geom(2, 3, 11, 23, 3, 2, 1, dil=2)
+    x = np.random.default_rng(4).standard_normal((g.N, g.C, g.H, g.W)).astype(np.float32)
+    want = F.max_pool2d(torch.from_numpy(x), 3, 2, 1, 2).numpy().ravel()
+    np.testing.assert_array_equal(driver("max_pool2d_reference", g, inputs=[x]), want)
+
+
 def test_max_pool2d_padded_window_bigger_than_input(driver):
     """Padding beyond what PyTorch allows (windows partly outside): still the max of the real inputs."""
     g = pool_geom(2, 2, 5, 5, 5, 1, 2)

@@ -44,6 +44,10 @@
 #include "dg_packed_weights.h"
 #include "dg_parallel.h"
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 namespace dg {
 
 // Floats of workspace conv2d_grad_weight needs: the column matrix of one image
@@ -989,20 +993,17 @@ inline int64_t padded_count(int64_t i0, int64_t k, int64_t dil, int64_t in, int6
   return count;
 }
 
-}  // namespace conv_detail
-
-// y[N,C,OH,OW] = the maximum over each window of x[N,C,H,W]; padding positions
-// are ignored (as -inf) and NaN propagates.  y is overwritten.  Windows whose
-// columns all lie inside the input (most of them) take a loop without the
-// column checks, visiting the same positions in the same order: same results.
-inline void max_pool2d(const float* x, float* y, const Conv2dGeom& g) {
+// The scalar max_pool2d: one output at a time.  Windows whose columns all lie
+// inside the input (most of them) take a loop without the column checks,
+// visiting the same positions in the same order: same results.
+inline void max_pool2d_scalar(const float* x, float* y, const Conv2dGeom& g) {
   const int64_t H = g.H, W = g.W, OH = g.OH, OW = g.OW;
   // [ow_lo, ow_hi): the windows with ow*stride_w - pad_w >= 0 and their last
   // column ow*stride_w - pad_w + (KW-1)*dil_w < W.
   const int64_t last = W - 1 + g.pad_w - (g.KW - 1) * g.dil_w;
   const int64_t ow_hi = last < 0 ? 0 : std::min(OW, last / g.stride_w + 1);
   const int64_t ow_lo = std::min(ow_hi, (g.pad_w + g.stride_w - 1) / g.stride_w);
-  conv_detail::for_planes(g.N * g.C, g.N * g.C * OH * OW * g.KH * g.KW, [&](int64_t p) {
+  for_planes(g.N * g.C, g.N * g.C * OH * OW * g.KH * g.KW, [&](int64_t p) {
     const float* xp = x + p * H * W;
     float* yp = y + p * OH * OW;
     for (int64_t oh = 0; oh < OH; ++oh) {
@@ -1036,6 +1037,99 @@ inline void max_pool2d(const float* x, float* y, const Conv2dGeom& g) {
       }
     }
   });
+}
+
+#if defined(__AVX512F__)
+
+// The AVX-512 max_pool2d: 16 outputs of a row at a time, one lane each.  A
+// padding position reads as -inf, which changes no maximum (`-inf > m` is
+// false whatever m is), so every lane can visit all KH*KW positions of its
+// window in the scalar order, kh outer, kw inner, with the same choice:
+//   m = v > m || isnan(v) ? v : m
+// as two compares and a blend (not vmaxps alone, which keeps m when v is NaN).
+// The results are the scalar loop's bit for bit, NaN payloads included.
+
+// The lanes [lo, hi) of a 16-lane mask, 0 <= lo <= hi <= 16.
+inline __mmask16 lanes(int64_t lo, int64_t hi) {
+  return static_cast<__mmask16>(((1u << hi) - 1u) & ~((1u << lo) - 1u));
+}
+
+// The 16 values xr[start + t], t = 0..15, of a row of W floats: -inf where
+// start + t lies outside [0, W).  A plain load inside the row; at its edges a
+// masked load, which reads only the lanes in the row.  Before the row, the
+// first values are expanded into the lanes from -start on, so that no address
+// before xr is formed.
+inline __m512 load_row16(const float* xr, int64_t W, int64_t start) {
+  if (start >= 0 && start + 16 <= W) return _mm512_loadu_ps(xr + start);
+  const __m512 neg_inf = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+  const __mmask16 in_row = lanes(std::clamp<int64_t>(-start, 0, 16), std::clamp<int64_t>(W - start, 0, 16));
+  if (start < 0) return _mm512_mask_expandloadu_ps(neg_inf, in_row, xr);
+  return _mm512_mask_loadu_ps(neg_inf, in_row, xr + std::min(start, W));
+}
+
+// The 16 values xr[start + j*stride], j = 0..15 (-inf outside the row).
+// kStride 1: one load; 2: the even lanes of two loads; 0 (any other stride):
+// a gather of the lanes in the row.
+template <int kStride>
+inline __m512 load_strided16(const float* xr, int64_t W, int64_t start, int64_t stride) {
+  if (kStride == 1) return load_row16(xr, W, start);
+  if (kStride == 2) {
+    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    return _mm512_permutex2var_ps(load_row16(xr, W, start), even, load_row16(xr, W, start + 16));
+  }
+  const __m512i j = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m512i at = _mm512_add_epi32(_mm512_set1_epi32(static_cast<int32_t>(start)),
+                                      _mm512_mullo_epi32(j, _mm512_set1_epi32(static_cast<int32_t>(stride))));
+  const __mmask16 in_row = _mm512_cmpge_epi32_mask(at, _mm512_setzero_si512()) &
+                           _mm512_cmplt_epi32_mask(at, _mm512_set1_epi32(static_cast<int32_t>(W)));
+  return _mm512_mask_i32gather_ps(_mm512_set1_ps(-std::numeric_limits<float>::infinity()), in_row, at, xr, 4);
+}
+
+template <int kStride>
+inline void max_pool2d_avx512(const float* x, float* y, const Conv2dGeom& g) {
+  const int64_t H = g.H, W = g.W, OH = g.OH, OW = g.OW, sw = g.stride_w;
+  for_planes(g.N * g.C, g.N * g.C * OH * OW * g.KH * g.KW, [&](int64_t p) {
+    const float* xp = x + p * H * W;
+    float* yp = y + p * OH * OW;
+    for (int64_t oh = 0; oh < OH; ++oh) {
+      const int64_t ih0 = oh * g.stride_h - g.pad_h;
+      for (int64_t ow0 = 0; ow0 < OW; ow0 += 16) {
+        __m512 m = _mm512_set1_ps(-std::numeric_limits<float>::infinity());
+        for (int64_t kh = 0; kh < g.KH; ++kh) {
+          const int64_t ih = ih0 + kh * g.dil_h;
+          if (ih < 0 || ih >= H) continue;
+          const float* xr = xp + ih * W;
+          for (int64_t kw = 0; kw < g.KW; ++kw) {
+            const __m512 v = load_strided16<kStride>(xr, W, ow0 * sw - g.pad_w + kw * g.dil_w, sw);
+            const __mmask16 take =
+                _mm512_cmp_ps_mask(v, m, _CMP_GT_OQ) | _mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q);
+            m = _mm512_mask_mov_ps(m, take, v);
+          }
+        }
+        _mm512_mask_storeu_ps(yp + oh * OW + ow0, lanes(0, std::min<int64_t>(16, OW - ow0)), m);
+      }
+    }
+  });
+}
+
+#endif  // __AVX512F__
+
+}  // namespace conv_detail
+
+// y[N,C,OH,OW] = the maximum over each window of x[N,C,H,W]; padding positions
+// are ignored (as -inf) and NaN propagates (the window's last NaN, in the
+// order kh outer, kw inner); a window all padding gives -inf.  y is
+// overwritten.  AVX-512 builds run 16 outputs of a row at a time, others one
+// at a time: the same results.
+inline void max_pool2d(const float* x, float* y, const Conv2dGeom& g) {
+#if defined(__AVX512F__)
+  if (g.stride_w == 1) return conv_detail::max_pool2d_avx512<1>(x, y, g);
+  if (g.stride_w == 2) return conv_detail::max_pool2d_avx512<2>(x, y, g);
+  // Other strides gather, by int32 indices into a row: rows too long for them take the scalar loop.
+  const int64_t reach = (g.OW + 15) * g.stride_w + (g.KW - 1) * g.dil_w + g.pad_w + g.W;
+  if (reach <= std::numeric_limits<int32_t>::max()) return conv_detail::max_pool2d_avx512<0>(x, y, g);
+#endif
+  conv_detail::max_pool2d_scalar(x, y, g);
 }
 
 // dx[N,C,H,W] = the gradient of max_pool2d given x, its output y and dy: zeros,
