@@ -348,6 +348,10 @@ struct column_order<S, std::void_t<decltype(S::kColumnOrder)>> : std::bool_const
 
 }  // namespace bf16_detail
 
+// The most bytes of the weight's panels that bf16_products multiplies by every
+// row block before it goes on (about half of a core's L2).
+constexpr int64_t kBf16SliceBytes = int64_t(1) << 20;
+
 // The products of M bf16 activation rows a (bf16_row_width(b) values each,
 // bf16_padded_rows(M) rows: the padding zeros; laid out as bf16_tiled_at says) by b, in blocks: rows x two
 // panels (32 columns) on tiles, or up to 8 rows x 2-4 panels with vdpbf16ps.
@@ -356,7 +360,10 @@ struct column_order<S, std::void_t<decltype(S::kColumnOrder)>> : std::bool_const
 // Blocks are split over threads in row-block order: the blocks of one row block
 // follow each other on one thread, its activation tiles staying in L1 while the
 // weight's panels stream from L2 (784 x 512 at 256 rows, 2 threads: 0.23 ms,
-// column-block order 0.27), unless the store asks for column-block order
+// column-block order 0.27); a weight larger than kBf16SliceBytes is taken a slice
+// of column blocks at a time, so that it is read from L3 once rather than once a
+// row block (the BERT encoder at batch 64, one thread, loaded machine: 179-193 ->
+// 173-181 ms, mins of alternate runs); unless the store asks for column-block order
 // (column_order: a convolution's, ResNet-50 64px batch 64, one thread: 316 ->
 // 231 ms, its planes written in order); store runs on the thread that made the block.
 template <class Store>
@@ -414,12 +421,19 @@ void bf16_products(const uint16_t* a, const Bf16PackedB& b, int64_t M, const Sto
         store.rows_done(i, i1);
       }
     } else {
+      // Row-block order within slices of the weight's column blocks that fit in
+      // L2 (kBf16SliceBytes), slice after slice.
+      const int64_t block_bytes = block_panels * b.pairs * Bf16PackedB::kCols * 2 * int64_t(sizeof(uint16_t));
+      const int64_t slice = std::max<int64_t>(1, kBf16SliceBytes / block_bytes);
 #pragma omp for schedule(static)
       for (int64_t item = 0; item < row_blocks * col_blocks; ++item) {
-        if constexpr (bf16_detail::column_order<Store>::value)
+        if constexpr (bf16_detail::column_order<Store>::value) {
           block(item % row_blocks * block_rows, item / row_blocks * block_panels);
-        else
-          block(item / col_blocks * block_rows, item % col_blocks * block_panels);
+        } else {
+          const int64_t first = item / (row_blocks * slice) * slice;  // the slice's first column block
+          const int64_t width = std::min(slice, col_blocks - first), at = item - first * row_blocks;
+          block(at / width * block_rows, (first + at % width) * block_panels);
+        }
       }
     }
   }
