@@ -502,8 +502,9 @@ inline int64_t int8_amx_tiles(const int8_t* a, int64_t M, int64_t K, int64_t kti
       for (int64_t t = 0; t < ktiles; ++t) {
         int8_t* o = out + ((rt * ktiles + t) * 16 + r) * 64;
         const int64_t n = i < M ? std::min<int64_t>(64, row - 64 * t) : 0;  // ktiles * 64 >= row: n >= 1
-        if (n > 0) std::memcpy(o, a + i * row + 64 * t, static_cast<size_t>(n));
-        if (n < 64) std::memset(o + n, 0, static_cast<size_t>(64 - n));
+        // one masked 64-byte load and store (memcpy and memset calls: 2x the time)
+        const __mmask64 keep = _cvtu64_mask64(n == 64 ? ~uint64_t(0) : (uint64_t(1) << n) - 1);
+        _mm512_storeu_si512(o, _mm512_maskz_loadu_epi8(keep, a + i * row + 64 * t));
       }
     }
   return ktiles * 1024;
