@@ -518,27 +518,16 @@ inline int64_t int8_amx_tiles(const int8_t* a, int64_t M, int64_t K, int64_t kti
 // rows 53 against 52, 256 rows 194 against 149, 512 rows 402 against 299.
 constexpr int64_t kInt8AmxMinParallelWork = int64_t(1) << 27;  // 134 M
 
-// matmul_int8 with AMX tiles (M >= kInt8AmxMinRows, amx_ready()). Column blocks
-// of two panels are split over threads, each thread with its own tile
-// configuration (every tile 16 rows x 64 bytes); a block runs against every 32
-// rows (2 A tiles: 2 x 2 C tiles) while its panels are in the cache.
-inline void matmul_int8_amx(const int8_t* a8, float xs, const Int8PackedB& b, float* c, int64_t M) {
+// The products with AMX tiles of the activation a as tile loads read it: row r of
+// k tile t of row tile q at a + q * a_tile + t * a_step + r * a_row (see
+// matmul_int8_amx_block). Column blocks of two panels are split over threads,
+// each thread with its own tile configuration (every tile 16 rows x 64 bytes); a
+// block runs against every 32 rows (2 A tiles: 2 x 2 C tiles) while its panels
+// are in the cache.
+inline void matmul_int8_amx_from(const int8_t* a, int64_t a_row, int64_t a_step, int64_t a_tile, float xs,
+                                 const Int8PackedB& b, float* c, int64_t M) {
   const int64_t N = b.N, ktiles = b.panel_groups / Int8PackedB::kTileGroups;
   const int64_t row_tiles = (M + 15) / 16, blocks = (b.panels + 1) / 2;
-  // One column block (N <= 32) reads the activation once: straight from its rows
-  // where they are whole tiles, else (and for more column blocks) from the copy.
-  const int64_t row = int8_row_bytes(b.K);
-  const int8_t* a = a8;
-  int64_t a_row = row, a_step = 64, a_tile = 16 * row;
-  if (blocks > 1 || row % 64 != 0 || M % 16 != 0) {
-    static thread_local std::vector<int8_t> tiles;
-    if (static_cast<int64_t>(tiles.size()) < row_tiles * ktiles * 1024)
-      tiles.resize(static_cast<size_t>(row_tiles * ktiles * 1024));
-    a = tiles.data();
-    a_tile = int8_amx_tiles(a8, M, b.K, ktiles, tiles.data());
-    a_row = 64;
-    a_step = 1024;
-  }
   const double work = 2.0 * double(M) * double(N) * double(b.K);
   const int threads =
       work < double(kInt8AmxMinParallelWork) ? 1 : threads_for(work < 1e18 ? int64_t(work) : int64_t(1e18));
@@ -573,6 +562,43 @@ inline void matmul_int8_amx(const int8_t* a8, float xs, const Int8PackedB& b, fl
     }
   }
 }
+
+// matmul_int8 with AMX tiles (M >= kInt8AmxMinRows, amx_ready()). One column
+// block (N <= 32) reads the activation once: straight from its rows where they
+// are whole tiles; else (and for more column blocks) from int8_amx_tiles' copy.
+inline void matmul_int8_amx(const int8_t* a8, float xs, const Int8PackedB& b, float* c, int64_t M) {
+  const int64_t ktiles = b.panel_groups / Int8PackedB::kTileGroups, row = int8_row_bytes(b.K);
+  const int64_t row_tiles = (M + 15) / 16, blocks = (b.panels + 1) / 2;
+  if (blocks == 1 && row % 64 == 0 && M % 16 == 0) {
+    matmul_int8_amx_from(a8, row, 64, 16 * row, xs, b, c, M);
+    return;
+  }
+  static thread_local std::vector<int8_t> tiles;
+  if (static_cast<int64_t>(tiles.size()) < row_tiles * ktiles * 1024)
+    tiles.resize(static_cast<size_t>(row_tiles * ktiles * 1024));
+  const int64_t a_tile = int8_amx_tiles(a8, M, b.K, ktiles, tiles.data());
+  matmul_int8_amx_from(tiles.data(), 64, 1024, a_tile, xs, b, c, M);
+}
+
+// Whether matmul_int8 multiplies M rows with AMX tiles (then matmul_int8_tiles can
+// take the activation already laid out as int8_amx_tiles lays it out).
+inline bool int8_amx_used(int64_t M) {
+  return M >= kInt8AmxMinRows && amx_ready();
+}
+
+// The k tiles (64 bytes of a row each) of an activation row of K values.
+inline int64_t int8_amx_ktiles(int64_t K) {
+  return (K + 63) / 64;
+}
+
+// matmul_int8 of an activation made in int8_amx_tiles' layout by the caller
+// (a convolution writes its rows there directly): row i's k at tiles +
+// ((i / 16) * ktiles + k / 64) * 1024 + (i % 16) * 64 + k % 64, with ktiles =
+// int8_amx_ktiles(K); zeros past K and past M. Only where int8_amx_used(M).
+inline void matmul_int8_tiles(const int8_t* tiles, const float* a_scale, const Int8PackedB& b, float* c,
+                              int64_t M) {
+  matmul_int8_amx_from(tiles, 64, 1024, int8_amx_ktiles(b.K) * 1024, a_scale[0], b, c, M);
+}
 #endif
 
 // c[M, N] = float(a[M, K] . op(W)) * (a_scale[0] * w_scale[j]): a is the quantized
@@ -584,7 +610,7 @@ inline void matmul_int8_amx(const int8_t* a8, float xs, const Int8PackedB& b, fl
 inline void matmul_int8(const int8_t* a, const float* a_scale, const Int8PackedB& b, float* c, int64_t M) {
   const float xs = a_scale[0];
 #if DG_INT8_AMX
-  if (M >= kInt8AmxMinRows && amx_ready()) {
+  if (int8_amx_used(M)) {
     matmul_int8_amx(a, xs, b, c, M);
     return;
   }

@@ -229,11 +229,10 @@ inline void conv2d_int8(const float* x, const float* x_scale, const KeptInt8Weig
   const int64_t images =
       std::max<int64_t>(1, std::min(g.N, kInt8ConvRowBytes / std::max<int64_t>(1, OHW * lda)));
   const bool own_rows = g.pointwise() && lda == C;  // the channels-last copy is the rows
-  static thread_local std::vector<int8_t> plane_buffer, copy_buffer, row_buffer;
+  static thread_local std::vector<int8_t> plane_buffer, copy_buffer, row_buffer, tile_buffer;
   static thread_local std::vector<float> product_buffer;
   int8_t* planes = int8_conv_detail::grown(plane_buffer, C * HW);
   int8_t* xq = int8_conv_detail::grown(copy_buffer, images * HW * C);
-  int8_t* rows = own_rows ? xq : int8_conv_detail::grown(row_buffer, images * OHW * lda);
   float* product = int8_conv_detail::grown(product_buffer, images * OHW * O);
   const std::vector<conv_detail::Tap> taps = conv_detail::taps_of(g);
   for (int64_t n0 = 0; n0 < g.N; n0 += images) {
@@ -242,19 +241,48 @@ inline void conv2d_int8(const float* x, const float* x_scale, const KeptInt8Weig
       quantize_int8_span(x + (n0 + i) * C * HW, planes, inv, C * HW, kInt8ActivationMax);  // vectorized
       int8_conv_detail::transpose(planes, C, HW, xq + i * HW * C, C);
     }
-    if (!own_rows) {
+#if DG_INT8_AMX
+    if (int8_amx_used(M)) {
+      // each row made in a line of whole k tiles, then its tiles' 64-byte rows stored
+      // where matmul_int8_tiles reads them (int8_amx_tiles' layout: no second copy)
+      const int64_t ktiles = int8_amx_ktiles(K), rows_in_tiles = (M + 15) / 16 * 16;
+      int8_t* tiles = int8_conv_detail::grown(tile_buffer, rows_in_tiles * ktiles * 64);
       const int threads = threads_for(conv_detail::kCopyWork * M * K);
 #ifdef _OPENMP
 #pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
 #else
       (void)threads;
 #endif
-      for (int64_t r = 0; r < M; ++r) {
-        const int64_t i = r / OHW, p = r % OHW;
-        int8_conv_detail::window_row(xq + i * HW * C, taps, p / g.OW, p % g.OW, rows + r * lda, lda, g);
+      for (int64_t r = 0; r < rows_in_tiles; ++r) {
+        static thread_local std::vector<int8_t> line_buffer;
+        int8_t* line = int8_conv_detail::grown(line_buffer, ktiles * 64);
+        if (r < M)
+          int8_conv_detail::window_row(xq + r / OHW * HW * C, taps, r % OHW / g.OW, r % OHW % g.OW, line,
+                                       ktiles * 64, g);
+        int8_t* at = tiles + ((r / 16) * ktiles * 16 + r % 16) * 64;  // its first k tile's row
+        for (int64_t t = 0; t < ktiles; ++t)
+          _mm512_storeu_si512(at + t * 1024,
+                              r < M ? _mm512_loadu_si512(line + t * 64) : _mm512_setzero_si512());
       }
+      matmul_int8_tiles(tiles, x_scale, *packed, product, M);
+    } else
+#endif
+    {
+      int8_t* rows = own_rows ? xq : int8_conv_detail::grown(row_buffer, M * lda);
+      if (!own_rows) {
+        const int threads = threads_for(conv_detail::kCopyWork * M * K);
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
+#else
+        (void)threads;
+#endif
+        for (int64_t r = 0; r < M; ++r) {
+          const int64_t i = r / OHW, p = r % OHW;
+          int8_conv_detail::window_row(xq + i * HW * C, taps, p / g.OW, p % g.OW, rows + r * lda, lda, g);
+        }
+      }
+      matmul_int8(rows, x_scale, *packed, product, M);
     }
-    matmul_int8(rows, x_scale, *packed, product, M);
     for (int64_t i = 0; i < count; ++i)
       int8_conv_detail::to_planes(product + i * OHW * O, OHW, O, b, y + (n0 + i) * O * OHW);
   }
