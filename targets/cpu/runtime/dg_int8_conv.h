@@ -136,39 +136,9 @@ inline void window_row(const int8_t* xq, const std::vector<conv_detail::Tap>& ta
   if (from != nullptr && at + n < lda) copy_run(nullptr, row + at + n, lda - at - n);
 }
 
-#if defined(__AVX512F__)
-// r[i][j] = r[j][i]: a 16 x 16 float block transposed in registers (pairs of rows
-// interleaved, then pairs of pairs, then 128-bit lanes twice).
-inline void transpose16(__m512 r[16]) {
-  __m512 t[16];
-  for (int i = 0; i < 16; i += 2) {
-    t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
-    t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
-  }
-  for (int i = 0; i < 16; i += 4) {
-    r[i] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
-    r[i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
-    r[i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
-    r[i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(_mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
-  }
-  for (int i = 0; i < 4; ++i) {
-    t[i] = _mm512_shuffle_f32x4(r[i], r[4 + i], 0x88);
-    t[4 + i] = _mm512_shuffle_f32x4(r[i], r[4 + i], 0xdd);
-    t[8 + i] = _mm512_shuffle_f32x4(r[8 + i], r[12 + i], 0x88);
-    t[12 + i] = _mm512_shuffle_f32x4(r[8 + i], r[12 + i], 0xdd);
-  }
-  for (int i = 0; i < 4; ++i) {
-    r[i] = _mm512_shuffle_f32x4(t[i], t[8 + i], 0x88);
-    r[8 + i] = _mm512_shuffle_f32x4(t[i], t[8 + i], 0xdd);
-    r[4 + i] = _mm512_shuffle_f32x4(t[4 + i], t[12 + i], 0x88);
-    r[12 + i] = _mm512_shuffle_f32x4(t[4 + i], t[12 + i], 0xdd);
-  }
-}
-#endif
-
 // y[o * P + p] = from[p * O + o] (+ b[o]): the product's rows (P positions of O
 // channels) as the image's O output planes. With AVX-512, 16 positions x 16
-// channels at a time (16 loads, transpose16, 16 stores); the rest by blocks of 16
+// channels at a time (16 loads, int8_transpose16, 16 stores); the rest by blocks of 16
 // positions, which stay in the L1 cache while every channel reads them (read a
 // channel at a time over all positions, the rows missed the cache: ~15% of an
 // int8 ResNet-18's time).
@@ -181,7 +151,7 @@ inline void to_planes(const float* from, int64_t P, int64_t O, const float* b, f
       __m512 r[16];
       for (int i = 0; i < 16; ++i)
         r[i] = _mm512_loadu_ps(from + (p0 + i) * O + o0);
-      transpose16(r);
+      int8_transpose16(r);
       for (int i = 0; i < 16; ++i)
         _mm512_storeu_ps(y + (o0 + i) * P + p0,
                          b != nullptr ? _mm512_add_ps(r[i], _mm512_set1_ps(b[o0 + i])) : r[i]);
@@ -233,7 +203,6 @@ inline void conv2d_int8(const float* x, const float* x_scale, const KeptInt8Weig
   static thread_local std::vector<float> product_buffer;
   int8_t* planes = int8_conv_detail::grown(plane_buffer, C * HW);
   int8_t* xq = int8_conv_detail::grown(copy_buffer, images * HW * C);
-  float* product = int8_conv_detail::grown(product_buffer, images * OHW * O);
   const std::vector<conv_detail::Tap> taps = conv_detail::taps_of(g);
   for (int64_t n0 = 0; n0 < g.N; n0 += images) {
     const int64_t count = std::min(images, g.N - n0), M = count * OHW;
@@ -264,25 +233,25 @@ inline void conv2d_int8(const float* x, const float* x_scale, const KeptInt8Weig
           _mm512_storeu_si512(at + t * 1024,
                               r < M ? _mm512_loadu_si512(line + t * 64) : _mm512_setzero_si512());
       }
-      matmul_int8_tiles(tiles, x_scale, *packed, product, M);
-    } else
+      matmul_int8_tiles(tiles, x_scale, *packed, y + n0 * O * OHW, M, /*plane=*/OHW, b);  // with the bias
+      continue;
+    }
 #endif
-    {
-      int8_t* rows = own_rows ? xq : int8_conv_detail::grown(row_buffer, M * lda);
-      if (!own_rows) {
-        const int threads = threads_for(conv_detail::kCopyWork * M * K);
+    int8_t* rows = own_rows ? xq : int8_conv_detail::grown(row_buffer, M * lda);
+    if (!own_rows) {
+      const int threads = threads_for(conv_detail::kCopyWork * M * K);
 #ifdef _OPENMP
 #pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
 #else
-        (void)threads;
+      (void)threads;
 #endif
-        for (int64_t r = 0; r < M; ++r) {
-          const int64_t i = r / OHW, p = r % OHW;
-          int8_conv_detail::window_row(xq + i * HW * C, taps, p / g.OW, p % g.OW, rows + r * lda, lda, g);
-        }
+      for (int64_t r = 0; r < M; ++r) {
+        const int64_t i = r / OHW, p = r % OHW;
+        int8_conv_detail::window_row(xq + i * HW * C, taps, p / g.OW, p % g.OW, rows + r * lda, lda, g);
       }
-      matmul_int8(rows, x_scale, *packed, product, M);
     }
+    float* product = int8_conv_detail::grown(product_buffer, M * O);
+    matmul_int8(rows, x_scale, *packed, product, M);
     for (int64_t i = 0; i < count; ++i)
       int8_conv_detail::to_planes(product + i * OHW * O, OHW, O, b, y + (n0 + i) * O * OHW);
   }
