@@ -111,9 +111,9 @@ inline void copy_run(const int8_t* from, int8_t* to, int64_t n) {
 // row[0..lda) = output position (oh, ow)'s window of xq (one image [H, W, C]): the
 // taps in order, C bytes each (zeros where the tap is in the padding), then
 // zeros. Neighbouring taps whose bytes lie side by side in xq (or which are both
-// padding) are one run.
-inline void window_row(const int8_t* xq, const std::vector<conv_detail::Tap>& taps, int64_t oh, int64_t ow,
-                       int8_t* row, int64_t lda, const Conv2dGeom& g) {
+// padding) are one run. (window_row_runs: any dilation; window_row below.)
+inline void window_row_runs(const int8_t* xq, const std::vector<conv_detail::Tap>& taps, int64_t oh,
+                            int64_t ow, int8_t* row, int64_t lda, const Conv2dGeom& g) {
   const int64_t C = g.C;
   const int8_t* from = nullptr;  // the pending run: from (null: zeros), to row + at, n bytes
   int64_t at = 0, n = 0;
@@ -134,6 +134,32 @@ inline void window_row(const int8_t* xq, const std::vector<conv_detail::Tap>& ta
   if (from == nullptr) n = lda - at;  // the padding after K with the last zeros
   copy_run(from, row + at, n);
   if (from != nullptr && at + n < lda) copy_run(nullptr, row + at + n, lda - at - n);
+}
+
+// window_row_runs where the kernel's columns are next to each other (dilation 1 in
+// width): a kernel row's taps inside the input are one run of bytes, so the row
+// is KH runs with the zeros around them, found without going through the taps
+// (which cost as much as the copies at 3 x 3 kernels).
+inline void window_row(const int8_t* xq, const std::vector<conv_detail::Tap>& taps, int64_t oh, int64_t ow,
+                       int8_t* row, int64_t lda, const Conv2dGeom& g) {
+  if (g.dil_w != 1) {
+    window_row_runs(xq, taps, oh, ow, row, lda, g);
+    return;
+  }
+  const int64_t C = g.C, KW = g.KW, run = KW * C, iw = ow * g.stride_w - g.pad_w;
+  const int64_t lo = std::min(KW, std::max<int64_t>(0, -iw)), hi = std::max(lo, std::min(KW, g.W - iw));
+  for (int64_t kh = 0; kh < g.KH; ++kh) {
+    const int64_t ih = oh * g.stride_h - g.pad_h + kh * g.dil_h;
+    int8_t* out = row + kh * run;
+    if (ih < 0 || ih >= g.H || lo == hi) {
+      copy_run(nullptr, out, run);
+      continue;
+    }
+    if (lo > 0) copy_run(nullptr, out, lo * C);
+    copy_run(xq + (ih * g.W + iw + lo) * C, out + lo * C, (hi - lo) * C);
+    if (hi < KW) copy_run(nullptr, out + hi * C, (KW - hi) * C);
+  }
+  if (g.KH * run < lda) copy_run(nullptr, row + g.KH * run, lda - g.KH * run);
 }
 
 // y[o * P + p] = from[p * O + o] (+ b[o]): the product's rows (P positions of O
