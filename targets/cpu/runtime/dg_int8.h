@@ -37,6 +37,8 @@
 //   avx2          the AVX2 kernel (vpmaddubsw + vpmaddwd)
 //   portable      plain loops
 // Each sums the same integers (exact, in int32), then the same float steps.
+// A convolution (dg_int8_conv.h) may make its rows straight in the AMX tiles'
+// layout and have its output written as planes with the bias (matmul_int8_tiles).
 //
 // Part of the deepgen runtime: hand-written, copied unchanged into every
 // generated project that uses it.
