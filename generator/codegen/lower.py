@@ -280,16 +280,17 @@ class LowerCtx:
             raise NotImplementedError(f"{fn} cannot read {kept.member} ({kept.kept_as}): no such call in the runtime")
         return kept.calls[fn]
 
-    def kept_int8(self, w, scale, tb: bool, k, n) -> str:
+    def kept_int8(self, w, scale, tb: bool, k, n, taps: int = 1) -> str:
         """The Model's dg::KeptInt8Weight member of parameter w (op(w) [k, n]) quantized
         with `scale` (runtime/dg_int8_weights.h): quantized and packed once per change of
-        the parameters. It reads w as stored, so no packing of w may stand in for it."""
+        the parameters (a convolution's with taps = KH * KW > 1: each row's k packed
+        channels-last). It reads w as stored, so no packing of w may stand in for it."""
         self.plain_reads.add(id(w))
         key = (id(w), "int8")
         if key not in self.kept:
             member = _member_name(self.graph, f"{w.name}_int8", self.live_names())
             self.kept[key] = KeptInt8(member, self.modules.path(w.name), self.modules.path(scale.name), bool(tb),
-                                      self.size(k), self.size(n))
+                                      self.size(k), self.size(n), taps)
         return self.kept[key].member
 
     def prepared(self, b) -> tuple:

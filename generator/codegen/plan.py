@@ -276,6 +276,7 @@ class KeptInt8:
     tb: bool  # the param is stored [N, K] (a PyTorch Linear weight)
     K: str
     N: str
+    taps: int = 1  # a convolution's KH * KW: its rows packed channels-last (dg_int8_weights.h)
     quantized: bool = True  # (the templates tell it from a KeptPacking by this)
     prepare = ""  # (a KeptPacking's: none here)
     kept_as = ""
@@ -283,8 +284,9 @@ class KeptInt8:
 
     def __str__(self) -> str:
         tb = "true" if self.tb else "false"
+        taps = f", /*taps=*/{self.taps}" if self.taps > 1 else ""
         return (f'dg::KeptInt8Weight {self.member}{{_version, {self.param}, {self.scale}, "{self.scale}", /*tb=*/{tb}, '
-                f"/*K=*/{self.K}, /*N=*/{self.N}}};")
+                f"/*K=*/{self.K}, /*N=*/{self.N}{taps}}};")
 
 
 @dataclass

@@ -7,9 +7,10 @@ y[n, o] = float(sum_k qx[n, window k] * qw[o, k]) * (x_scale * w_scale[o]) (+ b[
 with qx = quantize(x, x_scale) (one static scale per tensor, `<weight>_input_scale`;
 the zero padding quantizes to 0), qw the weight's rows [O, C*KH*KW] quantized per
 output channel to [-63, 63] (`<weight>_scale` [O]), the sum exact in int32, the
-float32 steps in the same order as the runtime's (dg_int8_conv.h: the column matrix
-of an image quantized, the int8 product of dg_int8.h, then the bias). So the numpy
-reference and the C++ agree bit for bit."""
+float32 steps in the same order as the runtime's (dg_int8_conv.h: the input quantized,
+its windows' rows times the weight by the int8 product of dg_int8.h, then the bias; the
+runtime orders each row's k tap-major, channels-last, and the kept weight's rows the
+same way: /*taps=*/KH*KW). So the numpy reference and the C++ agree bit for bit."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import numpy as np
 from ..codegen.stmt import Named
 from ..errors import DeepgenError
 from ..ir.shapes import fmt_shape, numel, same
-from .conv import _columns, _conv_ref, _describe, _geom
+from .conv import _conv_ref, _describe, _geom
 from .quantize import WEIGHT_QMAX, check_scale, quantize
 from .registry import OpDef, get_op, register
 
@@ -69,9 +70,8 @@ class Conv2dInt8(OpDef):
         y = node.outputs[0]
         kernel, out_hw = tuple(w.shape[2:]), tuple(y.shape[2:])
         geom, name = _geom(ctx, node, x.shape, w.shape[0], kernel, out_hw, w.name)
-        cols = _columns(node, x.shape, kernel, out_hw)
-        work = ctx.workspace(f"{y.name}_cols", cols) if cols else "nullptr"
-        kept = ctx.kept_int8(w, ws, True, numel(w.shape[1:]), w.shape[0])  # rows [O, C*KH*KW], once per change
+        # rows [O, C*KH*KW], each row's k packed channels-last (tap by tap), once per change
+        kept = ctx.kept_int8(w, ws, True, numel(w.shape[1:]), w.shape[0], int(kernel[0]) * int(kernel[1]))
         b = ctx.read(node.inputs[4]) if len(node.inputs) == 5 else "nullptr"
-        return [geom, ctx.call("dg::conv2d_int8", ctx.read(x), ctx.read(xs), kept, b, ctx.write(y), work, name,
+        return [geom, ctx.call("dg::conv2d_int8", ctx.read(x), ctx.read(xs), kept, b, ctx.write(y), "nullptr", name,
                                Named("scale_name", ctx.string(xs.name)))]

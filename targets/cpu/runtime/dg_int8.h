@@ -37,6 +37,8 @@
 //   avx2          the AVX2 kernel (vpmaddubsw + vpmaddwd)
 //   portable      plain loops
 // Each sums the same integers (exact, in int32), then the same float steps.
+// A convolution (dg_int8_conv.h) may make its rows straight in the AMX tiles'
+// layout and have its output written as planes with the bias (matmul_int8_tiles).
 //
 // Part of the deepgen runtime: hand-written, copied unchanged into every
 // generated project that uses it.
@@ -251,6 +253,42 @@ inline void int8_scale_out(const int32_t* sums, float xs, const float* w_scale, 
     c[t] = static_cast<float>(sums[t]) * (xs * w_scale[t]);
 }
 
+#if defined(__AVX512F__)
+// r[i][j] = r[j][i]: a 16 x 16 float block transposed in registers (pairs of rows
+// interleaved, then pairs of pairs, then 128-bit lanes twice).
+inline void int8_transpose16(__m512 r[16]) {
+  const __mmask16 all = 0xffff;  // (the zero-masking forms, every lane set: see quantize_int8_span)
+  const __mmask8 all8 = 0xff;
+  __m512 t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_maskz_unpacklo_ps(all, r[i], r[i + 1]);
+    t[i + 1] = _mm512_maskz_unpackhi_ps(all, r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {
+    r[i] =
+        _mm512_castpd_ps(_mm512_maskz_unpacklo_pd(all8, _mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
+    r[i + 1] =
+        _mm512_castpd_ps(_mm512_maskz_unpackhi_pd(all8, _mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
+    r[i + 2] = _mm512_castpd_ps(
+        _mm512_maskz_unpacklo_pd(all8, _mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
+    r[i + 3] = _mm512_castpd_ps(
+        _mm512_maskz_unpackhi_pd(all8, _mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
+  }
+  for (int i = 0; i < 4; ++i) {
+    t[i] = _mm512_maskz_shuffle_f32x4(all, r[i], r[4 + i], 0x88);
+    t[4 + i] = _mm512_maskz_shuffle_f32x4(all, r[i], r[4 + i], 0xdd);
+    t[8 + i] = _mm512_maskz_shuffle_f32x4(all, r[8 + i], r[12 + i], 0x88);
+    t[12 + i] = _mm512_maskz_shuffle_f32x4(all, r[8 + i], r[12 + i], 0xdd);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[i] = _mm512_maskz_shuffle_f32x4(all, t[i], t[8 + i], 0x88);
+    r[8 + i] = _mm512_maskz_shuffle_f32x4(all, t[i], t[8 + i], 0xdd);
+    r[4 + i] = _mm512_maskz_shuffle_f32x4(all, t[4 + i], t[12 + i], 0x88);
+    r[12 + i] = _mm512_maskz_shuffle_f32x4(all, t[4 + i], t[12 + i], 0xdd);
+  }
+}
+#endif
+
 #if defined(__AVX2__)
 // sum += the four products of each column's 4 bytes of w with the row's 4 bytes in
 // x (unsigned): vpdpbusd where the CPU has VNNI, else vpmaddubsw (pairs, exact:
@@ -355,6 +393,36 @@ inline void int8_store16(__m512i sum, __m512 scale, float* out, int64_t cols) {
     _mm512_storeu_ps(out, y);
   else
     _mm512_mask_storeu_ps(out, static_cast<__mmask16>((1u << cols) - 1), y);
+}
+
+// The 16 x 16 block of sums (row r at sums + r * ld: product rows i0 + r, columns
+// j..j + cols) scaled as int8_store16 scales them (+ bias[j], one float add) and
+// written as planes: product row i is position i % plane of image i / plane, so
+// (i, j) goes to c[((i / plane) * N + j) * plane + i % plane]. The block is
+// transposed in registers; each column's 16 rows are one store where they lie in
+// one plane (plane a multiple of 16), else a masked store per plane (the lanes
+// moved down by vcompressps). Rows past `rows` are not stored.
+inline void int8_store16_planes(const int32_t* sums, int64_t ld, __m512 scale, const float* bias, float* c,
+                                int64_t i0, int64_t rows, int64_t j, int64_t cols, int64_t N, int64_t plane) {
+  __m512 v[16];
+  for (int r = 0; r < 16; ++r)
+    v[r] = _mm512_mul_ps(
+        _mm512_maskz_cvtepi32_ps(static_cast<__mmask16>(0xffff), _mm512_loadu_si512(sums + r * ld)), scale);
+  int8_transpose16(v);
+  for (int64_t t = 0; t < cols; ++t) {
+    const __m512 y = bias != nullptr ? _mm512_add_ps(v[t], _mm512_set1_ps(bias[j + t])) : v[t];
+    for (int64_t i = i0; i < i0 + rows;) {
+      const int64_t p = i % plane, n = std::min(plane - p, i0 + rows - i);
+      float* out = c + (i / plane * N + j + t) * plane + p;
+      if (n == 16) {
+        _mm512_storeu_ps(out, y);
+      } else {
+        const __mmask16 lanes = static_cast<__mmask16>(((1u << n) - 1) << (i - i0));
+        _mm512_mask_storeu_ps(out, static_cast<__mmask16>((1u << n) - 1), _mm512_maskz_compress_ps(lanes, y));
+      }
+      i += n;
+    }
+  }
 }
 
 // R rows of the flipped activation (a, lda bytes apart) times P panels from p0:
@@ -502,8 +570,9 @@ inline int64_t int8_amx_tiles(const int8_t* a, int64_t M, int64_t K, int64_t kti
       for (int64_t t = 0; t < ktiles; ++t) {
         int8_t* o = out + ((rt * ktiles + t) * 16 + r) * 64;
         const int64_t n = i < M ? std::min<int64_t>(64, row - 64 * t) : 0;  // ktiles * 64 >= row: n >= 1
-        if (n > 0) std::memcpy(o, a + i * row + 64 * t, static_cast<size_t>(n));
-        if (n < 64) std::memset(o + n, 0, static_cast<size_t>(64 - n));
+        // one masked 64-byte load and store (memcpy and memset calls: 2x the time)
+        const __mmask64 keep = _cvtu64_mask64(n == 64 ? ~uint64_t(0) : (uint64_t(1) << n) - 1);
+        _mm512_storeu_si512(o, _mm512_maskz_loadu_epi8(keep, a + i * row + 64 * t));
       }
     }
   return ktiles * 1024;
@@ -517,27 +586,17 @@ inline int64_t int8_amx_tiles(const int8_t* a, int64_t M, int64_t K, int64_t kti
 // rows 53 against 52, 256 rows 194 against 149, 512 rows 402 against 299.
 constexpr int64_t kInt8AmxMinParallelWork = int64_t(1) << 27;  // 134 M
 
-// matmul_int8 with AMX tiles (M >= kInt8AmxMinRows, amx_ready()). Column blocks
-// of two panels are split over threads, each thread with its own tile
-// configuration (every tile 16 rows x 64 bytes); a block runs against every 32
-// rows (2 A tiles: 2 x 2 C tiles) while its panels are in the cache.
-inline void matmul_int8_amx(const int8_t* a8, float xs, const Int8PackedB& b, float* c, int64_t M) {
+// The products with AMX tiles of the activation a as tile loads read it: row r of
+// k tile t of row tile q at a + q * a_tile + t * a_step + r * a_row (see
+// matmul_int8_amx_block). Column blocks of two panels are split over threads,
+// each thread with its own tile configuration (every tile 16 rows x 64 bytes); a
+// block runs against every 32 rows (2 A tiles: 2 x 2 C tiles) while its panels
+// are in the cache.
+inline void matmul_int8_amx_from(const int8_t* a, int64_t a_row, int64_t a_step, int64_t a_tile, float xs,
+                                 const Int8PackedB& b, float* c, int64_t M, int64_t plane = 0,
+                                 const float* bias = nullptr) {
   const int64_t N = b.N, ktiles = b.panel_groups / Int8PackedB::kTileGroups;
   const int64_t row_tiles = (M + 15) / 16, blocks = (b.panels + 1) / 2;
-  // One column block (N <= 32) reads the activation once: straight from its rows
-  // where they are whole tiles, else (and for more column blocks) from the copy.
-  const int64_t row = int8_row_bytes(b.K);
-  const int8_t* a = a8;
-  int64_t a_row = row, a_step = 64, a_tile = 16 * row;
-  if (blocks > 1 || row % 64 != 0 || M % 16 != 0) {
-    static thread_local std::vector<int8_t> tiles;
-    if (static_cast<int64_t>(tiles.size()) < row_tiles * ktiles * 1024)
-      tiles.resize(static_cast<size_t>(row_tiles * ktiles * 1024));
-    a = tiles.data();
-    a_tile = int8_amx_tiles(a8, M, b.K, ktiles, tiles.data());
-    a_row = 64;
-    a_step = 1024;
-  }
   const double work = 2.0 * double(M) * double(N) * double(b.K);
   const int threads =
       work < double(kInt8AmxMinParallelWork) ? 1 : threads_for(work < 1e18 ? int64_t(work) : int64_t(1e18));
@@ -564,6 +623,12 @@ inline void matmul_int8_amx(const int8_t* a8, float xs, const Int8PackedB& b, fl
         for (int q = 0; q < ct; ++q) {
           const int64_t j = (p0 + q) * Int8PackedB::kCols, cols = std::min(Int8PackedB::kCols, N - j);
           const __m512 scale = _mm512_mul_ps(vxs, _mm512_loadu_ps(b.scale.data() + j));
+          if (plane > 0) {
+            for (int h = 0; h < rts; ++h)
+              int8_store16_planes(sums + h * 16 * ct * 16 + q * 16, ct * 16, scale, bias, c, (rt + h) * 16,
+                                  std::min<int64_t>(16, rows - 16 * h), j, cols, N, plane);
+            continue;
+          }
           for (int64_t r = 0; r < rows; ++r)
             int8_store16(_mm512_load_si512(sums + r * ct * 16 + q * 16), scale, c + (rt * 16 + r) * N + j,
                          cols);
@@ -571,6 +636,46 @@ inline void matmul_int8_amx(const int8_t* a8, float xs, const Int8PackedB& b, fl
       }
     }
   }
+}
+
+// matmul_int8 with AMX tiles (M >= kInt8AmxMinRows, amx_ready()). One column
+// block (N <= 32) reads the activation once: straight from its rows where they
+// are whole tiles; else (and for more column blocks) from int8_amx_tiles' copy.
+inline void matmul_int8_amx(const int8_t* a8, float xs, const Int8PackedB& b, float* c, int64_t M) {
+  const int64_t ktiles = b.panel_groups / Int8PackedB::kTileGroups, row = int8_row_bytes(b.K);
+  const int64_t row_tiles = (M + 15) / 16, blocks = (b.panels + 1) / 2;
+  if (blocks == 1 && row % 64 == 0 && M % 16 == 0) {
+    matmul_int8_amx_from(a8, row, 64, 16 * row, xs, b, c, M);
+    return;
+  }
+  static thread_local std::vector<int8_t> tiles;
+  if (static_cast<int64_t>(tiles.size()) < row_tiles * ktiles * 1024)
+    tiles.resize(static_cast<size_t>(row_tiles * ktiles * 1024));
+  const int64_t a_tile = int8_amx_tiles(a8, M, b.K, ktiles, tiles.data());
+  matmul_int8_amx_from(tiles.data(), 64, 1024, a_tile, xs, b, c, M);
+}
+
+// Whether matmul_int8 multiplies M rows with AMX tiles (then matmul_int8_tiles can
+// take the activation already laid out as int8_amx_tiles lays it out).
+inline bool int8_amx_used(int64_t M) {
+  return M >= kInt8AmxMinRows && amx_ready();
+}
+
+// The k tiles (64 bytes of a row each) of an activation row of K values.
+inline int64_t int8_amx_ktiles(int64_t K) {
+  return (K + 63) / 64;
+}
+
+// matmul_int8 of an activation made in int8_amx_tiles' layout by the caller
+// (a convolution writes its rows there directly): row i's k at tiles +
+// ((i / 16) * ktiles + k / 64) * 1024 + (i % 16) * 64 + k % 64, with ktiles =
+// int8_amx_ktiles(K); zeros past K and past M. Only where int8_amx_used(M). With
+// plane > 0 the result is written as planes, (i, j) + bias[j] (bias may be null)
+// at c[((i / plane) * N + j) * plane + i % plane]: a convolution's output, rows
+// being positions of images (int8_store16_planes).
+inline void matmul_int8_tiles(const int8_t* tiles, const float* a_scale, const Int8PackedB& b, float* c,
+                              int64_t M, int64_t plane = 0, const float* bias = nullptr) {
+  matmul_int8_amx_from(tiles, 64, 1024, int8_amx_ktiles(b.K) * 1024, a_scale[0], b, c, M, plane, bias);
 }
 #endif
 
@@ -583,7 +688,7 @@ inline void matmul_int8_amx(const int8_t* a8, float xs, const Int8PackedB& b, fl
 inline void matmul_int8(const int8_t* a, const float* a_scale, const Int8PackedB& b, float* c, int64_t M) {
   const float xs = a_scale[0];
 #if DG_INT8_AMX
-  if (M >= kInt8AmxMinRows && amx_ready()) {
+  if (int8_amx_used(M)) {
     matmul_int8_amx(a, xs, b, c, M);
     return;
   }

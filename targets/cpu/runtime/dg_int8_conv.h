@@ -2,16 +2,26 @@
 // (one group; grouped and depthwise ones stay float32).
 //
 // A convolution is a product: output position p of an image is the row of its
-// window's inputs (C*KH*KW values, in the weight's order) times the weight's
-// rows transposed. So each image's column matrix (conv_detail::im2col, in ws;
-// the input itself for a 1x1 of stride 1) is quantized with the activation's
-// static scale and laid out as int8 rows, one per output position
-// (quantize_int8's layout: rows of int8_row_bytes(K) bytes), multiplied by the
-// Model's int8 weight (dg::KeptInt8Weight of [O, C*KH*KW]: quantized per output
-// channel and packed once per change) with dg::matmul_int8 (AMX, VNNI, AVX2 or
-// portable: the same int32 sums), and the [positions, O] result written into
-// the output planes with the bias: the float32 steps of ops/quantize_conv.py's
-// reference, in the same order (bit for bit).
+// window's inputs (C*KH*KW values) times the weight's rows transposed. Here the
+// rows are made channels-last:
+//   1. each image is quantized with the activation's static scale (the zero
+//      padding quantizes to 0) into an int8 copy [H, W, C] (quantize_int8_span,
+//      then a byte transpose);
+//   2. an output position's row is its window's taps, tap after tap (kh outer,
+//      kw inner), each tap the C channels of one input position: runs of
+//      contiguous bytes (with dilation 1 a whole kernel row, KW * C bytes, is
+//      one run), zeros where the window lies in the padding, then zeros to
+//      quantize_int8's row length (int8_row_bytes(K)). A 1x1 convolution of
+//      stride 1 reads the copy itself when C is a multiple of 4;
+//   3. the rows of several images at once (up to kInt8ConvRowBytes: at small
+//      planes one image has few rows, and each product reads the whole weight)
+//      are multiplied by the Model's int8 weight (dg::KeptInt8Weight of
+//      [O, C*KH*KW] packed with each row's k in the same channels-last order,
+//      dg_int8_weights.h) with dg::matmul_int8 (AMX, VNNI, AVX2 or portable);
+//   4. the [positions, O] result is written into the output planes with the bias
+//      (to_planes: a transposition).
+// The int32 sums are exact, whatever the order of k; the float32 steps are those of
+// ops/quantize_conv.py's reference, in the same order (bit for bit).
 //
 // Part of the deepgen runtime: hand-written, copied unchanged into every
 // generated project that uses it. Header-only, C++17.
@@ -69,41 +79,207 @@ inline void transpose(const int8_t* from, int64_t K, int64_t P, int8_t* to, int6
           to[p * ld + k] = from[k * P + p];
 }
 
+// A buffer of the calling thread that only grows: its bytes are all written before
+// they are read, so they are never zeroed per call.
+template <typename T>
+inline T* grown(std::vector<T>& buffer, int64_t n) {
+  if (static_cast<int64_t>(buffer.size()) < n) buffer.resize(static_cast<size_t>(n));
+  return buffer.data();
+}
+
+// to[0..n) = from[0..n), or zeros where from is null: with AVX-512 BW, 64 bytes
+// at a time and a masked last piece (a memcpy call costs more than a run of a
+// few dozen bytes).
+inline void copy_run(const int8_t* from, int8_t* to, int64_t n) {
+#if defined(__AVX512BW__)
+  const __m512i zero = _mm512_setzero_si512();
+  int64_t i = 0;
+  for (; i + 64 <= n; i += 64)
+    _mm512_storeu_si512(to + i, from != nullptr ? _mm512_loadu_si512(from + i) : zero);
+  if (i < n) {
+    const __mmask64 rest = _cvtu64_mask64(~uint64_t(0) >> (64 - (n - i)));
+    _mm512_mask_storeu_epi8(to + i, rest, from != nullptr ? _mm512_maskz_loadu_epi8(rest, from + i) : zero);
+  }
+#else
+  if (from != nullptr)
+    std::memcpy(to, from, static_cast<size_t>(n));
+  else
+    std::memset(to, 0, static_cast<size_t>(n));
+#endif
+}
+
+// row[0..lda) = output position (oh, ow)'s window of xq (one image [H, W, C]): the
+// taps in order, C bytes each (zeros where the tap is in the padding), then
+// zeros. Neighbouring taps whose bytes lie side by side in xq (or which are both
+// padding) are one run. (window_row_runs: any dilation; window_row below.)
+inline void window_row_runs(const int8_t* xq, const std::vector<conv_detail::Tap>& taps, int64_t oh,
+                            int64_t ow, int8_t* row, int64_t lda, const Conv2dGeom& g) {
+  const int64_t C = g.C;
+  const int8_t* from = nullptr;  // the pending run: from (null: zeros), to row + at, n bytes
+  int64_t at = 0, n = 0;
+  for (size_t t = 0; t < taps.size(); ++t) {
+    const conv_detail::Tap& p = taps[t];
+    const bool inside = oh >= p.oh_lo && oh < p.oh_hi && ow >= p.ow_lo && ow < p.ow_hi;
+    const int8_t* src =
+        inside ? xq + ((oh * g.stride_h + p.off_h) * g.W + ow * g.stride_w + p.off_w) * C : nullptr;
+    if (n > 0 && (src == nullptr ? from == nullptr : from != nullptr && src == from + n)) {
+      n += C;
+      continue;
+    }
+    if (n > 0) copy_run(from, row + at, n);
+    from = src;
+    at = static_cast<int64_t>(t) * C;
+    n = C;
+  }
+  if (from == nullptr) n = lda - at;  // the padding after K with the last zeros
+  copy_run(from, row + at, n);
+  if (from != nullptr && at + n < lda) copy_run(nullptr, row + at + n, lda - at - n);
+}
+
+// window_row_runs where the kernel's columns are next to each other (dilation 1 in
+// width): a kernel row's taps inside the input are one run of bytes, so the row
+// is KH runs with the zeros around them, found without going through the taps
+// (which cost as much as the copies at 3 x 3 kernels).
+inline void window_row(const int8_t* xq, const std::vector<conv_detail::Tap>& taps, int64_t oh, int64_t ow,
+                       int8_t* row, int64_t lda, const Conv2dGeom& g) {
+  if (g.dil_w != 1) {
+    window_row_runs(xq, taps, oh, ow, row, lda, g);
+    return;
+  }
+  const int64_t C = g.C, KW = g.KW, run = KW * C, iw = ow * g.stride_w - g.pad_w;
+  const int64_t lo = std::min(KW, std::max<int64_t>(0, -iw)), hi = std::max(lo, std::min(KW, g.W - iw));
+  for (int64_t kh = 0; kh < g.KH; ++kh) {
+    const int64_t ih = oh * g.stride_h - g.pad_h + kh * g.dil_h;
+    int8_t* out = row + kh * run;
+    if (ih < 0 || ih >= g.H || lo == hi) {
+      copy_run(nullptr, out, run);
+      continue;
+    }
+    if (lo > 0) copy_run(nullptr, out, lo * C);
+    copy_run(xq + (ih * g.W + iw + lo) * C, out + lo * C, (hi - lo) * C);
+    if (hi < KW) copy_run(nullptr, out + hi * C, (KW - hi) * C);
+  }
+  if (g.KH * run < lda) copy_run(nullptr, row + g.KH * run, lda - g.KH * run);
+}
+
+// y[o * P + p] = from[p * O + o] (+ b[o]): the product's rows (P positions of O
+// channels) as the image's O output planes. With AVX-512, 16 positions x 16
+// channels at a time (16 loads, int8_transpose16, 16 stores); the rest by blocks of 16
+// positions, which stay in the L1 cache while every channel reads them (read a
+// channel at a time over all positions, the rows missed the cache: ~15% of an
+// int8 ResNet-18's time).
+inline void to_planes(const float* from, int64_t P, int64_t O, const float* b, float* y) {
+  int64_t p0 = 0;
+#if defined(__AVX512F__)
+  for (; p0 + 16 <= P; p0 += 16) {
+    int64_t o0 = 0;
+    for (; o0 + 16 <= O; o0 += 16) {
+      __m512 r[16];
+      for (int i = 0; i < 16; ++i)
+        r[i] = _mm512_loadu_ps(from + (p0 + i) * O + o0);
+      int8_transpose16(r);
+      for (int i = 0; i < 16; ++i)
+        _mm512_storeu_ps(y + (o0 + i) * P + p0,
+                         b != nullptr ? _mm512_add_ps(r[i], _mm512_set1_ps(b[o0 + i])) : r[i]);
+    }
+    for (; o0 < O; ++o0)
+      for (int64_t p = p0; p < p0 + 16; ++p)
+        y[o0 * P + p] = b != nullptr ? from[p * O + o0] + b[o0] : from[p * O + o0];
+  }
+#endif
+  for (; p0 < P; p0 += 16) {
+    const int64_t p1 = std::min(P, p0 + 16);
+    for (int64_t o = 0; o < O; ++o) {
+      float* plane = y + o * P;
+      if (b != nullptr) {
+        const float v = b[o];
+        for (int64_t p = p0; p < p1; ++p)
+          plane[p] = from[p * O + o] + v;
+      } else {
+        for (int64_t p = p0; p < p1; ++p)
+          plane[p] = from[p * O + o];
+      }
+    }
+  }
+}
+
 }  // namespace int8_conv_detail
 
+// The bytes of rows one product multiplies at most (several images' at small
+// planes; one image's, however many): the rows stay in the L2 cache while the
+// weight's column blocks pass by. Measured on ResNet-18 at 64x64 (AMX, 1 thread).
+constexpr int64_t kInt8ConvRowBytes = int64_t(1) << 20;
+
 // y[N, O, OH, OW] = conv2d(x, w) (+ b) in int8: x quantized with x_scale[0]
-// (named scale_name in errors), w the Model's kept int8 weight. ws holds
-// conv2d_workspace(g) floats.
+// (named scale_name in errors), w the Model's kept int8 weight (packed
+// channels-last: taps = KH * KW). ws is not read (the buffers are the calling
+// thread's, grown once).
 inline void conv2d_int8(const float* x, const float* x_scale, const KeptInt8Weight& w, const float* b,
-                        float* y, float* ws, const Conv2dGeom& g, const char* scale_name) {
+                        float* y, float* /*ws*/, const Conv2dGeom& g, const char* scale_name) {
   if (g.groups != 1) throw std::logic_error("dg::conv2d_int8: one group only (the generator's rule)");
   check_int8_scales(x_scale, 1, scale_name);
   if (g.N <= 0) return;
   const std::shared_ptr<const Int8PackedB> packed = w.use();
-  const int64_t HW = g.H * g.W, OHW = g.OH * g.OW, K = packed->K, lda = int8_row_bytes(K), O = g.O;
+  const int64_t C = g.C, HW = g.H * g.W, OHW = g.OH * g.OW, K = packed->K, lda = int8_row_bytes(K), O = g.O;
   const float inv = 1.0f / x_scale[0];  // as quantize_int8 computes it
-  std::vector<int8_t> rows(static_cast<size_t>(OHW * lda), 0), quantized(static_cast<size_t>(K * OHW));
-  std::vector<float> product(static_cast<size_t>(OHW * O));
-  for (int64_t n = 0; n < g.N; ++n) {
-    const float* cols = x + n * g.C * HW;
-    if (!g.pointwise()) {
-      conv_detail::im2col(cols, g.C, ws, g);
-      cols = ws;
+  const int64_t images =
+      std::max<int64_t>(1, std::min(g.N, kInt8ConvRowBytes / std::max<int64_t>(1, OHW * lda)));
+  const bool own_rows = g.pointwise() && lda == C;  // the channels-last copy is the rows
+  static thread_local std::vector<int8_t> plane_buffer, copy_buffer, row_buffer, tile_buffer;
+  static thread_local std::vector<float> product_buffer;
+  int8_t* planes = int8_conv_detail::grown(plane_buffer, C * HW);
+  int8_t* xq = int8_conv_detail::grown(copy_buffer, images * HW * C);
+  const std::vector<conv_detail::Tap> taps = conv_detail::taps_of(g);
+  for (int64_t n0 = 0; n0 < g.N; n0 += images) {
+    const int64_t count = std::min(images, g.N - n0), M = count * OHW;
+    for (int64_t i = 0; i < count; ++i) {
+      quantize_int8_span(x + (n0 + i) * C * HW, planes, inv, C * HW, kInt8ActivationMax);  // vectorized
+      int8_conv_detail::transpose(planes, C, HW, xq + i * HW * C, C);
     }
-    quantize_int8_span(cols, quantized.data(), inv, K * OHW, kInt8ActivationMax);  // vectorized
-    int8_conv_detail::transpose(quantized.data(), K, OHW, rows.data(), lda);
-    matmul_int8(rows.data(), x_scale, *packed, product.data(), OHW);
-    for (int64_t o = 0; o < O; ++o) {
-      float* plane = y + (n * O + o) * OHW;
-      if (b != nullptr) {
-        const float v = b[o];
-        for (int64_t p = 0; p < OHW; ++p)
-          plane[p] = product[static_cast<size_t>(p * O + o)] + v;
-      } else {
-        for (int64_t p = 0; p < OHW; ++p)
-          plane[p] = product[static_cast<size_t>(p * O + o)];
+#if DG_INT8_AMX
+    if (int8_amx_used(M)) {
+      // each row made in a line of whole k tiles, then its tiles' 64-byte rows stored
+      // where matmul_int8_tiles reads them (int8_amx_tiles' layout: no second copy)
+      const int64_t ktiles = int8_amx_ktiles(K), rows_in_tiles = (M + 15) / 16 * 16;
+      int8_t* tiles = int8_conv_detail::grown(tile_buffer, rows_in_tiles * ktiles * 64);
+      const int threads = threads_for(conv_detail::kCopyWork * M * K);
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
+#else
+      (void)threads;
+#endif
+      for (int64_t r = 0; r < rows_in_tiles; ++r) {
+        static thread_local std::vector<int8_t> line_buffer;
+        int8_t* line = int8_conv_detail::grown(line_buffer, ktiles * 64);
+        if (r < M)
+          int8_conv_detail::window_row(xq + r / OHW * HW * C, taps, r % OHW / g.OW, r % OHW % g.OW, line,
+                                       ktiles * 64, g);
+        int8_t* at = tiles + ((r / 16) * ktiles * 16 + r % 16) * 64;  // its first k tile's row
+        for (int64_t t = 0; t < ktiles; ++t)
+          _mm512_storeu_si512(at + t * 1024,
+                              r < M ? _mm512_loadu_si512(line + t * 64) : _mm512_setzero_si512());
+      }
+      matmul_int8_tiles(tiles, x_scale, *packed, y + n0 * O * OHW, M, /*plane=*/OHW, b);  // with the bias
+      continue;
+    }
+#endif
+    int8_t* rows = own_rows ? xq : int8_conv_detail::grown(row_buffer, M * lda);
+    if (!own_rows) {
+      const int threads = threads_for(conv_detail::kCopyWork * M * K);
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
+#else
+      (void)threads;
+#endif
+      for (int64_t r = 0; r < M; ++r) {
+        const int64_t i = r / OHW, p = r % OHW;
+        int8_conv_detail::window_row(xq + i * HW * C, taps, p / g.OW, p % g.OW, rows + r * lda, lda, g);
       }
     }
+    float* product = int8_conv_detail::grown(product_buffer, M * O);
+    matmul_int8(rows, x_scale, *packed, product, M);
+    for (int64_t i = 0; i < count; ++i)
+      int8_conv_detail::to_planes(product + i * OHW * O, OHW, O, b, y + (n0 + i) * O * OHW);
   }
 }
 

@@ -20,6 +20,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <vector>
 
 #include "dg_int8.h"
 #include "dg_packed_weights.h"
@@ -28,14 +29,25 @@
 namespace dg {
 
 // weight [K, N] (or [N, K] when tb: a PyTorch Linear weight) quantized with
-// scale [N] (its buffer, named scale_name in errors) and packed. Thread-safe:
+// scale [N] (its buffer, named scale_name in errors) and packed. A convolution's
+// weight [O, C, KH, KW] (tb, K = C * taps, taps = KH * KW > 1) is packed with
+// each row's k in channels-last order, tap after tap and the channels of a tap
+// side by side (k = t * C + c: the order of conv2d_int8's rows, dg_int8_conv.h);
+// the values and each column's sum are the same. Thread-safe:
 // forward() calls that run at once share one packing; a packing being read stays
 // alive (shared_ptr) even if another call replaces it.
 class KeptInt8Weight {
  public:
   KeptInt8Weight(ParameterVersion& version, const Tensor<float>& weight, const Tensor<float>& scale,
-                 const char* scale_name, bool tb, int64_t K, int64_t N)
-      : version_(version), weight_(weight), scale_(scale), scale_name_(scale_name), tb_(tb), K_(K), N_(N) {}
+                 const char* scale_name, bool tb, int64_t K, int64_t N, int64_t taps = 1)
+      : version_(version),
+        weight_(weight),
+        scale_(scale),
+        scale_name_(scale_name),
+        tb_(tb),
+        K_(K),
+        N_(N),
+        taps_(taps) {}
   KeptInt8Weight(const KeptInt8Weight&) = delete;
   KeptInt8Weight& operator=(const KeptInt8Weight&) = delete;
 
@@ -67,8 +79,19 @@ class KeptInt8Weight {
 
  private:
   std::shared_ptr<const Int8PackedB> make() const {
+    if (taps_ <= 1)
+      return std::make_shared<const Int8PackedB>(
+          quantize_pack_int8(weight_.ptr(), scale_.ptr(), K_, N_, /*stored_PK=*/tb_, scale_name_));
+    // rows [N][C][taps] -> [N][taps][C] (a row's values are quantized with one scale:
+    // reordered before or after, the same bytes)
+    const int64_t C = K_ / taps_;
+    std::vector<float> order(static_cast<size_t>(N_ * K_));
+    for (int64_t j = 0; j < N_; ++j)
+      for (int64_t c = 0; c < C; ++c)
+        for (int64_t t = 0; t < taps_; ++t)
+          order[static_cast<size_t>(j * K_ + t * C + c)] = weight_.ptr()[j * K_ + c * taps_ + t];
     return std::make_shared<const Int8PackedB>(
-        quantize_pack_int8(weight_.ptr(), scale_.ptr(), K_, N_, /*stored_PK=*/tb_, scale_name_));
+        quantize_pack_int8(order.data(), scale_.ptr(), K_, N_, /*stored_PK=*/true, scale_name_));
   }
 
   ParameterVersion& version_;
@@ -76,7 +99,7 @@ class KeptInt8Weight {
   const Tensor<float>& scale_;
   const char* scale_name_;
   bool tb_;
-  int64_t K_, N_;
+  int64_t K_, N_, taps_;
   mutable std::mutex mutex_;
   mutable std::shared_ptr<const Int8PackedB> kept_;
   mutable uint64_t kept_version_ = 0;
