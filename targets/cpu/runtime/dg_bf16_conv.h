@@ -118,33 +118,14 @@ inline void pack_window_rows(const uint16_t* xt, const Conv2dGeom& g, uint16_t* 
 }
 
 // to[c * ldt + r] = from[r * ldf + c] for r, c < 16: a 16 x 16 block of floats
-// transposed in registers (pairs unpacked, then 4 x 4 blocks, then 128-bit lanes
-// moved twice).
+// transposed in registers (gemm_detail::transpose_16x16).
 inline void transpose16(const float* from, int64_t ldf, float* to, int64_t ldt) {
-  constexpr __mmask16 kAll = 0xFFFF;  // (the unmasked forms warn in gcc 12: an undefined source)
-  __m512 r[16], t[16];
+  __m512 r[16];
   for (int i = 0; i < 16; ++i)
     r[i] = _mm512_loadu_ps(from + i * ldf);
-  for (int i = 0; i < 16; i += 2) {
-    t[i] = _mm512_maskz_unpacklo_ps(kAll, r[i], r[i + 1]);
-    t[i + 1] = _mm512_maskz_unpackhi_ps(kAll, r[i], r[i + 1]);
-  }
-  for (int i = 0; i < 16; i += 4) {
-    r[i] = _mm512_maskz_shuffle_ps(kAll, t[i], t[i + 2], 0x44);
-    r[i + 1] = _mm512_maskz_shuffle_ps(kAll, t[i], t[i + 2], 0xEE);
-    r[i + 2] = _mm512_maskz_shuffle_ps(kAll, t[i + 1], t[i + 3], 0x44);
-    r[i + 3] = _mm512_maskz_shuffle_ps(kAll, t[i + 1], t[i + 3], 0xEE);
-  }
-  for (int i = 0; i < 4; ++i) {
-    t[i] = _mm512_maskz_shuffle_f32x4(kAll, r[i], r[i + 4], 0x88);
-    t[i + 4] = _mm512_maskz_shuffle_f32x4(kAll, r[i], r[i + 4], 0xDD);
-    t[i + 8] = _mm512_maskz_shuffle_f32x4(kAll, r[i + 8], r[i + 12], 0x88);
-    t[i + 12] = _mm512_maskz_shuffle_f32x4(kAll, r[i + 8], r[i + 12], 0xDD);
-  }
-  for (int i = 0; i < 8; ++i) {
-    _mm512_storeu_ps(to + i * ldt, _mm512_maskz_shuffle_f32x4(kAll, t[i], t[i + 8], 0x88));
-    _mm512_storeu_ps(to + (i + 8) * ldt, _mm512_maskz_shuffle_f32x4(kAll, t[i], t[i + 8], 0xDD));
-  }
+  gemm_detail::transpose_16x16(r);
+  for (int i = 0; i < 16; ++i)
+    _mm512_storeu_ps(to + i * ldt, r[i]);
 }
 
 // xt[H*W, C] = the image xn[C, H, W] (holding bf16 values) as bf16 bits,

@@ -665,6 +665,42 @@ struct Operand {
   bool backward = false;
 };
 
+#if defined(__AVX512F__)
+// r[i][j] = r[j][i]: a 16 x 16 float block transposed in registers (pairs of rows
+// interleaved, then pairs of pairs, then 128-bit lanes twice).
+inline void transpose_16x16(__m512 r[16]) {
+  const __mmask16 all = 0xffff;  // (the zero-masking forms, every lane set: the plain ones warn in gcc 12)
+  const __mmask8 all8 = 0xff;
+  __m512 t[16];
+  for (int i = 0; i < 16; i += 2) {
+    t[i] = _mm512_maskz_unpacklo_ps(all, r[i], r[i + 1]);
+    t[i + 1] = _mm512_maskz_unpackhi_ps(all, r[i], r[i + 1]);
+  }
+  for (int i = 0; i < 16; i += 4) {
+    r[i] =
+        _mm512_castpd_ps(_mm512_maskz_unpacklo_pd(all8, _mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
+    r[i + 1] =
+        _mm512_castpd_ps(_mm512_maskz_unpackhi_pd(all8, _mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
+    r[i + 2] = _mm512_castpd_ps(
+        _mm512_maskz_unpacklo_pd(all8, _mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
+    r[i + 3] = _mm512_castpd_ps(
+        _mm512_maskz_unpackhi_pd(all8, _mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
+  }
+  for (int i = 0; i < 4; ++i) {
+    t[i] = _mm512_maskz_shuffle_f32x4(all, r[i], r[4 + i], 0x88);
+    t[4 + i] = _mm512_maskz_shuffle_f32x4(all, r[i], r[4 + i], 0xdd);
+    t[8 + i] = _mm512_maskz_shuffle_f32x4(all, r[8 + i], r[12 + i], 0x88);
+    t[12 + i] = _mm512_maskz_shuffle_f32x4(all, r[8 + i], r[12 + i], 0xdd);
+  }
+  for (int i = 0; i < 4; ++i) {
+    r[i] = _mm512_maskz_shuffle_f32x4(all, t[i], t[8 + i], 0x88);
+    r[8 + i] = _mm512_maskz_shuffle_f32x4(all, t[i], t[8 + i], 0xdd);
+    r[4 + i] = _mm512_maskz_shuffle_f32x4(all, t[4 + i], t[12 + i], 0x88);
+    r[12 + i] = _mm512_maskz_shuffle_f32x4(all, t[4 + i], t[12 + i], 0xdd);
+  }
+}
+#endif
+
 #if defined(__AVX__)
 // Transposes an 8 x 8 block in registers: given rows[j] = x[j][0..8),
 // returns cols[k] = (x[0][k], x[1][k], ..., x[7][k]).

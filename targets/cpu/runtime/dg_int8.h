@@ -54,6 +54,7 @@
 #include <vector>
 
 #include "dg_amx.h"
+#include "dg_gemm.h"
 #include "dg_parallel.h"
 
 #if defined(__AVX2__)
@@ -254,39 +255,6 @@ inline void int8_scale_out(const int32_t* sums, float xs, const float* w_scale, 
 }
 
 #if defined(__AVX512F__)
-// r[i][j] = r[j][i]: a 16 x 16 float block transposed in registers (pairs of rows
-// interleaved, then pairs of pairs, then 128-bit lanes twice).
-inline void int8_transpose16(__m512 r[16]) {
-  const __mmask16 all = 0xffff;  // (the zero-masking forms, every lane set: see quantize_int8_span)
-  const __mmask8 all8 = 0xff;
-  __m512 t[16];
-  for (int i = 0; i < 16; i += 2) {
-    t[i] = _mm512_maskz_unpacklo_ps(all, r[i], r[i + 1]);
-    t[i + 1] = _mm512_maskz_unpackhi_ps(all, r[i], r[i + 1]);
-  }
-  for (int i = 0; i < 16; i += 4) {
-    r[i] =
-        _mm512_castpd_ps(_mm512_maskz_unpacklo_pd(all8, _mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
-    r[i + 1] =
-        _mm512_castpd_ps(_mm512_maskz_unpackhi_pd(all8, _mm512_castps_pd(t[i]), _mm512_castps_pd(t[i + 2])));
-    r[i + 2] = _mm512_castpd_ps(
-        _mm512_maskz_unpacklo_pd(all8, _mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
-    r[i + 3] = _mm512_castpd_ps(
-        _mm512_maskz_unpackhi_pd(all8, _mm512_castps_pd(t[i + 1]), _mm512_castps_pd(t[i + 3])));
-  }
-  for (int i = 0; i < 4; ++i) {
-    t[i] = _mm512_maskz_shuffle_f32x4(all, r[i], r[4 + i], 0x88);
-    t[4 + i] = _mm512_maskz_shuffle_f32x4(all, r[i], r[4 + i], 0xdd);
-    t[8 + i] = _mm512_maskz_shuffle_f32x4(all, r[8 + i], r[12 + i], 0x88);
-    t[12 + i] = _mm512_maskz_shuffle_f32x4(all, r[8 + i], r[12 + i], 0xdd);
-  }
-  for (int i = 0; i < 4; ++i) {
-    r[i] = _mm512_maskz_shuffle_f32x4(all, t[i], t[8 + i], 0x88);
-    r[8 + i] = _mm512_maskz_shuffle_f32x4(all, t[i], t[8 + i], 0xdd);
-    r[4 + i] = _mm512_maskz_shuffle_f32x4(all, t[4 + i], t[12 + i], 0x88);
-    r[12 + i] = _mm512_maskz_shuffle_f32x4(all, t[4 + i], t[12 + i], 0xdd);
-  }
-}
 #endif
 
 #if defined(__AVX2__)
@@ -408,7 +376,7 @@ inline void int8_store16_planes(const int32_t* sums, int64_t ld, __m512 scale, c
   for (int r = 0; r < 16; ++r)
     v[r] = _mm512_mul_ps(
         _mm512_maskz_cvtepi32_ps(static_cast<__mmask16>(0xffff), _mm512_loadu_si512(sums + r * ld)), scale);
-  int8_transpose16(v);
+  gemm_detail::transpose_16x16(v);
   for (int64_t t = 0; t < cols; ++t) {
     const __m512 y = bias != nullptr ? _mm512_add_ps(v[t], _mm512_set1_ps(bias[j + t])) : v[t];
     for (int64_t i = i0; i < i0 + rows;) {

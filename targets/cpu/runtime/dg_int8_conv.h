@@ -164,7 +164,7 @@ inline void window_row(const int8_t* xq, const std::vector<conv_detail::Tap>& ta
 
 // y[o * P + p] = from[p * O + o] (+ b[o]): the product's rows (P positions of O
 // channels) as the image's O output planes. With AVX-512, 16 positions x 16
-// channels at a time (16 loads, int8_transpose16, 16 stores); the rest by blocks of 16
+// channels at a time (16 loads, gemm_detail::transpose_16x16, 16 stores); the rest by blocks of 16
 // positions, which stay in the L1 cache while every channel reads them (read a
 // channel at a time over all positions, the rows missed the cache: ~15% of an
 // int8 ResNet-18's time).
@@ -177,7 +177,7 @@ inline void to_planes(const float* from, int64_t P, int64_t O, const float* b, f
       __m512 r[16];
       for (int i = 0; i < 16; ++i)
         r[i] = _mm512_loadu_ps(from + (p0 + i) * O + o0);
-      int8_transpose16(r);
+      gemm_detail::transpose_16x16(r);
       for (int i = 0; i < 16; ++i)
         _mm512_storeu_ps(y + (o0 + i) * P + p0,
                          b != nullptr ? _mm512_add_ps(r[i], _mm512_set1_ps(b[o0 + i])) : r[i]);
