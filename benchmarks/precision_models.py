@@ -21,8 +21,8 @@ int8, from the fp32 weights and CALIBRATION[family] calibration inputs (standard
 random token ids; seed 3; the same inputs for all three engines):
   deepgen       the scales `deepgen quantize` computes (generator.reference.quantize.calibrate:
                 max |x| / 127 per product's input, max |w_j| / 63 per output channel), written
-                beside the weights; convolutions stay float32 in deepgen int8 (ARCHITECTURE,
-                *int8*): only dense layers / products by a weight are int8
+                beside the weights; dense layers and one-group convolutions are int8
+                (conv2d_int8), depthwise/grouped convolutions and the rest float32
   onnxruntime   quantize_static (QDQ, per-channel int8 weights, uint8 activations, MinMax) for
                 the CNNs; quantize_dynamic (per-channel int8 weights) for the others
   openvino      nncf.quantize (post-training, default preset) of the ONNX graph, saved as IR,
