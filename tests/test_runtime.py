@@ -321,6 +321,8 @@ TRANSPOSE_CASES = [
     ((1, 5, 1, 3), (3, 0, 2, 1)),
     ((2, 3, 4, 5, 6), (4, 2, 0, 3, 1)),
     ((7, 1, 9), (0, 1, 2)),
+    ((2, 3, 4, 5), (0, 2, 1, 3)),  # a head split: the last axis copied as runs
+    ((2, 3, 4, 5), (1, 0, 2, 3)),  # two trailing axes kept: runs of 20
 ] + [((2, 3, 4), perm) for perm in itertools.permutations(range(3))]
 
 
