@@ -130,26 +130,26 @@ inline void transpose16(const float* from, int64_t ldf, float* to, int64_t ldt) 
 
 // xt[H*W, C] = the image xn[C, H, W] (holding bf16 values) as bf16 bits,
 // channels last: blocks of 16 channels x 16 positions transposed in registers
-// (transpose16; the planes' rows read whole), each position's 16 channels then
-// converted at once.
+// (the planes' rows read whole), each position's 16 channels then converted at
+// once. Blocks are shared out over threads.
 inline void to_channels_last(const float* xn, int64_t C, int64_t HW, uint16_t* xt) {
-  alignas(64) float in[16 * 16], out[16 * 16];
-  for (int64_t c0 = 0; c0 < C; c0 += 16) {
-    const int64_t channels = std::min<int64_t>(16, C - c0);
+  const int64_t position_blocks = (HW + 15) / 16, blocks = (C + 15) / 16 * position_blocks;
+  const int threads = threads_for(conv_detail::kCopyWork * C * HW);
+#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
+  for (int64_t at = 0; at < blocks; ++at) {
+    const int64_t c0 = at / position_blocks * 16, p0 = at % position_blocks * 16;
+    const int64_t channels = std::min<int64_t>(16, C - c0), positions = std::min<int64_t>(16, HW - p0);
     const __mmask16 cmask = static_cast<__mmask16>((1u << channels) - 1u);
-    for (int64_t p0 = 0; p0 < HW; p0 += 16) {
-      const int64_t positions = std::min<int64_t>(16, HW - p0);
-      const __mmask16 pmask = static_cast<__mmask16>((1u << positions) - 1u);
-      for (int64_t c = 0; c < 16; ++c)
-        _mm512_store_ps(in + c * 16, c < channels ? _mm512_maskz_loadu_ps(pmask, xn + (c0 + c) * HW + p0)
-                                                  : _mm512_setzero_ps());
-      transpose16(in, 16, out, 16);
-      for (int64_t q = 0; q < positions; ++q) {
-        const __m256bh half = _mm512_cvtneps_pbh(_mm512_load_ps(out + q * 16));
-        __m256i bits;
-        std::memcpy(&bits, &half, sizeof bits);
-        _mm256_mask_storeu_epi16(xt + (p0 + q) * C + c0, cmask, bits);
-      }
+    const __mmask16 pmask = static_cast<__mmask16>((1u << positions) - 1u);
+    __m512 r[16];
+    for (int64_t c = 0; c < 16; ++c)
+      r[c] = c < channels ? _mm512_maskz_loadu_ps(pmask, xn + (c0 + c) * HW + p0) : _mm512_setzero_ps();
+    gemm_detail::transpose_16x16(r);
+    for (int64_t q = 0; q < positions; ++q) {
+      const __m256bh half = _mm512_cvtneps_pbh(r[q]);
+      __m256i bits;
+      std::memcpy(&bits, &half, sizeof bits);
+      _mm256_mask_storeu_epi16(xt + (p0 + q) * C + c0, cmask, bits);
     }
   }
 }
