@@ -43,6 +43,7 @@ NAMES_OPS = {
     "transforms/passes.py": {"ewise", "matmul", "conv2d", "batch_norm"},  # fuse, simplify, epilogue, weight_grads_last, conv_batch_norm
     "transforms/remat.py": {"ewise", "batch_norm"},
     "transforms/cell_grad.py": {"ewise", "matmul"},  # a cell's kept GEMM results
+    "transforms/rounding.py": {"round_bf16"},  # rounded_reads
     "codegen/lower.py": {"concat"},  # LowerCtx.concat_spot
 }
 

@@ -150,6 +150,30 @@ def test_bf16_model_matches_reference_and_differs_from_fp32(name, input_name, sh
         assert 2 * ORDER_TOLERANCE < _error(want, exact) < 2**-4, (batch, _error(want, exact))
 
 
+def test_bf16_convolutions_round_their_input_as_they_read_it():
+    """In bf16 inference the rounding before a one-group convolution is the convolution's
+    own (attr rounded: dg::conv2d_bf16 rounds as it copies its input channels last): no
+    round_bf16 node is left before one, and the optimized graph's reference gives the
+    bits of the graph as built (round_bf16, then the convolution), so a reference that
+    skipped the attr's rounding would fail here."""
+    built = load_example("lenet").build("lenet_bf16")
+    set_precision(built, "bf16")
+    graph = load_example("lenet").build("lenet_bf16")
+    set_precision(graph, "bf16")
+    prepare(graph)
+    convs = [n for n in graph.nodes if n.op in ("conv2d", "conv2d_batch_norm")]
+    assert convs and all(n.attrs.get("rounded") == (0,) for n in convs), [(n.op, n.attrs) for n in convs]
+    assert all(getattr(n.inputs[0].producer, "op", None) != "round_bf16" for n in convs)
+    params = reference.init_params(built, seed=3)
+    x = np.random.default_rng(8).normal(size=(5, 1, 8, 8)).astype(np.float32)
+    want = reference.run(built, {"images": x}, params)["probs"]
+    got = reference.run(graph, {"images": x}, params)["probs"]
+    np.testing.assert_array_equal(got, want)
+    for n in convs:  # the attr matters: without it the inputs' low bits would reach the products
+        n.attrs = {k: v for k, v in n.attrs.items() if k != "rounded"}
+    assert not np.array_equal(reference.run(graph, {"images": x}, params)["probs"], want)
+
+
 def test_bf16_weights_are_rounded_once_by_their_packing(builds):
     """A weight's rounding is done by its kept packing (no dg::round_bf16 of a weight in
     run()), once per change: a weight written through parameters() is rounded and packed

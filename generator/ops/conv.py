@@ -15,7 +15,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..codegen.stmt import Declare, Named
-from ..ir.shapes import fmt_shape
+from ..ir.shapes import fmt_shape, numel
+from .precision import round_to_bf16
 from .registry import OpDef, get_op, register, require_float
 
 GEOM = ("stride", "padding", "dilation")
@@ -102,14 +103,34 @@ def kept_weight_read(node):
     return (1, True, (O, w.shape[1] * w.shape[2] * w.shape[3])) if small and G == 1 else None
 
 
+def rounds_input_on_read(node) -> tuple:
+    """(0,) where the convolution may run on a bf16 kernel, which rounds its input to
+    bfloat16 as it copies it channels last (dg::conv2d_bf16): its weight is rounded by
+    an op with a kept type of its own (OpDef.kept_as) and read through that kept
+    packing (kept_weight_read); else (). conv_call rounds the input itself where the
+    lowering then calls another function."""
+    w = node.inputs[1]
+    own_kept = w.producer is not None and bool(get_op(w.producer.op).kept_as)
+    return (0,) if own_kept and kept_weight_read(node) is not None else ()
+
+
 def conv_call(ctx, node, fn: str, w) -> tuple:
-    """(the runtime function, how it reads the weight w) of a convolution's call `fn`
-    (dg::conv2d ...): w's kept packing where kept_weight_read says so and the Model
-    keeps it (read by the function ctx.kept_call names: dg::conv2d_bf16 for a bf16
-    weight), else fn and w as stored."""
+    """(the runtime function, how it reads the weight w, how it reads the input x, the
+    lines before the call) of a convolution's call `fn` (dg::conv2d ...): w's kept
+    packing where kept_weight_read says so and the Model keeps it (read by the
+    function ctx.kept_call names: dg::conv2d_bf16 for a bf16 weight, which rounds x as
+    it reads it), else fn and w as stored. An input the node reads rounded (attr
+    `rounded`, transforms/rounding.py) that the call does not round is rounded into a
+    workspace by dg::round_bf16 first."""
+    x = node.inputs[0]
     kept = kept_weight_read(node)
     packed = ctx.packed_operand(w, True, kept[2]) if kept else None
-    return (ctx.kept_call(fn, w, True), packed[0]) if packed else (fn, ctx.read(w))
+    call, weight = (ctx.kept_call(fn, w, True), packed[0]) if packed else (fn, ctx.read(w))
+    if 0 not in node.attrs.get("rounded", ()) or call != fn:
+        return call, weight, ctx.read(x), []
+    n = numel(x.shape)
+    rounded = ctx.workspace(f"{x.name}_bf16", n)
+    return call, weight, rounded, [ctx.call("dg::round_bf16", ctx.read(x), rounded, Named("n", ctx.size(n)))]
 
 
 def _pad(x, ph, pw, value=0.0):
@@ -210,8 +231,12 @@ class Conv2d(OpDef):
     def packed_read(self, node):
         return kept_weight_read(node)
 
+    def rounds_on_read(self, node) -> tuple:
+        return rounds_input_on_read(node)
+
     def reference(self, args, attrs, dims):
-        y = _conv_ref(args[0], args[1], attrs)
+        x = round_to_bf16(args[0]) if 0 in attrs.get("rounded", ()) else args[0]
+        y = _conv_ref(x, args[1], attrs)
         if len(args) == 3:
             y = y + args[2].reshape(1, -1, 1, 1)
         return [y.astype(args[0].dtype)]
@@ -224,8 +249,8 @@ class Conv2d(OpDef):
         cols = _columns(node, x.shape, kernel, out_hw)
         ws = ctx.workspace(f"{y.name}_cols", cols) if cols else "nullptr"
         b = ctx.read(node.inputs[2]) if len(node.inputs) == 3 else "nullptr"
-        fn, weight = conv_call(ctx, node, "dg::conv2d", w)
-        return [geom, ctx.call(fn, ctx.read(x), weight, b, ctx.write(y), ws, name)]
+        fn, weight, xr, rounding = conv_call(ctx, node, "dg::conv2d", w)
+        return [geom, *rounding, ctx.call(fn, xr, weight, b, ctx.write(y), ws, name)]
 
     def grad(self, node, gouts, gb):
         (g,) = gouts

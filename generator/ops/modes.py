@@ -22,7 +22,7 @@ from ..ir.shapes import fmt_shape, numel
 from ..reference.rng import dropout_keep
 from .conv import _columns as _conv_columns
 from .conv import _geom as _conv_geom
-from .conv import conv_call, kept_weight_read
+from .conv import conv_call, kept_weight_read, rounds_input_on_read
 from .registry import OpDef, get_op, register, require_float
 
 
@@ -301,6 +301,9 @@ class ConvBatchNorm(OpDef):
     def packed_read(self, node):
         return kept_weight_read(node)
 
+    def rounds_on_read(self, node) -> tuple:
+        return rounds_input_on_read(node)
+
     def infer(self, inputs, attrs):
         conv, bn, residual = self._split(inputs, attrs)
         (y_type,) = get_op("conv2d").infer(conv, attrs)
@@ -329,8 +332,8 @@ class ConvBatchNorm(OpDef):
         ws = ctx.workspace(f"{y.name}_cols", cols) if cols else "nullptr"
         what = ctx.string(f"batch norm of the convolution of '{x.name}'")
         r = ctx.read(residual) if residual is not None else "nullptr"
-        fn, weight = conv_call(ctx, node, "dg::conv2d_batch_norm", w)
-        return [geom, ctx.call(fn, ctx.read(x), weight, b,
+        fn, weight, xr, rounding = conv_call(ctx, node, "dg::conv2d_batch_norm", w)
+        return [geom, *rounding, ctx.call(fn, xr, weight, b,
                                ctx.read(bn_w), ctx.read(bn_b), ctx.write(rm), ctx.write(rv), Named("residual", r),
                                ctx.write(y), ctx.write(mean), ctx.write(invstd), ws, name,
                                Named("eps", _float(node.attrs["eps"])),

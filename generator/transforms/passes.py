@@ -23,12 +23,13 @@ from ..ops import ARGS, get_op, make_constant
 from ..ops.linalg import epilogue_role
 from ..ops.scalar import _functions, simplified
 from .remat import remat
+from .rounding import rounded_reads
 
 LEVELS = {
     "O0": [],
     "O1": ["dce", "cse", "fold", "copyprop", "dce"],
-    "O2": ["dce", "cse", "fold", "copyprop", "conv_batch_norm", "fuse", "simplify", "epilogue", "remat",
-           "weight_grads_last", "dce"],
+    "O2": ["dce", "cse", "fold", "copyprop", "conv_batch_norm", "rounded_reads", "fuse", "simplify", "epilogue",
+           "remat", "weight_grads_last", "dce"],
 }
 
 
@@ -368,8 +369,8 @@ def simplify(graph):
     return graph
 
 
-PASSES = {"dce": dce, "cse": cse, "copyprop": copyprop, "conv_batch_norm": conv_batch_norm, "fuse": fuse,
-          "simplify": simplify, "epilogue": epilogue,
+PASSES = {"dce": dce, "cse": cse, "copyprop": copyprop, "conv_batch_norm": conv_batch_norm,
+          "rounded_reads": rounded_reads, "fuse": fuse, "simplify": simplify, "epilogue": epilogue,
           "fold": fold, "remat": remat, "weight_grads_last": weight_grads_last}
 
 

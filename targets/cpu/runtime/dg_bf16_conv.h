@@ -19,8 +19,11 @@
 // channel epilogue (batch norm, residual, relu) applied there while it is in
 // cache. Nothing is zero-filled but the padding. (ResNet-18 at 64x64, batch 1,
 // one thread: the column-matrix packing this replaced was 37% of the forward.)
-// Where the CPU has no bf16 products the convolution is dg::conv2d on the
-// weight rounded per call (the float32 products of the same bf16 values).
+// The input is rounded to bf16 as it is copied (round to nearest even, as
+// dg::round_bf16), so the generator drops the rounding call before the
+// convolution (transforms/rounding.py rounded_reads). Where the CPU has no bf16
+// products the convolution is dg::conv2d on the input and the weight rounded per
+// call (the float32 products of the same bf16 values).
 //
 // Part of the deepgen runtime: hand-written, copied unchanged into every
 // generated project that uses it. Header-only, C++17.
@@ -39,6 +42,7 @@
 #include "dg_conv.h"
 #include "dg_conv_geom.h"
 #include "dg_modes.h"
+#include "dg_precision.h"
 
 namespace dg {
 
@@ -128,7 +132,7 @@ inline void transpose16(const float* from, int64_t ldf, float* to, int64_t ldt) 
     _mm512_storeu_ps(to + i * ldt, r[i]);
 }
 
-// xt[H*W, C] = the image xn[C, H, W] (holding bf16 values) as bf16 bits,
+// xt[H*W, C] = the image xn[C, H, W] rounded to bf16 (to nearest even),
 // channels last: blocks of 16 channels x 16 positions transposed in registers
 // (the planes' rows read whole), each position's 16 channels then converted at
 // once. Blocks are shared out over threads.
@@ -259,15 +263,18 @@ void conv2d_bf16_with(const float* x, const KeptBf16Weight& w, const float* b, f
     bf16_products(a.get(), *weight, M, ChannelsInto<Epi>{y, b, g, n0, epi});
   }
 #else
+  std::vector<float> xr(static_cast<size_t>(g.N * g.C * g.H * g.W));
+  round_bf16(x, xr.data(), static_cast<int64_t>(xr.size()));
   const std::vector<float> rounded = w.rounded();
-  conv_detail::conv2d_with(x, rounded.data(), b, y, ws, g, epi);
+  conv_detail::conv2d_with(xr.data(), rounded.data(), b, y, ws, g, epi);
 #endif
 }
 
 }  // namespace bf16_detail
 
-// y = conv2d(x, w, b) as dg::conv2d computes it (dg_conv.h), for x holding bf16
-// values and the Model's kept bf16 weight w: bf16 products, float32 sums.
+// y = conv2d(x, w, b) as dg::conv2d computes it (dg_conv.h), for x rounded to
+// bf16 (as it is read: x itself need not hold bf16 values) and the Model's kept
+// bf16 weight w: bf16 products, float32 sums.
 inline void conv2d_bf16(const float* x, const KeptBf16Weight& w, const float* b, float* y, float* ws,
                         const Conv2dGeom& g) {
   bf16_detail::conv2d_bf16_with(x, w, b, y, ws, g, conv_detail::NoChannelEpilogue());
