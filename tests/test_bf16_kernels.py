@@ -62,9 +62,9 @@ def test_bf16_products_equal_float64_products_of_the_bf16_values(drivers, driver
     if amx is not None:
         env["DG_AMX"] = amx
     for m, k, n, tb in CASES:
-        x = round_to_bf16(rng.normal(size=(m, k)).astype(np.float32))  # as the generated code passes it
+        x = rng.normal(size=(m, k)).astype(np.float32)  # unrounded, as the generated code passes it: every path rounds it
         w = rng.normal(size=(n, k) if tb else (k, n)).astype(np.float32)
-        xr, wr = x.astype(np.float64), round_to_bf16(w).astype(np.float64)
+        xr, wr = round_to_bf16(x).astype(np.float64), round_to_bf16(w).astype(np.float64)
         wk = wr.T if tb else wr
         want = xr @ wk + 1.0
         bound = (k + 1) * 2.0**-24 * (np.abs(xr) @ np.abs(wk)) + 2.0**-23 * np.abs(want)

@@ -15,8 +15,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..codegen.stmt import Declare, Named
-from ..ir.shapes import fmt_shape, numel
-from .precision import round_to_bf16
+from ..ir.shapes import fmt_shape
+from .precision import read_rounded, rounded_args, rounded_weight
 from .registry import OpDef, get_op, register, require_float
 
 GEOM = ("stride", "padding", "dilation")
@@ -105,13 +105,10 @@ def kept_weight_read(node):
 
 def rounds_input_on_read(node) -> tuple:
     """(0,) where the convolution may run on a bf16 kernel, which rounds its input to
-    bfloat16 as it copies it channels last (dg::conv2d_bf16): its weight is rounded by
-    an op with a kept type of its own (OpDef.kept_as) and read through that kept
-    packing (kept_weight_read); else (). conv_call rounds the input itself where the
-    lowering then calls another function."""
-    w = node.inputs[1]
-    own_kept = w.producer is not None and bool(get_op(w.producer.op).kept_as)
-    return (0,) if own_kept and kept_weight_read(node) is not None else ()
+    bfloat16 as it copies it channels last (dg::conv2d_bf16): its weight is a
+    parameter's bf16 rounding (ops/precision.py rounded_weight) read through a kept
+    packing (kept_weight_read); else ()."""
+    return (0,) if rounded_weight(node.inputs[1]) and kept_weight_read(node) is not None else ()
 
 
 def conv_call(ctx, node, fn: str, w) -> tuple:
@@ -119,18 +116,13 @@ def conv_call(ctx, node, fn: str, w) -> tuple:
     lines before the call) of a convolution's call `fn` (dg::conv2d ...): w's kept
     packing where kept_weight_read says so and the Model keeps it (read by the
     function ctx.kept_call names: dg::conv2d_bf16 for a bf16 weight, which rounds x as
-    it reads it), else fn and w as stored. An input the node reads rounded (attr
-    `rounded`, transforms/rounding.py) that the call does not round is rounded into a
-    workspace by dg::round_bf16 first."""
-    x = node.inputs[0]
+    it reads it), else fn and w as stored; x rounded first where the node reads it
+    rounded and the call does not round it (ops/precision.py read_rounded)."""
     kept = kept_weight_read(node)
     packed = ctx.packed_operand(w, True, kept[2]) if kept else None
     call, weight = (ctx.kept_call(fn, w, True), packed[0]) if packed else (fn, ctx.read(w))
-    if 0 not in node.attrs.get("rounded", ()) or call != fn:
-        return call, weight, ctx.read(x), []
-    n = numel(x.shape)
-    rounded = ctx.workspace(f"{x.name}_bf16", n)
-    return call, weight, rounded, [ctx.call("dg::round_bf16", ctx.read(x), rounded, Named("n", ctx.size(n)))]
+    x, rounding = read_rounded(ctx, node, 0, call_rounds=call != fn)
+    return call, weight, x, rounding
 
 
 def _pad(x, ph, pw, value=0.0):
@@ -235,8 +227,8 @@ class Conv2d(OpDef):
         return rounds_input_on_read(node)
 
     def reference(self, args, attrs, dims):
-        x = round_to_bf16(args[0]) if 0 in attrs.get("rounded", ()) else args[0]
-        y = _conv_ref(x, args[1], attrs)
+        args = rounded_args(args, attrs)
+        y = _conv_ref(args[0], args[1], attrs)
         if len(args) == 3:
             y = y + args[2].reshape(1, -1, 1, 1)
         return [y.astype(args[0].dtype)]

@@ -19,6 +19,7 @@ import sympy
 
 from ..ir.shapes import fmt_shape, numel, same
 from ..codegen.stmt import Gemm, Named
+from .precision import read_rounded, rounded_args, rounded_weight
 from .registry import OpDef, get_op, register, require_float
 from .scalar import ARGS
 
@@ -90,7 +91,13 @@ class MatMul(OpDef):
         """b, as stored, where a is not transposed (lower: ctx.packed_operand)."""
         return None if node.attrs.get("ta") else (1, bool(node.attrs.get("tb")), None)
 
+    def rounds_on_read(self, node) -> tuple:
+        """(0,) where b is a parameter's bf16 rounding read through its kept packing:
+        dg::matmul_bf16 rounds a as it packs its rows."""
+        return (0,) if rounded_weight(node.inputs[1]) and self.packed_read(node) is not None else ()
+
     def reference(self, args, attrs, dims):
+        args = rounded_args(args, attrs)
         a, b = args[:2]
         a = a.T if attrs.get("ta") else a
         b = b.T if attrs.get("tb") else b
@@ -109,13 +116,15 @@ class MatMul(OpDef):
         # a parameter the Model keeps packed as that packing (which knows its B).
         packed = None if ta else ctx.packed_operand(b, tb)
         b_args = packed or [ctx.read(b)]
-        fn = ctx.kept_call(f"dg::{fn}", b, tb) if packed else _call_on(ctx, f"dg::{fn}", a, b)  # (bf16: matmul_bf16)
+        plain = f"dg::{fn}"
+        fn = ctx.kept_call(plain, b, tb) if packed else _call_on(ctx, plain, a, b)  # (bf16: matmul_bf16)
+        a_arg, rounding = read_rounded(ctx, node, 0, call_rounds=bool(packed) and fn != plain)
         n = Named("N", ctx.size(sb[1]))
-        args = [ctx.read(a), *b_args, ctx.write(node.outputs[0]), Named("M", ctx.size(numel(sa[:-1]))),
+        args = [a_arg, *b_args, ctx.write(node.outputs[0]), Named("M", ctx.size(numel(sa[:-1]))),
                 Named("K", ctx.size(sa[-1])), n]
         if "epilogue" in node.attrs:
             args.append(ctx.epilogue(node))
-        return [Gemm(fn, args, n=n, epilogue="epilogue" in node.attrs)]
+        return [*rounding, Gemm(fn, args, n=n, epilogue="epilogue" in node.attrs)]
 
     def describe(self, node):
         a, b = node.inputs[:2]

@@ -7,7 +7,7 @@ import numpy as np
 
 from ..codegen.stmt import Named
 from ..ir.shapes import numel
-from .registry import OpDef, register, require_float
+from .registry import OpDef, get_op, register, require_float
 
 
 def round_to_bf16(x) -> np.ndarray:
@@ -19,6 +19,34 @@ def round_to_bf16(x) -> np.ndarray:
     bits = x32.view(np.uint32).astype(np.uint64)
     rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000).astype(np.uint32).view(np.float32)
     return np.where(np.isnan(x32), x32, rounded).astype(np.asarray(x).dtype)
+
+
+def rounded_weight(v) -> bool:
+    """Whether v is a parameter rounded by an op whose kept type has product kernels of
+    its own (OpDef.kept_as: a dg::KeptBf16Weight, read by dg::matmul_bf16 and
+    dg::conv2d_bf16, which round their other operand as they read it)."""
+    node = v.producer
+    return node is not None and bool(get_op(node.op).kept_as) and getattr(node.inputs[0], "kind", None) == "param"
+
+
+def read_rounded(ctx, node, i: int, call_rounds: bool) -> tuple:
+    """(how a product's call reads operand i, the lines before the call): the operand as
+    it is, unless the node reads it rounded (attr `rounded`, transforms/rounding.py) and
+    the call it lowers to does not round it (call_rounds false: another kernel, another
+    target); then it is rounded into a workspace by dg::round_bf16 first."""
+    v = node.inputs[i]
+    if i not in node.attrs.get("rounded", ()) or call_rounds:
+        return ctx.read(v), []
+    n = numel(v.shape)
+    rounded = ctx.workspace(f"{v.name}_bf16", n)
+    return rounded, [ctx.call("dg::round_bf16", ctx.read(v), rounded, Named("n", ctx.size(n)))]
+
+
+def rounded_args(args, attrs) -> list:
+    """The reference's operands of a product: those the node reads rounded (attr
+    `rounded`) rounded to bf16."""
+    at = attrs.get("rounded", ())
+    return [round_to_bf16(a) if i in at else a for i, a in enumerate(args)]
 
 
 @register

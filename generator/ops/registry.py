@@ -57,10 +57,11 @@ here too, so that a new op needs no edit in the stages:
                   instructions where the CPU has them); empty: a `dg::KeptPackedB` that
                   applies the function as it packs, and the products as they are.
 - `rounds_on_read(node)` operand indices whose bf16 rounding the node's bf16 kernel does
-                  as it reads them (a bf16 convolution converts its input as it copies it
-                  channels last): transforms/rounding.py then drops a `round_bf16` that only
-                  such reads read and sets the node's attr `rounded` (those indices), which
-                  the reference applies and a lowering without that kernel emits as a call.
+                  as it reads them (dg::conv2d_bf16 converts its input as it copies it
+                  channels last, dg::matmul_bf16 as it packs a's rows): transforms/rounding.py
+                  then drops a `round_bf16` that only such reads read and sets the node's attr
+                  `rounded` (those indices), which the reference applies and a lowering
+                  without that kernel emits as a call (ops/precision.py read_rounded).
 - `memory_note`   a line the memory report adds for a model that holds the op.
 - `helpers(node)` module functions the bindings generate for it (trees from nested
                   Python tuples), as plain data.

@@ -72,12 +72,12 @@ def _round_cells(graph, node, outer, nodes):
 
 def rounded_reads(graph):
     """bf16 inference: a `round_bf16` of an activation whose every reader rounds it
-    as it reads it (OpDef.rounds_on_read: a convolution on the bf16 kernel, which
-    converts its input as it copies it channels last) is dropped, and each reader
-    reads the unrounded value with the operand's index in its attr `rounded` (the
-    reference rounds it there; a lowering that calls another kernel rounds it first,
-    ops/conv.py conv_call): the same values, one pass over the activation fewer
-    (ResNet-18's rounding calls were 5-6% of its bf16 forward). Weights keep their
+    as it reads it (OpDef.rounds_on_read: a convolution or matmul by a kept bf16
+    weight, whose kernel converts the activation as it packs it) is dropped, and each
+    reader reads the unrounded value with the operand's index in its attr `rounded`
+    (the reference rounds it there; a lowering that calls another kernel rounds it
+    first, ops/precision.py read_rounded): the same values, one pass over the
+    activation fewer (ResNet-18's rounding calls were 5-6% of its bf16 forward). Weights keep their
     rounding (their kept packing applies it once per change), graph outputs and
     values a recursion or a training step reads keep theirs."""
     if graph.precision != "bf16" or graph.train is not None:

@@ -630,8 +630,10 @@ class KeptBf16Weight {
 };
 
 // c[M,N] = a[M,K] @ op(W) for the kept bf16 weight W (stored [K, N], or [N, K]:
-// the kept weight knows which), then epi. a holds bf16 values (dg::round_bf16
-// made them): every path reads them as they are.
+// the kept weight knows which), then epi. a is rounded to bf16 (to nearest even,
+// as dg::round_bf16) as it is read: packed into the product's rows, or, where the
+// CPU has no bf16 products, copied rounded for the float32 product. So the
+// generator drops the rounding call before it (transforms/rounding.py).
 template <class Epilogue = NoEpilogue>
 void matmul_bf16(const float* a, const KeptBf16Weight& w, float* c, int64_t M, int64_t K, int64_t N,
                  const Epilogue& epi = Epilogue()) {
@@ -640,7 +642,9 @@ void matmul_bf16(const float* a, const KeptBf16Weight& w, float* c, int64_t M, i
   (void)N;
   if (M > 0) matmul_bf16(a, *w.use(), c, M, epi);
 #else
-  matmul(a, w.float32(), c, M, K, N, epi);
+  std::vector<float> rounded(static_cast<size_t>(std::max<int64_t>(M, 0) * K));
+  round_bf16(a, rounded.data(), static_cast<int64_t>(rounded.size()));
+  matmul(rounded.data(), w.float32(), c, M, K, N, epi);
 #endif
 }
 template <class Epilogue = NoEpilogue>
