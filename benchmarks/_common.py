@@ -133,6 +133,11 @@ def set_threads(module, threads: int):
     return getter() if getter is not None else threads
 
 
+def installed(*packages) -> bool:
+    """Whether every one of `packages` can be imported here (found, not imported)."""
+    return all(importlib.util.find_spec(p) is not None for p in packages)
+
+
 _TV_SCHEMAS = None  # the torch.library.Library that holds the torchvision::nms / qnms schemas we defined
 
 
@@ -158,6 +163,29 @@ def import_torchvision():
     import torchvision
 
     return torchvision
+
+
+def openvino_compiled(path, names, batch: int, precision: str = "f32", threads: int | None = None):
+    """OpenVINO's CPU plugin on the model file `path` (ONNX or IR) reshaped to batch `batch`
+    (static shapes: its best case), with INFERENCE_PRECISION_HINT `precision` ("f32" forces
+    float32: on an AMX or avx512_bf16 CPU the plugin's default is bf16), PERFORMANCE_HINT
+    LATENCY and NUM_STREAMS 1, INFERENCE_NUM_THREADS `threads` (None: the plugin's default).
+    Returns (call(feeds), output(result) as numpy): one infer request fed the inputs `names`
+    of `feeds`, and the first output of what it returned."""
+    import numpy as np
+    import openvino as ov
+
+    core = ov.Core()
+    config = {"INFERENCE_PRECISION_HINT": precision, "PERFORMANCE_HINT": "LATENCY", "NUM_STREAMS": 1}
+    if threads is not None:
+        config["INFERENCE_NUM_THREADS"] = threads
+    net = core.read_model(str(path))
+    net.reshape({p.get_any_name(): [batch] + [d.get_length() for d in list(p.get_partial_shape())[1:]]
+                 for p in net.inputs})
+    compiled = core.compile_model(net, "CPU", config)
+    request, port = compiled.create_infer_request(), compiled.outputs[0]
+    call = lambda feeds: request.infer({k: feeds[k] for k in names}, share_inputs=True)  # noqa: E731
+    return call, lambda result: np.array(result[port])
 
 
 # ----------------------------------------------------------------------------

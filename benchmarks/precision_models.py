@@ -34,7 +34,6 @@ random token ids; seed 3; the same inputs for all three engines):
 
 from __future__ import annotations
 
-import importlib.util
 import logging
 import runpy
 import warnings
@@ -42,15 +41,11 @@ from pathlib import Path
 
 import numpy as np
 
-from _common import ROOT, build_module, import_module
+from _common import ROOT, build_module, import_module, installed
 
 MODELS = ("mlp", "level_cell", "resnet18", "resnet50", "bert_encoder")
 CALIBRATION = {"dense": 256, "image": 8, "sequence": 16}  # calibration rows / images / sequences
 BERT_KEY = "ex_bert"  # real_models.py's name of examples/bert_encoder.py (base shape, 2 layers, T 32)
-
-
-def installed(*packages) -> bool:
-    return all(importlib.util.find_spec(p) is not None for p in packages)
 
 
 def prepare(key: str, cache: Path, image: int, batches) -> dict:

@@ -10,13 +10,13 @@ that precision_models.prepare() described, and runs it.
              intra_op_num_threads n, inter_op_num_threads 1, sequential execution
 
 OpenVINO compiles the model once per batch, reshaped to its static shape (its best case), with
-INFERENCE_NUM_THREADS n and PERFORMANCE_HINT LATENCY, and runs one infer request.
+INFERENCE_NUM_THREADS n, PERFORMANCE_HINT LATENCY and one stream, and runs one infer request
+(_common.openvino_compiled, shared with real_models.py's fp32 OpenVINO peer).
 """
 
 from __future__ import annotations
 
-from _common import import_module, set_threads
-from precision_models import installed
+from _common import import_module, installed, openvino_compiled, set_threads
 
 PEERS = ("dg_fp32", "dg_bf16", "dg_int8", "ov_bf16", "ov_int8", "ort_int8")
 PRECISION = {"dg_fp32": "fp32", "dg_bf16": "bf16", "dg_int8": "int8", "ov_bf16": "bf16", "ov_int8": "int8",
@@ -61,24 +61,9 @@ def ort_peer(desc: dict, peer: str, threads: int):
 
 def ov_peer(desc: dict, peer: str, threads: int):
     """A model compiled per batch (static shapes: OpenVINO's best case), one infer request."""
-    import numpy as np
-    import openvino as ov
-
-    core, names = ov.Core(), desc["torch_args"]
     path = desc["onnx"] if peer == "ov_bf16" else desc["ov_int8"]
-    config = {"INFERENCE_PRECISION_HINT": "bf16" if peer == "ov_bf16" else "f32", "INFERENCE_NUM_THREADS": threads,
-              "PERFORMANCE_HINT": "LATENCY"}
-
-    def for_batch(n):
-        net = core.read_model(path)
-        net.reshape({p.get_any_name(): [n] + [d.get_length() for d in list(p.get_partial_shape())[1:]]
-                     for p in net.inputs})
-        compiled = core.compile_model(net, "CPU", config)
-        request, port = compiled.create_infer_request(), compiled.outputs[0]
-        call = lambda feeds: request.infer({k: feeds[k] for k in names}, share_inputs=True)  # noqa: E731
-        return call, lambda result: np.array(result[port])
-
-    return for_batch
+    precision = "bf16" if peer == "ov_bf16" else "f32"
+    return lambda n: openvino_compiled(path, desc["torch_args"], n, precision, threads)
 
 
 FACTORIES = {"dg": deepgen_peer, "ort": ort_peer, "ov": ov_peer}

@@ -1,4 +1,4 @@
-"""Benchmark: real networks through deepgen against PyTorch eager and ONNX Runtime (#37, #40).
+"""Benchmark: real networks through deepgen against PyTorch eager, ONNX Runtime and OpenVINO (#37, #40).
 
     python benchmarks/real_models.py [--quick] [--json FILE] [--image 64] [--models NAME ...] [--rounds R]
 
@@ -29,8 +29,9 @@ generated module built (build/bench/rm_<model>..., reused when its sources are u
 its output on a batch of 2 is checked against PyTorch eager's: relative error = max |deepgen -
 torch| / max |torch|, at most 1e-4, else the model is reported as not matching and not timed.
 The ONNX file comes from torch.onnx.export of the same module with the same weights (TorchScript
-exporter, opset 17, batch axis dynamic); ONNX Runtime's output is checked the same way (a
-mismatch drops only its column).
+exporter, opset 17, batch axis dynamic); ONNX Runtime and OpenVINO both run that file, and
+each one's output is checked the same way (a mismatch drops only its column). A peer that is
+not installed (pip install -e .[bench]) has no column: a line says so and the run goes on.
 
 Peers, each (round, thread count, peer) in a child process of its own, with the thread
 variables set before anything is imported (benchmarks/_common.py):
@@ -39,16 +40,25 @@ variables set before anything is imported (benchmarks/_common.py):
   torch         PyTorch eager under torch.inference_mode(), torch.set_num_threads(n)
   onnxruntime   InferenceSession.run, all graph optimizations (ORT_ENABLE_ALL), intra_op_num_threads
                 n, inter_op_num_threads 1, sequential execution, CPU provider
+  openvino      OpenVINO's CPU plugin on the same ONNX file (read_model, not ov.convert_model of the
+                PyTorch module: the graph and its export workarounds are ONNX Runtime's), compiled
+                per batch with the batch made static (its best case; the compile is in the warm-up
+                call), INFERENCE_PRECISION_HINT f32 forced (the plugin's default is bf16 on a CPU
+                with AMX or avx512_bf16: not the same arithmetic as the others), INFERENCE_NUM_THREADS
+                n, PERFORMANCE_HINT LATENCY, one stream, one infer request (_common.openvino_compiled)
   sgemm         numpy's 2048^3 float32 product at n threads: the machine's peak, "% peak" below
 
 Cells: batch 1 and 32 (sequence models: 1 and 64), threads 1 and 2. Timings are medians of
 single calls after a warm-up, pooled over 3 rounds (--rounds; 1 with --quick), the peers'
-order reversed every other round. Table: ms per call; ratio = peer time / deepgen time (> 1:
-deepgen is faster); GFLOP/s = the forward's convolution and matrix-product FLOPs counted on the
+order reversed every other round. Table columns, per peer (dg = deepgen, torch, ort = ONNX
+Runtime, ov = OpenVINO): ms per call; ratio = peer time / deepgen time (> 1: deepgen is
+faster); GFLOP/s = the forward's convolution and matrix-product FLOPs counted on the
 DSL graph (2 per multiply-add; the same count for every peer) / time; % peak = that / the
-sgemm peak at the same thread count, measured in the same run. The contention other processes
-caused while each child ran is measured (CPU time outside the child, hypervisor steal) and
-reported: on a busy machine the figures are noisy, the 2-thread ones most.
+sgemm peak at the same thread count, measured in the same run. Below the table: the checks'
+errors, then per peer and thread count "deepgen faster than <peer> in X of Y cells" with the
+ratios' range and median. The contention other processes caused while each child ran is
+measured (CPU time outside the child, hypervisor steal) and reported: on a busy machine the
+figures are noisy, the 2-thread ones most.
 
 Run time on a 2-core AVX-512 VM, builds cached: --quick about 3 minutes, the full run about 30
 (with another process taking one core; 2-thread cells then take several times longer). The
@@ -79,8 +89,10 @@ from _common import (
     build_module,
     import_module,
     import_torchvision,
+    installed,
     machine_facts,
     measure,
+    openvino_compiled,
     quiet_blas,
     run_child,
     set_threads,
@@ -93,8 +105,8 @@ TORCHVISION = ["resnet18", "resnet50", "mobilenet_v2", "mobilenet_v3_small", "ef
 EXAMPLES = ["ex_resnet18", "ex_vgg11", "ex_lenet", "ex_lstm", "ex_bert"]
 ALL = TORCHVISION + EXAMPLES + ["hf_bert"]
 QUICK = ["resnet18", "mnasnet0_5", "ex_lenet", "ex_lstm", "ex_bert", "hf_bert"]
-PEERS = ("deepgen", "torch", "onnxruntime")
-SHORT = {"deepgen": "dg", "torch": "torch", "onnxruntime": "ort"}
+PEERS = ("deepgen", "torch", "onnxruntime", "openvino")
+SHORT = {"deepgen": "dg", "torch": "torch", "onnxruntime": "ort", "openvino": "ov"}
 THREADS = (1, 2)
 IMAGE_BATCHES, SEQUENCE_BATCHES = (1, 32), (1, 64)
 SEQ_LEN = 32  # tokens per sequence (ex_lstm, ex_bert, hf_bert)
@@ -379,7 +391,23 @@ def onnxruntime_peer(model: dict, threads):
     return (lambda feeds: session.run(None, {n: feeds[n] for n in names})), lambda result: np.asarray(result[0])
 
 
-PEER_FACTORIES = {"deepgen": deepgen_peer, "torch": torch_peer, "onnxruntime": onnxruntime_peer}
+def openvino_peer(model: dict, threads):
+    """OpenVINO fp32 on the ONNX file, compiled for a batch on the first call at that batch
+    (the previous batch's compiled model is dropped first)."""
+    names, compiled = model["torch_args"], {}
+
+    def run(feeds):
+        batch = feeds[names[0]].shape[0]
+        if batch not in compiled:
+            compiled.clear()
+            compiled[batch] = openvino_compiled(model["onnx"], names, batch, "f32", threads)
+        return compiled[batch][0](feeds)
+
+    return run, lambda result: next(iter(compiled.values()))[1](result)
+
+
+PEER_FACTORIES = {"deepgen": deepgen_peer, "torch": torch_peer, "onnxruntime": onnxruntime_peer,
+                  "openvino": openvino_peer}
 
 
 # ----------------------------------------------------------------------------
@@ -476,8 +504,8 @@ RENAME = {"ex_lstm": {"embed_weight": "embed_table"}}
 
 def prepare(model: dict, quick: bool) -> dict:
     """Import (or load) the DSL model, build it, write the weights, the state dict and the
-    ONNX file, and check deepgen and ONNX Runtime against PyTorch eager. Fills in model
-    and returns it; model["status"] is "ok", or says why the model is not timed."""
+    ONNX file, and check deepgen, ONNX Runtime and OpenVINO against PyTorch eager. Fills in
+    model and returns it; model["status"] is "ok", or says why the model is not timed."""
     import numpy as np
     import torch
 
@@ -562,7 +590,7 @@ def prepare(model: dict, quick: bool) -> dict:
         model["status"] = f"does not match PyTorch: relative error {model['rel_err']:.2e} > {TOLERANCE:g}"
         return model
 
-    # ONNX Runtime: export, then the same check
+    # the ONNX file, then the same check of each peer that runs it
     model["peers"] = ["deepgen", "torch"]
     onnx_path = folder / f"{key}.onnx"
     try:
@@ -570,14 +598,24 @@ def prepare(model: dict, quick: bool) -> dict:
         if note:
             model["onnx_note"] = note
         model["onnx"] = str(onnx_path)
-        run, named = onnxruntime_peer(model, None)
-        model["ort_rel_err"] = relative_error(named(run(check_feeds)), want)
-        if model["ort_rel_err"] <= TOLERANCE:
-            model["peers"].append("onnxruntime")
-        else:
-            model["ort_status"] = f"ONNX Runtime does not match PyTorch: relative error {model['ort_rel_err']:.2e}"
     except Exception as e:
-        model["ort_status"] = f"ONNX export or session failed: {one_line(e)}"
+        model["ort_status"] = model["ov_status"] = f"ONNX export failed: {one_line(e)}"
+    for peer, short, label in (("onnxruntime", "ort", "ONNX Runtime"), ("openvino", "ov", "OpenVINO")):
+        if "onnx" not in model:
+            break
+        if not installed(peer):
+            model[f"{short}_status"] = f"{peer} is not installed"
+            continue
+        try:
+            run, named = PEER_FACTORIES[peer](model, None)
+            err = model[f"{short}_rel_err"] = relative_error(named(run(check_feeds)), want)
+            if err <= TOLERANCE:
+                model["peers"].append(peer)
+            else:
+                model[f"{short}_status"] = f"{label} does not match PyTorch: relative error {err:.2e}"
+        except Exception as e:
+            model[f"{short}_status"] = f"{label} failed: {one_line(e)}"
+        run = named = None
     model["status"] = "ok"
     model["prepare_s"] = round(time.perf_counter() - t0, 1)
     return model
@@ -715,10 +753,14 @@ def child(config: dict) -> None:
 
         torch.set_num_threads(threads)
         out["torch"] = torch.__version__
-    else:
+    elif peer == "onnxruntime":
         import onnxruntime
 
         out["onnxruntime"] = onnxruntime.__version__
+    else:
+        import openvino
+
+        out["openvino"] = openvino.__version__
     for model in config["models"]:
         if peer not in model["peers"]:
             continue
@@ -794,19 +836,18 @@ def main() -> None:
     t_start = time.perf_counter()
     keys = args.models or (QUICK if args.quick else ALL)
     rounds = args.rounds or (1 if args.quick else 3)
-    import importlib.util
-
-    if importlib.util.find_spec("onnxruntime") is None or importlib.util.find_spec("onnx") is None:
-        print("onnxruntime or onnx is not installed (pip install -e .[bench]): no ONNX Runtime column")
+    if not installed("onnx"):
+        print("onnx is not installed (pip install -e .[bench]): no ONNX Runtime and no OpenVINO column")
+    for peer, label in (("onnxruntime", "ONNX Runtime"), ("openvino", "OpenVINO")):
+        if not installed(peer):
+            print(f"{peer} is not installed (pip install -e .[bench]): no {label} column")
     print(f"Preparing {len(keys)} models (DSL files, weights and builds under {WORK.parent}):", flush=True)
     models = []
     for key in keys:
         model = prepare(describe(key, args.image), args.quick)
         models.append(model)
         if model["status"] == "ok":
-            extra = (f"; ONNX Runtime {model['ort_rel_err']:.1e}" if "ort_rel_err" in model else "") + (
-                f"; {model['ort_status']}" if "ort_status" in model else "")
-            print(f"  {key}: relative error vs PyTorch {model['rel_err']:.1e}{extra} "
+            print(f"  {key}: relative error vs PyTorch {model['rel_err']:.1e}{peer_checks(model, '; ')} "
                   f"(prepared in {model['prepare_s']:.0f} s)", flush=True)
         else:
             print(f"  {key}: SKIPPED, {model['status']}", flush=True)
@@ -819,6 +860,16 @@ def main() -> None:
     results = run_all_rounds(config, rounds, peers + ["sgemm"]) if timed else []
     measure_s = time.perf_counter() - t0
     report(args, models, results, rounds, measure_s, time.perf_counter() - t_start)
+
+
+def peer_checks(model: dict, sep: str) -> str:
+    """The ONNX peers' relative errors against PyTorch, each with why it is not timed where it is not:
+    "<sep>onnxruntime 3.1e-07<sep>openvino - (openvino is not installed)"."""
+    text = ""
+    for peer, short in (("onnxruntime", "ort"), ("openvino", "ov")):
+        err, why = model.get(f"{short}_rel_err"), model.get(f"{short}_status")
+        text += f"{sep}{peer} " + ("-" if err is None else f"{err:.1e}") + (f" ({why})" if why else "")
+    return text
 
 
 def report(args, models, results, rounds, measure_s, total_s) -> None:
@@ -836,19 +887,23 @@ def report(args, models, results, rounds, measure_s, total_s) -> None:
         for key, text in res.get("errors", {}).items():
             errors.setdefault((key, res["peer"]), text)
     peak = {t: statistics.median(v) for t, v in peaks.items()}
-    versions = {k: res[k] for res in results for k in ("torch", "onnxruntime") if k in res}
+    versions = {k: res[k] for res in results for k in ("torch", "onnxruntime", "openvino") if k in res}
 
     print(f"\nMachine: {facts['cpu']}, {facts['cores']} cores, {isa} ({' '.join(facts['cpu_isa'])}); "
-          f"python {facts['python']}, torch {facts['torch']}, onnxruntime {versions.get('onnxruntime', '-')}; "
+          f"python {facts['python']}, torch {facts['torch']}, onnxruntime {versions.get('onnxruntime', '-')}, "
+          f"openvino {versions.get('openvino', '-')}; "
           f"git {facts['git']}; compiler: {facts.get('compiler') or '?'}")
     print("sgemm peak (numpy float32 2048^3, this run): "
           + ", ".join(f"{t} thr {peak[t]:.1f} GFLOP/s" for t in sorted(peak)))
     print(f"Median ms per call over {rounds} round(s), measured in {measure_s:.0f} s (whole run {total_s:.0f} s); "
-          "B = batch; ratio = peer / deepgen (> 1: deepgen faster); GF/s = conv+matmul GFLOP/s; %pk = of the "
-          "sgemm peak.")
-    head = (f"{'model':18} {'size':>5} {'B':>3} {'thr':>3} | {'dg ms':>8} {'torch ms':>8} {'ort ms':>8} | "
-            f"{'torch/dg':>8} {'ort/dg':>6} | {'GF/s dg':>7} {'torch':>6} {'ort':>6} | {'%pk dg':>6} {'torch':>5} "
-            f"{'ort':>5}")
+          "B = batch; dg = deepgen, ort = ONNX Runtime, ov = OpenVINO fp32; ratio = peer / deepgen (> 1: deepgen "
+          "faster); GF/s = conv+matmul GFLOP/s; %pk = of the sgemm peak.")
+    others = PEERS[1:]
+    ratio_w = {p: max(6, len(SHORT[p]) + 3) for p in others}
+    head = (f"{'model':18} {'size':>5} {'B':>3} {'thr':>3} | " + " ".join(f"{SHORT[p] + ' ms':>8}" for p in PEERS)
+            + " | " + " ".join(f"{SHORT[p] + '/dg':>{ratio_w[p]}}" for p in others)
+            + f" | {'GF/s dg':>7} " + " ".join(f"{SHORT[p]:>6}" for p in others)
+            + f" | {'%pk dg':>6} " + " ".join(f"{SHORT[p]:>5}" for p in others))
     print(head + "\n" + "-" * len(head))
     records = []
     for m in models:
@@ -882,12 +937,12 @@ def report(args, models, results, rounds, measure_s, total_s) -> None:
                 def pct(x, width):
                     return f"{'-':>{width}}" if x is None else f"{100 * x:{width - 1}.0f}%"
 
-                print(f"{m['key']:18} {m['size']:>5} {batch:3d} {threads:3d} | {f(dg, '.3f', 8)} "
-                      f"{f(cell['torch'], '.3f', 8)} {f(cell['onnxruntime'], '.3f', 8)} | "
-                      f"{f(rec['torch_over_deepgen'], '.2f', 8)} {f(rec['onnxruntime_over_deepgen'], '.2f', 6)} | "
-                      f"{f(rec['deepgen_gflops'], '.1f', 7)} {f(rec['torch_gflops'], '.1f', 6)} "
-                      f"{f(rec['onnxruntime_gflops'], '.1f', 6)} | {pct(rec['deepgen_of_peak'], 6)} "
-                      f"{pct(rec['torch_of_peak'], 5)} {pct(rec['onnxruntime_of_peak'], 5)}")
+                print(f"{m['key']:18} {m['size']:>5} {batch:3d} {threads:3d} | "
+                      + " ".join(f(cell[p], ".3f", 8) for p in PEERS) + " | "
+                      + " ".join(f(rec[f"{p}_over_deepgen"], ".2f", ratio_w[p]) for p in others)
+                      + f" | {f(rec['deepgen_gflops'], '.1f', 7)} "
+                      + " ".join(f(rec[f"{p}_gflops"], ".1f", 6) for p in others)
+                      + f" | {pct(rec['deepgen_of_peak'], 6)} " + " ".join(pct(rec[f"{p}_of_peak"], 5) for p in others))
 
     print("\nChecks against PyTorch eager (batch 2; relative error = max |diff| / max |torch|, bound "
           f"{TOLERANCE:g}):")
@@ -895,13 +950,11 @@ def report(args, models, results, rounds, measure_s, total_s) -> None:
         if m["status"] != "ok":
             print(f"  {m['key']:18} SKIPPED: {m['status']}")
             continue
-        ort = (f"onnxruntime {m['ort_rel_err']:.1e}" if "ort_rel_err" in m else "onnxruntime -")
-        note = f" ({m['ort_status']})" if "ort_status" in m else (
-            f" (exported {m['onnx_note']})" if m.get("onnx_note") else "")
-        print(f"  {m['key']:18} deepgen {m['rel_err']:.1e}, {ort}{note}")
+        note = f" (exported {m['onnx_note']})" if m.get("onnx_note") else ""
+        print(f"  {m['key']:18} deepgen {m['rel_err']:.1e}{peer_checks(m, ', ')}{note}")
     for (key, peer), text in sorted(errors.items()):
         print(f"  {key}: the {peer} measurement failed: {text}")
-    for side in ("onnxruntime", "torch"):
+    for side in ("onnxruntime", "openvino", "torch"):
         for threads in THREADS:
             ratios = [r[f"{side}_over_deepgen"] for r in records
                       if r["threads"] == threads and r.get(f"{side}_over_deepgen") is not None]
@@ -924,8 +977,9 @@ def report(args, models, results, rounds, measure_s, total_s) -> None:
                "peak_gflops": {str(t): round(v, 2) for t, v in peak.items()},
                "children": [{k: r.get(k) for k in ("round", "threads", "peer", "other_cores", "steal_cores")}
                             for r in results]}
-        keep = ("key", "kind", "size", "status", "rel_err", "ort_rel_err", "ort_status", "onnx_note", "flops",
-                "batches", "peers", "module", "build_s", "build_reused", "import_s", "prepare_s", "dsl_lines", "compiler")
+        keep = ("key", "kind", "size", "status", "rel_err", "ort_rel_err", "ort_status", "ov_rel_err", "ov_status",
+                "onnx_note", "flops", "batches", "peers", "module", "build_s", "build_reused", "import_s", "prepare_s",
+                "dsl_lines", "compiler")
         Path(args.json).write_text(json.dumps(
             {"environment": env, "models": [{k: m[k] for k in keep if k in m} for m in models],
              "records": records, "errors": [{"model": k, "peer": p, "error": t} for (k, p), t in errors.items()]},
