@@ -365,6 +365,83 @@ def test_runtime_int8_equals_reference_portable_and_avx2(tmp_path):
                 np.testing.assert_array_equal(got, want, err_msg=f"{name}, {threads} threads, {m}x{k}x{n} tb={tb}")
 
 
+def test_conv2d_batch_norm_int8_equals_reference_bit_for_bit(builds):
+    """In an int8 project the conv_batch_norm pass fuses an int8 convolution and its batch
+    norm (and the residual add and relu after) as it does a float32 one: one
+    conv2d_batch_norm_int8 node (its operands conv2d_batch_norm's, the scales after the
+    weight) and one dg::conv2d_batch_norm_int8 call, whose epilogue normalizes each block as
+    the int8 product stores it. Batch norm's weights and running statistics are not trivial
+    (a wrong channel, scale or shift changes the output), with and without a bias, residual
+    and relu; planes of 100 positions (runs that cross images: the AMX store's masked
+    pieces) and of 4 (one image: few rows, the VNNI product and to_planes). Evaluation mode:
+    generated == reference bit for bit, and the same as the unfused reference (conv2d_int8,
+    batch norm, add, relu); training mode: conv, then batch norm's training path (the
+    running statistics move as the reference moves them)."""
+    from generator.reference.quantize import calibrate
+
+    @dg.model
+    def convbn_int8():
+        x = dg.input("x", (N, 6, 10, 10))
+        s = dg.input("s", (N, 16, 2, 2))
+        a = dg.batch_norm_layer(dg.conv2d_layer(x, 20, 3, padding=1, bias=False, name="a"), name="abn")
+        b = dg.relu(dg.batch_norm_layer(dg.conv2d_layer(x, 20, 3, padding=1, name="b"), name="bbn"))
+        c = dg.relu(dg.batch_norm_layer(dg.conv2d_layer(b, 20, 3, padding=1, bias=False, name="c"), name="cbn") + a)
+        d = dg.batch_norm_layer(dg.conv2d_layer(c, 20, 1, name="d"), name="dbn") + b
+        e = dg.relu(dg.batch_norm_layer(dg.conv2d_layer(s, 40, 3, padding=1, name="e"), name="ebn"))
+        return {"a": a, "c": c, "d": d, "e": e}  # a an output: the add joins c's node, not a's
+
+    graph = convbn_int8.build("convbn_int8")
+    set_precision(graph, "int8")
+    unfused = convbn_int8.build("convbn_int8")
+    set_precision(unfused, "int8")
+    prepare(graph)
+    fused = [n for n in graph.nodes if n.op == "conv2d_batch_norm_int8"]
+    assert len(fused) == 5 and not any(n.op in ("conv2d_int8", "batch_norm") for n in graph.nodes)
+    tails = sorted((n.inputs[1].name, n.attrs.get("residual", False), n.attrs.get("relu", False)) for n in fused)
+    assert tails == [("a_weight", False, False), ("b_weight", False, True), ("c_weight", True, True),
+                     ("d_weight", True, False), ("e_weight", False, True)], tails
+    assert all([v.name for v in n.inputs[2:4]] == [f"{n.inputs[1].name}_input_scale", f"{n.inputs[1].name}_scale"]
+               for n in fused)
+    module, project = builds.module(graph, flags=CHECK_BUILD_FLAGS)
+    code = " ".join((project / "src_tree" / "src" / "model.cpp").read_text().split())
+    assert code.count("dg::conv2d_batch_norm_int8(") == 5 and "dg::conv2d_int8(" not in code
+    assert "dg::batch_norm(" not in code
+    rng = np.random.default_rng(9)
+    inputs = {"x": rng.standard_normal((8, 6, 10, 10)).astype(np.float32),
+              "s": rng.standard_normal((8, 16, 2, 2)).astype(np.float32)}
+    params = reference.init_params(graph, seed=0)
+    for p in graph.params:
+        if "bn_" in p.name:  # batch norm's weight, bias and running statistics, none trivial
+            low = 0.5 if p.name.endswith(("running_var", "weight")) else -1.0
+            params[p.name] = rng.uniform(low, 1.5, p.shape).astype(np.float32)
+    params.update(calibrate(graph, [inputs], params))
+    model = module.Model(seed=0)
+    views = {**model.parameters(), **model.buffers()}
+    for name, view in views.items():
+        view[...] = params[name]
+    del views
+    model.eval()
+    for n in (8, 1):
+        batch = {k: v[:n] for k, v in inputs.items()}
+        got = model.forward(**batch)
+        want = reference.run(graph, batch, params, training=False)
+        plain = reference.run(unfused, batch, params, training=False)
+        for k in "acde":
+            np.testing.assert_array_equal(got[k], want[k], err_msg=f"{k}, {n} images")
+            np.testing.assert_array_equal(want[k], plain[k], err_msg=f"{k}, {n} images, unfused")
+    model.train()  # training mode: the batch's statistics, the running ones moved
+    state = {k: v.copy() for k, v in params.items()}
+    got = model.forward(**inputs)
+    want = reference.run(graph, inputs, state, training=True)
+    for k in "acde":
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-4, err_msg=f"{k}, training")
+    buffers = model.buffers()
+    for name in buffers:
+        if name.endswith(("running_mean", "running_var")):
+            np.testing.assert_allclose(buffers[name], state[name], rtol=1e-5, atol=1e-6, err_msg=name)
+            assert not np.array_equal(state[name], params[name]), name
+
+
 def test_lenet_int8_convolutions_and_dense_layers(builds):
     """LeNet in int8: its two convolutions (dg::conv2d_int8: runtime/dg_int8_conv.h) and its
     three dense layers run in int8 (scales calibrated on the inputs by
