@@ -442,6 +442,58 @@ def test_conv2d_batch_norm_int8_equals_reference_bit_for_bit(builds):
             assert not np.array_equal(state[name], params[name]), name
 
 
+def test_conv2d_batch_norm_int8_equals_the_separate_calls(tmp_path):
+    """dg::conv2d_batch_norm_int8 against dg::conv2d_int8, then dg::batch_norm and the residual
+    add and relu as the elementwise kernels compute them, built at -O2 once per int8 kernel this
+    CPU runs (as test_runtime_int8_equals_reference_portable_and_avx2; where the compiler
+    contracts batch norm's (x - mean) * scale + shift into a fused multiply-add, it contracts
+    the epilogue's one expression alike): the same bits in evaluation mode, on AMX (the
+    tiles' plane stores, runs that cross images), DG_AMX=0 (to_planes: 16 x 16 blocks, the
+    channels and positions past them), few rows (the VNNI product at any setting) and the
+    portable and AVX2 builds; in training mode (the two calls) too, running statistics
+    included."""
+    import os
+    import subprocess
+
+    import platform
+
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("the int8 drivers are built for x86-64")
+    flags = cpu_flags()
+    drivers = build_runtime_drivers(tmp_path, "int8_conv_driver",
+                                    {name: spec[0] for name, spec in INT8_DRIVERS.items() if spec[1] <= flags})
+    runs = [(name, exe, {}) for name, exe in drivers.items()]
+    if "amx" in drivers:
+        runs.append(("amx, DG_AMX=0", drivers["amx"], {"DG_AMX": "0"}))
+    rng = np.random.default_rng(11)
+    # N C H W O KH KW OH OW stride pad dil
+    geoms = [(4, 6, 10, 10, 20, 3, 3, 10, 10, 1, 1, 1), (1, 16, 2, 2, 40, 3, 3, 2, 2, 1, 1, 1),
+             (2, 8, 8, 8, 33, 1, 1, 8, 8, 1, 0, 1), (3, 5, 9, 7, 17, 3, 3, 5, 4, 2, 1, 1)]
+    tails = [(1, 0, 0, 0), (0, 0, 1, 1), (0, 0, 0, 1), (1, 0, 1, 0), (0, 1, 1, 1)]  # bias training residual relu
+    for geom in geoms:
+        n, c, h, wd, o, kh, kw, oh, ow = geom[:9]
+        y_n = n * o * oh * ow
+        x = rng.normal(size=n * c * h * wd).astype(np.float32)
+        w = rng.normal(size=(o, c * kh * kw)).astype(np.float32)
+        xs = np.array([3.0 / 127], np.float32)
+        for bias, training, residual, relu in tails:
+            stats = [rng.normal(size=o), rng.normal(size=o), rng.normal(size=o), rng.uniform(0.5, 2, size=o)]
+            feed = [x, w] + ([rng.normal(size=o)] if bias else []) + stats
+            feed += ([rng.normal(size=y_n)] if residual else []) + [xs, weight_scales(w, True)]
+            stdin = b"".join(np.asarray(a, np.float32).tobytes() for a in feed)
+            args = [str(v) for v in geom + (bias, training, residual, relu)]
+            for name, exe, env in runs:
+                for threads in (1, 2):
+                    proc = subprocess.run([str(exe), *args], input=stdin, capture_output=True, timeout=60,
+                                          env=dict(os.environ, OMP_NUM_THREADS=str(threads), **env))
+                    what = f"{name}, {threads} threads, {geom}, bias/training/residual/relu {bias}{training}{residual}{relu}"
+                    assert proc.returncode == 0, (what, proc.stderr.decode())
+                    out = np.frombuffer(proc.stdout, np.float32)
+                    fused, plain, stats_out = out[:y_n], out[y_n : 2 * y_n], out[2 * y_n :].reshape(4, o)
+                    np.testing.assert_array_equal(fused, plain, err_msg=what)
+                    np.testing.assert_array_equal(stats_out[:2], stats_out[2:], err_msg=what)
+
+
 def test_lenet_int8_convolutions_and_dense_layers(builds):
     """LeNet in int8: its two convolutions (dg::conv2d_int8: runtime/dg_int8_conv.h) and its
     three dense layers run in int8 (scales calibrated on the inputs by

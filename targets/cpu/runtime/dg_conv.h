@@ -862,7 +862,8 @@ struct NormalizeEpilogue {
                  shift = _mm512_set1_ps(bn_b[o]);
     __m512 s = (v - m) * scale + shift;
     if (residual != nullptr) s = s + _mm512_maskz_loadu_ps(lanes, residual + (c - y));
-    return relu ? _mm512_max_ps(_mm512_setzero_ps(), s) : s;
+    // (the zero-masking form with every lane set: GCC 12 warns of the plain form's undefined operand)
+    return relu ? _mm512_maskz_max_ps(static_cast<__mmask16>(0xffff), _mm512_setzero_ps(), s) : s;
   }
 #endif
   // Asks for the lines of what operator() will read for the n values at c (the

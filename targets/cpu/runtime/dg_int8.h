@@ -264,8 +264,8 @@ template <class E, class = void>
 struct int8_in_register : std::false_type {};
 template <class E>
 struct int8_in_register<
-    E, std::void_t<decltype(std::declval<const E&>().in_register(
-           int64_t(0), _mm512_setzero_ps(), static_cast<const float*>(nullptr), static_cast<__mmask16>(0)))>>
+    E, std::void_t<decltype(static_cast<void>(std::declval<const E&>().in_register(
+           int64_t(0), _mm512_setzero_ps(), static_cast<const float*>(nullptr), static_cast<__mmask16>(0))))>>
     : std::true_type {};
 
 // y, 16 values of output channel o on their way to c (`lanes` of them stored there),

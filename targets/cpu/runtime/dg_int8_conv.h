@@ -52,6 +52,8 @@ namespace int8_conv_detail {
 // matrix [K, P] as rows of output positions. With AVX-512 VBMI, four k rows of 16
 // positions at a time: one 64-byte permute puts each position's four bytes side by
 // side, one scatter writes them into 16 rows (a byte at a time: ~4x the time).
+// (The insert and the permute are written as their zero-masking forms with every
+// lane set: GCC 12 warns of the plain forms' undefined operand.)
 inline void transpose(const int8_t* from, int64_t K, int64_t P, int8_t* to, int64_t ld) {
   int64_t k0 = 0;
 #if defined(__AVX512VBMI__)
@@ -66,13 +68,15 @@ inline void transpose(const int8_t* from, int64_t K, int64_t P, int8_t* to, int6
     int64_t p0 = 0;
     for (; p0 + 16 <= P; p0 += 16) {
       const int8_t* at = from + k0 * P + p0;
-      const __m512i four = _mm512_inserti64x4(
+      const __m512i four = _mm512_maskz_inserti64x4(
+          static_cast<__mmask8>(0xff),
           _mm512_castsi256_si512(_mm256_set_m128i(_mm_loadu_si128(reinterpret_cast<const __m128i*>(at + P)),
                                                   _mm_loadu_si128(reinterpret_cast<const __m128i*>(at)))),
           _mm256_set_m128i(_mm_loadu_si128(reinterpret_cast<const __m128i*>(at + 3 * P)),
                            _mm_loadu_si128(reinterpret_cast<const __m128i*>(at + 2 * P))),
           1);
-      _mm512_i32scatter_epi32(to + p0 * ld + k0, rows, _mm512_permutexvar_epi8(order, four), 1);
+      _mm512_i32scatter_epi32(to + p0 * ld + k0, rows,
+                              _mm512_maskz_permutexvar_epi8(~__mmask64(0), order, four), 1);
     }
     for (; p0 < P; ++p0)
       for (int64_t k = k0; k < k0 + 4; ++k)
