@@ -421,6 +421,7 @@ def test_conv2d_batch_norm_int8_equals_reference_bit_for_bit(builds):
         view[...] = params[name]
     del views
     model.eval()
+    forward_floats = sympy.sympify(lowered(graph).memory["forward_floats"])
     for n in (8, 1):
         batch = {k: v[:n] for k, v in inputs.items()}
         got = model.forward(**batch)
@@ -429,6 +430,8 @@ def test_conv2d_batch_norm_int8_equals_reference_bit_for_bit(builds):
         for k in "acde":
             np.testing.assert_array_equal(got[k], want[k], err_msg=f"{k}, {n} images")
             np.testing.assert_array_equal(want[k], plain[k], err_msg=f"{k}, {n} images, unfused")
+        stats = model.memory_stats()  # deepgen memory's prediction holds for the fused calls
+        assert stats["peak_bytes"] == stats["predicted_peak_bytes"] == 4 * int(forward_floats.subs({N: n}))
     model.train()  # training mode: the batch's statistics, the running ones moved
     state = {k: v.copy() for k, v in params.items()}
     got = model.forward(**inputs)
