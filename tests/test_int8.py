@@ -365,6 +365,138 @@ def test_runtime_int8_equals_reference_portable_and_avx2(tmp_path):
                 np.testing.assert_array_equal(got, want, err_msg=f"{name}, {threads} threads, {m}x{k}x{n} tb={tb}")
 
 
+def test_conv2d_batch_norm_int8_equals_reference_bit_for_bit(builds):
+    """In an int8 project the conv_batch_norm pass fuses an int8 convolution and its batch
+    norm (and the residual add and relu after) as it does a float32 one: one
+    conv2d_batch_norm_int8 node (its operands conv2d_batch_norm's, the scales after the
+    weight) and one dg::conv2d_batch_norm_int8 call, whose epilogue normalizes each block as
+    the int8 product stores it. Batch norm's weights and running statistics are not trivial
+    (a wrong channel, scale or shift changes the output), with and without a bias, residual
+    and relu; planes of 100 positions (runs that cross images: the AMX store's masked
+    pieces) and of 4 (one image: few rows, the VNNI product and to_planes). Evaluation mode:
+    generated == reference bit for bit, and the same as the unfused reference (conv2d_int8,
+    batch norm, add, relu); training mode: conv, then batch norm's training path (the
+    running statistics move as the reference moves them)."""
+    from generator.reference.quantize import calibrate
+
+    @dg.model
+    def convbn_int8():
+        x = dg.input("x", (N, 6, 10, 10))
+        s = dg.input("s", (N, 16, 2, 2))
+        a = dg.batch_norm_layer(dg.conv2d_layer(x, 20, 3, padding=1, bias=False, name="a"), name="abn")
+        b = dg.relu(dg.batch_norm_layer(dg.conv2d_layer(x, 20, 3, padding=1, name="b"), name="bbn"))
+        c = dg.relu(dg.batch_norm_layer(dg.conv2d_layer(b, 20, 3, padding=1, bias=False, name="c"), name="cbn") + a)
+        d = dg.batch_norm_layer(dg.conv2d_layer(c, 20, 1, name="d"), name="dbn") + b
+        e = dg.relu(dg.batch_norm_layer(dg.conv2d_layer(s, 40, 3, padding=1, name="e"), name="ebn"))
+        return {"a": a, "c": c, "d": d, "e": e}  # a an output: the add joins c's node, not a's
+
+    graph = convbn_int8.build("convbn_int8")
+    set_precision(graph, "int8")
+    unfused = convbn_int8.build("convbn_int8")
+    set_precision(unfused, "int8")
+    prepare(graph)
+    fused = [n for n in graph.nodes if n.op == "conv2d_batch_norm_int8"]
+    assert len(fused) == 5 and not any(n.op in ("conv2d_int8", "batch_norm") for n in graph.nodes)
+    tails = sorted((n.inputs[1].name, n.attrs.get("residual", False), n.attrs.get("relu", False)) for n in fused)
+    assert tails == [("a_weight", False, False), ("b_weight", False, True), ("c_weight", True, True),
+                     ("d_weight", True, False), ("e_weight", False, True)], tails
+    assert all([v.name for v in n.inputs[2:4]] == [f"{n.inputs[1].name}_input_scale", f"{n.inputs[1].name}_scale"]
+               for n in fused)
+    module, project = builds.module(graph, flags=CHECK_BUILD_FLAGS)
+    code = " ".join((project / "src_tree" / "src" / "model.cpp").read_text().split())
+    assert code.count("dg::conv2d_batch_norm_int8(") == 5 and "dg::conv2d_int8(" not in code
+    assert "dg::batch_norm(" not in code
+    rng = np.random.default_rng(9)
+    inputs = {"x": rng.standard_normal((8, 6, 10, 10)).astype(np.float32),
+              "s": rng.standard_normal((8, 16, 2, 2)).astype(np.float32)}
+    params = reference.init_params(graph, seed=0)
+    for p in graph.params:
+        if "bn_" in p.name:  # batch norm's weight, bias and running statistics, none trivial
+            low = 0.5 if p.name.endswith(("running_var", "weight")) else -1.0
+            params[p.name] = rng.uniform(low, 1.5, p.shape).astype(np.float32)
+    params.update(calibrate(graph, [inputs], params))
+    model = module.Model(seed=0)
+    views = {**model.parameters(), **model.buffers()}
+    for name, view in views.items():
+        view[...] = params[name]
+    del views
+    model.eval()
+    forward_floats = sympy.sympify(lowered(graph).memory["forward_floats"])
+    for n in (8, 1):
+        batch = {k: v[:n] for k, v in inputs.items()}
+        got = model.forward(**batch)
+        want = reference.run(graph, batch, params, training=False)
+        plain = reference.run(unfused, batch, params, training=False)
+        for k in "acde":
+            np.testing.assert_array_equal(got[k], want[k], err_msg=f"{k}, {n} images")
+            np.testing.assert_array_equal(want[k], plain[k], err_msg=f"{k}, {n} images, unfused")
+        stats = model.memory_stats()  # deepgen memory's prediction holds for the fused calls
+        assert stats["peak_bytes"] == stats["predicted_peak_bytes"] == 4 * int(forward_floats.subs({N: n}))
+    model.train()  # training mode: the batch's statistics, the running ones moved
+    state = {k: v.copy() for k, v in params.items()}
+    got = model.forward(**inputs)
+    want = reference.run(graph, inputs, state, training=True)
+    for k in "acde":
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-4, err_msg=f"{k}, training")
+    buffers = model.buffers()
+    for name in buffers:
+        if name.endswith(("running_mean", "running_var")):
+            np.testing.assert_allclose(buffers[name], state[name], rtol=1e-5, atol=1e-6, err_msg=name)
+            assert not np.array_equal(state[name], params[name]), name
+
+
+def test_conv2d_batch_norm_int8_equals_the_separate_calls(tmp_path):
+    """dg::conv2d_batch_norm_int8 against dg::conv2d_int8, then dg::batch_norm and the residual
+    add and relu as the elementwise kernels compute them, built at -O2 once per int8 kernel this
+    CPU runs (as test_runtime_int8_equals_reference_portable_and_avx2; where the compiler
+    contracts batch norm's (x - mean) * scale + shift into a fused multiply-add, it contracts
+    the epilogue's one expression alike): the same bits in evaluation mode, on AMX (the
+    tiles' plane stores, runs that cross images), DG_AMX=0 (to_planes: 16 x 16 blocks, the
+    channels and positions past them), few rows (the VNNI product at any setting) and the
+    portable and AVX2 builds; in training mode (the two calls) too, running statistics
+    included."""
+    import os
+    import subprocess
+
+    import platform
+
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("the int8 drivers are built for x86-64")
+    flags = cpu_flags()
+    drivers = build_runtime_drivers(tmp_path, "int8_conv_driver",
+                                    {name: spec[0] for name, spec in INT8_DRIVERS.items() if spec[1] <= flags})
+    runs = [(name, exe, {}) for name, exe in drivers.items()]
+    if "amx" in drivers:
+        runs.append(("amx, DG_AMX=0", drivers["amx"], {"DG_AMX": "0"}))
+    rng = np.random.default_rng(11)
+    # N C H W O KH KW OH OW stride pad dil
+    geoms = [(4, 6, 10, 10, 20, 3, 3, 10, 10, 1, 1, 1), (1, 16, 2, 2, 40, 3, 3, 2, 2, 1, 1, 1),
+             (2, 8, 8, 8, 33, 1, 1, 8, 8, 1, 0, 1), (3, 5, 9, 7, 17, 3, 3, 5, 4, 2, 1, 1)]
+    tails = [(1, 0, 0, 0), (0, 0, 1, 1), (0, 0, 0, 1), (1, 0, 1, 0), (0, 1, 1, 1)]  # bias training residual relu
+    for geom in geoms:
+        n, c, h, wd, o, kh, kw, oh, ow = geom[:9]
+        y_n = n * o * oh * ow
+        x = rng.normal(size=n * c * h * wd).astype(np.float32)
+        w = rng.normal(size=(o, c * kh * kw)).astype(np.float32)
+        xs = np.array([3.0 / 127], np.float32)
+        for bias, training, residual, relu in tails:
+            stats = [rng.normal(size=o), rng.normal(size=o), rng.normal(size=o), rng.uniform(0.5, 2, size=o)]
+            feed = [x, w] + ([rng.normal(size=o)] if bias else []) + stats
+            feed += ([rng.normal(size=y_n)] if residual else []) + [xs, weight_scales(w, True)]
+            stdin = b"".join(np.asarray(a, np.float32).tobytes() for a in feed)
+            args = [str(v) for v in geom + (bias, training, residual, relu)]
+            for name, exe, env in runs:
+                for threads in (1, 2):
+                    proc = subprocess.run([str(exe), *args], input=stdin, capture_output=True, timeout=60,
+                                          env=dict(os.environ, OMP_NUM_THREADS=str(threads), **env))
+                    what = f"{name}, {threads} threads, {geom}, bias/training/residual/relu {bias}{training}{residual}{relu}"
+                    assert proc.returncode == 0, (what, proc.stderr.decode())
+                    out = np.frombuffer(proc.stdout, np.float32)
+                    fused, plain, stats_out = out[:y_n], out[y_n : 2 * y_n], out[2 * y_n :].reshape(4, o)
+                    np.testing.assert_array_equal(fused, plain, err_msg=what)
+                    np.testing.assert_array_equal(stats_out[:2], stats_out[2:], err_msg=what)
+
+
 def test_lenet_int8_convolutions_and_dense_layers(builds):
     """LeNet in int8: its two convolutions (dg::conv2d_int8: runtime/dg_int8_conv.h) and its
     three dense layers run in int8 (scales calibrated on the inputs by

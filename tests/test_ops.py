@@ -20,11 +20,12 @@ def _prefixed(case, arrays):
 
 # recurse: tests/test_recursion.py and test_tree_training.py; conv2d_batch_norm (made only by the
 # conv_batch_norm pass): test_passes.py and test_conv_runtime.py (bit for bit the two calls);
-# matmul_int8 and conv2d_int8 (made only by --precision int8, their scales loaded): test_int8.py,
-# bit for bit and LeNet's convolutions; cond and cond_grad (dg.cond's branches are cells):
+# matmul_int8, conv2d_int8 and conv2d_batch_norm_int8 (made only by --precision int8, their scales
+# loaded; the last by conv_batch_norm on an int8 graph): test_int8.py, bit for bit and LeNet's
+# convolutions; cond and cond_grad (dg.cond's branches are cells):
 # test_control_flow.py
-TESTED_ELSEWHERE = {"recurse", "recurse_grad", "conv2d_batch_norm", "matmul_int8", "conv2d_int8", "cond",
-                    "cond_grad"}
+TESTED_ELSEWHERE = {"recurse", "recurse_grad", "conv2d_batch_norm", "matmul_int8", "conv2d_int8",
+                    "conv2d_batch_norm_int8", "cond", "cond_grad"}
 
 
 def test_every_op_and_function_is_in_the_table():

@@ -288,15 +288,17 @@ class ConvBatchNorm(OpDef):
     name = "conv2d_batch_norm"
     multi_output = True
     cse = False
-    updates_state = (4, 5)
+    conv_op = "conv2d"  # the convolution it computes (its int8 form: ops/quantize_conv.py)
+    lead = 2  # the convolution's operands before batch norm's (x, w); the rest (b) after them
+    updates_state = (4, 5)  # lead + 2, lead + 3: the running statistics
     output_hints = ("batch_norm", "mean", "invstd")
 
-    @staticmethod
-    def _split(inputs, attrs):
+    def _split(self, inputs, attrs):
         """(conv operands [x, w(, b)], batch norm's [w, b, mean, var, mode], residual or None)."""
         residual = inputs[-1] if attrs.get("residual") else None
         rest = list(inputs[: len(inputs) - (residual is not None)])
-        return [rest[0], rest[1]] + rest[7:], rest[2:7], residual
+        k = self.lead
+        return rest[:k] + rest[k + 5 :], rest[k : k + 5], residual
 
     def packed_read(self, node):
         return kept_weight_read(node)
@@ -306,7 +308,7 @@ class ConvBatchNorm(OpDef):
 
     def infer(self, inputs, attrs):
         conv, bn, residual = self._split(inputs, attrs)
-        (y_type,) = get_op("conv2d").infer(conv, attrs)
+        (y_type,) = get_op(self.conv_op).infer(conv, attrs)
         if residual is not None and (residual.dtype, tuple(residual.shape)) != (y_type[0], tuple(y_type[1])):
             raise ValueError(f"residual '{residual.name}' {fmt_shape(residual.shape)} must be the convolution's "
                              f"{y_type[0]} {fmt_shape(y_type[1])}")
@@ -314,7 +316,7 @@ class ConvBatchNorm(OpDef):
 
     def reference(self, args, attrs, dims):
         conv, bn, residual = self._split(args, attrs)
-        (y,) = get_op("conv2d").reference(conv, attrs, dims)
+        (y,) = get_op(self.conv_op).reference(conv, attrs, dims)
         y, *stats = BatchNorm().reference([y] + bn, attrs, dims)
         if residual is not None:
             y = y + residual

@@ -166,23 +166,32 @@ class MatMulInt8(OpDef):
 # What transforms/quantize.py, calibration and `deepgen quantize` ask about the ops
 # (the stages name no op: ARCHITECTURE, "What a stage may know").
 
-INT8_OPS = {"matmul": "matmul_int8", "conv2d": "conv2d_int8"}  # a float32 product -> its int8 form
+# A float32 product -> its int8 form, whose operands are the product's with the two
+# scales after the weight (to_int8). A convolution fused with the batch norm after it
+# (transforms/passes.py conv_batch_norm) has one too: the pass fuses an int8
+# convolution as the conv2d it stands for (float_form), then makes the fused node int8.
+INT8_OPS = {"matmul": "matmul_int8", "conv2d": "conv2d_int8", "conv2d_batch_norm": "conv2d_batch_norm_int8"}
+CONVS = ("conv2d", "conv2d_batch_norm")  # the float32 products by a convolution's weight [O, C, KH, KW]
 
 
 def int8_candidates(graph) -> list:
     """The nodes `--precision int8` rewrites, in order: matmuls whose right operand
     is a parameter (not transposed on the left, no epilogue yet) and one-group
-    convolutions by a parameter (ops/quantize_conv.py)."""
+    convolutions by a parameter (ops/quantize_conv.py; fused with a batch norm or not)."""
     return [n for n in graph.nodes
             if (n.op == "matmul" and len(n.inputs) == 2 and not n.attrs.get("ta") and "epilogue" not in n.attrs
-                or n.op == "conv2d" and n.attrs.get("groups", 1) == 1)
+                or n.op in CONVS and n.attrs.get("groups", 1) == 1)
             and n.inputs[1].kind == "param"]
+
+
+def _is_conv(node) -> bool:
+    return float_form(node)[0].op in CONVS
 
 
 def int8_sizes(node) -> tuple:
     """(K, P) of a candidate or int8 node: the terms of each sum and the output channels."""
     w = node.inputs[1]
-    if node.op in ("conv2d", "conv2d_int8"):
+    if _is_conv(node):
         return numel(w.shape[1:]), w.shape[0]
     return (w.shape[1], w.shape[0]) if node.attrs.get("tb") else tuple(w.shape)
 
@@ -190,22 +199,22 @@ def int8_sizes(node) -> tuple:
 def int8_weight_scales(node, w) -> np.ndarray:
     """The per-output-channel scales of the weight array w of an int8 node."""
     w = np.asarray(w, np.float32)
-    if node.op == "conv2d_int8":
+    if _is_conv(node):
         return weight_scales(w.reshape(w.shape[0], -1), True)
     return weight_scales(w, bool(node.attrs.get("tb")))
 
 
 def to_int8(node, x_scale, w_scale) -> None:
     """Turn a candidate into its int8 op in place, reading the two scales (after the
-    weight; a convolution's bias, if any, last)."""
-    x, w, *bias = node.inputs
+    weight; the rest of its operands, a convolution's bias or batch norm's, after them)."""
+    x, w, *rest = node.inputs
     scales = {"x_scale": x_scale.name, "w_scale": w_scale.name}
-    if node.op == "conv2d":
+    if node.op in CONVS:
         node.attrs = {**node.attrs, **scales}
     else:
         node.attrs = {**({"tb": True} if node.attrs.get("tb") else {}), **scales}
     node.op = INT8_OPS[node.op]
-    node.inputs = [x, w, x_scale, w_scale, *bias]
+    node.inputs = [x, w, x_scale, w_scale, *rest]
 
 
 def int8_nodes(graph) -> list:
@@ -217,6 +226,15 @@ def _float_node(n) -> Node:
     op = next(f for f, q in INT8_OPS.items() if q == n.op)
     attrs = {k: v for k, v in n.attrs.items() if k not in ("x_scale", "w_scale")}
     return Node(op, n.inputs[:2] + n.inputs[4:], attrs, outputs=n.outputs, loc=n.loc, phase=n.phase)
+
+
+def float_form(node) -> tuple:
+    """(the float32 node an int8 node computes in int8, its [x_scale, w_scale]): what a
+    pass that matches float32 products sees of it (to_int8 makes its result int8
+    again); a node that is not int8: (node, [])."""
+    if node.op not in INT8_OPS.values():
+        return node, []
+    return _float_node(node), node.inputs[2:4]
 
 
 def float_twin(graph):

@@ -10,7 +10,10 @@ output channel to [-63, 63] (`<weight>_scale` [O]), the sum exact in int32, the
 float32 steps in the same order as the runtime's (dg_int8_conv.h: the input quantized,
 its windows' rows times the weight by the int8 product of dg_int8.h, then the bias; the
 runtime orders each row's k tap-major, channels-last, and the kept weight's rows the
-same way: /*taps=*/KH*KW). So the numpy reference and the C++ agree bit for bit."""
+same way: /*taps=*/KH*KW). So the numpy reference and the C++ agree bit for bit.
+
+`conv2d_batch_norm_int8` is conv2d_batch_norm (ops/modes.py) with this convolution: what
+the conv_batch_norm pass makes of an int8 convolution and the batch norm after it."""
 
 from __future__ import annotations
 
@@ -20,6 +23,7 @@ from ..codegen.stmt import Named
 from ..errors import DeepgenError
 from ..ir.shapes import fmt_shape, numel, same
 from .conv import _conv_ref, _describe, _geom
+from .modes import ConvBatchNorm, _float
 from .quantize import WEIGHT_QMAX, check_scale, quantize
 from .registry import OpDef, get_op, register
 
@@ -65,13 +69,54 @@ class Conv2dInt8(OpDef):
 
     def lower(self, node, ctx):
         x, w, xs, ws = node.inputs[:4]
-        if "dg_int8_conv.h" not in ctx.target.runtime:
-            raise DeepgenError(f"--precision int8: the {ctx.target.name} target has no int8 runtime (dg_int8.h) yet")
         y = node.outputs[0]
-        kernel, out_hw = tuple(w.shape[2:]), tuple(y.shape[2:])
-        geom, name = _geom(ctx, node, x.shape, w.shape[0], kernel, out_hw, w.name)
-        # rows [O, C*KH*KW], each row's k packed channels-last (tap by tap), once per change
-        kept = ctx.kept_int8(w, ws, True, numel(w.shape[1:]), w.shape[0], int(kernel[0]) * int(kernel[1]))
+        geom, name, kept = _int8_conv(ctx, node, x, w, ws, y)
         b = ctx.read(node.inputs[4]) if len(node.inputs) == 5 else "nullptr"
         return [geom, ctx.call("dg::conv2d_int8", ctx.read(x), ctx.read(xs), kept, b, ctx.write(y), "nullptr", name,
                                Named("scale_name", ctx.string(xs.name)))]
+
+
+def _int8_conv(ctx, node, x, w, ws, y) -> tuple:
+    """(the geometry's line, its name, the kept int8 weight) of an int8 convolution's call."""
+    if "dg_int8_conv.h" not in ctx.target.runtime:
+        raise DeepgenError(f"--precision int8: the {ctx.target.name} target has no int8 runtime (dg_int8.h) yet")
+    kernel, out_hw = tuple(w.shape[2:]), tuple(y.shape[2:])
+    geom, name = _geom(ctx, node, x.shape, w.shape[0], kernel, out_hw, w.name)
+    # rows [O, C*KH*KW], each row's k packed channels-last (tap by tap), once per change
+    kept = ctx.kept_int8(w, ws, True, numel(w.shape[1:]), w.shape[0], int(kernel[0]) * int(kernel[1]))
+    return geom, name, kept
+
+
+@register
+class ConvBatchNormInt8(ConvBatchNorm):
+    """[y, mean, invstd] = conv2d_batch_norm_int8(x, w, x_scale, w_scale, bn_weight, bn_bias,
+    running_mean, running_var, mode[, b][, residual]): conv2d_batch_norm (ops/modes.py) with
+    the convolution of conv2d_int8, the operands of conv2d_batch_norm with the two scales after
+    the weight (what the conv_batch_norm pass makes of an int8 convolution and its batch norm,
+    transforms/passes.py). dg::conv2d_batch_norm_int8 normalizes, adds the residual and
+    rectifies each block of output as the int8 product stores it (evaluation mode), with
+    batch norm's own arithmetic; in training mode it is conv2d_int8, then batch norm's
+    training path, the residual and relu. The reference is conv2d_int8's, then batch norm's."""
+
+    name = "conv2d_batch_norm_int8"
+    conv_op = "conv2d_int8"
+    lead = 4  # x, w, x_scale, w_scale
+    updates_state = (6, 7)
+
+    def packed_read(self, node):
+        return None  # the Model's dg::KeptInt8Weight (LowerCtx.kept_int8), not a float packing
+
+    def lower(self, node, ctx):
+        (x, w, xs, ws, *conv_b), (bn_w, bn_b, rm, rv, mode), residual = self._split(node.inputs, node.attrs)
+        y, mean, invstd = node.outputs
+        geom, name, kept = _int8_conv(ctx, node, x, w, ws, y)
+        b = ctx.read(conv_b[0]) if conv_b else "nullptr"
+        r = ctx.read(residual) if residual is not None else "nullptr"
+        what = ctx.string(f"batch norm of the convolution of '{x.name}'")
+        return [geom, ctx.call("dg::conv2d_batch_norm_int8", ctx.read(x), ctx.read(xs), kept, b,
+                               ctx.read(bn_w), ctx.read(bn_b), ctx.write(rm), ctx.write(rv), Named("residual", r),
+                               ctx.write(y), ctx.write(mean), ctx.write(invstd), "nullptr", name,
+                               Named("scale_name", ctx.string(xs.name)),
+                               Named("eps", _float(node.attrs["eps"])),
+                               Named("momentum", _float(node.attrs["momentum"])),
+                               Named("relu", "true" if node.attrs.get("relu") else "false"), ctx.read(mode), what)]

@@ -21,6 +21,7 @@ from ..ir.graph import Node
 from ..ir.shapes import broadcast
 from ..ops import ARGS, get_op, make_constant
 from ..ops.linalg import epilogue_role
+from ..ops.quantize import float_form, to_int8
 from ..ops.scalar import _functions, simplified
 from .remat import remat
 from .rounding import rounded_reads
@@ -262,7 +263,10 @@ def conv_batch_norm(graph):
     operand), then a relu (attr relu), each the only reader of what it reads: the
     epilogue applies them as well (add_relu in runtime/dg_conv.h, the same bits).
     A model that trains keeps the two nodes (batch norm's gradient reads the
-    convolution's output)."""
+    convolution's output). A convolution that `--precision int8` made int8 (before the
+    passes: transforms/quantize.py) is fused as the conv2d it computes (its float
+    form, ops/quantize.py), and the fused node made int8 the same way
+    (`conv2d_batch_norm_int8`, ops/quantize_conv.py)."""
     if graph.train is not None:
         return graph
     (nodes, keep), *_ = regions(graph)
@@ -271,16 +275,19 @@ def conv_batch_norm(graph):
         if bn.op != "batch_norm":
             continue
         y = bn.inputs[0]
-        conv = getattr(y, "producer", None)
-        if conv is None or conv.op != "conv2d" or conv not in nodes or id(y) in keep:
+        made = getattr(y, "producer", None)
+        if made is None or made not in nodes or id(y) in keep:
             continue
-        if len(uses.get(id(y), [])) != 1 or conv.phase != bn.phase:
+        conv, scales = float_form(made)
+        if conv.op != "conv2d" or len(uses.get(id(y), [])) != 1 or conv.phase != bn.phase:
             continue
         x, w = conv.inputs[:2]
         fused = Node("conv2d_batch_norm", [x, w, *bn.inputs[1:6], *conv.inputs[2:]],
                      {**conv.attrs, "eps": bn.attrs["eps"], "momentum": bn.attrs["momentum"]},
                      outputs=bn.outputs, loc=bn.loc, phase=bn.phase)
-        nodes.remove(conv)
+        if scales:
+            to_int8(fused, *scales)
+        nodes.remove(made)
         nodes[nodes.index(bn)] = fused
         for role in ("residual", "relu"):
             _join_tail(nodes, keep, uses, fused, role)
@@ -315,7 +322,7 @@ def _join_tail(nodes, keep, uses, fused, role):
             return
         extra = [r]
     # The node moves later: nothing between may read its other outputs or the running statistics it updates.
-    watched = {id(v) for v in fused.outputs[1:] + fused.inputs[4:6]}
+    watched = {id(v) for v in fused.outputs[1:]} | {id(fused.inputs[i]) for i in get_op(fused.op).updates_state}
     between = nodes[nodes.index(fused) + 1 : nodes.index(node)]
     if any(id(v) in watched for n in between for v in n.inputs):
         return

@@ -850,6 +850,22 @@ struct NormalizeEpilogue {
     modes_detail::normalize_values(c, c, n, mean[o], invstd[o] * bn_w[o], bn_b[o]);
     add_relu(c, residual != nullptr ? residual + (c - y) : nullptr, n, relu);
   }
+#if defined(__AVX512F__)
+  // operator() on 16 values v of channel o in a register, bound for c (the lanes
+  // `lanes`; the residual is read there only): what the int8 convolutions store
+  // (dg_int8.h, int8_store_run). The normalization is normalize_values' one
+  // expression (so a compiler that contracts it into a fused multiply-add
+  // contracts both), the add and relu add_relu's: 0 > s ? 0 : s is vmaxps(0, s),
+  // which returns s when either is NaN and s when both are zeros.
+  __m512 in_register(int64_t o, __m512 v, const float* c, __mmask16 lanes) const {
+    const __m512 m = _mm512_set1_ps(mean[o]), scale = _mm512_set1_ps(invstd[o] * bn_w[o]),
+                 shift = _mm512_set1_ps(bn_b[o]);
+    __m512 s = (v - m) * scale + shift;
+    if (residual != nullptr) s = s + _mm512_maskz_loadu_ps(lanes, residual + (c - y));
+    // (the zero-masking form with every lane set: GCC 12 warns of the plain form's undefined operand)
+    return relu ? _mm512_maskz_max_ps(static_cast<__mmask16>(0xffff), _mm512_setzero_ps(), s) : s;
+  }
+#endif
   // Asks for the lines of what operator() will read for the n values at c (the
   // residual's): a convolution writing its planes in short runs (dg_bf16_conv.h)
   // calls it a block ahead.

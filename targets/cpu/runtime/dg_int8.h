@@ -50,6 +50,7 @@
 #include <cstring>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -255,6 +256,29 @@ inline void int8_scale_out(const int32_t* sums, float xs, const float* w_scale, 
 }
 
 #if defined(__AVX512F__)
+// Whether a convolution's channel epilogue (dg_conv.h's conv2d_with: epi(o, c, n) on
+// n finished values c of output channel o) also has a form on 16 values in a
+// register, epi.in_register(o, v, c, lanes) -> the values to store at c (lanes:
+// those stored), which a store runs before it stores: the values are not read back.
+template <class E, class = void>
+struct int8_in_register : std::false_type {};
+template <class E>
+struct int8_in_register<
+    E, std::void_t<decltype(static_cast<void>(std::declval<const E&>().in_register(
+           int64_t(0), _mm512_setzero_ps(), static_cast<const float*>(nullptr), static_cast<__mmask16>(0))))>>
+    : std::true_type {};
+
+// y, 16 values of output channel o on their way to c (`lanes` of them stored there),
+// stored, with the channel epilogue epi run on them (in the register where it can).
+template <class Epi>
+inline void int8_store_run(const Epi& epi, int64_t o, __m512 y, float* c, __mmask16 lanes, int64_t n) {
+  if constexpr (int8_in_register<Epi>::value) y = epi.in_register(o, y, c, lanes);
+  if (n == 16)
+    _mm512_storeu_ps(c, y);
+  else
+    _mm512_mask_storeu_ps(c, lanes, y);
+  if constexpr (!int8_in_register<Epi>::value) epi(o, c, n);
+}
 #endif
 
 #if defined(__AVX2__)
@@ -369,9 +393,13 @@ inline void int8_store16(__m512i sum, __m512 scale, float* out, int64_t cols) {
 // (i, j) goes to c[((i / plane) * N + j) * plane + i % plane]. The block is
 // transposed in registers; each column's 16 rows are one store where they lie in
 // one plane (plane a multiple of 16), else a masked store per plane (the lanes
-// moved down by vcompressps). Rows past `rows` are not stored.
+// moved down by vcompressps). Rows past `rows` are not stored. Each run of a
+// column's values in a plane gets the channel epilogue epi (int8_store_run) as it
+// is stored: a convolution's batch norm, residual and relu (dg_int8_conv.h).
+template <class Epi>
 inline void int8_store16_planes(const int32_t* sums, int64_t ld, __m512 scale, const float* bias, float* c,
-                                int64_t i0, int64_t rows, int64_t j, int64_t cols, int64_t N, int64_t plane) {
+                                int64_t i0, int64_t rows, int64_t j, int64_t cols, int64_t N, int64_t plane,
+                                const Epi& epi) {
   __m512 v[16];
   for (int r = 0; r < 16; ++r)
     v[r] = _mm512_mul_ps(
@@ -382,11 +410,12 @@ inline void int8_store16_planes(const int32_t* sums, int64_t ld, __m512 scale, c
     for (int64_t i = i0; i < i0 + rows;) {
       const int64_t p = i % plane, n = std::min(plane - p, i0 + rows - i);
       float* out = c + (i / plane * N + j + t) * plane + p;
+      const __mmask16 first = static_cast<__mmask16>((1u << n) - 1);  // (n == 16: every lane)
       if (n == 16) {
-        _mm512_storeu_ps(out, y);
+        int8_store_run(epi, j + t, y, out, first, n);
       } else {
         const __mmask16 lanes = static_cast<__mmask16>(((1u << n) - 1) << (i - i0));
-        _mm512_mask_storeu_ps(out, static_cast<__mmask16>((1u << n) - 1), _mm512_maskz_compress_ps(lanes, y));
+        int8_store_run(epi, j + t, _mm512_maskz_compress_ps(lanes, y), out, first, n);
       }
       i += n;
     }
@@ -559,10 +588,12 @@ constexpr int64_t kInt8AmxMinParallelWork = int64_t(1) << 27;  // 134 M
 // matmul_int8_amx_block). Column blocks of two panels are split over threads,
 // each thread with its own tile configuration (every tile 16 rows x 64 bytes); a
 // block runs against every 32 rows (2 A tiles: 2 x 2 C tiles) while its panels
-// are in the cache.
+// are in the cache. plane > 0: the result written as planes with the bias and the
+// channel epilogue epi (int8_store16_planes); else rows, and epi is not run.
+template <class Epi>
 inline void matmul_int8_amx_from(const int8_t* a, int64_t a_row, int64_t a_step, int64_t a_tile, float xs,
-                                 const Int8PackedB& b, float* c, int64_t M, int64_t plane = 0,
-                                 const float* bias = nullptr) {
+                                 const Int8PackedB& b, float* c, int64_t M, int64_t plane, const float* bias,
+                                 const Epi& epi) {
   const int64_t N = b.N, ktiles = b.panel_groups / Int8PackedB::kTileGroups;
   const int64_t row_tiles = (M + 15) / 16, blocks = (b.panels + 1) / 2;
   const double work = 2.0 * double(M) * double(N) * double(b.K);
@@ -594,7 +625,7 @@ inline void matmul_int8_amx_from(const int8_t* a, int64_t a_row, int64_t a_step,
           if (plane > 0) {
             for (int h = 0; h < rts; ++h)
               int8_store16_planes(sums + h * 16 * ct * 16 + q * 16, ct * 16, scale, bias, c, (rt + h) * 16,
-                                  std::min<int64_t>(16, rows - 16 * h), j, cols, N, plane);
+                                  std::min<int64_t>(16, rows - 16 * h), j, cols, N, plane, epi);
             continue;
           }
           for (int64_t r = 0; r < rows; ++r)
@@ -610,17 +641,18 @@ inline void matmul_int8_amx_from(const int8_t* a, int64_t a_row, int64_t a_step,
 // block (N <= 32) reads the activation once: straight from its rows where they
 // are whole tiles; else (and for more column blocks) from int8_amx_tiles' copy.
 inline void matmul_int8_amx(const int8_t* a8, float xs, const Int8PackedB& b, float* c, int64_t M) {
+  const auto rows_only = [](int64_t, float*, int64_t) {};  // (no planes: no epilogue)
   const int64_t ktiles = b.panel_groups / Int8PackedB::kTileGroups, row = int8_row_bytes(b.K);
   const int64_t row_tiles = (M + 15) / 16, blocks = (b.panels + 1) / 2;
   if (blocks == 1 && row % 64 == 0 && M % 16 == 0) {
-    matmul_int8_amx_from(a8, row, 64, 16 * row, xs, b, c, M);
+    matmul_int8_amx_from(a8, row, 64, 16 * row, xs, b, c, M, 0, nullptr, rows_only);
     return;
   }
   static thread_local std::vector<int8_t> tiles;
   if (static_cast<int64_t>(tiles.size()) < row_tiles * ktiles * 1024)
     tiles.resize(static_cast<size_t>(row_tiles * ktiles * 1024));
   const int64_t a_tile = int8_amx_tiles(a8, M, b.K, ktiles, tiles.data());
-  matmul_int8_amx_from(tiles.data(), 64, 1024, a_tile, xs, b, c, M);
+  matmul_int8_amx_from(tiles.data(), 64, 1024, a_tile, xs, b, c, M, 0, nullptr, rows_only);
 }
 
 // Whether matmul_int8 multiplies M rows with AMX tiles (then matmul_int8_tiles can
@@ -640,10 +672,12 @@ inline int64_t int8_amx_ktiles(int64_t K) {
 // int8_amx_ktiles(K); zeros past K and past M. Only where int8_amx_used(M). With
 // plane > 0 the result is written as planes, (i, j) + bias[j] (bias may be null)
 // at c[((i / plane) * N + j) * plane + i % plane]: a convolution's output, rows
-// being positions of images (int8_store16_planes).
+// being positions of images, each run of a channel's values in a plane given the
+// channel epilogue epi as it is stored (int8_store16_planes).
+template <class Epi>
 inline void matmul_int8_tiles(const int8_t* tiles, const float* a_scale, const Int8PackedB& b, float* c,
-                              int64_t M, int64_t plane = 0, const float* bias = nullptr) {
-  matmul_int8_amx_from(tiles, 64, 1024, int8_amx_ktiles(b.K) * 1024, a_scale[0], b, c, M, plane, bias);
+                              int64_t M, int64_t plane, const float* bias, const Epi& epi) {
+  matmul_int8_amx_from(tiles, 64, 1024, int8_amx_ktiles(b.K) * 1024, a_scale[0], b, c, M, plane, bias, epi);
 }
 #endif
 

@@ -19,7 +19,9 @@
 //      [O, C*KH*KW] packed with each row's k in the same channels-last order,
 //      dg_int8_weights.h) with dg::matmul_int8 (AMX, VNNI, AVX2 or portable);
 //   4. the [positions, O] result is written into the output planes with the bias
-//      (to_planes: a transposition).
+//      (to_planes: a transposition; with AMX the tiles' sums are written so
+//      directly, int8_store16_planes), and for conv2d_batch_norm_int8 batch
+//      norm's normalization, the residual and relu on each block as it is written.
 // The int32 sums are exact, whatever the order of k; the float32 steps are those of
 // ops/quantize_conv.py's reference, in the same order (bit for bit).
 //
@@ -39,12 +41,19 @@
 
 namespace dg {
 
+// The bytes of rows one product multiplies at most (several images' at small
+// planes; one image's, however many): the rows stay in the L2 cache while the
+// weight's column blocks pass by. Measured on ResNet-18 at 64x64 (AMX, 1 thread).
+constexpr int64_t kInt8ConvRowBytes = int64_t(1) << 20;
+
 namespace int8_conv_detail {
 
 // to[p * ld + k] = from[k * P + p] for k < K, p < P (bytes): the quantized column
 // matrix [K, P] as rows of output positions. With AVX-512 VBMI, four k rows of 16
 // positions at a time: one 64-byte permute puts each position's four bytes side by
 // side, one scatter writes them into 16 rows (a byte at a time: ~4x the time).
+// (The insert and the permute are written as their zero-masking forms with every
+// lane set: GCC 12 warns of the plain forms' undefined operand.)
 inline void transpose(const int8_t* from, int64_t K, int64_t P, int8_t* to, int64_t ld) {
   int64_t k0 = 0;
 #if defined(__AVX512VBMI__)
@@ -59,13 +68,15 @@ inline void transpose(const int8_t* from, int64_t K, int64_t P, int8_t* to, int6
     int64_t p0 = 0;
     for (; p0 + 16 <= P; p0 += 16) {
       const int8_t* at = from + k0 * P + p0;
-      const __m512i four = _mm512_inserti64x4(
+      const __m512i four = _mm512_maskz_inserti64x4(
+          static_cast<__mmask8>(0xff),
           _mm512_castsi256_si512(_mm256_set_m128i(_mm_loadu_si128(reinterpret_cast<const __m128i*>(at + P)),
                                                   _mm_loadu_si128(reinterpret_cast<const __m128i*>(at)))),
           _mm256_set_m128i(_mm_loadu_si128(reinterpret_cast<const __m128i*>(at + 3 * P)),
                            _mm_loadu_si128(reinterpret_cast<const __m128i*>(at + 2 * P))),
           1);
-      _mm512_i32scatter_epi32(to + p0 * ld + k0, rows, _mm512_permutexvar_epi8(order, four), 1);
+      _mm512_i32scatter_epi32(to + p0 * ld + k0, rows,
+                              _mm512_maskz_permutexvar_epi8(~__mmask64(0), order, four), 1);
     }
     for (; p0 < P; ++p0)
       for (int64_t k = k0; k < k0 + 4; ++k)
@@ -163,12 +174,15 @@ inline void window_row(const int8_t* xq, const std::vector<conv_detail::Tap>& ta
 }
 
 // y[o * P + p] = from[p * O + o] (+ b[o]): the product's rows (P positions of O
-// channels) as the image's O output planes. With AVX-512, 16 positions x 16
-// channels at a time (16 loads, gemm_detail::transpose_16x16, 16 stores); the rest by blocks of 16
-// positions, which stay in the L1 cache while every channel reads them (read a
-// channel at a time over all positions, the rows missed the cache: ~15% of an
-// int8 ResNet-18's time).
-inline void to_planes(const float* from, int64_t P, int64_t O, const float* b, float* y) {
+// channels) as the image's O output planes, each run of a channel's values given
+// the channel epilogue epi (dg_conv.h's conv2d_with) as it is written. With
+// AVX-512, 16 positions x 16 channels at a time (16 loads,
+// gemm_detail::transpose_16x16, 16 stores through int8_store_run); the rest by
+// blocks of 16 positions, which stay in the L1 cache while every channel reads
+// them (read a channel at a time over all positions, the rows missed the cache:
+// ~15% of an int8 ResNet-18's time).
+template <class Epi>
+inline void to_planes(const float* from, int64_t P, int64_t O, const float* b, float* y, const Epi& epi) {
   int64_t p0 = 0;
 #if defined(__AVX512F__)
   for (; p0 + 16 <= P; p0 += 16) {
@@ -179,12 +193,14 @@ inline void to_planes(const float* from, int64_t P, int64_t O, const float* b, f
         r[i] = _mm512_loadu_ps(from + (p0 + i) * O + o0);
       gemm_detail::transpose_16x16(r);
       for (int i = 0; i < 16; ++i)
-        _mm512_storeu_ps(y + (o0 + i) * P + p0,
-                         b != nullptr ? _mm512_add_ps(r[i], _mm512_set1_ps(b[o0 + i])) : r[i]);
+        int8_store_run(epi, o0 + i, b != nullptr ? _mm512_add_ps(r[i], _mm512_set1_ps(b[o0 + i])) : r[i],
+                       y + (o0 + i) * P + p0, static_cast<__mmask16>(0xffff), 16);
     }
-    for (; o0 < O; ++o0)
+    for (; o0 < O; ++o0) {
       for (int64_t p = p0; p < p0 + 16; ++p)
         y[o0 * P + p] = b != nullptr ? from[p * O + o0] + b[o0] : from[p * O + o0];
+      epi(o0, y + o0 * P + p0, 16);
+    }
   }
 #endif
   for (; p0 < P; p0 += 16) {
@@ -199,23 +215,17 @@ inline void to_planes(const float* from, int64_t P, int64_t O, const float* b, f
         for (int64_t p = p0; p < p1; ++p)
           plane[p] = from[p * O + o];
       }
+      epi(o, plane + p0, p1 - p0);
     }
   }
 }
 
-}  // namespace int8_conv_detail
-
-// The bytes of rows one product multiplies at most (several images' at small
-// planes; one image's, however many): the rows stay in the L2 cache while the
-// weight's column blocks pass by. Measured on ResNet-18 at 64x64 (AMX, 1 thread).
-constexpr int64_t kInt8ConvRowBytes = int64_t(1) << 20;
-
-// y[N, O, OH, OW] = conv2d(x, w) (+ b) in int8: x quantized with x_scale[0]
-// (named scale_name in errors), w the Model's kept int8 weight (packed
-// channels-last: taps = KH * KW). ws is not read (the buffers are the calling
-// thread's, grown once).
-inline void conv2d_int8(const float* x, const float* x_scale, const KeptInt8Weight& w, const float* b,
-                        float* y, float* /*ws*/, const Conv2dGeom& g, const char* scale_name) {
+// conv2d_int8 (below) with the channel epilogue epi (dg_conv.h's conv2d_with): run
+// on each run of a channel's values as the output planes are written, while they
+// are in registers (int8_store16_planes, to_planes).
+template <class Epi>
+void conv2d_int8_with(const float* x, const float* x_scale, const KeptInt8Weight& w, const float* b, float* y,
+                      const Conv2dGeom& g, const char* scale_name, const Epi& epi) {
   if (g.groups != 1) throw std::logic_error("dg::conv2d_int8: one group only (the generator's rule)");
   check_int8_scales(x_scale, 1, scale_name);
   if (g.N <= 0) return;
@@ -227,21 +237,21 @@ inline void conv2d_int8(const float* x, const float* x_scale, const KeptInt8Weig
   const bool own_rows = g.pointwise() && lda == C;  // the channels-last copy is the rows
   static thread_local std::vector<int8_t> plane_buffer, copy_buffer, row_buffer, tile_buffer;
   static thread_local std::vector<float> product_buffer;
-  int8_t* planes = int8_conv_detail::grown(plane_buffer, C * HW);
-  int8_t* xq = int8_conv_detail::grown(copy_buffer, images * HW * C);
+  int8_t* planes = grown(plane_buffer, C * HW);
+  int8_t* xq = grown(copy_buffer, images * HW * C);
   const std::vector<conv_detail::Tap> taps = conv_detail::taps_of(g);
   for (int64_t n0 = 0; n0 < g.N; n0 += images) {
     const int64_t count = std::min(images, g.N - n0), M = count * OHW;
     for (int64_t i = 0; i < count; ++i) {
       quantize_int8_span(x + (n0 + i) * C * HW, planes, inv, C * HW, kInt8ActivationMax);  // vectorized
-      int8_conv_detail::transpose(planes, C, HW, xq + i * HW * C, C);
+      transpose(planes, C, HW, xq + i * HW * C, C);
     }
 #if DG_INT8_AMX
     if (int8_amx_used(M)) {
       // each row made in a line of whole k tiles, then its tiles' 64-byte rows stored
       // where matmul_int8_tiles reads them (int8_amx_tiles' layout: no second copy)
       const int64_t ktiles = int8_amx_ktiles(K), rows_in_tiles = (M + 15) / 16 * 16;
-      int8_t* tiles = int8_conv_detail::grown(tile_buffer, rows_in_tiles * ktiles * 64);
+      int8_t* tiles = grown(tile_buffer, rows_in_tiles * ktiles * 64);
       const int threads = threads_for(conv_detail::kCopyWork * M * K);
 #ifdef _OPENMP
 #pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
@@ -250,20 +260,19 @@ inline void conv2d_int8(const float* x, const float* x_scale, const KeptInt8Weig
 #endif
       for (int64_t r = 0; r < rows_in_tiles; ++r) {
         static thread_local std::vector<int8_t> line_buffer;
-        int8_t* line = int8_conv_detail::grown(line_buffer, ktiles * 64);
+        int8_t* line = grown(line_buffer, ktiles * 64);
         if (r < M)
-          int8_conv_detail::window_row(xq + r / OHW * HW * C, taps, r % OHW / g.OW, r % OHW % g.OW, line,
-                                       ktiles * 64, g);
+          window_row(xq + r / OHW * HW * C, taps, r % OHW / g.OW, r % OHW % g.OW, line, ktiles * 64, g);
         int8_t* at = tiles + ((r / 16) * ktiles * 16 + r % 16) * 64;  // its first k tile's row
         for (int64_t t = 0; t < ktiles; ++t)
           _mm512_storeu_si512(at + t * 1024,
                               r < M ? _mm512_loadu_si512(line + t * 64) : _mm512_setzero_si512());
       }
-      matmul_int8_tiles(tiles, x_scale, *packed, y + n0 * O * OHW, M, /*plane=*/OHW, b);  // with the bias
+      matmul_int8_tiles(tiles, x_scale, *packed, y + n0 * O * OHW, M, /*plane=*/OHW, b, epi);
       continue;
     }
 #endif
-    int8_t* rows = own_rows ? xq : int8_conv_detail::grown(row_buffer, M * lda);
+    int8_t* rows = own_rows ? xq : grown(row_buffer, M * lda);
     if (!own_rows) {
       const int threads = threads_for(conv_detail::kCopyWork * M * K);
 #ifdef _OPENMP
@@ -273,14 +282,42 @@ inline void conv2d_int8(const float* x, const float* x_scale, const KeptInt8Weig
 #endif
       for (int64_t r = 0; r < M; ++r) {
         const int64_t i = r / OHW, p = r % OHW;
-        int8_conv_detail::window_row(xq + i * HW * C, taps, p / g.OW, p % g.OW, rows + r * lda, lda, g);
+        window_row(xq + i * HW * C, taps, p / g.OW, p % g.OW, rows + r * lda, lda, g);
       }
     }
-    float* product = int8_conv_detail::grown(product_buffer, M * O);
+    float* product = grown(product_buffer, M * O);
     matmul_int8(rows, x_scale, *packed, product, M);
     for (int64_t i = 0; i < count; ++i)
-      int8_conv_detail::to_planes(product + i * OHW * O, OHW, O, b, y + (n0 + i) * O * OHW);
+      to_planes(product + i * OHW * O, OHW, O, b, y + (n0 + i) * O * OHW, epi);
   }
+}
+
+}  // namespace int8_conv_detail
+
+// y[N, O, OH, OW] = conv2d(x, w) (+ b) in int8: x quantized with x_scale[0]
+// (named scale_name in errors), w the Model's kept int8 weight (packed
+// channels-last: taps = KH * KW). ws is not read (the buffers are the calling
+// thread's, grown once).
+inline void conv2d_int8(const float* x, const float* x_scale, const KeptInt8Weight& w, const float* b,
+                        float* y, float* /*ws*/, const Conv2dGeom& g, const char* scale_name) {
+  int8_conv_detail::conv2d_int8_with(x, x_scale, w, b, y, g, scale_name, conv_detail::NoChannelEpilogue());
+}
+
+// y = batch_norm(conv2d_int8(x, w, b)) with batch norm's weight bn_w, bias bn_b and
+// running statistics, then residual and relu: dg::conv2d_batch_norm (dg_conv.h)
+// with the convolution of conv2d_int8. In evaluation mode the normalization,
+// residual and relu run on each output block as the product stores it (in its
+// registers: NormalizeEpilogue::in_register), with batch norm's arithmetic: the
+// same values as conv2d_int8, then dg::batch_norm and the add and relu kernels.
+// In training mode conv2d_int8 into y, then batch norm, residual and relu in place.
+inline void conv2d_batch_norm_int8(const float* x, const float* x_scale, const KeptInt8Weight& w,
+                                   const float* b, const float* bn_w, const float* bn_b, float* running_mean,
+                                   float* running_var, const float* residual, float* y, float* mean,
+                                   float* invstd, float* /*ws*/, const Conv2dGeom& g, const char* scale_name,
+                                   float eps, float momentum, bool relu, const Mode& mode, const char* what) {
+  conv_detail::batch_norm_after(
+      [&](const auto& epi) { int8_conv_detail::conv2d_int8_with(x, x_scale, w, b, y, g, scale_name, epi); },
+      bn_w, bn_b, running_mean, running_var, residual, y, mean, invstd, g, eps, momentum, relu, mode, what);
 }
 
 }  // namespace dg

@@ -28,7 +28,9 @@ namespace modes_detail {
 // y = (x - mean) * (invstd * w) + b on channel c, from the statistics as stored:
 // batch_norm and batch_norm_apply compute alike, so a recomputation is exact.
 // to[i] = (from[i] - m) * scale + shift for i < n (from may be to): the
-// normalization every batch norm function here applies, so all round alike.
+// normalization every batch norm function here applies, so all round alike (and
+// the int8 convolutions' epilogue: NormalizeEpilogue::in_register in dg_conv.h, the
+// same expression on 16 values in a register).
 inline void normalize_values(const float* from, float* to, int64_t n, float m, float scale, float shift) {
   for (int64_t i = 0; i < n; ++i)
     to[i] = (from[i] - m) * scale + shift;
