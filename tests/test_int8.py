@@ -365,6 +365,17 @@ def test_runtime_int8_equals_reference_portable_and_avx2(tmp_path):
                 np.testing.assert_array_equal(got, want, err_msg=f"{name}, {threads} threads, {m}x{k}x{n} tb={tb}")
 
 
+def _model_with(module, params):
+    """A Model of the built module holding `params` (its parameters and buffers, the
+    int8 scales among them), written through the views, which are then dropped."""
+    model = module.Model(seed=0)
+    views = {**model.parameters(), **model.buffers()}
+    for name, view in views.items():
+        view[...] = params[name]
+    del views
+    return model
+
+
 def test_conv2d_batch_norm_int8_equals_reference_bit_for_bit(builds):
     """In an int8 project the conv_batch_norm pass fuses an int8 convolution and its batch
     norm (and the residual add and relu after) as it does a float32 one: one
@@ -415,11 +426,7 @@ def test_conv2d_batch_norm_int8_equals_reference_bit_for_bit(builds):
             low = 0.5 if p.name.endswith(("running_var", "weight")) else -1.0
             params[p.name] = rng.uniform(low, 1.5, p.shape).astype(np.float32)
     params.update(calibrate(graph, [inputs], params))
-    model = module.Model(seed=0)
-    views = {**model.parameters(), **model.buffers()}
-    for name, view in views.items():
-        view[...] = params[name]
-    del views
+    model = _model_with(module, params)
     model.eval()
     forward_floats = sympy.sympify(lowered(graph).memory["forward_floats"])
     for n in (8, 1):
@@ -569,11 +576,7 @@ def test_conv2d_int8_equals_reference_bit_for_bit(builds):
               "s": rng.standard_normal((8, 16, 2, 2)).astype(np.float32)}
     params = reference.init_params(graph, seed=0)
     params.update(calibrate(graph, [inputs], params))
-    model = module.Model(seed=0)
-    views = {**model.parameters(), **model.buffers()}
-    for name, view in views.items():
-        view[...] = params[name]
-    del views
+    model = _model_with(module, params)
     for n in (8, 1):
         batch = {k: v[:n] for k, v in inputs.items()}
         got, want = model.forward(**batch), reference.run(graph, batch, params)
