@@ -594,13 +594,11 @@ constexpr int64_t kInt8AmxMinParallelWork = int64_t(1) << 27;  // 134 M
 // each thread with its own tile configuration (every tile 16 rows x 64 bytes); a
 // block runs against every 32 rows (2 A tiles: 2 x 2 C tiles) while its panels
 // are in the cache. plane > 0: the result written as planes with the bias and the
-// channel epilogue epi (int8_store16_planes); else rows, and epi is not run: each
-// piece of rows x one panel's columns, once stored, gets the GEMM epilogue row_epi
-// (dg_gemm.h's convention) instead, on the thread that stored it.
-template <class Epi, class RowEpi = NoEpilogue>
+// channel epilogue epi (int8_store16_planes); else rows, and epi is not run.
+template <class Epi>
 inline void matmul_int8_amx_from(const int8_t* a, int64_t a_row, int64_t a_step, int64_t a_tile, float xs,
                                  const Int8PackedB& b, float* c, int64_t M, int64_t plane, const float* bias,
-                                 const Epi& epi, const RowEpi& row_epi = RowEpi()) {
+                                 const Epi& epi) {
   const int64_t N = b.N, ktiles = b.panel_groups / Int8PackedB::kTileGroups;
   const int64_t row_tiles = (M + 15) / 16, blocks = (b.panels + 1) / 2;
   const double work = 2.0 * double(M) * double(N) * double(b.K);
@@ -638,17 +636,33 @@ inline void matmul_int8_amx_from(const int8_t* a, int64_t a_row, int64_t a_step,
           for (int64_t r = 0; r < rows; ++r)
             int8_store16(_mm512_load_si512(sums + r * ct * 16 + q * 16), scale, c + (rt * 16 + r) * N + j,
                          cols);
-          gemm_detail::finish(row_epi, rt * 16, rt * 16 + rows, j, j + cols, c + rt * 16 * N + j, N);
         }
       }
     }
   }
 }
 
+// epi (dg_gemm.h's GEMM epilogue) on all of c [M, N], rows shared out over
+// threads: the AMX path's epilogue, one pass after the product. Called on each
+// 16 x 16 piece as the tiles are stored (a fused bias + GELU + residual reading
+// 64-byte pieces of rows N floats apart), it made BERT int8 at batch 64 8-15%
+// slower than a separate pass (one thread, alternated runs); after the product
+// it is that pass, in place, with no buffer of its own.
+template <class Epilogue>
+inline void int8_finish_rows(const Epilogue& epi, float* c, int64_t M, int64_t N) {
+  if constexpr (!std::is_same<Epilogue, NoEpilogue>::value) {
+    const int64_t blocks = (M + 15) / 16;
+    const int threads = threads_for(4 * M * N);
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+    for (int64_t q = 0; q < blocks; ++q)
+      gemm_detail::finish(epi, q * 16, std::min(M, q * 16 + 16), 0, N, c + q * 16 * N, N);
+  }
+}
+
 // matmul_int8 with AMX tiles (M >= kInt8AmxMinRows, amx_ready()). One column
 // block (N <= 32) reads the activation once: straight from its rows where they
 // are whole tiles; else (and for more column blocks) from int8_amx_tiles' copy.
-// epi: the GEMM epilogue of each finished piece (matmul_int8_amx_from's row_epi).
+// Then epi on the whole product (int8_finish_rows).
 template <class Epilogue>
 inline void matmul_int8_amx(const int8_t* a8, float xs, const Int8PackedB& b, float* c, int64_t M,
                             const Epilogue& epi) {
@@ -656,14 +670,15 @@ inline void matmul_int8_amx(const int8_t* a8, float xs, const Int8PackedB& b, fl
   const int64_t ktiles = b.panel_groups / Int8PackedB::kTileGroups, row = int8_row_bytes(b.K);
   const int64_t row_tiles = (M + 15) / 16, blocks = (b.panels + 1) / 2;
   if (blocks == 1 && row % 64 == 0 && M % 16 == 0) {
-    matmul_int8_amx_from(a8, row, 64, 16 * row, xs, b, c, M, 0, nullptr, rows_only, epi);
-    return;
+    matmul_int8_amx_from(a8, row, 64, 16 * row, xs, b, c, M, 0, nullptr, rows_only);
+  } else {
+    static thread_local std::vector<int8_t> tiles;
+    if (static_cast<int64_t>(tiles.size()) < row_tiles * ktiles * 1024)
+      tiles.resize(static_cast<size_t>(row_tiles * ktiles * 1024));
+    const int64_t a_tile = int8_amx_tiles(a8, M, b.K, ktiles, tiles.data());
+    matmul_int8_amx_from(tiles.data(), 64, 1024, a_tile, xs, b, c, M, 0, nullptr, rows_only);
   }
-  static thread_local std::vector<int8_t> tiles;
-  if (static_cast<int64_t>(tiles.size()) < row_tiles * ktiles * 1024)
-    tiles.resize(static_cast<size_t>(row_tiles * ktiles * 1024));
-  const int64_t a_tile = int8_amx_tiles(a8, M, b.K, ktiles, tiles.data());
-  matmul_int8_amx_from(tiles.data(), 64, 1024, a_tile, xs, b, c, M, 0, nullptr, rows_only, epi);
+  int8_finish_rows(epi, c, M, b.N);
 }
 
 // Whether matmul_int8 multiplies M rows with AMX tiles (then matmul_int8_tiles can
