@@ -6,6 +6,9 @@
 // `int8_driver M K N stored_PK` reads x[M*K], w ([K, N], or [N, K] when stored_PK
 // is 1), x_scale[1] and w_scale[N] as float32 from stdin, runs quantize_int8,
 // quantize_pack_int8 and matmul_int8, and writes y[M*N] as float32 to stdout.
+// With a fifth argument `epi`, matmul_int8 takes an epilogue (dg_gemm.h's
+// convention): y[i, j] = y[i, j] * 2 + float(i * N + j) on each finished piece, so
+// a piece given it twice, or not at all, or at the wrong row or column shows.
 //
 // `int8_driver sums` checks matmul_int8's integer sums against a plain int32 loop
 // on int8 values (activations in [-127, 127], weights in [-63, 63], random and at
@@ -73,7 +76,7 @@ int main(int argc, char** argv) {
     std::printf("%s\n", dg::int8_kernel());
     return 0;
   }
-  if (argc != 5) return 2;
+  if (argc != 5 && !(argc == 6 && std::strcmp(argv[5], "epi") == 0)) return 2;
   const int64_t M = std::atoll(argv[1]), K = std::atoll(argv[2]), N = std::atoll(argv[3]);
   const bool stored_PK = std::atoi(argv[4]) != 0;
   std::vector<float> x(M * K), w(K * N), xs(1), ws(N), y(M * N);
@@ -84,7 +87,13 @@ int main(int argc, char** argv) {
   std::vector<int8_t> qx(M * dg::int8_row_bytes(K));
   dg::quantize_int8(x.data(), qx.data(), xs.data(), M, K, "x_scale");
   const dg::Int8PackedB packed = dg::quantize_pack_int8(w.data(), ws.data(), K, N, stored_PK, "w_scale");
-  dg::matmul_int8(qx.data(), xs.data(), packed, y.data(), M);
+  if (argc == 6)
+    dg::matmul_int8(qx.data(), xs.data(), packed, y.data(), M, [N](int64_t row, int64_t col0, float* c, int64_t n) {
+      for (int64_t j = 0; j < n; ++j)
+        c[j] = c[j] * 2.0f + static_cast<float>(row * N + col0 + j);
+    });
+  else
+    dg::matmul_int8(qx.data(), xs.data(), packed, y.data(), M);
   std::fwrite(y.data(), sizeof(float), y.size(), stdout);
   return 0;
 }

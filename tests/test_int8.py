@@ -19,6 +19,7 @@ from generator.ops.quantize import MAX_K, matmul_int8, quantize, weight_scales
 from generator.pipeline import lowered, prepare
 from generator.reference import interpreter as reference
 from generator.tools.cli import main as cli
+from generator.transforms.passes import optimize
 from generator.transforms.precision import set_precision
 
 N = dg.dim("N")
@@ -313,7 +314,8 @@ def test_runtime_int8_equals_reference_portable_and_avx2(tmp_path):
     again). Each driver names the kernel it runs (int8_kernel(), checked). Their integer sums
     equal a plain int32 loop (rows 1..9 and 12..65, K and N odd, K a multiple of 64 and not,
     the extreme values), and quantize_int8, quantize_pack_int8 and matmul_int8 on one and two
-    threads equal the numpy reference bit for bit at sizes that leave every tail (K % 4, K % 64,
+    threads, with an epilogue and without, equal the numpy reference bit for bit at sizes that
+    leave every tail (K % 4, K % 64,
     N % 16, rows % 16 and the VNNI kernel's row blocks, the quantizer's 16-wide blocks; one
     product large enough for the AMX kernel to split it over the two threads). The
     AVX-VNNI (ymm vpdpbusd) build is not run: on a CPU with AVX-512 VNNI the zmm kernel replaces it."""
@@ -355,14 +357,18 @@ def test_runtime_int8_equals_reference_portable_and_avx2(tmp_path):
         ws = weight_scales(w, tb) * np.float32(0.9)  # a scale below the largest weight: clamping
         want = matmul_int8(x, w, xs, ws, tb)
         stdin = b"".join(a.tobytes() for a in (x, w, xs, ws))
+        # with an epilogue (the driver's: y * 2 + the element's index, on each finished piece):
+        # every element given it once, at its own row and column, after the scaling
+        with_epi = want * np.float32(2) + np.arange(m * n, dtype=np.float32).reshape(m, n)
         for name, exe, _, env in runs:
-            for threads in (1, 2):
-                proc = subprocess.run([str(exe), str(m), str(k), str(n), "1" if tb else "0"], input=stdin,
-                                      capture_output=True, timeout=60,
+            for threads, epi in ((1, False), (2, False), (1, True), (2, True)):
+                proc = subprocess.run([str(exe), str(m), str(k), str(n), "1" if tb else "0"] + (["epi"] if epi else []),
+                                      input=stdin, capture_output=True, timeout=60,
                                       env=dict(os.environ, OMP_NUM_THREADS=str(threads), **env))
                 assert proc.returncode == 0, proc.stderr.decode()
                 got = np.frombuffer(proc.stdout, np.float32).reshape(m, n)
-                np.testing.assert_array_equal(got, want, err_msg=f"{name}, {threads} threads, {m}x{k}x{n} tb={tb}")
+                np.testing.assert_array_equal(got, with_epi if epi else want,
+                                              err_msg=f"{name}, {threads} threads, {m}x{k}x{n} tb={tb} epilogue={epi}")
 
 
 def _model_with(module, params):
@@ -450,6 +456,69 @@ def test_conv2d_batch_norm_int8_equals_reference_bit_for_bit(builds):
         if name.endswith(("running_mean", "running_var")):
             np.testing.assert_allclose(buffers[name], state[name], rtol=1e-5, atol=1e-6, err_msg=name)
             assert not np.array_equal(state[name], params[name]), name
+
+
+def test_matmul_int8_epilogue_fuses_bias_activation_and_residual(builds):
+    """In an int8 project the epilogue pass folds what follows an int8 product (bias +
+    gelu, bias + a residual [M, P] operand, bias + relu) into it as it does for a float32
+    matmul: the matmul_int8 node takes attr `epilogue` and the consumer's operands, and
+    dg::matmul_int8 applies the functor to each finished piece of its output (no separate
+    kernel, no buffer for the product). Generated == reference bit for bit on AMX-sized
+    (65 rows) and VNNI-sized (5 rows) products, and the reference equals the unfused
+    graph's (every pass before epilogue: matmul_int8, then the elementwise kernels);
+    deepgen memory's prediction holds."""
+    from generator.reference.quantize import calibrate
+
+    @dg.model
+    def ffn_int8():
+        x = dg.input("x", (N, 5, 40))
+        h = dg.gelu(dg.dense(x, 72, name="up"))
+        y = dg.dense(h, 40, name="down") + x
+        r = dg.dense(y, 24, act=dg.relu, name="out")
+        return {"y": y, "r": r}
+
+    graph = ffn_int8.build("ffn_int8")
+    set_precision(graph, "int8")
+    unfused = ffn_int8.build("ffn_int8")
+    set_precision(unfused, "int8")
+    optimize(unfused, until="simplify")  # every pass before epilogue: the same elementwise kernels, unfused
+    assert [n.op for n in unfused.nodes].count("ewise") == 3
+    prepare(graph)
+    products = [n for n in graph.nodes if n.op == "matmul_int8"]
+    assert len(products) == 3 and all("epilogue" in n.attrs for n in products), [n.attrs for n in products]
+    assert not any(n.op in ("ewise", "matmul") for n in graph.nodes), [n.op for n in graph.nodes]
+    operands = sorted([v.name for v in n.inputs[1:]] for n in products)
+    assert operands == [["down_w", "down_w_input_scale", "down_w_scale", "x", "down_b"],
+                        ["out_w", "out_w_input_scale", "out_w_scale", "out_b"],
+                        ["up_w", "up_w_input_scale", "up_w_scale", "up_b"]], operands
+    module, project = builds.module(graph, flags=CHECK_BUILD_FLAGS)
+    code = " ".join((project / "src_tree" / "src" / "model.cpp").read_text().split())
+    assert code.count("dg::matmul_int8(") == 3 and code.count("_epilogue{") == 3, code
+    assert "kernels::add_bias(" not in code and "kernels::add_bias_gelu(" not in code
+    rng = np.random.default_rng(5)
+    inputs = {"x": rng.standard_normal((13, 5, 40)).astype(np.float32)}
+    params = reference.init_params(graph, seed=0)
+    for p in graph.params:
+        if p.name.endswith("_b"):  # biases that matter
+            params[p.name] = rng.uniform(-0.5, 0.5, p.shape).astype(np.float32)
+    params.update(calibrate(graph, [inputs], params))
+    model = module.Model(seed=0)
+    views = {**model.parameters(), **model.buffers()}
+    for name, view in views.items():
+        view[...] = params[name]
+    del views
+    forward_floats = sympy.sympify(lowered(graph).memory["forward_floats"])
+    for n in (13, 1):
+        batch = {k: v[:n] for k, v in inputs.items()}
+        got = model.forward(**batch)
+        want = reference.run(graph, batch, params)
+        plain = reference.run(unfused, batch, params)
+        for k in ("y", "r"):
+            np.testing.assert_array_equal(got[k], want[k], err_msg=f"{k}, {n} rows of 5")
+            np.testing.assert_array_equal(want[k], plain[k], err_msg=f"{k}, {n} rows of 5, unfused")
+        assert (want["r"] == 0).any() and (want["r"] > 0).any()
+        stats = model.memory_stats()  # deepgen memory's prediction holds for the fused calls
+        assert stats["peak_bytes"] == stats["predicted_peak_bytes"] == 4 * int(forward_floats.subs({N: n}))
 
 
 def test_conv2d_batch_norm_int8_equals_the_separate_calls(tmp_path):

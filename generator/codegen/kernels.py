@@ -267,17 +267,18 @@ def update_kernel(optimizer, printer_cls=FloatPrinter) -> Kernel:
     )
 
 
-def epilogue_kernel(node, printer_cls=FloatPrinter) -> KernelUse:
+def epilogue_kernel(node, printer_cls=FloatPrinter, first: int = 2) -> KernelUse:
     """The epilogue functor of a matmul node with attrs["epilogue"] (see
     passes.epilogue): acc[j] = expr(acc[j], extras...) for the n finished
     elements of C[row, col0 : col0 + n]. x0 is the accumulated value; each other
-    operand, a member x1, x2, ..., is read by its role (ops.linalg.epilogue_role);
+    operand (the node's from `first` on: 4 for matmul_int8, after its scales), a
+    member x1, x2, ..., is read by its role (ops.linalg.epilogue_role);
     one read at every element of C has the row length `ld` beside it. Like a loop
     kernel it names nothing of the model's, so one functor serves every product
     with the same epilogue (codegen/kernel_table.py names it). Its operator()'s own
     names begin with '_' (_row, _col0, _acc, _n, _j: kernels.h.j2)."""
     out = node.outputs[0]
-    extras = node.inputs[2:]
+    extras = node.inputs[first:]
     roles = [epilogue_role(v, out.shape) for v in extras]
     ld = sympy.Symbol("ld")
     col = sympy.Symbol("_col0") + sympy.Symbol("_j")

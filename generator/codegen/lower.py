@@ -364,14 +364,15 @@ class LowerCtx:
         lines = list(dict.fromkeys(f"{loc.short}  {comment_text(loc.text)}" for loc in locs if loc))
         return "\n".join([f"{what} {', '.join(dict.fromkeys(fns))}:"] + lines)
 
-    def epilogue(self, node) -> Functor:
+    def epilogue(self, node, first: int = 2) -> Functor:
         """The functor a matmul with a fused epilogue passes to the GEMM: one per
-        distinct body, like the elementwise kernels."""
+        distinct body, like the elementwise kernels. Its members are the node's
+        operands from `first` on (matmul_int8's: after its two scales)."""
         header, *places = self._fused_comment(node.attrs["epilogue_from"], node.attrs["epilogue_fns"],
                                               "the GEMM's epilogue, fusing").split("\n")
-        use = epilogue_kernel(node, self.target.printer_cls)
+        use = epilogue_kernel(node, self.target.printer_cls, first)
         name = self.kernel_table.add(use, header, places)
-        return Functor(name, tuple([self.read(v) for v in node.inputs[2:]] + use.extra))
+        return Functor(name, tuple([self.read(v) for v in node.inputs[first:]] + use.extra))
 
     def kernel(self, node) -> Call:
         """A call of the elementwise kernel that computes node: one kernel per

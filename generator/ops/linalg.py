@@ -48,6 +48,23 @@ def epilogue_role(v, out_shape):
     return None
 
 
+def with_epilogue(out, extras, attrs, dims):
+    """A product's output with its fused epilogue applied (attr `epilogue`; extras:
+    its operands x1, x2, ...), exactly as the elementwise op it stands for computes it."""
+    if "epilogue" not in attrs:
+        return out
+    return get_op("ewise").reference([out, *extras], {"expr": attrs["epilogue"], "shape": out.shape}, dims)[0]
+
+
+def epilogue_text(node, extras) -> str:
+    """What describe adds for a fused epilogue: " then fns: expr" (or "")."""
+    if "epilogue" not in node.attrs:
+        return ""
+    names = {ARGS[0]: sympy.Symbol("acc")}
+    names.update({ARGS[k]: sympy.Symbol(v.name) for k, v in enumerate(extras, start=1)})
+    return f" then {' + '.join(node.attrs['epilogue_fns'])}: {node.attrs['epilogue'].xreplace(names)}"
+
+
 def _call_on(ctx, fn: str, a, b) -> str:
     """The runtime function of product `fn` on operands a and b: where both are results
     of one op that names its own for it (OpDef.kept_as: bf16 values, dg::matmul_bf16)
@@ -101,11 +118,7 @@ class MatMul(OpDef):
         a, b = args[:2]
         a = a.T if attrs.get("ta") else a
         b = b.T if attrs.get("tb") else b
-        out = np.matmul(a, b)
-        if "epilogue" in attrs:
-            ewise = get_op("ewise")
-            out = ewise.reference([out, *args[2:]], {"expr": attrs["epilogue"], "shape": out.shape}, dims)[0]
-        return [out]
+        return [with_epilogue(np.matmul(a, b), args[2:], attrs, dims)]
 
     def lower(self, node, ctx):
         a, b = node.inputs[:2]
@@ -130,12 +143,7 @@ class MatMul(OpDef):
         a, b = node.inputs[:2]
         ta = "^T" if node.attrs.get("ta") else ""
         tb = "^T" if node.attrs.get("tb") else ""
-        text = f"matmul({a.name}{ta}, {b.name}{tb})"
-        if "epilogue" in node.attrs:
-            names = {ARGS[0]: sympy.Symbol("acc")}
-            names.update({ARGS[k]: sympy.Symbol(v.name) for k, v in enumerate(node.inputs[2:], start=1)})
-            text += f" then {' + '.join(node.attrs['epilogue_fns'])}: {node.attrs['epilogue'].xreplace(names)}"
-        return text
+        return f"matmul({a.name}{ta}, {b.name}{tb})" + epilogue_text(node, node.inputs[2:])
 
     def grad(self, node, gouts, gb):
         """c = op(a) @ op(b): d op(a) = g @ op(b)^T and d op(b) = op(a)^T @ g, each

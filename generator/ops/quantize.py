@@ -44,6 +44,7 @@ from ..codegen.stmt import Read, Named
 from ..errors import DeepgenError
 from ..ir.graph import Node
 from ..ir.shapes import fmt_shape, numel, same
+from .linalg import epilogue_text, with_epilogue
 from .registry import OpDef, register, require_float
 
 QMAX = 127  # an activation's int8 values: [-127, 127]
@@ -112,15 +113,18 @@ class Int8Data:
 @register
 class MatMulInt8(OpDef):
     """y = x @ w (w stored [K, P], or [P, K] with tb) in int8 with int32 sums:
-    operands x, w, x_scale [1], w_scale [P]; attrs tb and the scales' names."""
+    operands x, w, x_scale [1], w_scale [P]; attrs tb and the scales' names. Attr
+    `epilogue` (passes.epilogue, through float_form: as matmul's, ops/linalg.py) is
+    applied to the dequantized product, its operands after the scales; the runtime
+    applies it to each finished piece of the output while in cache."""
 
     name = "matmul_int8"
 
     def infer(self, inputs, attrs):
         require_float(inputs)
-        if len(inputs) != 4:
+        if len(inputs) != 4 and not (len(inputs) > 4 and "epilogue" in attrs):
             raise ValueError(f"matmul_int8 takes x, w, x_scale, w_scale, got {len(inputs)} operands")
-        x, w, xs, ws = inputs
+        x, w, xs, ws = inputs[:4]
         if x.rank < 1 or w.rank != 2:
             raise ValueError(f"expected x[..., K] and a 2-D weight, got '{x.name}' {fmt_shape(x.shape)} "
                              f"and '{w.name}' {fmt_shape(w.shape)}")
@@ -134,11 +138,12 @@ class MatMulInt8(OpDef):
         return [("float32", tuple(x.shape[:-1]) + (p,))]
 
     def reference(self, args, attrs, dims):
-        x, w, xs, ws = args
-        return [matmul_int8(x, w, xs, ws, attrs.get("tb", False), (attrs["x_scale"], attrs["w_scale"]))]
+        x, w, xs, ws = args[:4]
+        out = matmul_int8(x, w, xs, ws, attrs.get("tb", False), (attrs["x_scale"], attrs["w_scale"]))
+        return [with_epilogue(out, args[4:], attrs, dims)]
 
     def lower(self, node, ctx):
-        x, w, xs, ws = node.inputs
+        x, w, xs, ws = node.inputs[:4]
         if "dg_int8.h" not in ctx.target.runtime:  # the target's runtime has no int8 kernels (CUDA, for now)
             raise DeepgenError(f"--precision int8: the {ctx.target.name} target has no int8 runtime (dg_int8.h) yet")
         tb = node.attrs.get("tb", False)
@@ -150,17 +155,18 @@ class MatMulInt8(OpDef):
         xs_r = ctx.read(xs)
         kept = ctx.kept_int8(w, ws, tb, k, p)  # the Model's dg::KeptInt8Weight: quantized once per change
         size = ctx.size
+        epi = [ctx.epilogue(node, first=4)] if "epilogue" in node.attrs else []
         return [
             ctx.call("dg::quantize_int8", ctx.read(x), Int8Data(qx), xs_r, Named("rows", size(m)), Named("K", size(k)),
                      Named("scale_name", ctx.string(xs.name))),
             ctx.call("dg::matmul_int8", Int8Data(Read(qx.value, qx.expr)), xs_r, kept, ctx.write(node.outputs[0]),
-                     Named("M", size(m))),
+                     Named("M", size(m)), *epi),
         ]
 
     def describe(self, node):
-        x, w, xs, ws = node.inputs
+        x, w, xs, ws = node.inputs[:4]
         tb = "^T" if node.attrs.get("tb") else ""
-        return f"matmul_int8({x.name}, {w.name}{tb}; scales {xs.name}, {ws.name})"
+        return f"matmul_int8({x.name}, {w.name}{tb}; scales {xs.name}, {ws.name})" + epilogue_text(node, node.inputs[4:])
 
 
 # What transforms/quantize.py, calibration and `deepgen quantize` ask about the ops
@@ -211,8 +217,9 @@ def to_int8(node, x_scale, w_scale) -> None:
     scales = {"x_scale": x_scale.name, "w_scale": w_scale.name}
     if node.op in CONVS:
         node.attrs = {**node.attrs, **scales}
-    else:
-        node.attrs = {**({"tb": True} if node.attrs.get("tb") else {}), **scales}
+    else:  # a matmul keeps tb and a fused epilogue (passes.epilogue)
+        kept = {k: v for k, v in node.attrs.items() if k.startswith("epilogue")}
+        node.attrs = {**({"tb": True} if node.attrs.get("tb") else {}), **scales, **kept}
     node.op = INT8_OPS[node.op]
     node.inputs = [x, w, x_scale, w_scale, *rest]
 

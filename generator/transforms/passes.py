@@ -210,7 +210,10 @@ def epilogue(graph):
     cache, and the matmul's own output buffer disappears. The consumer must be the
     matmul's only reader, read it at full shape, and read every other operand per
     element of C (ops.linalg.epilogue_role). In a model that trains, this waits
-    until the backward pass exists (the gradients come from the unfused nodes)."""
+    until the backward pass exists (the gradients come from the unfused nodes).
+    A product that `--precision int8` made int8 (before the passes) is fused as the
+    matmul it computes (its float form, ops/quantize.py), and the fused node made
+    int8 again the same way (matmul_int8 with attr `epilogue`)."""
     if graph.train is not None and not graph.train.prepared:
         return graph
     for nodes, keep in list(regions(graph)):
@@ -219,7 +222,8 @@ def epilogue(graph):
         # (an RNN's x @ W + h @ U + b), the later one takes the epilogue and the
         # earlier stays a plain product (in a recurrence: of the inputs only, made
         # for every step at once before the loop).
-        for mm in reversed(list(nodes)):
+        for made in reversed(list(nodes)):
+            mm, scales = float_form(made)
             if mm.op != "matmul" or "epilogue" in mm.attrs or len(mm.outputs) != 1:
                 continue
             u = mm.outputs[0]
@@ -242,11 +246,13 @@ def epilogue(graph):
                         "epilogue_from": consumer.attrs.get("fused_from", [consumer.loc])}
             mm.inputs = mm.inputs + extras
             mm.outputs = consumer.outputs
+            if scales:
+                to_int8(mm, *scales)
             for v in mm.outputs:
                 v.producer = mm
             # The GEMM moves to the consumer's place: its extra operands may be
             # made between the two, and its own operands are all made before it.
-            nodes.remove(mm)
+            nodes.remove(made)
             nodes[nodes.index(consumer)] = mm
             uses = _uses(nodes)
     return graph

@@ -472,8 +472,11 @@ inline Int8VnniBlock int8_vnni_block_of(int64_t rows, std::integer_sequence<int,
 // matmul_int8 with the zmm VNNI kernel. Column blocks of P panels are split over
 // threads; each block runs against every block of rows while its panels are in
 // the cache (2 panels of K = 784: 26 KB). A last block of fewer than P panels
-// runs one panel at a time.
-inline void matmul_int8_vnni(const int8_t* a8, float xs, const Int8PackedB& b, float* c, int64_t M) {
+// runs one panel at a time. Each block of rows x panels, once stored, gets the
+// epilogue epi (dg_gemm.h's convention) on the thread that stored it.
+template <class Epilogue>
+inline void matmul_int8_vnni(const int8_t* a8, float xs, const Int8PackedB& b, float* c, int64_t M,
+                             const Epilogue& epi) {
   const int64_t lda = int8_row_bytes(b.K), N = b.N;
   const uint8_t* a = int8_flipped(a8, M * lda);
   const bool few = M <= 5;  // 1-5 rows x 4 panels: 4 to 20 independent sums
@@ -498,6 +501,8 @@ inline void matmul_int8_vnni(const int8_t* a8, float xs, const Int8PackedB& b, f
         for (int64_t p = p0; p < p0 + panels; ++p)
           run(ai, lda, b, p, xs, ci, N);
       }
+      const int64_t j0 = p0 * Int8PackedB::kCols, j1 = std::min(N, (p0 + panels) * Int8PackedB::kCols);
+      gemm_detail::finish(epi, i, i + rows, j0, j1, ci + j0, N);
     }
   }
 }
@@ -637,22 +642,43 @@ inline void matmul_int8_amx_from(const int8_t* a, int64_t a_row, int64_t a_step,
   }
 }
 
+// epi (dg_gemm.h's GEMM epilogue) on all of c [M, N], rows shared out over
+// threads: the AMX path's epilogue, one pass after the product. Called on each
+// 16 x 16 piece as the tiles are stored (a fused bias + GELU + residual reading
+// 64-byte pieces of rows N floats apart), it made BERT int8 at batch 64 8-15%
+// slower than a separate pass (one thread, alternated runs); after the product
+// it is that pass, in place, with no buffer of its own.
+template <class Epilogue>
+inline void int8_finish_rows(const Epilogue& epi, float* c, int64_t M, int64_t N) {
+  if constexpr (!std::is_same<Epilogue, NoEpilogue>::value) {
+    const int64_t blocks = (M + 15) / 16;
+    const int threads = threads_for(4 * M * N);
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
+    for (int64_t q = 0; q < blocks; ++q)
+      gemm_detail::finish(epi, q * 16, std::min(M, q * 16 + 16), 0, N, c + q * 16 * N, N);
+  }
+}
+
 // matmul_int8 with AMX tiles (M >= kInt8AmxMinRows, amx_ready()). One column
 // block (N <= 32) reads the activation once: straight from its rows where they
 // are whole tiles; else (and for more column blocks) from int8_amx_tiles' copy.
-inline void matmul_int8_amx(const int8_t* a8, float xs, const Int8PackedB& b, float* c, int64_t M) {
+// Then epi on the whole product (int8_finish_rows).
+template <class Epilogue>
+inline void matmul_int8_amx(const int8_t* a8, float xs, const Int8PackedB& b, float* c, int64_t M,
+                            const Epilogue& epi) {
   const auto rows_only = [](int64_t, float*, int64_t) {};  // (no planes: no epilogue)
   const int64_t ktiles = b.panel_groups / Int8PackedB::kTileGroups, row = int8_row_bytes(b.K);
   const int64_t row_tiles = (M + 15) / 16, blocks = (b.panels + 1) / 2;
   if (blocks == 1 && row % 64 == 0 && M % 16 == 0) {
     matmul_int8_amx_from(a8, row, 64, 16 * row, xs, b, c, M, 0, nullptr, rows_only);
-    return;
+  } else {
+    static thread_local std::vector<int8_t> tiles;
+    if (static_cast<int64_t>(tiles.size()) < row_tiles * ktiles * 1024)
+      tiles.resize(static_cast<size_t>(row_tiles * ktiles * 1024));
+    const int64_t a_tile = int8_amx_tiles(a8, M, b.K, ktiles, tiles.data());
+    matmul_int8_amx_from(tiles.data(), 64, 1024, a_tile, xs, b, c, M, 0, nullptr, rows_only);
   }
-  static thread_local std::vector<int8_t> tiles;
-  if (static_cast<int64_t>(tiles.size()) < row_tiles * ktiles * 1024)
-    tiles.resize(static_cast<size_t>(row_tiles * ktiles * 1024));
-  const int64_t a_tile = int8_amx_tiles(a8, M, b.K, ktiles, tiles.data());
-  matmul_int8_amx_from(tiles.data(), 64, 1024, a_tile, xs, b, c, M, 0, nullptr, rows_only);
+  int8_finish_rows(epi, c, M, b.N);
 }
 
 // Whether matmul_int8 multiplies M rows with AMX tiles (then matmul_int8_tiles can
@@ -687,31 +713,41 @@ inline void matmul_int8_tiles(const int8_t* tiles, const float* a_scale, const I
 // tiles or the zmm VNNI kernel where compiled in (above); else column panels are
 // split over threads and each panel is read by every block of five rows while it
 // is in the cache.
-inline void matmul_int8(const int8_t* a, const float* a_scale, const Int8PackedB& b, float* c, int64_t M) {
+// Epilogue: as dg::gemm's (dg_gemm.h: epi(row, col0, c, n), or a row-block one's
+// rows_done), called once on every finished piece of c (rows x the columns of the
+// panels one thread just stored, dequantized: the values above) by that thread
+// while it is in cache; the pieces are disjoint and cover c. A fused bias and
+// activation (passes.epilogue on matmul_int8).
+template <class Epilogue = NoEpilogue>
+inline void matmul_int8(const int8_t* a, const float* a_scale, const Int8PackedB& b, float* c, int64_t M,
+                        const Epilogue& epi = Epilogue()) {
   const float xs = a_scale[0];
 #if DG_INT8_AMX
   if (int8_amx_used(M)) {
-    matmul_int8_amx(a, xs, b, c, M);
+    matmul_int8_amx(a, xs, b, c, M, epi);
     return;
   }
 #endif
 #if DG_INT8_VNNI512
-  matmul_int8_vnni(a, xs, b, c, M);
+  matmul_int8_vnni(a, xs, b, c, M, epi);
 #else
   const int64_t lda = int8_row_bytes(b.K), N = b.N;
   const double work = 2.0 * double(M) * double(N) * double(b.K);
   const int threads = threads_for(work < 1e18 ? int64_t(work) : int64_t(1e18));
 #pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1)
   for (int64_t p = 0; p < b.panels; ++p) {
-    const int64_t cols = std::min(Int8PackedB::kCols, N - p * Int8PackedB::kCols);
-    float* cp = c + p * Int8PackedB::kCols;
+    const int64_t j = p * Int8PackedB::kCols, cols = std::min(Int8PackedB::kCols, N - j);
+    float* cp = c + j;
     int64_t i = 0;
-    for (; i + 5 <= M; i += 5)  // five rows: 10 accumulators, the most that leave registers for the rest
+    for (; i + 5 <= M; i += 5) {  // five rows: 10 accumulators, the most that leave registers for the rest
       matmul_int8_panel<5>(a + i * lda, lda, b, p, xs, cp + i * N, N, cols);
+      gemm_detail::finish(epi, i, i + 5, j, j + cols, cp + i * N, N);
+    }
     if (M - i == 4) matmul_int8_panel<4>(a + i * lda, lda, b, p, xs, cp + i * N, N, cols);
     if (M - i == 3) matmul_int8_panel<3>(a + i * lda, lda, b, p, xs, cp + i * N, N, cols);
     if (M - i == 2) matmul_int8_panel<2>(a + i * lda, lda, b, p, xs, cp + i * N, N, cols);
     if (M - i == 1) matmul_int8_panel<1>(a + i * lda, lda, b, p, xs, cp + i * N, N, cols);
+    if (i < M) gemm_detail::finish(epi, i, M, j, j + cols, cp + i * N, N);
   }
 #endif
 }

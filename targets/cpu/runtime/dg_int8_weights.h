@@ -105,11 +105,14 @@ class KeptInt8Weight {
   mutable uint64_t kept_version_ = 0;
 };
 
-// c[M, N] = the int8 product of a (quantize_int8's rows) by the kept weight.
-inline void matmul_int8(const int8_t* a, const float* a_scale, const KeptInt8Weight& w, float* c, int64_t M) {
+// c[M, N] = the int8 product of a (quantize_int8's rows) by the kept weight, each
+// finished piece given the epilogue epi (dg_int8.h's matmul_int8).
+template <class Epilogue = NoEpilogue>
+inline void matmul_int8(const int8_t* a, const float* a_scale, const KeptInt8Weight& w, float* c, int64_t M,
+                        const Epilogue& epi = Epilogue()) {
   if (M <= 0) return;
   const std::shared_ptr<const Int8PackedB> packed = w.use();
-  matmul_int8(a, a_scale, *packed, c, M);
+  matmul_int8(a, a_scale, *packed, c, M, epi);
 }
 
 }  // namespace dg
