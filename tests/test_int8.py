@@ -612,7 +612,9 @@ def test_conv2d_int8_equals_reference_bit_for_bit(builds):
     """dg::conv2d_int8's shapes, each against the reference bit for bit: channels that are
     not a multiple of 4 (the rows' zero tail), stride, padding, dilation (in width: taps
     that are not one run, window_row_runs; in height only) and a non-square kernel, 1x1 convolutions (of stride 1: the channels-last
-    copy is the rows when C is a multiple of 4), rows of several images in one product
+    copy is the rows when C is a multiple of 4; with AMX and C a multiple of 64, "p", the
+    quantized positions are written straight into the tiles, the rows past the last
+    position's zeroed, by two threads where there are two), rows of several images in one product
     (kInt8ConvRowBytes: 6 images of 400 rows of 432 bytes, then 2) and of one image (few
     rows: the VNNI kernel where the tiles need 8); the kept weights are packed tap-major
     (/*taps=*/KH*KW)."""
@@ -623,7 +625,8 @@ def test_conv2d_int8_equals_reference_bit_for_bit(builds):
         x = dg.input("x", (N, 5, 9, 7))
         z = dg.input("z", (N, 48, 20, 20))
         s = dg.input("s", (N, 16, 2, 2))
-        return {"a": dg.conv2d_layer(x, 6, 3, stride=2, padding=1, name="a"),
+        p = dg.input("p", (N, 128, 15, 17))
+        return {"p": dg.conv2d_layer(p, 24, 1, name="p"),"a": dg.conv2d_layer(x, 6, 3, stride=2, padding=1, name="a"),
                 "b": dg.conv2d_layer(x, 4, (3, 2), dilation=2, padding=(2, 1), name="b"),
                 "c": dg.conv2d_layer(x, 3, 1, name="c"),
                 "d": dg.conv2d_layer(z, 20, 3, padding=1, bias=False, name="d"),
@@ -634,7 +637,7 @@ def test_conv2d_int8_equals_reference_bit_for_bit(builds):
 
     graph = convs_int8.build("convs_int8")
     set_precision(graph, "int8")
-    assert [n.op for n in graph.nodes].count("conv2d_int8") == 8
+    assert [n.op for n in graph.nodes].count("conv2d_int8") == 9
     module, project = builds.module(graph, flags=CHECK_BUILD_FLAGS)
     header = " ".join((project / "src_tree" / "include" / "convs_int8" / "model.h").read_text().split())
     assert '"a_weight_scale", /*tb=*/true, /*K=*/45, /*N=*/6, /*taps=*/9};' in header
@@ -642,12 +645,13 @@ def test_conv2d_int8_equals_reference_bit_for_bit(builds):
     rng = np.random.default_rng(5)
     inputs = {"x": rng.standard_normal((8, 5, 9, 7)).astype(np.float32),
               "z": rng.standard_normal((8, 48, 20, 20)).astype(np.float32),
-              "s": rng.standard_normal((8, 16, 2, 2)).astype(np.float32)}
+              "s": rng.standard_normal((8, 16, 2, 2)).astype(np.float32),
+              "p": rng.standard_normal((8, 128, 15, 17)).astype(np.float32)}
     params = reference.init_params(graph, seed=0)
     params.update(calibrate(graph, [inputs], params))
     model = _model_with(module, params)
     for n in (8, 1):
         batch = {k: v[:n] for k, v in inputs.items()}
         got, want = model.forward(**batch), reference.run(graph, batch, params)
-        for k in "abcdefgh":
+        for k in "abcdefghp":
             np.testing.assert_array_equal(got[k], want[k], err_msg=f"{k}, {n} images")

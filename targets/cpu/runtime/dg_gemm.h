@@ -107,6 +107,16 @@ struct row_blocks : std::false_type {};
 template <class E>
 struct row_blocks<E, std::void_t<decltype(E::kRowBlocks)>> : std::bool_constant<E::kRowBlocks> {};
 
+// Whether a (convolution's channel) epilogue reads memory that it can ask for
+// ahead: epi.prefetch(c, n) for the n values it will be given at c. The
+// convolutions that write their output planes in short runs (dg_bf16_conv.h,
+// dg_int8.h) call it a block ahead, as they ask for the lines they will write.
+template <class E, class = void>
+struct has_prefetch : std::false_type {};
+template <class E>
+struct has_prefetch<E, std::void_t<decltype(std::declval<const E&>().prefetch(nullptr, 0))>>
+    : std::true_type {};
+
 // C[r0:r1, c0:c1] is complete (c points at C[r0, c0]): the epilogue's call(s) on it.
 template <class Epilogue>
 void finish(const Epilogue& epi, int64_t r0, int64_t r1, int64_t c0, int64_t c1, float* c, int64_t ldc) {

@@ -4,9 +4,13 @@
 // A convolution is a product: output position p of an image is the row of its
 // window's inputs (C*KH*KW values) times the weight's rows transposed. Here the
 // rows are made channels-last:
-//   1. each image is quantized with the activation's static scale (the zero
-//      padding quantizes to 0) into an int8 copy [H, W, C] (quantize_int8_span,
-//      then a byte transpose);
+//   1. the images of a product are quantized with the activation's static scale
+//      (the zero padding quantizes to 0) into an int8 copy [H, W, C]
+//      (quantize_channels_last: 16 x 16 register transposes, all the images'
+//      blocks shared out over threads; without AVX-512, quantize_int8_span then
+//      a byte transpose, an image at a time). With AMX, a 1x1 convolution of
+//      stride 1 whose C is a multiple of 64 writes the copy straight into the
+//      tiles' layout: its rows are the positions' channels;
 //   2. an output position's row is its window's taps, tap after tap (kh outer,
 //      kw inner), each tap the C channels of one input position: runs of
 //      contiguous bytes (with dilation 1 a whole kernel row, KW * C bytes, is
@@ -89,6 +93,57 @@ inline void transpose(const int8_t* from, int64_t K, int64_t P, int8_t* to, int6
         for (int64_t k = k1; k < std::min(K, k1 + 64); ++k)
           to[p * ld + k] = from[k * P + p];
 }
+
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+// The images x[count][C][HW] quantized with inv (quantize_int8_span's arithmetic
+// on every value) channels last: position p of image i's channels [c0, c0 + 16)
+// are the 16 bytes at at(i * HW + p, c0) (those past C not stored). 16 channels
+// x 16 positions at a time: 16 plane rows read, transposed in registers
+// (gemm_detail::transpose_16x16), each position's channels quantized and stored
+// at once. One pass over the chunk's images, blocks shared out over threads (the
+// quantization of a plane and then a byte transpose, one image after the other,
+// were a quarter of an int8 ResNet-50's time at batch 64 and ran on one thread).
+template <class At>
+inline void quantize_channels_last(const float* x, int64_t count, int64_t C, int64_t HW, float inv,
+                                   const At& at) {
+  const int64_t pblocks = (HW + 15) / 16, cblocks = (C + 15) / 16, blocks = count * cblocks * pblocks;
+  const int threads = threads_for(conv_detail::kCopyWork * count * C * HW);
+  const __mmask16 all = 0xffff;
+  const __m512 inv512 = _mm512_set1_ps(inv), lo = _mm512_set1_ps(-float(kInt8ActivationMax)),
+               hi = _mm512_set1_ps(float(kInt8ActivationMax));
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
+#else
+  (void)threads;
+#endif
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    const int64_t i = blk / (cblocks * pblocks), c0 = blk / pblocks % cblocks * 16, p0 = blk % pblocks * 16;
+    const int64_t channels = std::min<int64_t>(16, C - c0), positions = std::min<int64_t>(16, HW - p0);
+    const __mmask16 cmask = static_cast<__mmask16>((1u << channels) - 1u);
+    const __mmask16 pmask = static_cast<__mmask16>((1u << positions) - 1u);
+    const float* from = x + (i * C + c0) * HW + p0;
+    __m512 r[16];
+    if (channels == 16) {  // (every plane read: the registers stay registers)
+      for (int64_t c = 0; c < 16; ++c) {
+        r[c] = _mm512_maskz_loadu_ps(pmask, from + c * HW);
+        _mm_prefetch(reinterpret_cast<const char*>(from + c * HW + 64), _MM_HINT_T0);  // 4 blocks on
+      }
+    } else {
+      for (int64_t c = 0; c < 16; ++c)
+        r[c] = c < channels ? _mm512_maskz_loadu_ps(pmask, from + c * HW) : _mm512_setzero_ps();
+    }
+    gemm_detail::transpose_16x16(r);
+    for (int64_t q = 0; q < 16; ++q) {  // as quantize_int8_span: clamp, round to nearest even, narrow
+      if (q == positions) break;
+      const __m512 v = _mm512_maskz_mul_ps(all, r[q], inv512);
+      const __m512 clamped = _mm512_maskz_max_ps(all, lo, _mm512_maskz_min_ps(all, hi, v));
+      const __m512i whole =
+          _mm512_maskz_cvt_roundps_epi32(all, clamped, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+      _mm_mask_storeu_epi8(at(i * HW + p0 + q, c0), cmask, _mm512_maskz_cvtsepi32_epi8(all, whole));
+    }
+  }
+}
+#endif
 
 // A buffer of the calling thread that only grows: its bytes are all written before
 // they are read, so they are never zeroed per call.
@@ -237,21 +292,45 @@ void conv2d_int8_with(const float* x, const float* x_scale, const KeptInt8Weight
   const bool own_rows = g.pointwise() && lda == C;  // the channels-last copy is the rows
   static thread_local std::vector<int8_t> plane_buffer, copy_buffer, row_buffer, tile_buffer;
   static thread_local std::vector<float> product_buffer;
-  int8_t* planes = grown(plane_buffer, C * HW);
   int8_t* xq = grown(copy_buffer, images * HW * C);
-  const std::vector<conv_detail::Tap> taps = conv_detail::taps_of(g);
-  for (int64_t n0 = 0; n0 < g.N; n0 += images) {
-    const int64_t count = std::min(images, g.N - n0), M = count * OHW;
+  // xq = images [n0, n0 + count) quantized, channels last
+  const auto to_copy = [&](int64_t n0, int64_t count) {
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+    quantize_channels_last(x + n0 * C * HW, count, C, HW, inv,
+                           [xq, C](int64_t r, int64_t c0) { return xq + r * C + c0; });
+#else
+    int8_t* planes = grown(plane_buffer, C * HW);
     for (int64_t i = 0; i < count; ++i) {
       quantize_int8_span(x + (n0 + i) * C * HW, planes, inv, C * HW, kInt8ActivationMax);  // vectorized
       transpose(planes, C, HW, xq + i * HW * C, C);
     }
+#endif
+  };
+  const std::vector<conv_detail::Tap> taps = conv_detail::taps_of(g);
+  for (int64_t n0 = 0; n0 < g.N; n0 += images) {
+    const int64_t count = std::min(images, g.N - n0), M = count * OHW;
 #if DG_INT8_AMX
     if (int8_amx_used(M)) {
-      // each row made in a line of whole k tiles, then its tiles' 64-byte rows stored
-      // where matmul_int8_tiles reads them (int8_amx_tiles' layout: no second copy)
+      // the rows made where matmul_int8_tiles reads them (int8_amx_tiles' layout)
       const int64_t ktiles = int8_amx_ktiles(K), rows_in_tiles = (M + 15) / 16 * 16;
       int8_t* tiles = grown(tile_buffer, rows_in_tiles * ktiles * 64);
+      const auto tile_row = [tiles, ktiles](int64_t r) {
+        return tiles + ((r / 16) * ktiles * 16 + r % 16) * 64;
+      };
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+      if (g.pointwise() && C % 64 == 0) {  // a position's channels are its row: quantized into the tiles
+        quantize_channels_last(x + n0 * C * HW, count, C, HW, inv, [&tile_row](int64_t r, int64_t c0) {
+          return tile_row(r) + c0 / 64 * 1024 + c0 % 64;
+        });
+        for (int64_t r = M; r < rows_in_tiles; ++r)
+          for (int64_t t = 0; t < ktiles; ++t)
+            _mm512_storeu_si512(tile_row(r) + t * 1024, _mm512_setzero_si512());
+        matmul_int8_tiles(tiles, x_scale, *packed, y + n0 * O * OHW, M, /*plane=*/OHW, b, epi);
+        continue;
+      }
+#endif
+      // else each row made in a line of whole k tiles, then its tiles' 64-byte rows stored
+      to_copy(n0, count);
       const int threads = threads_for(conv_detail::kCopyWork * M * K);
 #ifdef _OPENMP
 #pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
@@ -263,15 +342,15 @@ void conv2d_int8_with(const float* x, const float* x_scale, const KeptInt8Weight
         int8_t* line = grown(line_buffer, ktiles * 64);
         if (r < M)
           window_row(xq + r / OHW * HW * C, taps, r % OHW / g.OW, r % OHW % g.OW, line, ktiles * 64, g);
-        int8_t* at = tiles + ((r / 16) * ktiles * 16 + r % 16) * 64;  // its first k tile's row
         for (int64_t t = 0; t < ktiles; ++t)
-          _mm512_storeu_si512(at + t * 1024,
+          _mm512_storeu_si512(tile_row(r) + t * 1024,
                               r < M ? _mm512_loadu_si512(line + t * 64) : _mm512_setzero_si512());
       }
       matmul_int8_tiles(tiles, x_scale, *packed, y + n0 * O * OHW, M, /*plane=*/OHW, b, epi);
       continue;
     }
 #endif
+    to_copy(n0, count);
     int8_t* rows = own_rows ? xq : grown(row_buffer, M * lda);
     if (!own_rows) {
       const int threads = threads_for(conv_detail::kCopyWork * M * K);
