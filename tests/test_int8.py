@@ -530,7 +530,8 @@ def test_conv2d_batch_norm_int8_equals_the_separate_calls(tmp_path):
     tiles' plane stores, runs that cross images), DG_AMX=0 (to_planes: 16 x 16 blocks, the
     channels and positions past them), few rows (the VNNI product at any setting) and the
     portable and AVX2 builds; in training mode (the two calls) too, running statistics
-    included."""
+    included. With AMX the last geometry's 1x1 convolution of 64 channels writes its
+    quantized input straight into the tiles."""
     import os
     import subprocess
 
@@ -547,7 +548,8 @@ def test_conv2d_batch_norm_int8_equals_the_separate_calls(tmp_path):
     rng = np.random.default_rng(11)
     # N C H W O KH KW OH OW stride pad dil
     geoms = [(4, 6, 10, 10, 20, 3, 3, 10, 10, 1, 1, 1), (1, 16, 2, 2, 40, 3, 3, 2, 2, 1, 1, 1),
-             (2, 8, 8, 8, 33, 1, 1, 8, 8, 1, 0, 1), (3, 5, 9, 7, 17, 3, 3, 5, 4, 2, 1, 1)]
+             (2, 8, 8, 8, 33, 1, 1, 8, 8, 1, 0, 1), (3, 5, 9, 7, 17, 3, 3, 5, 4, 2, 1, 1),
+             (2, 64, 6, 5, 24, 1, 1, 6, 5, 1, 0, 1)]
     tails = [(1, 0, 0, 0), (0, 0, 1, 1), (0, 0, 0, 1), (1, 0, 1, 0), (0, 1, 1, 1)]  # bias training residual relu
     for geom in geoms:
         n, c, h, wd, o, kh, kw, oh, ow = geom[:9]
