@@ -7,7 +7,9 @@
 // w_scale [O] as float32 from stdin, and writes as float32 to stdout:
 // dg::conv2d_batch_norm_int8's y, then dg::conv2d_int8 followed by dg::batch_norm and
 // the residual add and relu as the elementwise kernels compute them (the same bits
-// expected), then each one's running mean and variance after the call.
+// expected), then each one's running mean and variance after the call. The fused
+// call runs in a workspace of dg::conv2d_int8_workspace floats (printed to stderr as
+// `workspace N`; exit 3 if it wrote past it), the other in the thread's own buffers.
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
@@ -51,10 +53,21 @@ int main(int argc, char** argv) {
   const dg::Mode mode{training, 0, 0};
   std::vector<float> fused(out, -7.0f), conv(out, -7.0f), plain(out, -7.0f), mean(g.O), invstd(g.O);
   std::vector<float> rm1 = rm, rv1 = rv, rm2 = rm, rv2 = rv;
+  // the fused call in the workspace the generator reserves (then a guard that must stay
+  // as it is), the separate one in the calling thread's buffers (ws null)
+  const int64_t ws_floats = dg::conv2d_int8_workspace(g, g.C * g.KH * g.KW), guard = 64;
+  std::vector<float> ws(static_cast<size_t>(ws_floats + guard), -3.0f);
   dg::conv2d_batch_norm_int8(x.data(), x_scale.data(), kept, bias ? b.data() : nullptr, bn_w.data(),
                              bn_b.data(), rm1.data(), rv1.data(), residual ? r.data() : nullptr, fused.data(),
-                             mean.data(), invstd.data(), nullptr, g, "x_scale", 1e-5f, 0.1f, relu, mode,
+                             mean.data(), invstd.data(), ws.data(), g, "x_scale", 1e-5f, 0.1f, relu, mode,
                              "bn");
+  for (int64_t i = ws_floats; i < ws_floats + guard; ++i)
+    if (ws[static_cast<size_t>(i)] != -3.0f) {
+      std::fprintf(stderr, "conv2d_batch_norm_int8 wrote past its workspace of %lld floats\n",
+                   static_cast<long long>(ws_floats));
+      return 3;
+    }
+  std::fprintf(stderr, "workspace %lld\n", static_cast<long long>(ws_floats));
   dg::conv2d_int8(x.data(), x_scale.data(), kept, bias ? b.data() : nullptr, conv.data(), nullptr, g,
                   "x_scale");
   dg::batch_norm(conv.data(), bn_w.data(), bn_b.data(), rm2.data(), rv2.data(), plain.data(), mean.data(),

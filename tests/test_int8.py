@@ -530,12 +530,16 @@ def test_conv2d_batch_norm_int8_equals_the_separate_calls(tmp_path):
     tiles' plane stores, runs that cross images), DG_AMX=0 (to_planes: 16 x 16 blocks, the
     channels and positions past them), few rows (the VNNI product at any setting) and the
     portable and AVX2 builds; in training mode (the two calls) too, running statistics
-    included. With AMX the last geometry's 1x1 convolution of 64 channels writes its
-    quantized input straight into the tiles."""
+    included. The fused call runs in the workspace the generator reserves
+    (ops/quantize_conv.py int8_conv_workspace: the driver reports the runtime's size, which
+    must be the same, and a guard after it must stay untouched; with AMX the last geometry's
+    1x1 convolution of 64 channels writes its input straight into the tiles), the separate
+    one in the thread's own buffers."""
     import os
+    import platform
     import subprocess
 
-    import platform
+    from generator.ops.quantize_conv import int8_conv_workspace
 
     if platform.machine() not in ("x86_64", "AMD64"):
         pytest.skip("the int8 drivers are built for x86-64")
@@ -569,6 +573,9 @@ def test_conv2d_batch_norm_int8_equals_the_separate_calls(tmp_path):
                                           env=dict(os.environ, OMP_NUM_THREADS=str(threads), **env))
                     what = f"{name}, {threads} threads, {geom}, bias/training/residual/relu {bias}{training}{residual}{relu}"
                     assert proc.returncode == 0, (what, proc.stderr.decode())
+                    # the workspace the generator reserves is the one the runtime lays out
+                    reserved = int8_conv_workspace((n, c, h, wd), (o, c, kh, kw), (oh, ow))
+                    assert f"workspace {reserved}" in proc.stderr.decode(), (what, proc.stderr.decode())
                     out = np.frombuffer(proc.stdout, np.float32)
                     fused, plain, stats_out = out[:y_n], out[y_n : 2 * y_n], out[2 * y_n :].reshape(4, o)
                     np.testing.assert_array_equal(fused, plain, err_msg=what)
@@ -613,19 +620,20 @@ def test_lenet_int8_convolutions_and_dense_layers(builds):
 def test_conv2d_int8_equals_reference_bit_for_bit(builds):
     """dg::conv2d_int8's shapes, each against the reference bit for bit: channels that are
     not a multiple of 4 (the rows' zero tail), stride, padding, dilation (in width: taps
-    that are not one run, window_row_runs; in height only) and a non-square kernel, 1x1 convolutions (of stride 1: the channels-last
-    copy is the rows when C is a multiple of 4; with AMX and C a multiple of 64, "p", the
-    quantized positions are written straight into the tiles, the rows past the last
-    position's zeroed, by two threads where there are two), rows of several images in one product
-    (kInt8ConvRowBytes: 6 images of 400 rows of 432 bytes, then 2) and of one image (few
-    rows: the VNNI kernel where the tiles need 8); the kept weights are packed tap-major
-    (/*taps=*/KH*KW)."""
+    that are not one run, window_row_runs; in height only) and a non-square kernel, 1x1
+    convolutions (of stride 1: the channels-last copy is the rows when C is a multiple of 4;
+    with AMX and C a multiple of 64, "p", the quantized positions are written straight into
+    the tiles, the rows past the last position's zeroed, by two threads where there are
+    two), rows of several images in one product (kInt8ConvScratchBytes: "d" takes 7 images
+    of 576 rows of 432 bytes with their copy, then 1; 6 and 2 without the tiles) and of one
+    image (few rows: the VNNI kernel where the tiles need 8), all in the workspace the
+    generator reserves; the kept weights are packed tap-major (/*taps=*/KH*KW)."""
     from generator.reference.quantize import calibrate
 
     @dg.model
     def convs_int8():
         x = dg.input("x", (N, 5, 9, 7))
-        z = dg.input("z", (N, 48, 20, 20))
+        z = dg.input("z", (N, 48, 24, 24))
         s = dg.input("s", (N, 16, 2, 2))
         p = dg.input("p", (N, 128, 15, 17))
         return {"p": dg.conv2d_layer(p, 24, 1, name="p"),"a": dg.conv2d_layer(x, 6, 3, stride=2, padding=1, name="a"),
@@ -646,7 +654,7 @@ def test_conv2d_int8_equals_reference_bit_for_bit(builds):
     assert '"c_weight_scale", /*tb=*/true, /*K=*/5, /*N=*/3};' in header
     rng = np.random.default_rng(5)
     inputs = {"x": rng.standard_normal((8, 5, 9, 7)).astype(np.float32),
-              "z": rng.standard_normal((8, 48, 20, 20)).astype(np.float32),
+              "z": rng.standard_normal((8, 48, 24, 24)).astype(np.float32),
               "s": rng.standard_normal((8, 16, 2, 2)).astype(np.float32),
               "p": rng.standard_normal((8, 128, 15, 17)).astype(np.float32)}
     params = reference.init_params(graph, seed=0)

@@ -70,21 +70,64 @@ class Conv2dInt8(OpDef):
     def lower(self, node, ctx):
         x, w, xs, ws = node.inputs[:4]
         y = node.outputs[0]
-        geom, name, kept = _int8_conv(ctx, node, x, w, ws, y)
+        geom, name, kept, scratch = _int8_conv(ctx, node, x, w, ws, y)
         b = ctx.read(node.inputs[4]) if len(node.inputs) == 5 else "nullptr"
-        return [geom, ctx.call("dg::conv2d_int8", ctx.read(x), ctx.read(xs), kept, b, ctx.write(y), "nullptr", name,
+        return [geom, ctx.call("dg::conv2d_int8", ctx.read(x), ctx.read(xs), kept, b, ctx.write(y), scratch, name,
                                Named("scale_name", ctx.string(xs.name)))]
 
 
+# dg_int8_conv.h's kInt8ConvScratchBytes: the workspace one product takes at most.
+INT8_CONV_SCRATCH_BYTES = 2 << 20
+
+
+def _lines(n: int) -> int:
+    """Bytes rounded up to whole 64-byte lines (dg_int8_conv.h int8_lines)."""
+    return -(-n // 64) * 64
+
+
+def _int8_conv_bytes(C, H, W, O, K, positions, images, tiles) -> int:
+    """dg_int8_conv.h conv2d_int8_bytes: a product's int8 copy, then its rows in AMX tiles,
+    or its rows and float32 product (a space that first holds one image's planes)."""
+    M, copy = images * positions, _lines(images * H * W * C)
+    if tiles:
+        return copy + -(-M // 16) * 16 * -(-K // 64) * 64
+    return copy + max(_lines(M * -(-K // 4) * 4) + M * O * 4, C * H * W)
+
+
+def _int8_conv_images(C, H, W, O, K, positions, tiles) -> int:
+    """dg_int8_conv.h conv2d_int8_images: the images one product takes at most."""
+    each = H * W * C + positions * (-(-K // 64) * 64 if tiles else -(-K // 4) * 4 + O * 4)
+    n = max(1, INT8_CONV_SCRATCH_BYTES // max(1, each))
+    while n > 1 and _int8_conv_bytes(C, H, W, O, K, positions, n, tiles) > INT8_CONV_SCRATCH_BYTES:
+        n -= 1
+    return n
+
+
+def int8_conv_workspace(x_shape, w_shape, out_hw) -> int:
+    """Floats of dg::conv2d_int8's workspace (dg_int8_conv.h conv2d_int8_workspace, the
+    same arithmetic): the larger of its two layouts, each for as many images as keep a
+    product within INT8_CONV_SCRATCH_BYTES (at least one). A constant: the batch does not
+    enter it (a product takes fewer images where the batch is smaller)."""
+    C, H, W = (int(d) for d in x_shape[1:])
+    O, K = int(w_shape[0]), int(w_shape[1]) * int(w_shape[2]) * int(w_shape[3])
+    positions = int(out_hw[0]) * int(out_hw[1])
+    most = max(_int8_conv_bytes(C, H, W, O, K, positions, _int8_conv_images(C, H, W, O, K, positions, t), t)
+               for t in (True, False))
+    return -(-most // 4)
+
+
 def _int8_conv(ctx, node, x, w, ws, y) -> tuple:
-    """(the geometry's line, its name, the kept int8 weight) of an int8 convolution's call."""
+    """(the geometry's line, its name, the kept int8 weight, the workspace) of an int8
+    convolution's call. The workspace is in the arena, so the memory plan counts the
+    int8 copy of the input and the rows (no buffer outside it)."""
     if "dg_int8_conv.h" not in ctx.target.runtime:
         raise DeepgenError(f"--precision int8: the {ctx.target.name} target has no int8 runtime (dg_int8.h) yet")
     kernel, out_hw = tuple(w.shape[2:]), tuple(y.shape[2:])
     geom, name = _geom(ctx, node, x.shape, w.shape[0], kernel, out_hw, w.name)
     # rows [O, C*KH*KW], each row's k packed channels-last (tap by tap), once per change
     kept = ctx.kept_int8(w, ws, True, numel(w.shape[1:]), w.shape[0], int(kernel[0]) * int(kernel[1]))
-    return geom, name, kept
+    scratch = ctx.workspace(f"{y.name}_rows", int8_conv_workspace(x.shape, w.shape, out_hw))
+    return geom, name, kept, scratch
 
 
 @register
@@ -109,13 +152,13 @@ class ConvBatchNormInt8(ConvBatchNorm):
     def lower(self, node, ctx):
         (x, w, xs, ws, *conv_b), (bn_w, bn_b, rm, rv, mode), residual = self._split(node.inputs, node.attrs)
         y, mean, invstd = node.outputs
-        geom, name, kept = _int8_conv(ctx, node, x, w, ws, y)
+        geom, name, kept, scratch = _int8_conv(ctx, node, x, w, ws, y)
         b = ctx.read(conv_b[0]) if conv_b else "nullptr"
         r = ctx.read(residual) if residual is not None else "nullptr"
         what = ctx.string(f"batch norm of the convolution of '{x.name}'")
         return [geom, ctx.call("dg::conv2d_batch_norm_int8", ctx.read(x), ctx.read(xs), kept, b,
                                ctx.read(bn_w), ctx.read(bn_b), ctx.write(rm), ctx.write(rv), Named("residual", r),
-                               ctx.write(y), ctx.write(mean), ctx.write(invstd), "nullptr", name,
+                               ctx.write(y), ctx.write(mean), ctx.write(invstd), scratch, name,
                                Named("scale_name", ctx.string(xs.name)),
                                Named("eps", _float(node.attrs["eps"])),
                                Named("momentum", _float(node.attrs["momentum"])),

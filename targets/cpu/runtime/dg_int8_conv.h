@@ -45,10 +45,51 @@
 
 namespace dg {
 
-// The bytes of rows one product multiplies at most (several images' at small
-// planes; one image's, however many): the rows stay in the L2 cache while the
-// weight's column blocks pass by. Measured on ResNet-18 at 64x64 (AMX, 1 thread).
-constexpr int64_t kInt8ConvRowBytes = int64_t(1) << 20;
+// The bytes of workspace one product of conv2d_int8 takes at most: its images'
+// int8 copy and their rows (several images at small planes; one image, however
+// large). The rows stay in the L2 cache while the weight's column blocks pass by
+// (ResNet-18 at 64x64, AMX, 1 thread: rows of about 1 MB were best); the copy is
+// read once, as the rows are made.
+constexpr int64_t kInt8ConvScratchBytes = int64_t(2) << 20;
+
+// Bytes rounded up to whole 64-byte lines (the workspace's pieces start on them).
+inline int64_t int8_lines(int64_t bytes) {
+  return (bytes + 63) / 64 * 64;
+}
+
+// The bytes of workspace a product of `images` images takes (K = C*KH*KW): their
+// int8 copy (channels last), then their rows: in AMX tiles' layout (tiles), or
+// else as rows and their float32 product, a space that first holds one image's
+// quantized planes (the copy's first step without AVX-512).
+inline int64_t conv2d_int8_bytes(const Conv2dGeom& g, int64_t K, int64_t images, bool tiles) {
+  const int64_t M = images * g.OH * g.OW, copy = int8_lines(images * g.H * g.W * g.C);
+  if (tiles) return copy + (M + 15) / 16 * 16 * ((K + 63) / 64) * 64;
+  return copy + std::max(int8_lines(M * int8_row_bytes(K)) + M * g.O * static_cast<int64_t>(sizeof(float)),
+                         g.C * g.H * g.W);
+}
+
+// The images one product takes at most: as many as keep conv2d_int8_bytes within
+// kInt8ConvScratchBytes, at least one (fewer where the batch is smaller).
+inline int64_t conv2d_int8_images(const Conv2dGeom& g, int64_t K, bool tiles) {
+  const int64_t OHW = g.OH * g.OW;
+  const int64_t each =
+      g.H * g.W * g.C + (tiles ? OHW * ((K + 63) / 64) * 64
+                               : OHW * (int8_row_bytes(K) + g.O * static_cast<int64_t>(sizeof(float))));
+  int64_t n = std::max<int64_t>(1, kInt8ConvScratchBytes / std::max<int64_t>(1, each));
+  while (n > 1 && conv2d_int8_bytes(g, K, n, tiles) > kInt8ConvScratchBytes)  // (the rounding)
+    --n;
+  return n;
+}
+
+// The workspace conv2d_int8 takes, in floats: the larger of its two layouts'
+// (conv2d_int8_bytes at conv2d_int8_images). The generator reserves it in the
+// arena, so the memory plan counts it (ops/quantize_conv.py int8_conv_workspace
+// computes the same number).
+inline int64_t conv2d_int8_workspace(const Conv2dGeom& g, int64_t K) {
+  const int64_t tiles = conv2d_int8_bytes(g, K, conv2d_int8_images(g, K, true), true);
+  const int64_t rows = conv2d_int8_bytes(g, K, conv2d_int8_images(g, K, false), false);
+  return (std::max(tiles, rows) + 3) / 4;
+}
 
 namespace int8_conv_detail {
 
@@ -280,26 +321,37 @@ inline void to_planes(const float* from, int64_t P, int64_t O, const float* b, f
 // are in registers (int8_store16_planes, to_planes).
 template <class Epi>
 void conv2d_int8_with(const float* x, const float* x_scale, const KeptInt8Weight& w, const float* b, float* y,
-                      const Conv2dGeom& g, const char* scale_name, const Epi& epi) {
+                      float* ws, const Conv2dGeom& g, const char* scale_name, const Epi& epi) {
   if (g.groups != 1) throw std::logic_error("dg::conv2d_int8: one group only (the generator's rule)");
   check_int8_scales(x_scale, 1, scale_name);
   if (g.N <= 0) return;
   const std::shared_ptr<const Int8PackedB> packed = w.use();
   const int64_t C = g.C, HW = g.H * g.W, OHW = g.OH * g.OW, K = packed->K, lda = int8_row_bytes(K), O = g.O;
   const float inv = 1.0f / x_scale[0];  // as quantize_int8 computes it
-  const int64_t images =
-      std::max<int64_t>(1, std::min(g.N, kInt8ConvRowBytes / std::max<int64_t>(1, OHW * lda)));
+#if DG_INT8_AMX
+  const bool amx = amx_ready();
+#else
+  const bool amx = false;
+#endif
+  // images a product: as many as conv2d_int8_images gives the tiles (AMX) or the rows
+  const int64_t tiled = std::min(g.N, conv2d_int8_images(g, K, true));
+  const int64_t rowed = std::min(g.N, conv2d_int8_images(g, K, false));
   const bool own_rows = g.pointwise() && lda == C;  // the channels-last copy is the rows
+  // The buffers: in ws as conv2d_int8_bytes lays them out (the copy of `count`
+  // images, then from the next line the tiles, or the planes, or the rows and the
+  // product), or where ws is null the calling thread's own, grown once.
   static thread_local std::vector<int8_t> plane_buffer, copy_buffer, row_buffer, tile_buffer;
   static thread_local std::vector<float> product_buffer;
-  int8_t* xq = grown(copy_buffer, images * HW * C);
+  int8_t* const scratch = reinterpret_cast<int8_t*>(ws);
+  int8_t* const xq = scratch != nullptr ? scratch : grown(copy_buffer, std::max(tiled, rowed) * HW * C);
+  const auto second = [&](int64_t count) { return scratch + int8_lines(count * HW * C); };
   // xq = images [n0, n0 + count) quantized, channels last
   const auto to_copy = [&](int64_t n0, int64_t count) {
 #if defined(__AVX512BW__) && defined(__AVX512VL__)
     quantize_channels_last(x + n0 * C * HW, count, C, HW, inv,
                            [xq, C](int64_t r, int64_t c0) { return xq + r * C + c0; });
 #else
-    int8_t* planes = grown(plane_buffer, C * HW);
+    int8_t* planes = scratch != nullptr ? second(count) : grown(plane_buffer, C * HW);
     for (int64_t i = 0; i < count; ++i) {
       quantize_int8_span(x + (n0 + i) * C * HW, planes, inv, C * HW, kInt8ActivationMax);  // vectorized
       transpose(planes, C, HW, xq + i * HW * C, C);
@@ -307,13 +359,14 @@ void conv2d_int8_with(const float* x, const float* x_scale, const KeptInt8Weight
 #endif
   };
   const std::vector<conv_detail::Tap> taps = conv_detail::taps_of(g);
-  for (int64_t n0 = 0; n0 < g.N; n0 += images) {
-    const int64_t count = std::min(images, g.N - n0), M = count * OHW;
+  for (int64_t n0 = 0, count = 0; n0 < g.N; n0 += count) {
+    count = std::min(amx ? tiled : rowed, g.N - n0);
+    int64_t M = count * OHW;
 #if DG_INT8_AMX
     if (int8_amx_used(M)) {
       // the rows made where matmul_int8_tiles reads them (int8_amx_tiles' layout)
       const int64_t ktiles = int8_amx_ktiles(K), rows_in_tiles = (M + 15) / 16 * 16;
-      int8_t* tiles = grown(tile_buffer, rows_in_tiles * ktiles * 64);
+      int8_t* tiles = scratch != nullptr ? second(count) : grown(tile_buffer, rows_in_tiles * ktiles * 64);
       const auto tile_row = [tiles, ktiles](int64_t r) {
         return tiles + ((r / 16) * ktiles * 16 + r % 16) * 64;
       };
@@ -350,8 +403,10 @@ void conv2d_int8_with(const float* x, const float* x_scale, const KeptInt8Weight
       continue;
     }
 #endif
+    count = std::min(count, rowed);  // (a last product of too few rows for the tiles)
+    M = count * OHW;
     to_copy(n0, count);
-    int8_t* rows = own_rows ? xq : grown(row_buffer, M * lda);
+    int8_t* rows = own_rows ? xq : scratch != nullptr ? second(count) : grown(row_buffer, M * lda);
     if (!own_rows) {
       const int threads = threads_for(conv_detail::kCopyWork * M * K);
 #ifdef _OPENMP
@@ -364,7 +419,8 @@ void conv2d_int8_with(const float* x, const float* x_scale, const KeptInt8Weight
         window_row(xq + i * HW * C, taps, p / g.OW, p % g.OW, rows + r * lda, lda, g);
       }
     }
-    float* product = grown(product_buffer, M * O);
+    float* product = scratch != nullptr ? reinterpret_cast<float*>(second(count) + int8_lines(M * lda))
+                                        : grown(product_buffer, M * O);
     matmul_int8(rows, x_scale, *packed, product, M);
     for (int64_t i = 0; i < count; ++i)
       to_planes(product + i * OHW * O, OHW, O, b, y + (n0 + i) * O * OHW, epi);
@@ -375,11 +431,12 @@ void conv2d_int8_with(const float* x, const float* x_scale, const KeptInt8Weight
 
 // y[N, O, OH, OW] = conv2d(x, w) (+ b) in int8: x quantized with x_scale[0]
 // (named scale_name in errors), w the Model's kept int8 weight (packed
-// channels-last: taps = KH * KW). ws is not read (the buffers are the calling
-// thread's, grown once).
+// channels-last: taps = KH * KW). ws: conv2d_int8_workspace(g, C*KH*KW) floats,
+// or null (then buffers of the calling thread, grown once and kept).
 inline void conv2d_int8(const float* x, const float* x_scale, const KeptInt8Weight& w, const float* b,
-                        float* y, float* /*ws*/, const Conv2dGeom& g, const char* scale_name) {
-  int8_conv_detail::conv2d_int8_with(x, x_scale, w, b, y, g, scale_name, conv_detail::NoChannelEpilogue());
+                        float* y, float* ws, const Conv2dGeom& g, const char* scale_name) {
+  int8_conv_detail::conv2d_int8_with(x, x_scale, w, b, y, ws, g, scale_name,
+                                     conv_detail::NoChannelEpilogue());
 }
 
 // y = batch_norm(conv2d_int8(x, w, b)) with batch norm's weight bn_w, bias bn_b and
@@ -392,10 +449,12 @@ inline void conv2d_int8(const float* x, const float* x_scale, const KeptInt8Weig
 inline void conv2d_batch_norm_int8(const float* x, const float* x_scale, const KeptInt8Weight& w,
                                    const float* b, const float* bn_w, const float* bn_b, float* running_mean,
                                    float* running_var, const float* residual, float* y, float* mean,
-                                   float* invstd, float* /*ws*/, const Conv2dGeom& g, const char* scale_name,
+                                   float* invstd, float* ws, const Conv2dGeom& g, const char* scale_name,
                                    float eps, float momentum, bool relu, const Mode& mode, const char* what) {
   conv_detail::batch_norm_after(
-      [&](const auto& epi) { int8_conv_detail::conv2d_int8_with(x, x_scale, w, b, y, g, scale_name, epi); },
+      [&](const auto& epi) {
+        int8_conv_detail::conv2d_int8_with(x, x_scale, w, b, y, ws, g, scale_name, epi);
+      },
       bn_w, bn_b, running_mean, running_var, residual, y, mean, invstd, g, eps, momentum, relu, mode, what);
 }
 
