@@ -82,13 +82,15 @@ inline int64_t conv2d_int8_images(const Conv2dGeom& g, int64_t K, bool tiles) {
 }
 
 // The workspace conv2d_int8 takes, in floats: the larger of its two layouts'
-// (conv2d_int8_bytes at conv2d_int8_images). The generator reserves it in the
+// (conv2d_int8_bytes at conv2d_int8_images), and up to 63 bytes before them to
+// start them on a cache line (an arena's values start on any float; a tile's
+// 64-byte rows must not straddle two lines). The generator reserves it in the
 // arena, so the memory plan counts it (ops/quantize_conv.py int8_conv_workspace
 // computes the same number).
 inline int64_t conv2d_int8_workspace(const Conv2dGeom& g, int64_t K) {
   const int64_t tiles = conv2d_int8_bytes(g, K, conv2d_int8_images(g, K, true), true);
   const int64_t rows = conv2d_int8_bytes(g, K, conv2d_int8_images(g, K, false), false);
-  return (std::max(tiles, rows) + 3) / 4;
+  return (63 + std::max(tiles, rows) + 3) / 4;
 }
 
 namespace int8_conv_detail {
@@ -342,7 +344,8 @@ void conv2d_int8_with(const float* x, const float* x_scale, const KeptInt8Weight
   // product), or where ws is null the calling thread's own, grown once.
   static thread_local std::vector<int8_t> plane_buffer, copy_buffer, row_buffer, tile_buffer;
   static thread_local std::vector<float> product_buffer;
-  int8_t* const scratch = reinterpret_cast<int8_t*>(ws);
+  int8_t* const scratch =  // (its first cache line)
+      ws != nullptr ? reinterpret_cast<int8_t*>((reinterpret_cast<uintptr_t>(ws) + 63) / 64 * 64) : nullptr;
   int8_t* const xq = scratch != nullptr ? scratch : grown(copy_buffer, std::max(tiled, rowed) * HW * C);
   const auto second = [&](int64_t count) { return scratch + int8_lines(count * HW * C); };
   // xq = images [n0, n0 + count) quantized, channels last
