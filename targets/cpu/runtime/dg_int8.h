@@ -55,6 +55,7 @@
 #include <vector>
 
 #include "dg_amx.h"
+#include "dg_arena.h"
 #include "dg_gemm.h"
 #include "dg_parallel.h"
 
@@ -695,9 +696,7 @@ inline void matmul_int8_amx(const int8_t* a8, float xs, const Int8PackedB& b, fl
   if (blocks == 1 && row % 64 == 0 && M % 16 == 0) {
     matmul_int8_amx_from(a8, row, 64, 16 * row, xs, b, c, M, 0, nullptr, rows_only);
   } else {
-    static thread_local std::vector<int8_t> tiles;
-    if (static_cast<int64_t>(tiles.size()) < row_tiles * ktiles * 1024)
-      tiles.resize(static_cast<size_t>(row_tiles * ktiles * 1024));
+    Scratch<int8_t> tiles(row_tiles * ktiles * 1024);  // (on cache lines: a tile row is one)
     const int64_t a_tile = int8_amx_tiles(a8, M, b.K, ktiles, tiles.data());
     matmul_int8_amx_from(tiles.data(), 64, 1024, a_tile, xs, b, c, M, 0, nullptr, rows_only);
   }
