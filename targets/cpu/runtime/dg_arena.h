@@ -102,6 +102,10 @@ class Scratch {
   }
   Scratch(const Scratch&) = delete;
   Scratch& operator=(const Scratch&) = delete;
+  Scratch(Scratch&& other) noexcept : size_(other.size_), data_(other.data_) {  // (returned by value)
+    other.size_ = 0;
+    other.data_ = nullptr;
+  }
   ~Scratch() {
     if (data_ != nullptr) scratch_detail::cache().give_back(data_, bytes());
   }

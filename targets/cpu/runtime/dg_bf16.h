@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "dg_amx.h"
+#include "dg_arena.h"
 #include "dg_gemm.h"
 #include "dg_packed_weights.h"
 #include "dg_parallel.h"
@@ -176,13 +177,13 @@ namespace bf16_detail {
 // rounded to nearest even (as bf16_bits) into one 64-byte store, every value
 // written once (no zeroing of the whole first). 2048 x 3072, one thread: 3.7 ->
 // 2.3 ms (zeroing, then two masked 32-byte stores per row and tile).
-inline std::unique_ptr<uint16_t[]> pack_rows(const float* a, int64_t lda, int64_t M, const Bf16PackedB& b) {
+inline Scratch<uint16_t> pack_rows(const float* a, int64_t lda, int64_t M, const Bf16PackedB& b) {
   const int64_t width = bf16_row_width(b), ktiles = width / kBf16TileK, rows = bf16_padded_rows(M);
-  std::unique_ptr<uint16_t[]> out(new uint16_t[static_cast<size_t>(rows * width)]);
-  const auto mask = [&](int64_t k) {  // those of the values [k, k + 16) that exist
+  Scratch<uint16_t> out(rows * width);  // (on cache lines: a tile row is one; kept by the thread)
+  const auto mask = [&](int64_t k) {    // those of the values [k, k + 16) that exist
     return static_cast<__mmask16>(b.K - k >= 16 ? 0xFFFFu : b.K <= k ? 0u : (1u << (b.K - k)) - 1u);
   };
-  uint16_t* to = out.get();
+  uint16_t* to = out.data();
   for (int64_t i0 = 0; i0 < rows; i0 += kBf16TileRows)
     for (int64_t t = 0; t < ktiles; ++t) {
       const int64_t k = t * kBf16TileK;
@@ -544,8 +545,8 @@ template <class Epilogue = NoEpilogue>
 void matmul_bf16(const float* a, const Bf16PackedB& b, float* c, int64_t M,
                  const Epilogue& epi = Epilogue()) {
   if (M <= 0) return;
-  const std::unique_ptr<uint16_t[]> rows = bf16_detail::pack_rows(a, b.K, M, b);
-  bf16_products(rows.get(), b, M, bf16_detail::RowsInto<Epilogue>{c, b.N, b.N, epi});
+  const Scratch<uint16_t> rows = bf16_detail::pack_rows(a, b.K, M, b);
+  bf16_products(rows.data(), b, M, bf16_detail::RowsInto<Epilogue>{c, b.N, b.N, epi});
 }
 
 namespace bf16_detail {
@@ -597,8 +598,8 @@ void gemm_bf16(bool ta, bool tb, int64_t M, int64_t N, int64_t K, const float* a
     bf16_detail::transpose(a, K, M, a_rows.data());
     a = a_rows.data();
   }
-  const std::unique_ptr<uint16_t[]> rows = bf16_detail::pack_rows(a, K, M, packed);
-  bf16_products(rows.get(), packed, M, bf16_detail::RowsInto<Epilogue>{c, N, N, epi});
+  const Scratch<uint16_t> rows = bf16_detail::pack_rows(a, K, M, packed);
+  bf16_products(rows.data(), packed, M, bf16_detail::RowsInto<Epilogue>{c, N, N, epi});
 #else
   gemm(ta, tb, M, N, K, a, ta ? M : K, b, tb ? K : N, c, N, epi);
 #endif
