@@ -22,7 +22,8 @@ FLAGS = cpu_flags()
 # (M, K, N, stored [N, K]): one row; K not a whole pair, tile (32) or group; N not a
 # whole panel (16); rows below, at and past a tile's 16 and a block's 32
 CASES = [(1, 1, 1, False), (1, 77, 10, True), (2, 33, 17, False), (3, 64, 16, False), (5, 100, 40, True),
-         (8, 31, 49, False), (16, 32, 16, False), (17, 785, 33, False), (33, 300, 70, True), (64, 784, 130, False)]
+         (8, 31, 49, False), (16, 32, 16, False), (17, 785, 33, False), (33, 300, 70, True), (64, 784, 130, False),
+         (300, 520, 40, False)]  # (the last: rows packed by two threads where there are two)
 
 
 @pytest.fixture(scope="module")

@@ -9,6 +9,7 @@ compares against numpy (for the ops) or against generator/reference/rng.py bit f
 from __future__ import annotations
 
 import itertools
+import os
 import platform
 import shutil
 import subprocess
@@ -23,7 +24,7 @@ RUNTIME_DIR = ROOT / "targets" / "cpu" / "runtime"
 DRIVER_SRC = Path(__file__).resolve().parent / "runtime_driver.cpp"
 
 sys.path.insert(0, str(ROOT))
-from conftest import cpu_flags  # noqa: E402
+from conftest import build_runtime_drivers, cpu_flags  # noqa: E402
 from generator.reference import rng  # noqa: E402
 
 CXX_FLAGS = ["-std=c++17", "-O2", "-Wall", "-Wextra"]
@@ -331,6 +332,21 @@ def test_transpose(driver, shape, perm):
     x = rand(*shape)
     got = driver("transpose", len(shape), *shape, *perm, inputs=[x])
     assert same_bits(got, np.transpose(x, perm))
+
+
+def test_transpose_shared_out_over_threads(tmp_path):
+    """dg::transpose of arrays big enough for threads (threads_for): each thread starts its
+    odometer where its range of runs begins. The driver built with OpenMP, run on 2 and 3
+    threads (ranges that split the axes unevenly); runs of 256 floats and of 1."""
+    exe = build_runtime_drivers(tmp_path, "runtime_driver", {"omp": []})["omp"]
+    for shape, perm in [((8, 64, 4, 256), (0, 2, 1, 3)), ((3, 129, 7, 197), (3, 1, 0, 2))]:
+        x = rand(*shape)
+        for threads in ("2", "3"):
+            proc = subprocess.run([str(exe), "transpose", str(len(shape)), *map(str, shape), *map(str, perm)],
+                                  input=x.tobytes(), capture_output=True, timeout=60,
+                                  env=dict(os.environ, OMP_NUM_THREADS=threads))
+            assert proc.returncode == 0, proc.stderr.decode()
+            assert same_bits(np.frombuffer(proc.stdout, np.float32), np.transpose(x, perm)), (shape, threads)
 
 
 @pytest.mark.parametrize(
