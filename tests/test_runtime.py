@@ -334,19 +334,28 @@ def test_transpose(driver, shape, perm):
     assert same_bits(got, np.transpose(x, perm))
 
 
-def test_transpose_shared_out_over_threads(tmp_path):
-    """dg::transpose of arrays big enough for threads (threads_for): each thread starts its
-    odometer where its range of runs begins. The driver built with OpenMP, run on 2 and 3
-    threads (ranges that split the axes unevenly); runs of 256 floats and of 1."""
+def test_ops_shared_out_over_threads(tmp_path, driver):
+    """dg::transpose, softmax and log_softmax on arrays big enough for threads
+    (threads_for), the driver built with OpenMP and run on 2 and 3 threads (ranges that
+    split the axes unevenly): the same bits as numpy's transpose (each thread starts its
+    odometer where its range of runs begins; runs of 256 floats and of 1) and as the
+    one-thread build's softmax (each row computed as on one thread)."""
     exe = build_runtime_drivers(tmp_path, "runtime_driver", {"omp": []})["omp"]
-    for shape, perm in [((8, 64, 4, 256), (0, 2, 1, 3)), ((3, 129, 7, 197), (3, 1, 0, 2))]:
-        x = rand(*shape)
-        for threads in ("2", "3"):
-            proc = subprocess.run([str(exe), "transpose", str(len(shape)), *map(str, shape), *map(str, perm)],
-                                  input=x.tobytes(), capture_output=True, timeout=60,
-                                  env=dict(os.environ, OMP_NUM_THREADS=threads))
-            assert proc.returncode == 0, proc.stderr.decode()
-            assert same_bits(np.frombuffer(proc.stdout, np.float32), np.transpose(x, perm)), (shape, threads)
+
+    def run(threads, *args, x):
+        proc = subprocess.run([str(exe), *map(str, args)], input=x.tobytes(), capture_output=True, timeout=60,
+                              env=dict(os.environ, OMP_NUM_THREADS=threads))
+        assert proc.returncode == 0, proc.stderr.decode()
+        return np.frombuffer(proc.stdout, np.float32)
+
+    for threads in ("2", "3"):
+        for shape, perm in [((8, 64, 4, 256), (0, 2, 1, 3)), ((3, 129, 7, 197), (3, 1, 0, 2))]:
+            x = rand(*shape)
+            got = run(threads, "transpose", len(shape), *shape, *perm, x=x)
+            assert same_bits(got, np.transpose(x, perm)), (shape, threads)
+        x = rand(300, 50, 7) * 4
+        for op in ("softmax", "log_softmax"):
+            assert same_bits(run(threads, op, 300, 50, 7, x=x), driver(op, 300, 50, 7, inputs=[x])), (op, threads)
 
 
 @pytest.mark.parametrize(

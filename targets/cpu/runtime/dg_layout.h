@@ -44,7 +44,11 @@ inline void transpose(const float* x, float* y, int ndim, const int64_t* shape, 
   // batch 64 ran on one thread while the other waited).
   const int64_t runs = total / run;
   const int threads = threads_for(2 * total);
+#ifdef _OPENMP
 #pragma omp parallel num_threads(threads) if (threads > 1)
+#else
+  (void)threads;
+#endif
   {
 #ifdef _OPENMP
     const int64_t parts = omp_get_num_threads(), me = omp_get_thread_num();

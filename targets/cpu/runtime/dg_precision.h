@@ -9,6 +9,8 @@
 #include <cstdint>
 #include <cstring>
 
+#include "dg_parallel.h"
+
 namespace dg {
 
 // x rounded to the nearest bfloat16 value (ties to even), returned as the float
@@ -30,6 +32,12 @@ inline float round_bf16_value(float x) {
 
 // y[i] = x[i] rounded to bfloat16, for n elements (y may be x).
 inline void round_bf16(const float* x, float* y, int64_t n) {
+  const int threads = threads_for(2 * n);
+#ifdef _OPENMP
+#pragma omp parallel for simd num_threads(threads) if (threads > 1) schedule(static)
+#else
+  (void)threads;
+#endif
   for (int64_t i = 0; i < n; ++i)
     y[i] = round_bf16_value(x[i]);
 }

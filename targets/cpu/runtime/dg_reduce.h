@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <stdexcept>
 
+#include "dg_parallel.h"
+
 namespace dg {
 
 // y[o, i] = sum over l of x[o, l, i].  The innermost loop runs over `inner`,
@@ -57,6 +59,11 @@ inline void reduce_max(const float* x, float* y, int64_t outer, int64_t len, int
 
 namespace ops_detail {
 
+// Operations (threads_for) a value of softmax and log-softmax counts for: its
+// maximum, exp and sum passes. Their rows are shared out over threads (each
+// row's arithmetic as on one thread: the same values however many).
+constexpr int64_t kExpWork = 16;
+
 // Maximum of x[l * stride] over l in [0, len); len must be > 0.
 inline float strided_max(const float* x, int64_t len, int64_t stride) {
   float m = x[0];
@@ -81,15 +88,19 @@ inline float strided_sum_exp(const float* x, int64_t len, int64_t stride, float 
 // subtracted first so exp never overflows.
 inline void softmax(const float* x, float* y, int64_t outer, int64_t len, int64_t inner) {
   if (len == 0) return;
-  for (int64_t o = 0; o < outer; ++o) {
-    for (int64_t i = 0; i < inner; ++i) {
-      const int64_t base = o * len * inner + i;
-      const float m = ops_detail::strided_max(x + base, len, inner);
-      const float s = ops_detail::strided_sum_exp(x + base, len, inner, m);
-      for (int64_t l = 0; l < len; ++l) {
-        const int64_t at = base + l * inner;
-        y[at] = std::exp(x[at] - m) / s;
-      }
+  const int threads = threads_for(ops_detail::kExpWork * outer * len * inner);
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
+#else
+  (void)threads;
+#endif
+  for (int64_t row = 0; row < outer * inner; ++row) {
+    const int64_t o = row / inner, i = row % inner, base = o * len * inner + i;
+    const float m = ops_detail::strided_max(x + base, len, inner);
+    const float s = ops_detail::strided_sum_exp(x + base, len, inner, m);
+    for (int64_t l = 0; l < len; ++l) {
+      const int64_t at = base + l * inner;
+      y[at] = std::exp(x[at] - m) / s;
     }
   }
 }
@@ -98,15 +109,19 @@ inline void softmax(const float* x, float* y, int64_t outer, int64_t len, int64_
 // so that very negative entries do not underflow to log(0).
 inline void log_softmax(const float* x, float* y, int64_t outer, int64_t len, int64_t inner) {
   if (len == 0) return;
-  for (int64_t o = 0; o < outer; ++o) {
-    for (int64_t i = 0; i < inner; ++i) {
-      const int64_t base = o * len * inner + i;
-      const float m = ops_detail::strided_max(x + base, len, inner);
-      const float log_s = std::log(ops_detail::strided_sum_exp(x + base, len, inner, m));
-      for (int64_t l = 0; l < len; ++l) {
-        const int64_t at = base + l * inner;
-        y[at] = (x[at] - m) - log_s;
-      }
+  const int threads = threads_for(ops_detail::kExpWork * outer * len * inner);
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
+#else
+  (void)threads;
+#endif
+  for (int64_t row = 0; row < outer * inner; ++row) {
+    const int64_t o = row / inner, i = row % inner, base = o * len * inner + i;
+    const float m = ops_detail::strided_max(x + base, len, inner);
+    const float log_s = std::log(ops_detail::strided_sum_exp(x + base, len, inner, m));
+    for (int64_t l = 0; l < len; ++l) {
+      const int64_t at = base + l * inner;
+      y[at] = (x[at] - m) - log_s;
     }
   }
 }
