@@ -165,13 +165,15 @@ inline void quantize_int8(const float* x, int8_t* q, const float* scale, int64_t
   check_int8_scales(scale, 1, scale_name);
   const float inv = 1.0f / scale[0];
   const int64_t ld = int8_row_bytes(K);
-  if (ld == K) {
+  const int threads = threads_for(2 * rows * K);  // (rows shared out over threads)
+  if (ld == K && threads == 1) {
     quantize_int8_span(x, q, inv, rows * K, kInt8ActivationMax);
     return;
   }
+#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
   for (int64_t i = 0; i < rows; ++i) {
     quantize_int8_span(x + i * K, q + i * ld, inv, K, kInt8ActivationMax);
-    std::memset(q + i * ld + K, 0, static_cast<size_t>(ld - K));
+    if (ld > K) std::memset(q + i * ld + K, 0, static_cast<size_t>(ld - K));
   }
 }
 
