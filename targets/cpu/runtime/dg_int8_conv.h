@@ -217,14 +217,39 @@ inline void copy_run(const int8_t* from, int8_t* to, int64_t n) {
 #endif
 }
 
-// row[0..lda) = output position (oh, ow)'s window of xq (one image [H, W, C]): the
-// taps in order, C bytes each (zeros where the tap is in the padding), then
-// zeros. Neighbouring taps whose bytes lie side by side in xq (or which are both
-// padding) are one run. (window_row_runs: any dilation; window_row below.)
+// Where window_row writes a row: put(from, at, n) writes bytes [at, at + n) of
+// the row (from[0, n), or zeros where from is null). Linear: a row of lda bytes
+// at `row`; Tiled: a row of int8_amx_tiles' layout (its byte k at row + (k / 64)
+// * 1024 + k % 64), written where the tiles read it, in pieces that end at tile
+// edges (a line of whole k tiles, then its 64-byte pieces copied there, was a
+// tenth of an int8 ResNet-18's time at batch 64).
+struct LinearRow {
+  int8_t* row;
+  void operator()(const int8_t* from, int64_t at, int64_t n) const { copy_run(from, row + at, n); }
+};
+struct TiledRow {
+  int8_t* row;
+  void operator()(const int8_t* from, int64_t at, int64_t n) const {
+    while (n > 0) {
+      const int64_t in = at % 64, len = std::min(n, 64 - in);
+      copy_run(from, row + at / 64 * 1024 + in, len);
+      if (from != nullptr) from += len;
+      at += len;
+      n -= len;
+    }
+  }
+};
+
+// Bytes [0, lda) of a row (put: LinearRow or TiledRow) = output position (oh,
+// ow)'s window of xq (one image [H, W, C]): the taps in order, C bytes each
+// (zeros where the tap is in the padding), then zeros. Neighbouring taps whose
+// bytes lie side by side in xq (or which are both padding) are one run.
+// (window_row_runs: any dilation; window_row below.)
+template <class Put>
 inline void window_row_runs(const int8_t* xq, const std::vector<conv_detail::Tap>& taps, int64_t oh,
-                            int64_t ow, int8_t* row, int64_t lda, const Conv2dGeom& g) {
+                            int64_t ow, const Put& put, int64_t lda, const Conv2dGeom& g) {
   const int64_t C = g.C;
-  const int8_t* from = nullptr;  // the pending run: from (null: zeros), to row + at, n bytes
+  const int8_t* from = nullptr;  // the pending run: from (null: zeros), to bytes [at, at + n)
   int64_t at = 0, n = 0;
   for (size_t t = 0; t < taps.size(); ++t) {
     const conv_detail::Tap& p = taps[t];
@@ -235,40 +260,40 @@ inline void window_row_runs(const int8_t* xq, const std::vector<conv_detail::Tap
       n += C;
       continue;
     }
-    if (n > 0) copy_run(from, row + at, n);
+    if (n > 0) put(from, at, n);
     from = src;
     at = static_cast<int64_t>(t) * C;
     n = C;
   }
   if (from == nullptr) n = lda - at;  // the padding after K with the last zeros
-  copy_run(from, row + at, n);
-  if (from != nullptr && at + n < lda) copy_run(nullptr, row + at + n, lda - at - n);
+  put(from, at, n);
+  if (from != nullptr && at + n < lda) put(nullptr, at + n, lda - at - n);
 }
 
 // window_row_runs where the kernel's columns are next to each other (dilation 1 in
 // width): a kernel row's taps inside the input are one run of bytes, so the row
 // is KH runs with the zeros around them, found without going through the taps
 // (which cost as much as the copies at 3 x 3 kernels).
+template <class Put>
 inline void window_row(const int8_t* xq, const std::vector<conv_detail::Tap>& taps, int64_t oh, int64_t ow,
-                       int8_t* row, int64_t lda, const Conv2dGeom& g) {
+                       const Put& put, int64_t lda, const Conv2dGeom& g) {
   if (g.dil_w != 1) {
-    window_row_runs(xq, taps, oh, ow, row, lda, g);
+    window_row_runs(xq, taps, oh, ow, put, lda, g);
     return;
   }
   const int64_t C = g.C, KW = g.KW, run = KW * C, iw = ow * g.stride_w - g.pad_w;
   const int64_t lo = std::min(KW, std::max<int64_t>(0, -iw)), hi = std::max(lo, std::min(KW, g.W - iw));
   for (int64_t kh = 0; kh < g.KH; ++kh) {
-    const int64_t ih = oh * g.stride_h - g.pad_h + kh * g.dil_h;
-    int8_t* out = row + kh * run;
+    const int64_t ih = oh * g.stride_h - g.pad_h + kh * g.dil_h, out = kh * run;
     if (ih < 0 || ih >= g.H || lo == hi) {
-      copy_run(nullptr, out, run);
+      put(nullptr, out, run);
       continue;
     }
-    if (lo > 0) copy_run(nullptr, out, lo * C);
-    copy_run(xq + (ih * g.W + iw + lo) * C, out + lo * C, (hi - lo) * C);
-    if (hi < KW) copy_run(nullptr, out + hi * C, (KW - hi) * C);
+    if (lo > 0) put(nullptr, out, lo * C);
+    put(xq + (ih * g.W + iw + lo) * C, out + lo * C, (hi - lo) * C);
+    if (hi < KW) put(nullptr, out + hi * C, (KW - hi) * C);
   }
-  if (g.KH * run < lda) copy_run(nullptr, row + g.KH * run, lda - g.KH * run);
+  if (g.KH * run < lda) put(nullptr, g.KH * run, lda - g.KH * run);
 }
 
 // y[o * P + p] = from[p * O + o] (+ b[o]): the product's rows (P positions of O
@@ -385,7 +410,7 @@ void conv2d_int8_with(const float* x, const float* x_scale, const KeptInt8Weight
         continue;
       }
 #endif
-      // else each row made in a line of whole k tiles, then its tiles' 64-byte rows stored
+      // else each row made where the tiles read it (TiledRow), the rows past M zeros
       to_copy(n0, count);
       const int threads = threads_for(conv_detail::kCopyWork * M * K);
 #ifdef _OPENMP
@@ -394,13 +419,13 @@ void conv2d_int8_with(const float* x, const float* x_scale, const KeptInt8Weight
       (void)threads;
 #endif
       for (int64_t r = 0; r < rows_in_tiles; ++r) {
-        static thread_local std::vector<int8_t> line_buffer;
-        int8_t* line = grown(line_buffer, ktiles * 64);
-        if (r < M)
-          window_row(xq + r / OHW * HW * C, taps, r % OHW / g.OW, r % OHW % g.OW, line, ktiles * 64, g);
+        if (r < M) {
+          window_row(xq + r / OHW * HW * C, taps, r % OHW / g.OW, r % OHW % g.OW, TiledRow{tile_row(r)},
+                     ktiles * 64, g);
+          continue;
+        }
         for (int64_t t = 0; t < ktiles; ++t)
-          _mm512_storeu_si512(tile_row(r) + t * 1024,
-                              r < M ? _mm512_loadu_si512(line + t * 64) : _mm512_setzero_si512());
+          _mm512_storeu_si512(tile_row(r) + t * 1024, _mm512_setzero_si512());
       }
       matmul_int8_tiles(tiles, x_scale, *packed, y + n0 * O * OHW, M, /*plane=*/OHW, b, epi);
       continue;
@@ -419,7 +444,7 @@ void conv2d_int8_with(const float* x, const float* x_scale, const KeptInt8Weight
 #endif
       for (int64_t r = 0; r < M; ++r) {
         const int64_t i = r / OHW, p = r % OHW;
-        window_row(xq + i * HW * C, taps, p / g.OW, p % g.OW, rows + r * lda, lda, g);
+        window_row(xq + i * HW * C, taps, p / g.OW, p % g.OW, LinearRow{rows + r * lda}, lda, g);
       }
     }
     float* product = scratch != nullptr ? reinterpret_cast<float*>(second(count) + int8_lines(M * lda))
