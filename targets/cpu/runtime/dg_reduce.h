@@ -60,8 +60,7 @@ inline void reduce_max(const float* x, float* y, int64_t outer, int64_t len, int
 namespace ops_detail {
 
 // Operations (threads_for) a value of softmax and log-softmax counts for: its
-// maximum, exp and sum passes. Their rows are shared out over threads (each
-// row's arithmetic as on one thread: the same values however many).
+// maximum, exp and sum passes.
 constexpr int64_t kExpWork = 16;
 
 // Maximum of x[l * stride] over l in [0, len); len must be > 0.
@@ -82,48 +81,47 @@ inline float strided_sum_exp(const float* x, int64_t len, int64_t stride, float 
   return s;
 }
 
+// Softmax's and log-softmax's loop over the rows of [outer, len, inner]: for
+// each (o, i), its maximum m and sum of exp(x - m) s, t = of_sum(s) once, then
+// value(v, m, t) for each of its values v. Rows are shared out over threads
+// (each computed as on one thread: the same values however many).
+template <class OfSum, class Value>
+inline void softmax_rows(const float* x, float* y, int64_t outer, int64_t len, int64_t inner,
+                         const OfSum& of_sum, const Value& value) {
+  if (len == 0) return;
+  const int threads = threads_for(kExpWork * outer * len * inner);
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
+#else
+  (void)threads;
+#endif
+  for (int64_t row = 0; row < outer * inner; ++row) {
+    const int64_t o = row / inner, i = row % inner, base = o * len * inner + i;
+    const float m = strided_max(x + base, len, inner);
+    const float t = of_sum(strided_sum_exp(x + base, len, inner, m));
+    for (int64_t l = 0; l < len; ++l) {
+      const int64_t at = base + l * inner;
+      y[at] = value(x[at], m, t);
+    }
+  }
+}
+
 }  // namespace ops_detail
 
 // Softmax along the middle axis of [outer, len, inner].  The maximum is
 // subtracted first so exp never overflows.
 inline void softmax(const float* x, float* y, int64_t outer, int64_t len, int64_t inner) {
-  if (len == 0) return;
-  const int threads = threads_for(ops_detail::kExpWork * outer * len * inner);
-#ifdef _OPENMP
-#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
-#else
-  (void)threads;
-#endif
-  for (int64_t row = 0; row < outer * inner; ++row) {
-    const int64_t o = row / inner, i = row % inner, base = o * len * inner + i;
-    const float m = ops_detail::strided_max(x + base, len, inner);
-    const float s = ops_detail::strided_sum_exp(x + base, len, inner, m);
-    for (int64_t l = 0; l < len; ++l) {
-      const int64_t at = base + l * inner;
-      y[at] = std::exp(x[at] - m) / s;
-    }
-  }
+  ops_detail::softmax_rows(
+      x, y, outer, len, inner, [](float s) { return s; },
+      [](float v, float m, float s) { return std::exp(v - m) / s; });
 }
 
 // log(softmax(x)) along the middle axis, computed as x - max - log(sum(exp(x - max)))
 // so that very negative entries do not underflow to log(0).
 inline void log_softmax(const float* x, float* y, int64_t outer, int64_t len, int64_t inner) {
-  if (len == 0) return;
-  const int threads = threads_for(ops_detail::kExpWork * outer * len * inner);
-#ifdef _OPENMP
-#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
-#else
-  (void)threads;
-#endif
-  for (int64_t row = 0; row < outer * inner; ++row) {
-    const int64_t o = row / inner, i = row % inner, base = o * len * inner + i;
-    const float m = ops_detail::strided_max(x + base, len, inner);
-    const float log_s = std::log(ops_detail::strided_sum_exp(x + base, len, inner, m));
-    for (int64_t l = 0; l < len; ++l) {
-      const int64_t at = base + l * inner;
-      y[at] = (x[at] - m) - log_s;
-    }
-  }
+  ops_detail::softmax_rows(
+      x, y, outer, len, inner, [](float s) { return std::log(s); },
+      [](float v, float m, float log_s) { return (v - m) - log_s; });
 }
 
 // Inclusive prefix sums along the middle axis of [outer, len, inner] (numpy.cumsum):
