@@ -93,7 +93,14 @@ CONVS = [(1, 3, 9, 9, 5, 3, 3, 1, 1, 1), (2, 4, 8, 8, 33, 3, 3, 2, 1, 1), (3, 16
          (2, 8, 6, 6, 20, 1, 1, 2, 0, 1), (5, 7, 4, 4, 12, 3, 3, 1, 2, 2), (4, 64, 32, 32, 8, 3, 3, 1, 1, 1),
          # channels in whole 16s: the channels-last path (positions are the product's rows)
          (1, 32, 4, 4, 40, 3, 3, 2, 1, 1), (2, 16, 3, 3, 17, 3, 3, 1, 1, 1), (1, 48, 5, 5, 16, 3, 3, 2, 2, 2),
-         (1, 16, 1, 2, 8, 1, 1, 1, 0, 1), (3, 32, 8, 8, 64, 1, 1, 2, 0, 1)]
+         (1, 16, 1, 2, 8, 1, 1, 1, 0, 1), (3, 32, 8, 8, 64, 1, 1, 2, 0, 1),
+         # small planes, many images to a product, enough of them that its preparation (copy and packing of the
+         # whole product's images) runs on 2 threads: rows past a tile (61 * 4), and whole tiles
+         (61, 64, 2, 2, 24, 3, 3, 1, 1, 1), (20, 48, 4, 4, 40, 3, 3, 1, 1, 1),
+         # images copied in several groups a product (kBf16ConvCopyBytes): 9 images a product in groups of 2
+         # (1 thread) or 4 (2 threads), rows past a tile in the last group, then a product of 1; 3 a product in
+         # groups of 2 (1 thread)
+         (10, 256, 15, 15, 24, 1, 1, 1, 0, 1), (3, 64, 31, 31, 24, 3, 3, 2, 1, 1)]
 
 
 def _conv64(x, w, stride, pad, dil):

@@ -10,7 +10,9 @@
 //     too (dilation 1): one run of KW*C values;
 //   - the left operand, one row per output position of a few images side by side
 //     (kBf16ConvColumnBytes), is made of those runs (pack_window_rows): k is
-//     (kh*KW + kw)*C + c, zeros where the window lies in the padding;
+//     (kh*KW + kw)*C + c, zeros where the window lies in the padding. The
+//     images of one product are copied and packed in one parallel region, a
+//     group of them (kBf16ConvCopyBytes) after another;
 //   - the right operand is the weight kept in the same [tap][channel] order
 //     (dg::KeptBf16Weight::use_taps), packed once per change of the parameters.
 //
@@ -52,6 +54,15 @@ namespace dg {
 // (ResNet-18 64px, batch 64, one thread: 4 MB 79 ms, 1 MB 65 ms, 512 KB 66 ms).
 constexpr int64_t kBf16ConvColumnBytes = int64_t(1) << 20;
 
+// The most bytes of input a convolution copies channels last (bf16) before it
+// packs their windows, a thread: images are copied and packed in groups of
+// about this size (at least one image), so that the copy is still in cache
+// when the packing reads it. (ResNet-50's 1x1 from 256 channels at 16x16,
+// batch 64, one thread: the product's 8 images at once 2.59 ms, 256 KB 2.28 ms,
+// 32 KB 2.26 ms; two threads: 1.66 ms, 256 KB each 1.40 ms, 32 KB for both
+// 2.05 ms, a barrier a group.)
+constexpr int64_t kBf16ConvCopyBytes = int64_t(1) << 18;
+
 // The positions of the images one product of conv2d_bf16 multiplies at once (its rows).
 inline int64_t conv2d_bf16_rows(const Conv2dGeom& g) {
   const int64_t OHW = g.OH * g.OW, width = (g.C * g.KH * g.KW + kBf16TileK - 1) / kBf16TileK * kBf16TileK;
@@ -84,26 +95,35 @@ inline void put_run(const uint16_t* from, int64_t n, uint16_t* row, int64_t k) {
   }
 }
 
-// Rows [r0, r0 + OH*OW) of the left operand a (bf16_tiled_at, `width` values a
-// row) for one image xt (channels last): row (oh, ow) holds the position's
-// window, tap after tap in the weight's order, C channels each (zeros where the
-// window lies in the padding), then zeros up to `width`. A kernel row's taps
-// that lie inside the input are one run of xt where the dilation is 1.
-// Positions are shared out over threads.
-inline void pack_window_rows(const uint16_t* xt, const Conv2dGeom& g, uint16_t* a, int64_t width,
-                             int64_t r0) {
-  const int64_t C = g.C, KW = g.KW, OW = g.OW, OHW = g.OH * g.OW, K = C * g.KH * KW;
-  const int threads = threads_for(conv_detail::kCopyWork * K * OHW);
-#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
-  for (int64_t q = 0; q < OHW; ++q) {
-    uint16_t* row = a + bf16_tiled_at(width, r0 + q, 0);
-    const int64_t iw0 = q % OW * g.stride_w - g.pad_w, ih0 = q / OW * g.stride_h - g.pad_h;
+// Rows [r0, r1) of the left operand a (bf16_tiled_at, `width` values a row),
+// those of the images in xt (to_channels_last: H*W*C values each, one after
+// another; row r0 is the first position of the first): row r0 + m*OH*OW +
+// oh*OW + ow holds the window of image m's position (oh, ow), tap after tap in
+// the weight's order, C channels each (zeros where the window lies in the
+// padding), then zeros up to `width`. Rows from M on (the last row tile's
+// padding) are zeros. A kernel row's taps that lie inside the input are one run
+// of xt where the dilation is 1. The rows are shared out over the threads of the
+// parallel region this is called in (an orphaned omp for; on the calling thread
+// outside one).
+inline void pack_window_rows(const uint16_t* xt, const Conv2dGeom& g, uint16_t* a, int64_t width, int64_t r0,
+                             int64_t r1, int64_t M) {
+  const int64_t C = g.C, KW = g.KW, OW = g.OW, OHW = g.OH * g.OW, HW = g.H * g.W, K = C * g.KH * KW;
+#pragma omp for schedule(static)
+  for (int64_t r = r0; r < r1; ++r) {
+    uint16_t* row = a + bf16_tiled_at(width, r, 0);
+    if (r >= M) {
+      put_run(nullptr, width, row, 0);
+      continue;
+    }
+    const uint16_t* image = xt + (r - r0) / OHW * HW * C;
+    const int64_t q = (r - r0) % OHW, iw0 = q % OW * g.stride_w - g.pad_w,
+                  ih0 = q / OW * g.stride_h - g.pad_h;
     const bool columns_inside = g.dil_w == 1 && iw0 >= 0 && iw0 + KW <= g.W;
     for (int64_t kh = 0; kh < g.KH; ++kh) {
       const int64_t ih = ih0 + kh * g.dil_h, k = kh * KW * C;
       const bool row_inside = ih >= 0 && ih < g.H;
       if (!row_inside || columns_inside) {  // the kernel row's taps: one run, zeros or input
-        put_run(row_inside ? xt + (ih * g.W + iw0) * C : nullptr, KW * C, row, k);
+        put_run(row_inside ? image + (ih * g.W + iw0) * C : nullptr, KW * C, row, k);
         continue;
       }
       for (int64_t kw = 0; kw < KW;) {  // runs of taps all inside (contiguous at dilation 1) or all outside
@@ -113,7 +133,7 @@ inline void pack_window_rows(const uint16_t* xt, const Conv2dGeom& g, uint16_t* 
         while (kw + taps < KW && (iw + taps * g.dil_w >= 0 && iw + taps * g.dil_w < g.W) == inside &&
                (!inside || g.dil_w == 1))
           ++taps;
-        put_run(inside ? xt + (ih * g.W + iw) * C : nullptr, taps * C, row, k + kw * C);
+        put_run(inside ? image + (ih * g.W + iw) * C : nullptr, taps * C, row, k + kw * C);
         kw += taps;
       }
     }
@@ -132,19 +152,24 @@ inline void transpose16(const float* from, int64_t ldf, float* to, int64_t ldt) 
     _mm512_storeu_ps(to + i * ldt, r[i]);
 }
 
-// xt[H*W, C] = the image xn[C, H, W] rounded to bf16 (to nearest even),
-// channels last: blocks of 16 channels x 16 positions transposed in registers
-// (the planes' rows read whole), each position's 16 channels then converted at
-// once. Blocks are shared out over threads.
-inline void to_channels_last(const float* xn, int64_t C, int64_t HW, uint16_t* xt) {
-  const int64_t position_blocks = (HW + 15) / 16, blocks = (C + 15) / 16 * position_blocks;
-  const int threads = threads_for(conv_detail::kCopyWork * C * HW);
-#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
-  for (int64_t at = 0; at < blocks; ++at) {
-    const int64_t c0 = at / position_blocks * 16, p0 = at % position_blocks * 16;
+// xt[m][H*W, C] = the image x[m][C, H, W] rounded to bf16 (to nearest even)
+// for m < images, channels last: blocks of 16 channels x 16 positions of one
+// image transposed in registers (the planes' rows read whole), each position's
+// 16 channels then converted at once. The blocks are shared out over the
+// threads of the parallel region this is called in (an orphaned omp for, as
+// pack_window_rows), image after image: a thread then packs mostly the rows of
+// the images it copied.
+inline void to_channels_last(const float* x, int64_t images, int64_t C, int64_t HW, uint16_t* xt) {
+  const int64_t position_blocks = (HW + 15) / 16, image_blocks = (C + 15) / 16 * position_blocks;
+#pragma omp for schedule(static)
+  for (int64_t at = 0; at < images * image_blocks; ++at) {
+    const int64_t m = at / image_blocks, in_image = at % image_blocks;
+    const int64_t c0 = in_image / position_blocks * 16, p0 = in_image % position_blocks * 16;
     const int64_t channels = std::min<int64_t>(16, C - c0), positions = std::min<int64_t>(16, HW - p0);
     const __mmask16 cmask = static_cast<__mmask16>((1u << channels) - 1u);
     const __mmask16 pmask = static_cast<__mmask16>((1u << positions) - 1u);
+    const float* xn = x + m * C * HW;
+    uint16_t* to = xt + m * HW * C;
     __m512 r[16];
     for (int64_t c = 0; c < 16; ++c)
       r[c] = c < channels ? _mm512_maskz_loadu_ps(pmask, xn + (c0 + c) * HW + p0) : _mm512_setzero_ps();
@@ -153,7 +178,7 @@ inline void to_channels_last(const float* xn, int64_t C, int64_t HW, uint16_t* x
       const __m256bh half = _mm512_cvtneps_pbh(r[q]);
       __m256i bits;
       std::memcpy(&bits, &half, sizeof bits);
-      _mm256_mask_storeu_epi16(xt + (p0 + q) * C + c0, cmask, bits);
+      _mm256_mask_storeu_epi16(to + (p0 + q) * C + c0, cmask, bits);
     }
   }
 }
@@ -232,10 +257,6 @@ struct ChannelsInto {
   }
 };
 
-// A buffer of n bf16 values left unset (each value is written before it is read).
-inline std::unique_ptr<uint16_t[]> bf16_buffer(int64_t n) {
-  return std::unique_ptr<uint16_t[]>(new uint16_t[static_cast<size_t>(std::max<int64_t>(n, 1))]);
-}
 #endif
 
 // conv2d_bf16 with the channel epilogue epi (dg_conv.h's conv2d_with).
@@ -250,17 +271,34 @@ void conv2d_bf16_with(const float* x, const KeptBf16Weight& w, const float* b, f
   const std::shared_ptr<const Bf16PackedB> weight = w.use_taps(g.KH * g.KW);
   const int64_t HW = g.H * g.W, OHW = g.OH * g.OW, width = bf16_row_width(*weight);
   const int64_t chunk = conv2d_bf16_rows(g) / std::max<int64_t>(1, OHW);
-  const std::unique_ptr<uint16_t[]> xt = bf16_buffer(HW * g.C);
-  const std::unique_ptr<uint16_t[]> a = bf16_buffer(bf16_padded_rows(chunk * OHW) * width);
+  // xt: the images copied channels last at a time, `group` of them (their
+  // H*W*C bf16 values: at most kBf16ConvCopyBytes for each thread preparing a
+  // product, or one image); a: the rows of one product (conv2d_bf16_rows: at
+  // most kBf16ConvColumnBytes, or one image's rows). Both Scratch (dg_arena.h):
+  // 64-byte aligned, where new[] gave 16 (glibc: 16 bytes past a page for large
+  // blocks) and each 64-byte row of a tile the products load lay across two
+  // cache lines; and kept by the thread for its next call.
+  const int64_t most = conv_detail::kCopyWork * (chunk * HW * g.C + bf16_padded_rows(chunk * OHW) * width);
+  const int64_t group =
+      std::max<int64_t>(1, std::min(chunk, threads_for(most) * kBf16ConvCopyBytes /
+                                               (HW * g.C * static_cast<int64_t>(sizeof(uint16_t)))));
+  Scratch<uint16_t> xt(group * HW * g.C);
+  Scratch<uint16_t> a(bf16_padded_rows(chunk * OHW) * width);
   for (int64_t n0 = 0; n0 < g.N; n0 += chunk) {
-    const int64_t images = std::min(chunk, g.N - n0), M = images * OHW;
-    for (int64_t m = 0; m < images; ++m) {
-      to_channels_last(x + (n0 + m) * g.C * HW, g.C, HW, xt.get());
-      pack_window_rows(xt.get(), g, a.get(), width, m * OHW);
+    const int64_t images = std::min(chunk, g.N - n0), M = images * OHW, rows = bf16_padded_rows(M);
+    // One parallel region prepares the product's rows, group after group of
+    // images (copy, packing): sized on the work of all, where a region for
+    // each image's copy and each image's packing cost a fork and a join for a
+    // few rows at small planes (ResNet's 4x4 and 2x2), most of them too small
+    // for threads_for to give two threads.
+    const int threads = threads_for(conv_detail::kCopyWork * (images * HW * g.C + rows * width));
+#pragma omp parallel num_threads(threads) if (threads > 1)
+    for (int64_t m0 = 0; m0 < images; m0 += group) {
+      const int64_t count = std::min(group, images - m0), r0 = m0 * OHW;
+      to_channels_last(x + (n0 + m0) * g.C * HW, count, g.C, HW, xt.data());
+      pack_window_rows(xt.data(), g, a.data(), width, r0, m0 + count < images ? r0 + count * OHW : rows, M);
     }
-    for (int64_t r = M; r < bf16_padded_rows(M); ++r)  // the last row tile's zero rows
-      put_run(nullptr, width, a.get() + bf16_tiled_at(width, r, 0), 0);
-    bf16_products(a.get(), *weight, M, ChannelsInto<Epi>{y, b, g, n0, epi});
+    bf16_products(a.data(), *weight, M, ChannelsInto<Epi>{y, b, g, n0, epi});
   }
 #else
   std::vector<float> xr(static_cast<size_t>(g.N * g.C * g.H * g.W));
