@@ -192,13 +192,6 @@ inline void copy_plus(const float* from, float v, float* to, int64_t n) {
   }
 }
 
-// Whether a channel epilogue reads memory it can ask for ahead (prefetch(c, n)).
-template <class E, class = void>
-struct has_prefetch : std::false_type {};
-template <class E>
-struct has_prefetch<E, std::void_t<decltype(std::declval<const E&>().prefetch(nullptr, 0))>>
-    : std::true_type {};
-
 // store for a convolution's product (bf16_products): rows are the output
 // positions of the images from n0, side by side, columns output channels. The
 // block (at most 32 rows, 64 columns) is turned channels-major (16 x 16 pieces
@@ -250,7 +243,7 @@ struct ChannelsInto {
         float* yo = y + (n * g.O + o) * OHW + at;
         for (int64_t r = 0; r < run; r += 16)
           __builtin_prefetch(yo + r, 1);
-        if constexpr (has_prefetch<Epi>::value) epi.prefetch(yo, run);
+        if constexpr (gemm_detail::has_prefetch<Epi>::value) epi.prefetch(yo, run);
       }
       i += run;
     }
