@@ -107,8 +107,8 @@ def int8_conv_workspace(x_shape, w_shape, out_hw) -> int:
     """Floats of dg::conv2d_int8's workspace (dg_int8_conv.h conv2d_int8_workspace, the
     same arithmetic): the larger of its two layouts, each for as many images as keep a
     product within INT8_CONV_SCRATCH_BYTES (at least one), from the workspace's first
-    cache line. A constant: the batch does not
-    enter it (a product takes fewer images where the batch is smaller)."""
+    cache line. A constant: the batch does not enter it (a product takes fewer images
+    where the batch is smaller)."""
     C, H, W = (int(d) for d in x_shape[1:])
     O, K = int(w_shape[0]), int(w_shape[1]) * int(w_shape[2]) * int(w_shape[3])
     positions = int(out_hw[0]) * int(out_hw[1])
