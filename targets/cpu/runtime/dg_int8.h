@@ -115,26 +115,32 @@ inline int8_t quantize_int8_value(float x, float inv_scale, int qmax) {
   return static_cast<int8_t>(std::max(-float(qmax), std::min(float(qmax), r)));
 }
 
+#if defined(__AVX512F__)
+// 16 values quantized (x * inv, the bounds lo = -qmax and hi = qmax) into 16 bytes:
+// clamped before they are rounded (the same values: the bounds are whole numbers),
+// rounded to nearest even by the conversion itself, narrowed with saturation
+// (vpmovsdb) as the AVX2 loop's packs do. (Written as the zero-masking forms with
+// every lane set: GCC 12 warns of the plain forms' undefined operand.) Shared by
+// quantize_int8_span and the convolutions' channels-last copy (dg_int8_conv.h).
+inline __m128i quantize_int8_x16(__m512 x, __m512 inv, __m512 lo, __m512 hi) {
+  const __mmask16 all = 0xffff;
+  const __m512 clamped =
+      _mm512_maskz_max_ps(all, lo, _mm512_maskz_min_ps(all, hi, _mm512_maskz_mul_ps(all, x, inv)));
+  return _mm512_maskz_cvtsepi32_epi8(
+      all, _mm512_maskz_cvt_roundps_epi32(all, clamped, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+}
+#endif
+
 // q[i] = quantize(x[i], scale, qmax) for n elements (inv = 1 / scale).
 inline void quantize_int8_span(const float* x, int8_t* q, float inv, int64_t n, int qmax) {
   int64_t i = 0;
 #if defined(__AVX512F__)
-  // Clamped before it is rounded (the same values: the bounds are whole numbers),
-  // rounded to nearest even by the conversion itself, narrowed with saturation
-  // (vpmovsdb) as the AVX2 loop's packs do. (Written as the zero-masking forms
-  // with every lane set: GCC 12 warns of the plain forms' undefined operand.)
-  const __mmask16 all = 0xffff;
   const __m512 inv512 = _mm512_set1_ps(inv), lo512 = _mm512_set1_ps(-float(qmax)),
                hi512 = _mm512_set1_ps(float(qmax));
-  for (; i + 32 <= n; i += 32) {  // two vectors a step: two independent chains
-    for (int64_t h = 0; h < 32; h += 16) {
-      const __m512 v = _mm512_maskz_mul_ps(all, _mm512_loadu_ps(x + i + h), inv512);
-      const __m512 clamped = _mm512_maskz_max_ps(all, lo512, _mm512_maskz_min_ps(all, hi512, v));
-      const __m512i whole =
-          _mm512_maskz_cvt_roundps_epi32(all, clamped, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i + h), _mm512_maskz_cvtsepi32_epi8(all, whole));
-    }
-  }
+  for (; i + 32 <= n; i += 32)  // two vectors a step: two independent chains
+    for (int64_t h = 0; h < 32; h += 16)
+      _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i + h),
+                       quantize_int8_x16(_mm512_loadu_ps(x + i + h), inv512, lo512, hi512));
 #endif
 #if defined(__AVX2__)
   const __m256 vinv = _mm256_set1_ps(inv), lo = _mm256_set1_ps(-float(qmax)),

@@ -151,7 +151,6 @@ inline void quantize_channels_last(const float* x, int64_t count, int64_t C, int
                                    const At& at) {
   const int64_t pblocks = (HW + 15) / 16, cblocks = (C + 15) / 16, blocks = count * cblocks * pblocks;
   const int threads = threads_for(conv_detail::kCopyWork * count * C * HW);
-  const __mmask16 all = 0xffff;
   const __m512 inv512 = _mm512_set1_ps(inv), lo = _mm512_set1_ps(-float(kInt8ActivationMax)),
                hi = _mm512_set1_ps(float(kInt8ActivationMax));
 #ifdef _OPENMP
@@ -176,13 +175,9 @@ inline void quantize_channels_last(const float* x, int64_t count, int64_t C, int
         r[c] = c < channels ? _mm512_maskz_loadu_ps(pmask, from + c * HW) : _mm512_setzero_ps();
     }
     gemm_detail::transpose_16x16(r);
-    for (int64_t q = 0; q < 16; ++q) {  // as quantize_int8_span: clamp, round to nearest even, narrow
+    for (int64_t q = 0; q < 16; ++q) {  // as quantize_int8_span
       if (q == positions) break;
-      const __m512 v = _mm512_maskz_mul_ps(all, r[q], inv512);
-      const __m512 clamped = _mm512_maskz_max_ps(all, lo, _mm512_maskz_min_ps(all, hi, v));
-      const __m512i whole =
-          _mm512_maskz_cvt_roundps_epi32(all, clamped, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-      _mm_mask_storeu_epi8(at(i * HW + p0 + q, c0), cmask, _mm512_maskz_cvtsepi32_epi8(all, whole));
+      _mm_mask_storeu_epi8(at(i * HW + p0 + q, c0), cmask, quantize_int8_x16(r[q], inv512, lo, hi));
     }
   }
 }
