@@ -628,7 +628,9 @@ def test_conv2d_int8_equals_reference_bit_for_bit(builds):
     two), rows of several images in one product (kInt8ConvScratchBytes: "d" takes 7 images
     of 576 rows of 432 bytes with their copy, then 1; 6 and 2 without the tiles) and of one
     image (few rows: the VNNI kernel where the tiles need 8), all in the workspace the
-    generator reserves; the kept weights are packed tap-major (/*taps=*/KH*KW)."""
+    generator reserves; the kept weights are packed tap-major (/*taps=*/KH*KW). With two
+    threads, 8 and 5 images are shared out image by image (each thread its own products in
+    its half of the workspace: 4 + 4, 3 + 2), 1 image step by step."""
     from generator.reference.quantize import calibrate
 
     @dg.model
@@ -661,7 +663,7 @@ def test_conv2d_int8_equals_reference_bit_for_bit(builds):
     params = reference.init_params(graph, seed=0)
     params.update(calibrate(graph, [inputs], params))
     model = _model_with(module, params)
-    for n in (8, 1):
+    for n in (8, 5, 1):
         batch = {k: v[:n] for k, v in inputs.items()}
         got, want = model.forward(**batch), reference.run(graph, batch, params)
         for k in "abcdefghp":
