@@ -117,6 +117,13 @@ inline void softmax_rows(const float* x, float* y, int64_t outer, int64_t len, i
     const int64_t o = row / inner, i = row % inner, base = o * len * inner + i;
     const float m = strided_max(x + base, len, inner);
     const float t = of_sum(strided_sum_exp(x + base, len, inner, m));
+    if (inner == 1) {  // (a unit stride the compiler sees: 16 values at a time)
+      const float* xr = x + base;
+      float* yr = y + base;
+      for (int64_t l = 0; l < len; ++l)
+        yr[l] = value(xr[l], m, t);
+      continue;
+    }
     for (int64_t l = 0; l < len; ++l) {
       const int64_t at = base + l * inner;
       y[at] = value(x[at], m, t);
