@@ -9,6 +9,10 @@
 #include <cstdint>
 #include <cstring>
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 #include "dg_parallel.h"
 
 namespace dg {
@@ -30,16 +34,37 @@ inline float round_bf16_value(float x) {
   return y;
 }
 
-// y[i] = x[i] rounded to bfloat16, for n elements (y may be x).
+// y[i] = x[i] rounded to bfloat16, for n elements (y may be x): with AVX-512, 16
+// at a time, round_bf16_value's integer steps on a register (GCC 12 left the loop
+// scalar, `omp parallel for simd` or not: 7.5% of a bf16 BERT encoder's time at
+// batch 64, rounding attention's operands). (The shift is written as its zero-masking
+// form with every lane set: GCC 12 warns of the plain form's undefined operand.)
 inline void round_bf16(const float* x, float* y, int64_t n) {
+  const int64_t blocks = (n + 15) / 16;
   const int threads = threads_for(2 * n);
 #ifdef _OPENMP
-#pragma omp parallel for simd num_threads(threads) if (threads > 1) schedule(static)
+#pragma omp parallel for num_threads(threads) if (threads > 1) schedule(static)
 #else
   (void)threads;
 #endif
-  for (int64_t i = 0; i < n; ++i)
-    y[i] = round_bf16_value(x[i]);
+  for (int64_t blk = 0; blk < blocks; ++blk) {
+    const int64_t i = blk * 16, count = n - i < 16 ? n - i : 16;
+#if defined(__AVX512F__)
+    const __mmask16 lanes = static_cast<__mmask16>(count == 16 ? 0xffffu : (1u << count) - 1u);
+    const __m512i bits = _mm512_maskz_loadu_epi32(lanes, x + i);
+    const __mmask16 nan = _mm512_cmpgt_epu32_mask(_mm512_and_si512(bits, _mm512_set1_epi32(0x7FFFFFFF)),
+                                                  _mm512_set1_epi32(0x7F800000));
+    const __m512i odd = _mm512_and_si512(_mm512_maskz_srli_epi32(static_cast<__mmask16>(0xffff), bits, 16),
+                                         _mm512_set1_epi32(1));
+    const __m512i rounded =
+        _mm512_and_si512(_mm512_add_epi32(_mm512_add_epi32(bits, _mm512_set1_epi32(0x7FFF)), odd),
+                         _mm512_set1_epi32(static_cast<int>(0xFFFF0000u)));
+    _mm512_mask_storeu_epi32(y + i, lanes, _mm512_mask_blend_epi32(nan, rounded, bits));
+#else
+    for (int64_t j = i; j < i + count; ++j)
+      y[j] = round_bf16_value(x[j]);
+#endif
+  }
 }
 
 }  // namespace dg
