@@ -459,6 +459,80 @@ def test_conv2d_batch_norm_int8_equals_reference_bit_for_bit(builds):
             assert not np.array_equal(state[name], params[name]), name
 
 
+def test_int8_convolutions_hand_over_quantized_outputs(builds):
+    """An int8 convolution with batch norm whose output only the next one reads hands it
+    over quantized with that one's input scale, channels last (an arena piece of a quarter
+    of the float32 bytes, `<output>_q`; dg::Int8ChannelsLast / Int8ChannelsLastIn): with
+    AMX its tiles' sums are normalized, rectified and quantized straight into it, and the
+    reader does not quantize. A ResNet bottleneck (1x1 from 128 channels, whose copy goes
+    straight into the tiles; 3x3 of stride 2; 1x1 from 64 channels reading the handed-over
+    rows, + a downsampled residual: the block's input has two readers, so none is handed
+    over) and a chain on planes of 4 positions (few rows: the VNNI product and to_planes,
+    then the planes quantized). Evaluation mode: generated == reference bit for bit at 8,
+    5 (two threads: 3 + 2 images each) and 1 image; training mode (the float32 output
+    written, then quantized) as the reference; deepgen memory's prediction holds."""
+    from generator.reference.quantize import calibrate
+
+    def bottleneck(handed: bool):
+        x = dg.input("x", (N, 128, 10, 10))
+        s = dg.input("s", (N, 16, 2, 2))
+        a = dg.relu(dg.batch_norm_layer(dg.conv2d_layer(x, 64, 1, bias=False, name="a"), name="abn"))
+        b = dg.relu(dg.batch_norm_layer(dg.conv2d_layer(a, 64, 3, stride=2, padding=1, bias=False, name="b"),
+                                        name="bbn"))
+        d = dg.batch_norm_layer(dg.conv2d_layer(x, 96, 1, stride=2, bias=False, name="d"), name="dbn")
+        c = dg.relu(dg.batch_norm_layer(dg.conv2d_layer(b, 96, 1, bias=False, name="c"), name="cbn") + d)
+        e = dg.relu(dg.batch_norm_layer(dg.conv2d_layer(s, 40, 3, padding=1, name="e"), name="ebn"))
+        f = dg.relu(dg.batch_norm_layer(dg.conv2d_layer(e, 24, 3, padding=1, name="f"), name="fbn"))
+        return {"c": c, "f": f} if handed else {"c": c, "f": f, "a": a, "b": b, "e": e}  # (outputs: not handed)
+
+    def built(name, handed, **flags):
+        graph = dg.model(lambda: bottleneck(handed)).build(name)
+        set_precision(graph, "int8")
+        return graph, *builds.module(graph, **flags)
+
+    graph, module, project = built("bottleneck_int8", True, flags=CHECK_BUILD_FLAGS)
+    code = " ".join((project / "src_tree" / "src" / "model.cpp").read_text().split())
+    for made, reader in (("a", "b"), ("b", "c"), ("e", "f")):  # handed over to the reader
+        assert f'dg::Int8ChannelsLast{{dg::int8_data(' in code and f'{reader}_weight_input_scale.ptr(), "{reader}_weight_input_scale"}}' in code
+    assert code.count("/*handed_over=*/") == 3 and code.count("dg::Int8ChannelsLastIn{") == 3
+    prepare(graph)
+    rng = np.random.default_rng(4)
+    inputs = {"x": rng.standard_normal((8, 128, 10, 10)).astype(np.float32),
+              "s": rng.standard_normal((8, 16, 2, 2)).astype(np.float32)}
+    params = reference.init_params(graph, seed=0)
+    for p in graph.params:
+        if "bn_" in p.name:  # batch norm's weight, bias and running statistics, none trivial
+            low = 0.5 if p.name.endswith(("running_var", "weight")) else -1.0
+            params[p.name] = rng.uniform(low, 1.5, p.shape).astype(np.float32)
+    params.update(calibrate(graph, [inputs], params))
+    model = _model_with(module, params)
+    model.eval()
+    forward_floats = sympy.sympify(lowered(graph).memory["forward_floats"])
+    for n in (8, 5, 1):
+        batch = {k: v[:n] for k, v in inputs.items()}
+        got, want = model.forward(**batch), reference.run(graph, batch, params, training=False)
+        for k in "cf":
+            np.testing.assert_array_equal(got[k], want[k], err_msg=f"{k}, {n} images")
+        stats = model.memory_stats()
+        assert stats["peak_bytes"] == stats["predicted_peak_bytes"] == 4 * int(forward_floats.subs({N: n}))
+    model.train()
+    state = {k: v.copy() for k, v in params.items()}
+    got, want = model.forward(**inputs), reference.run(graph, inputs, state, training=True)
+    for k in "cf":
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-4, err_msg=f"{k}, training")
+    # optimized as a Release build is (-O3: the compiler may fuse a multiply and an add,
+    # which -O0 never does), the bytes handed over are still those the reader makes: the
+    # same outputs as without
+    o3 = ("-DCMAKE_CXX_FLAGS_RELEASE=-O3 -DNDEBUG", *CHECK_BUILD_FLAGS[1:])
+    got = _model_with(built("bottleneck_int8_o3", True, flags=o3)[1], params)
+    want = _model_with(built("bottleneck_int8_o3_plain", False, flags=o3)[1], params)
+    got.eval()
+    want.eval()
+    got, want = got.forward(**inputs), want.forward(**inputs)
+    for k in "cf":
+        np.testing.assert_array_equal(got[k], want[k], err_msg=f"{k}, -O3")
+
+
 def test_matmul_int8_epilogue_fuses_bias_activation_and_residual(builds):
     """In an int8 project the epilogue pass folds what follows an int8 product (bias +
     gelu, bias + a residual [M, P] operand, bias + relu) into it as it does for a float32

@@ -67,6 +67,7 @@ class LowerCtx:
         self.gradient_decls = set()  # id(value) of those declared by a GradientDecl
         self._readers = None
         self._data = {}  # id(value) -> (the value, its stmt.Data): the lines hold Data, never a graph value
+        self._handed = {}  # id(value) -> the buffer its one reader reads instead (hand_over)
 
     def data(self, v) -> Data:
         """v as the lines name it: its one stmt.Data (plain data, no graph behind it)."""
@@ -170,6 +171,30 @@ class LowerCtx:
         plan and the memory report count it."""
         v = Value(self.graph.names.unique(hint), "float32", (floats,))
         return self.write(v)
+
+    def sole_reader(self, v):
+        """The one node that reads v, when it is lowered with the line being lowered
+        (the same block) and nothing else reads v: no other node, no caller (an
+        output), no view; else None."""
+        readers, keep = self._reading()
+        users = readers.get(id(v), [])
+        if (len(users) != 1 or id(v) in keep or id(v) in self.outputs or id(v) in self.views
+                or id(users[0]) not in self.region):
+            return None
+        return users[0]
+
+    def hand_over(self, v, hint: str, floats) -> Write:
+        """A buffer of its own (an arena piece, counted by the memory plan) where the
+        line being lowered also writes v's data in the form v's one reader
+        (sole_reader) takes instead of v: that reader finds it with `handed`."""
+        h = Value(self.graph.names.unique(hint), "float32", (floats,))
+        self._handed[id(v)] = h
+        return self.write(h)
+
+    def handed(self, v) -> Read | None:
+        """The buffer hand_over made for v, to read; None when there is none."""
+        h = self._handed.get(id(v))
+        return None if h is None else self.read(h)
 
     def _reading(self):
         """(id(value) -> the nodes that read it, ids of values that must survive

@@ -17,6 +17,8 @@ the conv_batch_norm pass makes of an int8 convolution and the batch norm after i
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from ..codegen.stmt import Named
@@ -24,7 +26,7 @@ from ..errors import DeepgenError
 from ..ir.shapes import fmt_shape, numel, same
 from .conv import _conv_ref, _describe, _geom
 from .modes import ConvBatchNorm, _float
-from .quantize import WEIGHT_QMAX, check_scale, quantize
+from .quantize import WEIGHT_QMAX, Int8Data, check_scale, quantize
 from .registry import OpDef, get_op, register
 
 
@@ -157,10 +159,41 @@ class ConvBatchNormInt8(ConvBatchNorm):
         b = ctx.read(conv_b[0]) if conv_b else "nullptr"
         r = ctx.read(residual) if residual is not None else "nullptr"
         what = ctx.string(f"batch norm of the convolution of '{x.name}'")
-        return [geom, ctx.call("dg::conv2d_batch_norm_int8", ctx.read(x), ctx.read(xs), kept, b,
+        quantized = ctx.handed(x)  # x handed over quantized by the convolution that made it
+        source = Struct("Int8ChannelsLastIn", (Int8Data(quantized),)) if quantized is not None else ctx.read(x)
+        out = _hand_over(ctx, node, y)
+        return [geom, ctx.call("dg::conv2d_batch_norm_int8", source, ctx.read(xs), kept, b,
                                ctx.read(bn_w), ctx.read(bn_b), ctx.write(rm), ctx.write(rv), Named("residual", r),
                                ctx.write(y), ctx.write(mean), ctx.write(invstd), scratch, name,
                                Named("scale_name", ctx.string(xs.name)),
                                Named("eps", _float(node.attrs["eps"])),
                                Named("momentum", _float(node.attrs["momentum"])),
-                               Named("relu", "true" if node.attrs.get("relu") else "false"), ctx.read(mode), what)]
+                               Named("relu", "true" if node.attrs.get("relu") else "false"), ctx.read(mode), what,
+                               *out)]
+
+
+@dataclass(frozen=True)
+class Struct:
+    """A dg:: struct built in place from its members: dg::Int8ChannelsLastIn{dg::int8_data(relu_q)}."""
+
+    type: str
+    members: tuple
+
+    def __str__(self) -> str:
+        return f"dg::{self.type}{{{', '.join(str(m) for m in self.members)}}}"
+
+
+def _hand_over(ctx, node, y) -> list:
+    """The output y of an int8 convolution with batch norm handed over to the one int8
+    convolution with batch norm that reads it (its input; nothing else reads y): quantized
+    with that one's input scale, channels last, into an arena piece of its own (a quarter
+    of y's bytes), which the reader takes instead of quantizing y itself (its first step).
+    The same bytes as the reader would make (dg_int8_conv.h: ChannelsLastInt8, quantize_int8_x16);
+    in evaluation mode without a residual y is not written at all. Returns the call's
+    last argument (dg::Int8ChannelsLast), or nothing."""
+    reader = ctx.sole_reader(y)
+    if reader is None or reader.op != node.op or reader.inputs[0] is not y:
+        return []
+    scale = reader.inputs[2]
+    q = ctx.hand_over(y, f"{y.name}_q", -(-numel(y.shape) // 4))
+    return [Named("handed_over", Struct("Int8ChannelsLast", (Int8Data(q), ctx.read(scale), ctx.string(scale.name))))]

@@ -865,6 +865,16 @@ struct NormalizeEpilogue {
     // (the zero-masking form with every lane set: GCC 12 warns of the plain form's undefined operand)
     return relu ? _mm512_maskz_max_ps(static_cast<__mmask16>(0xffff), _mm512_setzero_ps(), s) : s;
   }
+  // in_register on one output position's channels [j, j + 16) (the lanes `lanes`),
+  // each lane with its channel's statistics: the same arithmetic, lane by lane.
+  // Without a residual only (its values lie in planes).
+  __m512 in_columns(int64_t j, __m512 v, __mmask16 lanes) const {
+    const __m512 m = _mm512_maskz_loadu_ps(lanes, mean + j),
+                 scale = _mm512_maskz_loadu_ps(lanes, invstd + j) * _mm512_maskz_loadu_ps(lanes, bn_w + j),
+                 shift = _mm512_maskz_loadu_ps(lanes, bn_b + j);
+    const __m512 s = (v - m) * scale + shift;
+    return relu ? _mm512_maskz_max_ps(static_cast<__mmask16>(0xffff), _mm512_setzero_ps(), s) : s;
+  }
 #endif
   // Asks for the lines of what operator() will read for the n values at c (the
   // residual's): a convolution writing its planes in short runs (dg_bf16_conv.h)

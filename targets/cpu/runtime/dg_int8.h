@@ -81,6 +81,14 @@ namespace dg {
 constexpr int kInt8ActivationMax = 127;
 constexpr int kInt8WeightMax = 63;
 
+// Whether a convolution's channel epilogue writes the output quantized, channels
+// last, for the int8 convolution that reads it (dg_int8_conv.h ChannelsLastInt8):
+// then the tiles' sums are given to its store(...) instead of written as planes.
+template <class E, class = void>
+struct int8_channels_last : std::false_type {};
+template <class E>
+struct int8_channels_last<E, std::void_t<decltype(E::kChannelsLastInt8)>> : std::true_type {};
+
 // An arena piece (float*) holding int8 values.
 inline int8_t* int8_data(float* p) {
   return reinterpret_cast<int8_t*>(p);
@@ -647,7 +655,7 @@ inline void matmul_int8_amx_from(const int8_t* a, int64_t a_row, int64_t a_step,
       for (int64_t rt = 0; rt < row_tiles; rt += 2) {
         const int rts = row_tiles - rt >= 2 ? 2 : 1;
         const int8_t* ai = a + rt * a_tile;
-        if (plane > 0 && rt + kAhead < row_tiles)  // the lines of rows a few blocks on
+        if (!int8_channels_last<Epi>::value && plane > 0 && rt + kAhead < row_tiles)  // rows a few blocks on
           int8_prefetch_planes(c, (rt + kAhead) * 16, std::min<int64_t>(32, M - (rt + kAhead) * 16),
                                p0 * Int8PackedB::kCols,
                                std::min(ct * Int8PackedB::kCols, N - p0 * Int8PackedB::kCols), N, plane, epi);
@@ -659,6 +667,12 @@ inline void matmul_int8_amx_from(const int8_t* a, int64_t a_row, int64_t a_step,
         for (int q = 0; q < ct; ++q) {
           const int64_t j = (p0 + q) * Int8PackedB::kCols, cols = std::min(Int8PackedB::kCols, N - j);
           const __m512 scale = _mm512_mul_ps(vxs, _mm512_loadu_ps(b.scale.data() + j));
+          if constexpr (int8_channels_last<Epi>::value) {
+            for (int h = 0; h < rts; ++h)
+              epi.store(sums + h * 16 * ct * 16 + q * 16, ct * 16, scale, bias, (rt + h) * 16,
+                        std::min<int64_t>(16, rows - 16 * h), j, cols);
+            continue;
+          }
           if (plane > 0) {
             for (int h = 0; h < rts; ++h)
               int8_store16_planes(sums + h * 16 * ct * 16 + q * 16, ct * 16, scale, bias, c, (rt + h) * 16,

@@ -93,6 +93,23 @@ inline int64_t conv2d_int8_workspace(const Conv2dGeom& g, int64_t K) {
   return (63 + std::max(tiles, rows) + 3) / 4;
 }
 
+// An int8 convolution's output handed to the int8 convolution that reads it, and
+// nothing else does, already quantized as that one would quantize it: the images
+// [N][OH*OW][O] channels last, quantize(y, *scale) (the reader's input scale,
+// named scale_name in errors), in an arena piece. The reader then neither reads
+// the float32 output nor quantizes it (ops/quantize_conv.py, handed_over). data
+// null: no such output.
+struct Int8ChannelsLast {
+  int8_t* data = nullptr;
+  const float* scale = nullptr;
+  const char* scale_name = "";
+};
+
+// The input of an int8 convolution as such an output: quantized, channels last.
+struct Int8ChannelsLastIn {
+  const int8_t* data;
+};
+
 namespace int8_conv_detail {
 
 // to[p * ld + k] = from[k * P + p] for k < K, p < P (bytes): the quantized column
@@ -182,6 +199,76 @@ inline void quantize_channels_last(const float* x, int64_t count, int64_t C, int
   }
 }
 #endif
+
+// out[i][HW][C] = the images y[i][C][HW] (count of them) quantized with inv and
+// made channels last: what conv2d_int8 makes of its input (the same bytes).
+inline void quantize_images_channels_last(const float* y, int64_t count, int64_t C, int64_t HW, float inv,
+                                          int8_t* out) {
+#if defined(__AVX512BW__) && defined(__AVX512VL__)
+  quantize_channels_last(y, count, C, HW, inv, [out, C](int64_t r, int64_t c0) { return out + r * C + c0; });
+#else
+  std::vector<int8_t> planes(static_cast<size_t>(C * HW));
+  for (int64_t i = 0; i < count; ++i) {
+    quantize_int8_span(y + i * C * HW, planes.data(), inv, C * HW, kInt8ActivationMax);
+    transpose(planes.data(), C, HW, out + i * HW * C, C);
+  }
+#endif
+}
+
+// The channel epilogue of a convolution whose output is handed over quantized
+// (Int8ChannelsLast): with AMX the product's sums are scaled, given the bias and
+// the batch norm's normalization and relu (norm, NormalizeEpilogue::in_columns:
+// an output position's 16 channels at once, the arithmetic of in_register lane by
+// lane) and quantized (quantize_int8_x16) straight into out's rows, the float32
+// output left unwritten; other paths write the planes with norm (operator()),
+// then quantize them into out (quantize_images_channels_last): the same bytes.
+template <class Norm>
+struct ChannelsLastInt8 {
+  static constexpr bool kChannelsLastInt8 = true;
+  const Norm& norm;
+  int8_t* out;  // the rows of the convolution's images (for_images: of the product's)
+  int64_t O;
+  float inv;
+  void operator()(int64_t o, float* c, int64_t n) const { norm(o, c, n); }
+#if defined(__AVX512F__)
+  __m512 in_register(int64_t o, __m512 v, const float* c, __mmask16 lanes) const {
+    return norm.in_register(o, v, c, lanes);
+  }
+#endif
+  ChannelsLastInt8 for_images(int64_t first_row) const { return {norm, out + first_row * O, O, inv}; }
+#if DG_INT8_AMX
+  // The 16 x 16 block of sums (row r at sums + r * ld: product rows i0 + r, columns
+  // j..j + cols), as int8_store16_planes scales it, into out's rows.
+  void store(const int32_t* sums, int64_t ld, __m512 scale, const float* bias, int64_t i0, int64_t rows,
+             int64_t j, int64_t cols) const {
+    const __mmask16 lanes = static_cast<__mmask16>(cols == 16 ? 0xffffu : (1u << cols) - 1u);
+    const __m512 b = bias != nullptr ? _mm512_maskz_loadu_ps(lanes, bias + j) : _mm512_setzero_ps();
+    const __m512 inv512 = _mm512_set1_ps(inv), lo = _mm512_set1_ps(-float(kInt8ActivationMax)),
+                 hi = _mm512_set1_ps(float(kInt8ActivationMax));
+    const __mmask16 all = 0xffff;
+    for (int64_t r = 0; r < rows; ++r) {
+      // (the zero-masking multiply: a plain one would be fused with the bias add or the
+      // normalization's subtraction, rounding once where the planes' store rounds twice)
+      __m512 v =
+          _mm512_maskz_mul_ps(all, _mm512_maskz_cvtepi32_ps(all, _mm512_loadu_si512(sums + r * ld)), scale);
+      if (bias != nullptr) v = _mm512_add_ps(v, b);
+      _mm_mask_storeu_epi8(out + (i0 + r) * O + j, lanes,
+                           quantize_int8_x16(norm.in_columns(j, v, lanes), inv512, lo, hi));
+    }
+  }
+#endif
+};
+
+// The epilogue a product of the images from row first_row (of positions) takes:
+// epi itself, or a ChannelsLastInt8 moved to those images' rows.
+template <class Epi>
+inline const Epi& for_images(const Epi& epi, int64_t) {
+  return epi;
+}
+template <class Norm>
+inline ChannelsLastInt8<Norm> for_images(const ChannelsLastInt8<Norm>& epi, int64_t first_row) {
+  return epi.for_images(first_row);
+}
 
 // A buffer of the calling thread that only grows: its bytes are all written before
 // they are read, so they are never zeroed per call.
@@ -371,9 +458,13 @@ inline ImageShare image_share(const Conv2dGeom& g, int64_t K, int threads) {
 // the threads wait at three joins a product: a sixth of the time of two threads
 // on an int8 ResNet-18 at batch 64 was spent waiting. One image (or fewer images
 // than threads, or a workspace too small for a share each): each step shared out.
+//
+// x_q: the input already quantized channels last (Int8ChannelsLastIn), or null:
+// then x is quantized here.
 template <class Epi>
-void conv2d_int8_with(const float* x, const float* x_scale, const KeptInt8Weight& w, const float* b, float* y,
-                      float* ws, const Conv2dGeom& g, const char* scale_name, const Epi& epi) {
+void conv2d_int8_with(const float* x, const int8_t* x_q, const float* x_scale, const KeptInt8Weight& w,
+                      const float* b, float* y, float* ws, const Conv2dGeom& g, const char* scale_name,
+                      const Epi& epi) {
   if (g.groups != 1) throw std::logic_error("dg::conv2d_int8: one group only (the generator's rule)");
   check_int8_scales(x_scale, 1, scale_name);
   if (g.N <= 0) return;
@@ -403,18 +494,23 @@ void conv2d_int8_with(const float* x, const float* x_scale, const KeptInt8Weight
   // thread's own). Each step shares itself out over threads where it is called
   // outside a parallel region (threads_for).
   const auto product_of = [&](int64_t n0, int64_t count, int8_t* part) -> int64_t {
-    int8_t* const xq = part != nullptr ? part : grown(copy_buffer, std::max(tiled, rowed) * HW * C);
+    int8_t* const copy =
+        part != nullptr ? part : grown(copy_buffer, x_q != nullptr ? 0 : std::max(tiled, rowed) * HW * C);
+    const int8_t* const xq = x_q != nullptr ? x_q + n0 * HW * C : copy;
     const auto second = [&](int64_t n) { return part + int8_lines(n * HW * C); };
-    // xq = images [n0, n0 + n) quantized, channels last
+    const auto& chunk_epi = for_images(epi, n0 * OHW);  // (with AMX)
+    (void)chunk_epi;
+    // xq = images [n0, n0 + n) quantized, channels last (unless handed over so)
     const auto to_copy = [&](int64_t n) {
+      if (x_q != nullptr) return;
 #if defined(__AVX512BW__) && defined(__AVX512VL__)
       quantize_channels_last(x + n0 * C * HW, n, C, HW, inv,
-                             [xq, C](int64_t r, int64_t c0) { return xq + r * C + c0; });
+                             [copy, C](int64_t r, int64_t c0) { return copy + r * C + c0; });
 #else
       int8_t* planes = part != nullptr ? second(n) : grown(plane_buffer, C * HW);
       for (int64_t i = 0; i < n; ++i) {
         quantize_int8_span(x + (n0 + i) * C * HW, planes, inv, C * HW, kInt8ActivationMax);  // vectorized
-        transpose(planes, C, HW, xq + i * HW * C, C);
+        transpose(planes, C, HW, copy + i * HW * C, C);
       }
 #endif
     };
@@ -428,14 +524,15 @@ void conv2d_int8_with(const float* x, const float* x_scale, const KeptInt8Weight
         return tiles + ((r / 16) * ktiles * 16 + r % 16) * 64;
       };
 #if defined(__AVX512BW__) && defined(__AVX512VL__)
-      if (g.pointwise() && C % 64 == 0) {  // a position's channels are its row: quantized into the tiles
+      if (x_q == nullptr && g.pointwise() &&
+          C % 64 == 0) {  // a position's channels are its row: into the tiles
         quantize_channels_last(x + n0 * C * HW, count, C, HW, inv, [&tile_row](int64_t r, int64_t c0) {
           return tile_row(r) + c0 / 64 * 1024 + c0 % 64;
         });
         for (int64_t r = M; r < rows_in_tiles; ++r)
           for (int64_t t = 0; t < ktiles; ++t)
             _mm512_storeu_si512(tile_row(r) + t * 1024, _mm512_setzero_si512());
-        matmul_int8_tiles(tiles, x_scale, *packed, y + n0 * O * OHW, M, /*plane=*/OHW, b, epi);
+        matmul_int8_tiles(tiles, x_scale, *packed, y + n0 * O * OHW, M, /*plane=*/OHW, b, chunk_epi);
         return count;
       }
 #endif
@@ -456,14 +553,15 @@ void conv2d_int8_with(const float* x, const float* x_scale, const KeptInt8Weight
         for (int64_t t = 0; t < ktiles; ++t)
           _mm512_storeu_si512(tile_row(r) + t * 1024, _mm512_setzero_si512());
       }
-      matmul_int8_tiles(tiles, x_scale, *packed, y + n0 * O * OHW, M, /*plane=*/OHW, b, epi);
+      matmul_int8_tiles(tiles, x_scale, *packed, y + n0 * O * OHW, M, /*plane=*/OHW, b, chunk_epi);
       return count;
     }
 #endif
     count = std::min(count, rowed);  // (a last product of too few rows for the tiles)
     M = count * OHW;
     to_copy(count);
-    int8_t* rows = own_rows ? xq : part != nullptr ? second(count) : grown(row_buffer, M * lda);
+    int8_t* made = own_rows ? nullptr : part != nullptr ? second(count) : grown(row_buffer, M * lda);
+    const int8_t* rows = own_rows ? xq : made;
     if (!own_rows) {
       const int threads = threads_for(conv_detail::kCopyWork * M * K);
 #ifdef _OPENMP
@@ -473,7 +571,7 @@ void conv2d_int8_with(const float* x, const float* x_scale, const KeptInt8Weight
 #endif
       for (int64_t r = 0; r < M; ++r) {
         const int64_t i = r / OHW, p = r % OHW;
-        window_row(xq + i * HW * C, taps, p / g.OW, p % g.OW, LinearRow{rows + r * lda}, lda, g);
+        window_row(xq + i * HW * C, taps, p / g.OW, p % g.OW, LinearRow{made + r * lda}, lda, g);
       }
     }
     float* product = part != nullptr ? reinterpret_cast<float*>(second(count) + int8_lines(M * lda))
@@ -481,6 +579,8 @@ void conv2d_int8_with(const float* x, const float* x_scale, const KeptInt8Weight
     matmul_int8(rows, x_scale, *packed, product, M);
     for (int64_t i = 0; i < count; ++i)
       to_planes(product + i * OHW * O, OHW, O, b, y + (n0 + i) * O * OHW, epi);
+    if constexpr (int8_channels_last<Epi>::value)  // the planes just written, quantized for the reader
+      quantize_images_channels_last(y + n0 * O * OHW, count, O, OHW, epi.inv, epi.out + n0 * OHW * O);
     return count;
   };
 #ifdef _OPENMP
@@ -514,9 +614,45 @@ void conv2d_int8_with(const float* x, const float* x_scale, const KeptInt8Weight
 // or null (then buffers of the calling thread, grown once and kept).
 inline void conv2d_int8(const float* x, const float* x_scale, const KeptInt8Weight& w, const float* b,
                         float* y, float* ws, const Conv2dGeom& g, const char* scale_name) {
-  int8_conv_detail::conv2d_int8_with(x, x_scale, w, b, y, ws, g, scale_name,
+  int8_conv_detail::conv2d_int8_with(x, nullptr, x_scale, w, b, y, ws, g, scale_name,
                                      conv_detail::NoChannelEpilogue());
 }
+
+namespace int8_conv_detail {
+
+// conv2d_batch_norm_int8 (below) of x, or of x_q where it is not null (the input
+// handed over quantized); where out.data is set, its output handed over too: in
+// evaluation mode without a residual written there only (ChannelsLastInt8: y is
+// not written), else y as always, then quantized into out.
+inline void conv2d_batch_norm_int8_of(const float* x, const int8_t* x_q, const float* x_scale,
+                                      const KeptInt8Weight& w, const float* b, const float* bn_w,
+                                      const float* bn_b, float* running_mean, float* running_var,
+                                      const float* residual, float* y, float* mean, float* invstd, float* ws,
+                                      const Conv2dGeom& g, const char* scale_name, float eps, float momentum,
+                                      bool relu, const Mode& mode, const char* what,
+                                      const Int8ChannelsLast& out) {
+  const auto run = [&](const auto& epi) {
+    conv2d_int8_with(x, x_q, x_scale, w, b, y, ws, g, scale_name, epi);
+  };
+  if (out.data == nullptr) {
+    conv_detail::batch_norm_after(run, bn_w, bn_b, running_mean, running_var, residual, y, mean, invstd, g,
+                                  eps, momentum, relu, mode, what);
+    return;
+  }
+  check_int8_scales(out.scale, 1, out.scale_name);
+  const float inv = 1.0f / out.scale[0];  // as the reader computes it
+  if (!mode.training && residual == nullptr) {
+    batch_norm_eval_statistics(running_mean, running_var, mean, invstd, g.O, eps);
+    const conv_detail::NormalizeEpilogue norm{mean, invstd, bn_w, bn_b, nullptr, y, relu};
+    run(ChannelsLastInt8<conv_detail::NormalizeEpilogue>{norm, out.data, g.O, inv});
+    return;
+  }
+  conv_detail::batch_norm_after(run, bn_w, bn_b, running_mean, running_var, residual, y, mean, invstd, g, eps,
+                                momentum, relu, mode, what);
+  quantize_images_channels_last(y, g.N, g.O, g.OH * g.OW, inv, out.data);
+}
+
+}  // namespace int8_conv_detail
 
 // y = batch_norm(conv2d_int8(x, w, b)) with batch norm's weight bn_w, bias bn_b and
 // running statistics, then residual and relu: dg::conv2d_batch_norm (dg_conv.h)
@@ -525,16 +661,30 @@ inline void conv2d_int8(const float* x, const float* x_scale, const KeptInt8Weig
 // registers: NormalizeEpilogue::in_register), with batch norm's arithmetic: the
 // same values as conv2d_int8, then dg::batch_norm and the add and relu kernels.
 // In training mode conv2d_int8 into y, then batch norm, residual and relu in place.
+// out: the output also handed over, quantized for the one int8 convolution that
+// reads it (Int8ChannelsLast; in evaluation mode without a residual, only there).
 inline void conv2d_batch_norm_int8(const float* x, const float* x_scale, const KeptInt8Weight& w,
                                    const float* b, const float* bn_w, const float* bn_b, float* running_mean,
                                    float* running_var, const float* residual, float* y, float* mean,
                                    float* invstd, float* ws, const Conv2dGeom& g, const char* scale_name,
-                                   float eps, float momentum, bool relu, const Mode& mode, const char* what) {
-  conv_detail::batch_norm_after(
-      [&](const auto& epi) {
-        int8_conv_detail::conv2d_int8_with(x, x_scale, w, b, y, ws, g, scale_name, epi);
-      },
-      bn_w, bn_b, running_mean, running_var, residual, y, mean, invstd, g, eps, momentum, relu, mode, what);
+                                   float eps, float momentum, bool relu, const Mode& mode, const char* what,
+                                   const Int8ChannelsLast& out = Int8ChannelsLast()) {
+  int8_conv_detail::conv2d_batch_norm_int8_of(x, nullptr, x_scale, w, b, bn_w, bn_b, running_mean,
+                                              running_var, residual, y, mean, invstd, ws, g, scale_name, eps,
+                                              momentum, relu, mode, what, out);
+}
+
+// conv2d_batch_norm_int8 of an input handed over quantized by the convolution that
+// made it (x_scale is the scale it was quantized with).
+inline void conv2d_batch_norm_int8(const Int8ChannelsLastIn& x, const float* x_scale, const KeptInt8Weight& w,
+                                   const float* b, const float* bn_w, const float* bn_b, float* running_mean,
+                                   float* running_var, const float* residual, float* y, float* mean,
+                                   float* invstd, float* ws, const Conv2dGeom& g, const char* scale_name,
+                                   float eps, float momentum, bool relu, const Mode& mode, const char* what,
+                                   const Int8ChannelsLast& out = Int8ChannelsLast()) {
+  int8_conv_detail::conv2d_batch_norm_int8_of(nullptr, x.data, x_scale, w, b, bn_w, bn_b, running_mean,
+                                              running_var, residual, y, mean, invstd, ws, g, scale_name, eps,
+                                              momentum, relu, mode, what, out);
 }
 
 }  // namespace dg
