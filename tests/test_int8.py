@@ -383,6 +383,21 @@ def _model_with(module, params):
     return model
 
 
+def _batch_norm_params(graph, inputs, rng) -> dict:
+    """The graph's parameters with batch norm's weight, bias and running statistics none
+    trivial (a wrong channel, scale or shift changes the output), and the int8 scales
+    calibrated on `inputs`."""
+    from generator.reference.quantize import calibrate
+
+    params = reference.init_params(graph, seed=0)
+    for p in graph.params:
+        if "bn_" in p.name:
+            low = 0.5 if p.name.endswith(("running_var", "weight")) else -1.0
+            params[p.name] = rng.uniform(low, 1.5, p.shape).astype(np.float32)
+    params.update(calibrate(graph, [inputs], params))
+    return params
+
+
 def test_conv2d_batch_norm_int8_equals_reference_bit_for_bit(builds):
     """In an int8 project the conv_batch_norm pass fuses an int8 convolution and its batch
     norm (and the residual add and relu after) as it does a float32 one: one
@@ -395,8 +410,6 @@ def test_conv2d_batch_norm_int8_equals_reference_bit_for_bit(builds):
     generated == reference bit for bit, and the same as the unfused reference (conv2d_int8,
     batch norm, add, relu); training mode: conv, then batch norm's training path (the
     running statistics move as the reference moves them)."""
-    from generator.reference.quantize import calibrate
-
     @dg.model
     def convbn_int8():
         x = dg.input("x", (N, 6, 10, 10))
@@ -427,12 +440,7 @@ def test_conv2d_batch_norm_int8_equals_reference_bit_for_bit(builds):
     rng = np.random.default_rng(9)
     inputs = {"x": rng.standard_normal((8, 6, 10, 10)).astype(np.float32),
               "s": rng.standard_normal((8, 16, 2, 2)).astype(np.float32)}
-    params = reference.init_params(graph, seed=0)
-    for p in graph.params:
-        if "bn_" in p.name:  # batch norm's weight, bias and running statistics, none trivial
-            low = 0.5 if p.name.endswith(("running_var", "weight")) else -1.0
-            params[p.name] = rng.uniform(low, 1.5, p.shape).astype(np.float32)
-    params.update(calibrate(graph, [inputs], params))
+    params = _batch_norm_params(graph, inputs, rng)
     model = _model_with(module, params)
     model.eval()
     forward_floats = sympy.sympify(lowered(graph).memory["forward_floats"])
@@ -471,8 +479,6 @@ def test_int8_convolutions_hand_over_quantized_outputs(builds):
     then the planes quantized). Evaluation mode: generated == reference bit for bit at 8,
     5 (two threads: 3 + 2 images each) and 1 image; training mode (the float32 output
     written, then quantized) as the reference; deepgen memory's prediction holds."""
-    from generator.reference.quantize import calibrate
-
     def bottleneck(handed: bool):
         x = dg.input("x", (N, 128, 10, 10))
         s = dg.input("s", (N, 16, 2, 2))
@@ -492,19 +498,14 @@ def test_int8_convolutions_hand_over_quantized_outputs(builds):
 
     graph, module, project = built("bottleneck_int8", True, flags=CHECK_BUILD_FLAGS)
     code = " ".join((project / "src_tree" / "src" / "model.cpp").read_text().split())
-    for made, reader in (("a", "b"), ("b", "c"), ("e", "f")):  # handed over to the reader
-        assert f'dg::Int8ChannelsLast{{dg::int8_data(' in code and f'{reader}_weight_input_scale.ptr(), "{reader}_weight_input_scale"}}' in code
+    for reader in "bcf":  # a's, b's and e's outputs quantized with their reader's input scale
+        assert f'{reader}_weight_input_scale.ptr(), "{reader}_weight_input_scale"}}' in code, reader
     assert code.count("/*handed_over=*/") == 3 and code.count("dg::Int8ChannelsLastIn{") == 3
     prepare(graph)
     rng = np.random.default_rng(4)
     inputs = {"x": rng.standard_normal((8, 128, 10, 10)).astype(np.float32),
               "s": rng.standard_normal((8, 16, 2, 2)).astype(np.float32)}
-    params = reference.init_params(graph, seed=0)
-    for p in graph.params:
-        if "bn_" in p.name:  # batch norm's weight, bias and running statistics, none trivial
-            low = 0.5 if p.name.endswith(("running_var", "weight")) else -1.0
-            params[p.name] = rng.uniform(low, 1.5, p.shape).astype(np.float32)
-    params.update(calibrate(graph, [inputs], params))
+    params = _batch_norm_params(graph, inputs, rng)
     model = _model_with(module, params)
     model.eval()
     forward_floats = sympy.sympify(lowered(graph).memory["forward_floats"])

@@ -71,6 +71,11 @@ class Named:
         return f"/*{self.name}=*/{self.arg}"
 
 
+def braced(type_name: str, members) -> str:
+    """`type_name{m1, m2}`: a value built in place from its members."""
+    return f"{type_name}{{{', '.join(str(m) for m in members)}}}"
+
+
 @dataclass(frozen=True)
 class Functor:
     """A kernels:: functor built in place, its members in order: kernels::h1_relu{h1_b}."""
@@ -79,7 +84,19 @@ class Functor:
     members: tuple
 
     def __str__(self) -> str:
-        return f"kernels::{self.name}{{{', '.join(str(m) for m in self.members)}}}"
+        return braced(f"kernels::{self.name}", self.members)
+
+
+@dataclass(frozen=True)
+class Struct:
+    """A runtime struct built in place, its members in order:
+    dg::Int8ChannelsLastIn{dg::int8_data(relu_q)}."""
+
+    type: str
+    members: tuple
+
+    def __str__(self) -> str:
+        return braced(f"dg::{self.type}", self.members)
 
 
 @dataclass(eq=False)
@@ -300,7 +317,7 @@ def nested_lines(obj):
     if isinstance(obj, (list, tuple)):
         for item in obj:
             yield from nested_lines(item)
-    elif is_dataclass(obj) and not isinstance(obj, type) and not isinstance(obj, (Operand, Named, Functor)):
+    elif is_dataclass(obj) and not isinstance(obj, type) and not isinstance(obj, (Operand, Named, Functor, Struct)):
         yield obj
         for f in fields(obj):
             if f.name not in ("value", "buffer", "src"):

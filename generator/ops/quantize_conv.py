@@ -17,11 +17,9 @@ the conv_batch_norm pass makes of an int8 convolution and the batch norm after i
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
-from ..codegen.stmt import Named
+from ..codegen.stmt import Named, Struct
 from ..errors import DeepgenError
 from ..ir.shapes import fmt_shape, numel, same
 from .conv import _conv_ref, _describe, _geom
@@ -170,17 +168,6 @@ class ConvBatchNormInt8(ConvBatchNorm):
                                Named("momentum", _float(node.attrs["momentum"])),
                                Named("relu", "true" if node.attrs.get("relu") else "false"), ctx.read(mode), what,
                                *out)]
-
-
-@dataclass(frozen=True)
-class Struct:
-    """A dg:: struct built in place from its members: dg::Int8ChannelsLastIn{dg::int8_data(relu_q)}."""
-
-    type: str
-    members: tuple
-
-    def __str__(self) -> str:
-        return f"dg::{self.type}{{{', '.join(str(m) for m in self.members)}}}"
 
 
 def _hand_over(ctx, node, y) -> list:
