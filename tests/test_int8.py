@@ -124,9 +124,13 @@ def test_mlp_int8_generated_equals_reference(tmp_path, builds, capsys):
     header = " ".join((project / "src_tree" / "include" / "mlp_int8" / "model.h").read_text().split())
     assert ('dg::KeptInt8Weight proj_w_int8{_version, proj_w, proj_w_scale, "proj_w_scale", /*tb=*/true, /*K=*/21, '
             "/*N=*/6};") in header
+    # (fc1's output h, read by proj's product only, is handed over quantized with proj's
+    # input scale: proj quantizes nothing itself)
     for call in ("dg::quantize_int8(x, dg::int8_data(x_q), fc1_w_input_scale.ptr()",
-                 "dg::matmul_int8(dg::int8_data(h_q), proj_w_input_scale.ptr(), proj_w_int8, "):
+                 '/*handed_over=*/dg::Int8Rows{dg::int8_data(h_q), proj_w_input_scale.ptr(), "proj_w_input_scale"}',
+                 "dg::int8_data(h_q), proj_w_input_scale.ptr(), proj_w_int8, "):
         assert call in " ".join(text.split()), call
+    assert "dg::quantize_int8(h," not in " ".join(text.split())
     assert "quantize_weight_int8" not in text  # not per call
 
 

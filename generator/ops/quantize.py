@@ -40,7 +40,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..codegen.stmt import Read, Named
+from ..codegen.stmt import Named, Read, Struct
 from ..errors import DeepgenError
 from ..ir.graph import Node
 from ..ir.shapes import fmt_shape, numel, same
@@ -150,23 +150,47 @@ class MatMulInt8(OpDef):
         k = x.shape[-1]
         p = w.shape[0] if tb else w.shape[1]
         m = numel(x.shape[:-1])
-        row_floats = (k + 3) // 4  # an int8 row of K bytes in whole groups of four, in floats of the arena
-        qx = ctx.workspace(f"{x.name}_q", m * row_floats)
         xs_r = ctx.read(xs)
         kept = ctx.kept_int8(w, ws, tb, k, p)  # the Model's dg::KeptInt8Weight: quantized once per change
         size = ctx.size
-        epi = [ctx.epilogue(node, first=4)] if "epilogue" in node.attrs else []
-        return [
-            ctx.call("dg::quantize_int8", ctx.read(x), Int8Data(qx), xs_r, Named("rows", size(m)), Named("K", size(k)),
-                     Named("scale_name", ctx.string(xs.name))),
-            ctx.call("dg::matmul_int8", Int8Data(Read(qx.value, qx.expr)), xs_r, kept, ctx.write(node.outputs[0]),
-                     Named("M", size(m)), *epi),
-        ]
+        lines = []
+        quantized = ctx.handed(x)  # x handed over quantized by the product that made it
+        if quantized is None:
+            qx = ctx.workspace(f"{x.name}_q", m * _row_floats(k))
+            lines.append(ctx.call("dg::quantize_int8", ctx.read(x), Int8Data(qx), xs_r, Named("rows", size(m)),
+                                  Named("K", size(k)), Named("scale_name", ctx.string(xs.name))))
+            quantized = Read(qx.value, qx.expr)
+        out = _hand_over(ctx, node, m, p)
+        epi = [ctx.epilogue(node, first=4)] if "epilogue" in node.attrs else ["dg::NoEpilogue()"] if out else []
+        lines.append(ctx.call("dg::matmul_int8", Int8Data(quantized), xs_r, kept, ctx.write(node.outputs[0]),
+                              Named("M", size(m)), *epi, *out))
+        return lines
 
     def describe(self, node):
         x, w, xs, ws = node.inputs[:4]
         tb = "^T" if node.attrs.get("tb") else ""
         return f"matmul_int8({x.name}, {w.name}{tb}; scales {xs.name}, {ws.name})" + epilogue_text(node, node.inputs[4:])
+
+
+def _row_floats(k):
+    """An int8 row of K bytes in whole groups of four, in floats of the arena."""
+    return (k + 3) // 4
+
+
+def _hand_over(ctx, node, m, p) -> list:
+    """The output y [m, p] of an int8 product handed over to the one int8 product that
+    reads it as its activation (nothing else reads y): quantized with that one's input
+    scale into rows of an arena piece of its own (a quarter of y's bytes), which the reader
+    takes instead of its dg::quantize_int8 call. The same bytes (dg_int8.h: Int8Rows;
+    with AMX the epilogue's rows are quantized from a copy in cache, not written back:
+    BERT's GELU'd FFN rows). Returns the call's last argument, or nothing."""
+    y = node.outputs[0]
+    reader = ctx.sole_reader(y)
+    if reader is None or ctx.loop is not None or reader.op != node.op or reader.inputs[0] is not y:
+        return []
+    scale = reader.inputs[2]
+    q = ctx.hand_over(y, f"{y.name}_q", m * _row_floats(p))
+    return [Named("handed_over", Struct("Int8Rows", (Int8Data(q), ctx.read(scale), ctx.string(scale.name))))]
 
 
 # What transforms/quantize.py, calibration and `deepgen quantize` ask about the ops

@@ -89,6 +89,17 @@ struct int8_channels_last : std::false_type {};
 template <class E>
 struct int8_channels_last<E, std::void_t<decltype(E::kChannelsLastInt8)>> : std::true_type {};
 
+// A product's output handed over to the int8 product that reads it, and nothing
+// else does, already quantized as that one's quantize_int8 would quantize it: rows
+// of int8_row_bytes(N) bytes, quantize(y, *scale) (the reader's input scale, named
+// scale_name in errors), in an arena piece (ops/quantize.py, handed_over). data
+// null: no such output.
+struct Int8Rows {
+  int8_t* data = nullptr;
+  const float* scale = nullptr;
+  const char* scale_name = "";
+};
+
 // An arena piece (float*) holding int8 values.
 inline int8_t* int8_data(float* p) {
   return reinterpret_cast<int8_t*>(p);
@@ -705,6 +716,29 @@ inline void int8_finish_rows(const Epilogue& epi, float* c, int64_t M, int64_t N
   }
 }
 
+// int8_finish_rows with each row's epilogue run on a copy of the row (the calling
+// thread's, in cache), which is then quantized with inv into q's row (rows of
+// int8_row_bytes(N) bytes, the padding zero): c keeps the product, the finished
+// row is never written back (BERT's FFN: the GELU'd rows, 12 KB each at 3072
+// columns, went out to memory and were read back by the next product's quantize).
+template <class Epilogue>
+inline void int8_finish_rows_into(const Epilogue& epi, const float* c, int64_t M, int64_t N, int8_t* q,
+                                  float inv) {
+  const int64_t ld = int8_row_bytes(N);
+  const int threads = threads_for(4 * M * N);
+#pragma omp parallel num_threads(threads) if (threads > 1)
+  {
+    Scratch<float> row(N);
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < M; ++i) {
+      std::memcpy(row.data(), c + i * N, static_cast<size_t>(N) * sizeof(float));
+      gemm_detail::finish(epi, i, i + 1, 0, N, row.data(), N);
+      quantize_int8_span(row.data(), q + i * ld, inv, N, kInt8ActivationMax);
+      if (ld > N) std::memset(q + i * ld + N, 0, static_cast<size_t>(ld - N));
+    }
+  }
+}
+
 // matmul_int8 with AMX tiles (M >= kInt8AmxMinRows, amx_ready()). One column
 // block (N <= 32) reads the activation once: straight from its rows where they
 // are whole tiles; else (and for more column blocks) from int8_amx_tiles' copy.
@@ -794,6 +828,30 @@ inline void matmul_int8(const int8_t* a, const float* a_scale, const Int8PackedB
     if (i < M) gemm_detail::finish(epi, i, M, j, j + cols, cp + i * N, N);
   }
 #endif
+}
+
+// matmul_int8 with its output also handed over (out.data set): quantized with the
+// reader's scale into out's rows, as quantize_int8 would (the same bytes). With
+// AMX the epilogue runs on a copy of each row, which is quantized from there
+// (int8_finish_rows_into: c keeps the product); else matmul_int8, then
+// quantize_int8 of c.
+template <class Epilogue>
+inline void matmul_int8(const int8_t* a, const float* a_scale, const Int8PackedB& b, float* c, int64_t M,
+                        const Epilogue& epi, const Int8Rows& out) {
+  if (out.data == nullptr) {
+    matmul_int8(a, a_scale, b, c, M, epi);
+    return;
+  }
+  check_int8_scales(out.scale, 1, out.scale_name);
+#if DG_INT8_AMX
+  if (int8_amx_used(M)) {
+    matmul_int8_amx(a, a_scale[0], b, c, M, NoEpilogue());
+    int8_finish_rows_into(epi, c, M, b.N, out.data, 1.0f / out.scale[0]);  // (quantize_int8's 1 / scale)
+    return;
+  }
+#endif
+  matmul_int8(a, a_scale, b, c, M, epi);
+  quantize_int8(c, out.data, out.scale, M, b.N, out.scale_name);
 }
 
 // Which kernel matmul_int8 runs (see the top of this file): "amx" (products of

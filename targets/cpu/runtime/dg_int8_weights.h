@@ -115,4 +115,13 @@ inline void matmul_int8(const int8_t* a, const float* a_scale, const KeptInt8Wei
   matmul_int8(a, a_scale, *packed, c, M, epi);
 }
 
+// The same, its output also handed over quantized (dg_int8.h's Int8Rows).
+template <class Epilogue>
+inline void matmul_int8(const int8_t* a, const float* a_scale, const KeptInt8Weight& w, float* c, int64_t M,
+                        const Epilogue& epi, const Int8Rows& out) {
+  if (M <= 0) return;
+  const std::shared_ptr<const Int8PackedB> packed = w.use();
+  matmul_int8(a, a_scale, *packed, c, M, epi, out);
+}
+
 }  // namespace dg
