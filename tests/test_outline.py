@@ -267,3 +267,38 @@ def test_a_size_that_is_the_product_of_two_others_is_named_inside_the_function()
     assert "const std::int64_t HW = H * H;" in body and "const std::int64_t n = C * HW * N;" in body
     calls = re.findall(r"^\s+basic_block\([^;]*;", _run_body(text), re.M)
     assert calls and not any("/*HW=*/" in c or "/*n=*/" in c for c in calls)
+
+
+def test_int8_blocks_that_hand_over_quantized_outputs_stay_one_function():
+    """In an int8 project a residual block's first convolution hands its output to the
+    second quantized (dg::Int8ChannelsLast / Int8ChannelsLastIn around dg::int8_data): the
+    block, called once per layer, is still one C++ function (outline.py walks those structs),
+    its pieces parameters like any other arena piece."""
+    text = project_files(_int8_blocks())["src/model.cpp"].decode()
+    assert len(re.findall(r"^\s+int8_block\(", _run_body(text), re.M)) == 2  # (the last stays inline: its lines differ)
+    start = text.index("\nvoid int8_block(")
+    body = text[start: text.index("\n}\n", start)]
+    assert "/*handed_over=*/" in body and "dg::Int8ChannelsLastIn{dg::int8_data(" in body
+    assert "layer1_" not in body and "layer2_" not in body
+
+
+def _int8_blocks():
+    import generator as dg
+    from generator.transforms.precision import set_precision
+
+    def int8_block(x, name):
+        a = dg.relu(dg.batch_norm_layer(dg.conv2d_layer(x, 16, 3, padding=1, bias=False, name=f"{name}_a"),
+                                        name=f"{name}_abn"))
+        b = dg.batch_norm_layer(dg.conv2d_layer(a, 16, 3, padding=1, bias=False, name=f"{name}_b"), name=f"{name}_bbn")
+        return dg.relu(b + x)
+
+    @dg.model
+    def int8_blocks():
+        x = dg.input("x", (dg.dim("N"), 16, 12, 12))
+        for i in range(3):
+            x = int8_block(x, f"layer{i + 1}")
+        return {"y": x}
+
+    graph = int8_blocks.build()
+    set_precision(graph, "int8")
+    return graph

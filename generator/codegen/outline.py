@@ -45,7 +45,8 @@ from .printer import size_expr
 from .plan import ArenaDecl, GradientDecl, Statement
 from .declared_once import declare_once
 from .sections import outline_blocks
-from .stmt import Alias, Call, Comment, Copy, Declare, EarlyUpdate, Functor, Named, Operand, Read, Scope, UpdateRows, Write, operands
+from .stmt import (Alias, Call, Comment, Copy, Declare, EarlyUpdate, Functor, Int8Data, Named, Operand, Read, Scope,
+                   Struct, UpdateRows, Write, operands)
 
 _IDENT = re.compile(r"(?<![\w.:>])[A-Za-z_]\w*(?![\w(]|::)")
 _INT_EXPR = re.compile(r"^([\w\s+\-*/()]|\.size\(\))+$")
@@ -605,6 +606,13 @@ def _walk(obj, inst: _Instance, slot: str = "", of: str = "") -> None:
         shape.append(("functor", obj.name, len(obj.members)))
         for m in obj.members:
             _walk(m, inst, slot)
+    elif isinstance(obj, Struct):
+        shape.append(("struct", obj.type, len(obj.members)))
+        for m in obj.members:
+            _walk(m, inst, slot)
+    elif isinstance(obj, Int8Data):
+        shape.append(("int8_data",))
+        _walk(obj.op, inst, slot)
     elif isinstance(obj, Call):
         shape.append(("call", obj.fn, obj.template, len(obj.args)))
         # What the call writes names its other arguments (batch norm's label: `bn1_label`).
@@ -1120,6 +1128,10 @@ def _rebuild(obj, inst, it):
         return Named(obj.name, _rebuild(obj.arg, inst, it))
     if isinstance(obj, Functor):
         return Functor(obj.name, tuple(_rebuild(m, inst, it) for m in obj.members))
+    if isinstance(obj, Struct):
+        return Struct(obj.type, tuple(_rebuild(m, inst, it) for m in obj.members))
+    if isinstance(obj, Int8Data):
+        return Int8Data(_rebuild(obj.op, inst, it))
     if isinstance(obj, Call):
         return dataclasses.replace(obj, args=[_rebuild(a, inst, it) for a in obj.args])
     if isinstance(obj, Declare):

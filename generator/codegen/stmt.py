@@ -99,6 +99,16 @@ class Struct:
         return braced(f"dg::{self.type}", self.members)
 
 
+@dataclass(frozen=True)
+class Int8Data:
+    """An arena piece (a float*) read or written as int8: `dg::int8_data(x_q)`."""
+
+    op: object  # a Read or Write
+
+    def __str__(self) -> str:
+        return f"dg::int8_data({self.op})"
+
+
 @dataclass(eq=False)
 class Call:
     """A call of a runtime function or kernel: `fn<template>(args...);`."""

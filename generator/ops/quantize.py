@@ -40,7 +40,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..codegen.stmt import Named, Read, Struct
+from ..codegen.stmt import Int8Data, Named, Read, Struct
 from ..errors import DeepgenError
 from ..ir.graph import Node
 from ..ir.shapes import fmt_shape, numel, same
@@ -98,16 +98,6 @@ def matmul_int8(x, w, x_scale, w_scale, tb: bool, names=("x_scale", "w_scale")) 
     # int8 x int8 sums are exact in float64 (|sum| < 2^31 < 2^53), where BLAS computes them fast
     acc = np.matmul(qx.astype(np.float64), qw.T.astype(np.float64)).astype(np.int32)
     return acc.astype(np.float32) * (xs[0] * ws)
-
-
-@dataclass(frozen=True)
-class Int8Data:
-    """An arena piece (a float*) read or written as int8: `dg::int8_data(x_q)`."""
-
-    op: object  # a Read or Write
-
-    def __str__(self) -> str:
-        return f"dg::int8_data({self.op})"
 
 
 @register

@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..codegen.stmt import Named, Struct
+from ..codegen.stmt import Int8Data, Named, Struct
 from ..errors import DeepgenError
 from ..ir.shapes import fmt_shape, numel, same
 from .conv import _conv_ref, _describe, _geom
 from .modes import ConvBatchNorm, _float
-from .quantize import WEIGHT_QMAX, Int8Data, check_scale, quantize
+from .quantize import WEIGHT_QMAX, check_scale, quantize
 from .registry import OpDef, get_op, register
 
 
