@@ -315,6 +315,31 @@ int run_transpose(char** argv) {
     return 0;
 }
 
+// transpose_rows <ndim> <shape...> <perm...> <row_axes> <ld> <start>: the same of
+// a row-strided piece of x (rows of ld floats, the piece's from float start on)
+int run_transpose_rows(char** argv) {
+    const int ndim = static_cast<int>(int_arg(argv, 2));
+    std::vector<int64_t> shape(ndim);
+    std::vector<int> perm(ndim);
+    int64_t total = 1;
+    for (int d = 0; d < ndim; ++d) {
+        shape[d] = int_arg(argv, 3 + d);
+        perm[d] = static_cast<int>(int_arg(argv, 3 + ndim + d));
+        total *= shape[d];
+    }
+    const int row_axes = static_cast<int>(int_arg(argv, 3 + 2 * ndim));
+    const int64_t ld = int_arg(argv, 4 + 2 * ndim), start = int_arg(argv, 5 + 2 * ndim);
+    int64_t rows = 1;
+    for (int d = 0; d < row_axes; ++d)
+        rows *= shape[d];
+    Input in;
+    const std::vector<float> x = in.take<float>(rows * ld);
+    std::vector<float> y(static_cast<size_t>(total));
+    dg::transpose(x.data() + start, y.data(), ndim, shape.data(), perm.data(), row_axes, ld);
+    write(y);
+    return 0;
+}
+
 // copy_axis <outer> <src_len> <src_start> <dst_len> <dst_start> <count> <inner>,
 // input src then the initial dst  ->  dst after the copy
 int run_copy_axis(char** argv) {
@@ -363,6 +388,7 @@ int dispatch(int argc, char** argv) {
     if (op == "gemm_unpack") return run_gemm_unpack(argv);
     if (op == "gemm_update") return run_gemm_update(argv);
     if (op == "transpose") return run_transpose(argv);
+    if (op == "transpose_rows") return run_transpose_rows(argv);
     if (op == "copy_axis") return run_copy_axis(argv);
     if (op == "gather_rows_i32") return run_gather<int32_t>(argv);
     if (op == "gather_rows_i64") return run_gather<int64_t>(argv);

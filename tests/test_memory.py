@@ -119,7 +119,7 @@ def test_without_kept_gradients_one_gradient_for_two_parameters(builds):
 
 SLACK = {("lenet", "forward_floats"): 1.17, ("lenet", "train_floats"): 1.17,
          ("vgg11", "forward_floats"): 1.30, ("vgg11", "train_floats"): 1.13,
-         ("bert_encoder", "forward_floats"): 1.14, ("gru_tagger", "forward_floats"): 1.18}
+         ("bert_encoder", "forward_floats"): 1.15, ("gru_tagger", "forward_floats"): 1.18}
 # ResNet-18 trains with each block's gradient in one piece (transforms/remat.py makes a
 # block's input again before that block's gradient, not in its middle): its live floats
 # grow 1.1% at every batch size, and at small batches the greedy placement puts the
@@ -149,9 +149,10 @@ def test_plan_is_within_ten_percent_of_the_lower_bound(name):
             # VGG-11's backward recomputes its relu outputs (transforms/remat.py): its
             # forward part is 1.24-1.28x of its own bound inside the train plan (whose
             # arena is 1.12x at batch 1, 1.01x at 64), yet 31% smaller than before remat.
-            # BERT's attention splits q, k and v off one [N, T, 3E] projection and copies each
-            # into heads: while T is small (scores negligible) those pieces (3E, E, E, E) leave a
-            # gap, 8E per token planned against 7E + 1 live (1.14x); 1.08x at N = T = 64.
+            # BERT's attention splits q, k and v off one [N, T, 3E] projection and transposes
+            # each, read in place, into heads: while T is small (scores negligible) the pieces
+            # leave a gap, 257 floats planned at N = T = 1 against 225 live (1.142x); 1.14x at
+            # N = T = 8, the bound itself from N = T = 64 on (1.08x when the pieces were copies).
             # The GRU tagger's forward() runs in its train plan, placed for the gradient first
             # (the level GEMMs' results the recursion keeps for it): 176 floats per token
             # planned against 150 live at every size (1.17x); its train plan meets its bound.

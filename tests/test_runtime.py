@@ -334,6 +334,24 @@ def test_transpose(driver, shape, perm):
     assert same_bits(got, np.transpose(x, perm))
 
 
+@pytest.mark.parametrize("shape,perm,row_axes", [
+    ((2, 3, 4, 5), (0, 2, 1, 3), 2),  # a head split of a fused projection's third
+    ((2, 3, 4, 5), (0, 1, 2, 3), 2),  # nothing moves: rows copied one by one
+    ((2, 3, 4, 5), (3, 2, 1, 0), 1),
+    ((6, 4), (1, 0), 1),
+])
+def test_transpose_of_row_strided_piece(driver, shape, perm, row_axes):
+    """dg::transpose reading a split's piece in place (row_axes, ld: LowerCtx.slice_view):
+    the piece [..., start:start + width] of rows of 3 widths + 1 floats, as numpy sees it."""
+    rows, width = int(np.prod(shape[:row_axes])), int(np.prod(shape[row_axes:]))
+    ld = 3 * width + 1
+    x = rand(rows, ld)
+    for start in (0, width, 2 * width + 1):
+        piece = x[:, start : start + width].reshape(shape)
+        got = driver("transpose_rows", len(shape), *shape, *perm, row_axes, ld, start, inputs=[x])
+        assert same_bits(got, np.transpose(piece, perm)), start
+
+
 def test_ops_shared_out_over_threads(tmp_path, driver):
     """dg::transpose, softmax and log_softmax on arrays big enough for threads
     (threads_for), the driver built with OpenMP and run on 2 and 3 threads (ranges that

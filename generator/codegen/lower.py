@@ -22,7 +22,7 @@ from ..ir.names import comment_text, cpp_string, fresh_name, is_reserved
 from ..ops import get_op
 from ..ir.printing import format_graph
 from ..ir.graph import Value
-from ..ir.shapes import fmt_shape, numel
+from ..ir.shapes import fmt_shape, numel, same
 from ..memory.buffer import Buffer
 from ..transforms.autodiff import train_only_inputs
 from ..transforms.passes import regions
@@ -218,7 +218,7 @@ class LowerCtx:
         users = readers.get(id(piece), [])
         if (not users or id(piece) in keep or id(piece) in self.outputs or id(piece) in self.place
                 or id(src) in self.views or piece.dtype != "float32"
-                or not all(get_op(n.op).reads_views and id(n) in self.region for n in users)):
+                or not self._read_in_place(users, numel(piece.shape[:axis]), _call_of(piece.producer))):
             return None
         inner = numel(src.shape[axis + 1 :])
         ld = numel(src.shape[axis:])
@@ -230,6 +230,28 @@ class LowerCtx:
         note = f"{fmt_shape(piece.shape)}, read in place: rows {self.size(ld)} floats apart"
         self._note_plain_read(src)
         return Alias(self.data(piece), Read(self.data(src), at), CTYPE[piece.dtype], fmt_shape(piece.shape), note=note)
+
+    def _read_in_place(self, users, rows, call) -> bool:
+        """Whether the nodes reading a view of `rows` rows (users) all read it in
+        place in the block being lowered: ops that read row-strided pieces
+        (reads_views; reads_strided, made by the same call of a user's function as
+        the view, `call`: its pointer is not passed between outlined functions), or
+        reshapes that keep its rows whole (a head split's [N, T, 768] -> [N, T, 12,
+        64]), made by that call too, their outputs read so in turn."""
+        readers, keep = self._reading()
+        for n in users:
+            op = get_op(n.op)
+            if id(n) not in self.region:
+                return False
+            if op.view:
+                out = n.outputs[0]
+                if (_call_of(n) != call or id(out) in keep or id(out) in self.outputs
+                        or _row_axes(out.shape, rows) is None
+                        or not self._read_in_place(readers.get(id(out), []), rows, call)):
+                    return False
+            elif not (op.reads_views or (op.reads_strided and _call_of(n) == call)):
+                return False
+        return True
 
     def concat_spot(self, v, nodes):
         """Where v can be written straight into its columns of a concat (a child
@@ -376,6 +398,9 @@ class LowerCtx:
         """v shares src's data (a reshape): a named pointer, no copy."""
         self.pending.append(Alias(self.data(v), self.read(src), CTYPE[v.dtype], fmt_shape(v.shape)))
         self.place[id(v)] = v.name
+        if id(src) in self.views:  # a row-strided view reshaped, its rows kept whole (_read_in_place)
+            axis, ld = self.views[id(src)]
+            self.views[id(v)] = (_row_axes(v.shape, numel(src.shape[:axis])), ld)
 
     def size(self, d) -> str:
         return size_expr(d)
@@ -419,6 +444,24 @@ class LowerCtx:
         name = self.kernel_table.add(use, header, places)
         args = [self.read(v) for v in node.inputs] + [self.write(node.outputs[0])] + use.extra
         return Call(f"kernels::{name}", args)
+
+
+def _call_of(node):
+    """Which call of a user's function made node (None: none): the lines of one
+    call are outlined together (outline.py)."""
+    loc = node.loc if node is not None else None
+    if loc is None or loc.call is None:
+        return None
+    return loc.call.filename, loc.call.line, loc.call_id
+
+
+def _row_axes(shape, rows):
+    """The first axis a of `shape` with `rows` elements before it (a view's rows
+    kept whole through a reshape: LowerCtx._read_in_place); None when there is none."""
+    for a in range(len(shape) + 1):
+        if same(numel(shape[:a]), rows):
+            return a
+    return None
 
 
 def _input_spec(v, dim_index) -> InputSpec:

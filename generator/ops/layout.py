@@ -46,6 +46,7 @@ class Reshape(OpDef):
 class Transpose(OpDef):
     name = "transpose"
     moves_elements = True
+    reads_strided = True  # a split's piece read in place: dg::transpose's row_axes, ld
 
     def fold(self, node, consts):
         return consts[0]
@@ -64,7 +65,12 @@ class Transpose(OpDef):
         (x,) = node.inputs
         dims = [ctx.size(d) for d in x.shape]
         perm = list(node.attrs["perm"])
-        call = ctx.call("dg::transpose", ctx.read(x), ctx.write(node.outputs[0]), Named("ndim", x.rank), "_shape", "_perm")
+        strided = []
+        if id(x) in ctx.views:  # rows of a larger buffer (LowerCtx.slice_view)
+            row_axes, ld = ctx.views[id(x)]
+            strided = [Named("row_axes", row_axes), Named("ld", ctx.size(ld))]
+        call = ctx.call("dg::transpose", ctx.read(x), ctx.write(node.outputs[0]), Named("ndim", x.rank), "_shape",
+                        "_perm", *strided)
         return [Scope([("std::int64_t", "_shape", dims), ("int", "_perm", perm)], [call])]
 
     def grad(self, node, gouts, gb):

@@ -21,6 +21,8 @@ here too, so that a new op needs no edit in the stages:
                   a larger buffer (a split's gate, LowerCtx.slice_view) in place,
                   and reads or writes a value whose rows a map places (a recursive
                   op's state, written in node order: the loop's row_maps, ops/recurse_scope.py).
+- `reads_strided` the op's lowering reads a row-strided piece in place (slice_view),
+                  but knows no row maps (transpose); `reads_views` implies it.
 - `multi_output`  the node returns a list of outputs even when it has one (split),
                   and its grad rule takes None for an output nothing reads.
 - `cse`           whether common-subexpression elimination may merge two equal nodes.
@@ -78,6 +80,7 @@ class OpDef:
     view = False
     in_place = False
     reads_views = False
+    reads_strided = False
     multi_output = False
     moves_elements = False  # its outputs' elements are its inputs' (reshape, slice): ids keep their limit
     cse = True

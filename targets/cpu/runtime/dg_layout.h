@@ -19,12 +19,20 @@ namespace dg {
 // one contiguous run in both, copied whole at each step of the odometer over
 // the axes before them (BERT's head splits: one float a step took 9% of a bf16
 // encoder at batch 64).
-inline void transpose(const float* x, float* y, int ndim, const int64_t* shape, const int* perm) {
-  // Row-major strides of x, then the shape of y and x's stride for each y axis.
+// x may be a row-strided piece of a larger buffer, read in place (a split's
+// piece, LowerCtx.slice_view): with ld > 0, x's axes before row_axes index rows
+// ld floats apart, the axes from row_axes on being contiguous within a row
+// (BERT's q, k and v read straight from the fused projection's rows [N, T,
+// 3 x 768], with no copy of each piece first).
+inline void transpose(const float* x, float* y, int ndim, const int64_t* shape, const int* perm,
+                      int row_axes = 0, int64_t ld = 0) {
+  // The strides of x, then the shape of y and x's stride for each y axis.
   std::vector<int64_t> x_stride(ndim), y_shape(ndim), step(ndim);
-  int64_t total = 1;
+  int64_t stride = 1, total = 1;
   for (int d = ndim - 1; d >= 0; --d) {
-    x_stride[d] = total;
+    if (ld > 0 && d == row_axes - 1) stride = ld;  // the axes before row_axes step whole rows
+    x_stride[d] = stride;
+    stride *= shape[d];
     total *= shape[d];
   }
   if (total == 0) return;
@@ -32,9 +40,9 @@ inline void transpose(const float* x, float* y, int ndim, const int64_t* shape, 
     y_shape[d] = shape[perm[d]];
     step[d] = x_stride[perm[d]];
   }
-  int outer = ndim;  // the axes [outer, ndim) stay in place: runs of `run` floats
+  int outer = ndim;  // the axes [outer, ndim) stay in place: runs of `run` floats (within a row of x)
   int64_t run = 1;
-  while (outer > 0 && perm[outer - 1] == outer - 1) {
+  while (outer > (ld > 0 ? row_axes : 0) && perm[outer - 1] == outer - 1) {
     --outer;
     run *= shape[outer];
   }
