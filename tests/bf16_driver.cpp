@@ -4,8 +4,11 @@
 // stored_NK is 1) as float32 from stdin, keeps w as a dg::KeptBf16Weight and
 // writes, as float32 to stdout, y[M*N] = x @ op(w) through dg::matmul_bf16 with an
 // epilogue that adds 1 to every element (so each element must be reached once),
-// after a first line naming the path the product took (dg::bf16_kernel(M)).
+// after a first line naming the path the product took (dg::bf16_kernel(M)) and a
+// second saying whether the same product handed over (dg::Bf16Rows) wrote the
+// bytes pack_rows makes of y ("same"; "none" without bf16 products).
 #include <cstdio>
+#include <algorithm>
 #include <cstdlib>
 #include <vector>
 
@@ -40,6 +43,22 @@ int main(int argc, char** argv) {
   dg::KeptBf16Weight kept(version, w, tb, K, N);
   dg::matmul_bf16(x.data(), kept, y.data(), M, K, N, AddOne());
   std::printf("%s\n", dg::bf16_kernel(M));
+  // The same product handed over (dg::Bf16Rows): its rows must be the bytes
+  // pack_rows makes of y for a product that reads y (padding included).
+#if DG_BF16_PRODUCTS
+  {
+    const int64_t width = dg::bf16_handed_width(N), rows = dg::bf16_padded_rows(M);
+    std::vector<uint16_t> handed(static_cast<size_t>(rows * width), 0x7fc1);  // (a NaN: every value must be written)
+    std::vector<float> untouched(M * N, -7.0f);
+    dg::matmul_bf16(x.data(), kept, untouched.data(), M, K, N, AddOne(), dg::Bf16Rows{handed.data()});
+    const dg::Scratch<uint16_t> packed = dg::bf16_detail::pack_rows(y.data(), N, M, dg::Bf16PackedB(N, 1));
+    bool same = std::equal(handed.begin(), handed.end(), packed.data());
+    for (float v : untouched) same = same && v == -7.0f;  // the float32 output is not written
+    std::printf("handed_over %s\n", same ? "same" : "differs");
+  }
+#else
+  std::printf("handed_over none\n");
+#endif
   std::fflush(stdout);
   std::fwrite(y.data(), sizeof(float), y.size(), stdout);
   return 0;

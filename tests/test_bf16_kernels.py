@@ -76,8 +76,11 @@ def test_bf16_products_equal_float64_products_of_the_bf16_values(drivers, driver
                                   env=dict(env, OMP_NUM_THREADS=str(threads)))
             assert proc.returncode == 0, proc.stderr.decode()
             name, _, data = proc.stdout.partition(b"\n")
+            handed, _, data = data.partition(b"\n")
             expected = kernel if (m >= 3 or kernel != "amx") else "avx512_bf16"
             assert name.decode() == expected, (m, k, n, name)
+            # handed over to a product that reads it: the bytes that one would pack, nothing else written
+            assert handed.decode() == ("handed_over none" if kernel == "float32" else "handed_over same"), (m, k, n)
             got = np.frombuffer(data, np.float32).reshape(m, n).astype(np.float64)
             what = f"{driver} DG_AMX={amx} {threads} threads, {m}x{k}x{n} tb={tb}"
             assert (np.abs(got - want) <= bound).all(), (what, np.abs(got - want).max())

@@ -45,7 +45,7 @@ from .printer import size_expr
 from .plan import ArenaDecl, GradientDecl, Statement
 from .declared_once import declare_once
 from .sections import outline_blocks
-from .stmt import (Alias, Call, Comment, Copy, Declare, EarlyUpdate, Functor, Int8Data, Named, Operand, Read, Scope,
+from .stmt import (Alias, Call, Comment, Copy, Declare, EarlyUpdate, Functor, PieceAs, Named, Operand, Read, Scope,
                    Struct, UpdateRows, Write, operands)
 
 _IDENT = re.compile(r"(?<![\w.:>])[A-Za-z_]\w*(?![\w(]|::)")
@@ -610,8 +610,8 @@ def _walk(obj, inst: _Instance, slot: str = "", of: str = "") -> None:
         shape.append(("struct", obj.type, len(obj.members)))
         for m in obj.members:
             _walk(m, inst, slot)
-    elif isinstance(obj, Int8Data):
-        shape.append(("int8_data",))
+    elif isinstance(obj, PieceAs):
+        shape.append(("piece_as", obj.kind))
         _walk(obj.op, inst, slot)
     elif isinstance(obj, Call):
         shape.append(("call", obj.fn, obj.template, len(obj.args)))
@@ -1130,8 +1130,8 @@ def _rebuild(obj, inst, it):
         return Functor(obj.name, tuple(_rebuild(m, inst, it) for m in obj.members))
     if isinstance(obj, Struct):
         return Struct(obj.type, tuple(_rebuild(m, inst, it) for m in obj.members))
-    if isinstance(obj, Int8Data):
-        return Int8Data(_rebuild(obj.op, inst, it))
+    if isinstance(obj, PieceAs):
+        return dataclasses.replace(obj, op=_rebuild(obj.op, inst, it))
     if isinstance(obj, Call):
         return dataclasses.replace(obj, args=[_rebuild(a, inst, it) for a in obj.args])
     if isinstance(obj, Declare):

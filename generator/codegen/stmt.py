@@ -100,13 +100,15 @@ class Struct:
 
 
 @dataclass(frozen=True)
-class Int8Data:
-    """An arena piece (a float*) read or written as int8: `dg::int8_data(x_q)`."""
+class PieceAs:
+    """An arena piece (a float*) read or written as another element type: int8
+    values, `dg::int8_data(x_q)`, or bf16 bits, `dg::bf16_data(h_bf16)`."""
 
     op: object  # a Read or Write
+    kind: str = "int8"
 
     def __str__(self) -> str:
-        return f"dg::int8_data({self.op})"
+        return f"dg::{self.kind}_data({self.op})"
 
 
 @dataclass(eq=False)

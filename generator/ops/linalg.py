@@ -18,7 +18,7 @@ import numpy as np
 import sympy
 
 from ..ir.shapes import fmt_shape, numel, same
-from ..codegen.stmt import Gemm, Named
+from ..codegen.stmt import Gemm, Named, PieceAs, Struct
 from .precision import read_rounded, rounded_args, rounded_weight
 from .registry import OpDef, get_op, register, require_float
 from .scalar import ARGS
@@ -132,12 +132,18 @@ class MatMul(OpDef):
         plain = f"dg::{fn}"
         fn = ctx.kept_call(plain, b, tb) if packed else _call_on(ctx, plain, a, b)  # (bf16: matmul_bf16)
         a_arg, rounding = read_rounded(ctx, node, 0, call_rounds=bool(packed) and fn != plain)
+        handed = ctx.handed(a) if packed and fn != plain else None  # a's bf16 rows, from the product that made it
+        if handed is not None:
+            a_arg = Struct("Bf16RowsIn", (a_arg, PieceAs(handed, "bf16")))
         n = Named("N", ctx.size(sb[1]))
-        args = [a_arg, *b_args, ctx.write(node.outputs[0]), Named("M", ctx.size(numel(sa[:-1]))),
-                Named("K", ctx.size(sa[-1])), n]
+        rows = numel(sa[:-1])
+        args = [a_arg, *b_args, ctx.write(node.outputs[0]), Named("M", ctx.size(rows)), Named("K", ctx.size(sa[-1])), n]
+        out = _bf16_hand_over(ctx, node, rows, sb[1]) if packed and fn != plain else []
         if "epilogue" in node.attrs:
             args.append(ctx.epilogue(node))
-        return [*rounding, Gemm(fn, args, n=n, epilogue="epilogue" in node.attrs)]
+        elif out:
+            args.append("dg::NoEpilogue()")
+        return [*rounding, Gemm(fn, args + out, n=n, epilogue="epilogue" in node.attrs)]
 
     def describe(self, node):
         a, b = node.inputs[:2]
@@ -168,6 +174,24 @@ class MatMul(OpDef):
         da = gb.op("matmul", [g, b], {"tb": True}, f"d_{a.name}")
         db = gb.op("matmul", [a2, g2], {"ta": True}, f"d_{b.name}")
         return [da, db]
+
+
+def _bf16_hand_over(ctx, node, rows, n) -> list:
+    """The output y [rows, n] of a product by a kept bf16 weight handed over to the one
+    product that reads it, and nothing else does, when that one is a product by a kept
+    bf16 weight too that takes y as its activation: written as the bf16 rows that one
+    would pack (dg_bf16.h: Bf16Rows, rows of n rounded up to 32 values, up to 15 rows
+    of padding) into an arena piece of its own, which the reader takes instead of
+    packing y (Bf16RowsIn); y itself is then not written where the CPU has bf16
+    products. BERT's GELU'd FFN rows. Returns the call's last argument, or nothing."""
+    y = node.outputs[0]
+    reader = ctx.sole_reader(y)
+    if (reader is None or ctx.loop is not None or reader.op != "matmul" or reader.inputs[0] is not y
+            or reader.attrs.get("ta") or get_op("matmul").rounds_on_read(reader) != (0,) or not isinstance(n, int)):
+        return []
+    width = (n + 31) // 32 * 32  # dg::bf16_handed_width
+    h = ctx.hand_over(y, f"{y.name}_bf16_rows", (rows + 15) * (width // 2))  # bf16 values, two to a float
+    return [Named("handed_over", Struct("Bf16Rows", (PieceAs(h, "bf16"),)))]
 
 
 def _swap_last(shape, transposed):

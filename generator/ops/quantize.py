@@ -40,7 +40,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from ..codegen.stmt import Int8Data, Named, Read, Struct
+from ..codegen.stmt import PieceAs, Named, Read, Struct
 from ..errors import DeepgenError
 from ..ir.graph import Node
 from ..ir.shapes import fmt_shape, numel, same
@@ -147,12 +147,12 @@ class MatMulInt8(OpDef):
         quantized = ctx.handed(x)  # x handed over quantized by the product that made it
         if quantized is None:
             qx = ctx.workspace(f"{x.name}_q", m * _row_floats(k))
-            lines.append(ctx.call("dg::quantize_int8", ctx.read(x), Int8Data(qx), xs_r, Named("rows", size(m)),
+            lines.append(ctx.call("dg::quantize_int8", ctx.read(x), PieceAs(qx), xs_r, Named("rows", size(m)),
                                   Named("K", size(k)), Named("scale_name", ctx.string(xs.name))))
             quantized = Read(qx.value, qx.expr)
         out = _hand_over(ctx, node, m, p)
         epi = [ctx.epilogue(node, first=4)] if "epilogue" in node.attrs else ["dg::NoEpilogue()"] if out else []
-        lines.append(ctx.call("dg::matmul_int8", Int8Data(quantized), xs_r, kept, ctx.write(node.outputs[0]),
+        lines.append(ctx.call("dg::matmul_int8", PieceAs(quantized), xs_r, kept, ctx.write(node.outputs[0]),
                               Named("M", size(m)), *epi, *out))
         return lines
 
@@ -180,7 +180,7 @@ def _hand_over(ctx, node, m, p) -> list:
         return []
     scale = reader.inputs[2]
     q = ctx.hand_over(y, f"{y.name}_q", m * _row_floats(p))
-    return [Named("handed_over", Struct("Int8Rows", (Int8Data(q), ctx.read(scale), ctx.string(scale.name))))]
+    return [Named("handed_over", Struct("Int8Rows", (PieceAs(q), ctx.read(scale), ctx.string(scale.name))))]
 
 
 # What transforms/quantize.py, calibration and `deepgen quantize` ask about the ops

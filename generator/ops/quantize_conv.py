@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..codegen.stmt import Int8Data, Named, Struct
+from ..codegen.stmt import PieceAs, Named, Struct
 from ..errors import DeepgenError
 from ..ir.shapes import fmt_shape, numel, same
 from .conv import _conv_ref, _describe, _geom
@@ -158,7 +158,7 @@ class ConvBatchNormInt8(ConvBatchNorm):
         r = ctx.read(residual) if residual is not None else "nullptr"
         what = ctx.string(f"batch norm of the convolution of '{x.name}'")
         quantized = ctx.handed(x)  # x handed over quantized by the convolution that made it
-        source = Struct("Int8ChannelsLastIn", (Int8Data(quantized),)) if quantized is not None else ctx.read(x)
+        source = Struct("Int8ChannelsLastIn", (PieceAs(quantized),)) if quantized is not None else ctx.read(x)
         out = _hand_over(ctx, node, y)
         return [geom, ctx.call("dg::conv2d_batch_norm_int8", source, ctx.read(xs), kept, b,
                                ctx.read(bn_w), ctx.read(bn_b), ctx.write(rm), ctx.write(rv), Named("residual", r),
@@ -183,4 +183,4 @@ def _hand_over(ctx, node, y) -> list:
         return []
     scale = reader.inputs[2]
     q = ctx.hand_over(y, f"{y.name}_q", -(-numel(y.shape) // 4))
-    return [Named("handed_over", Struct("Int8ChannelsLast", (Int8Data(q), ctx.read(scale), ctx.string(scale.name))))]
+    return [Named("handed_over", Struct("Int8ChannelsLast", (PieceAs(q), ctx.read(scale), ctx.string(scale.name))))]

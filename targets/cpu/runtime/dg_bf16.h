@@ -125,6 +125,39 @@ inline int64_t bf16_padded_rows(int64_t M) {
   return (M + kBf16TileRows - 1) / kBf16TileRows * kBf16TileRows;
 }
 
+// A product's output handed over to the one bf16 product that reads it as its
+// activation, and nothing else does (ops/linalg.py, handed_over): where the CPU
+// has bf16 products it is written only as that reader's pack_rows would write
+// it, rows of bf16_handed_width(N) values laid out as bf16_tiled_at says, rows
+// up to whole tiles, zeros in the padding, and its float32 output is left
+// unwritten (BERT's GELU'd FFN rows, 25 MB at batch 64, went out to memory and
+// were read back by the next product's pack_rows); elsewhere the float32 output
+// is written as usual. data null: no such output.
+struct Bf16Rows {
+  uint16_t* data = nullptr;
+};
+
+// The activation of a bf16 product that another one handed over (Bf16Rows): its
+// bf16 rows where the CPU has bf16 products, its float32 values where not.
+struct Bf16RowsIn {
+  const float* values;
+  const uint16_t* rows;
+};
+
+// An arena piece (float*) holding bf16 bits.
+inline uint16_t* bf16_data(float* p) {
+  return reinterpret_cast<uint16_t*>(p);
+}
+inline const uint16_t* bf16_data(const float* p) {
+  return reinterpret_cast<const uint16_t*>(p);
+}
+
+// The width of the rows a product with N columns hands over (Bf16Rows): N
+// rounded up to whole tiles of k, as the reader's bf16_row_width is.
+inline int64_t bf16_handed_width(int64_t N) {
+  return (N + kBf16TileK - 1) / kBf16TileK * kBf16TileK;
+}
+
 // Where the left operand of bf16_products (M rows of `width` bf16 values) holds
 // value k of row r: tile after tile (16 rows x 32 values, 1 KB, rows of 64 bytes
 // side by side), the tiles of 16 rows in order of k, then the next 16 rows. An
@@ -432,6 +465,57 @@ struct RowsInto {
   }
   void prefetch(int64_t i0, int64_t i1, int64_t part, int64_t parts) const {
     if constexpr (kWholeRows) epi.prefetch(i0, i1, 0, N, part, parts);
+  }
+};
+
+// store for a product whose output is handed over (Bf16Rows): each block's sums
+// land in the thread's staging block (in L1; a whole AMX block straight from
+// the tiles), the epilogue runs on them there, and they are rounded to bf16
+// (to nearest even, as pack_rows) into the reader's rows, the tiles of
+// bf16_tiled_at(width, ...); the float32 output is not written. Whole blocks'
+// epilogues are deferred as RowsInto's are (bf16_products: one block of sums
+// pending at a time, finished before the next block's are stored).
+template <class Epilogue>
+struct TilesInto {
+  uint16_t* rows;
+  int64_t width, N;
+  const Epilogue& epi;
+  static constexpr int64_t kStaging = 2 * kBf16TileRows * 4 * Bf16PackedB::kCols;  // the largest block
+  static float* staging() {
+    alignas(64) static thread_local float block[kStaging];
+    return block;
+  }
+  void operator()(int64_t i0, int64_t i1, int64_t j0, int64_t j1, const float* sums, int64_t ld) const {
+    float* s = staging();
+    for (int64_t r = i0; r < i1; ++r)
+      std::memcpy(s + (r - i0) * ld, sums + (r - i0) * ld, static_cast<size_t>(j1 - j0) * sizeof(float));
+    round_into(i0, i1, j0, j1, s, ld);
+  }
+  static constexpr bool kDirect = true;
+  float* target(int64_t, int64_t) const { return staging(); }
+  int64_t ld() const { return 2 * Bf16PackedB::kCols; }
+  void finish(int64_t i0, int64_t i1, int64_t j0, int64_t j1) const {
+    round_into(i0, i1, j0, j1, staging(), ld());
+  }
+  // The epilogue on the block s (rows ld apart), then its values into the rows
+  // 16 at a time (j0 is a whole panel's first column, so 16 values stay in one
+  // tile row); after the last column, zeros up to the width.
+  void round_into(int64_t i0, int64_t i1, int64_t j0, int64_t j1, float* s, int64_t ld) const {
+    gemm_detail::finish(epi, i0, i1, j0, j1, s, ld);
+    for (int64_t r = i0; r < i1; ++r) {
+      const float* from = s + (r - i0) * ld;
+      for (int64_t j = j0; j < j1; j += 16) {
+        const int64_t n = std::min<int64_t>(16, j1 - j);
+        const __mmask16 mask = static_cast<__mmask16>(n == 16 ? 0xFFFFu : (1u << n) - 1u);
+        const __m256bh bits = _mm512_cvtneps_pbh(_mm512_maskz_loadu_ps(mask, from + (j - j0)));
+        __m256i raw;
+        std::memcpy(&raw, &bits, sizeof raw);
+        _mm256_mask_storeu_epi16(rows + bf16_tiled_at(width, r, j), mask, raw);
+      }
+      if (j1 == N)
+        for (int64_t k = N; k < width; ++k)
+          rows[bf16_tiled_at(width, r, k)] = 0;
+    }
   }
 };
 
@@ -761,6 +845,73 @@ template <class Epilogue = NoEpilogue>
 void matmul_nt_bf16(const float* a, const KeptBf16Weight& w, float* c, int64_t M, int64_t K, int64_t N,
                     const Epilogue& epi = Epilogue()) {
   matmul_bf16(a, w, c, M, K, N, epi);
+}
+
+#if DG_BF16_PRODUCTS
+namespace bf16_detail {
+// The product of the bf16 rows `rows` (pack_rows's layout) by b into c, or
+// handed over into out's rows (TilesInto; their padding rows zeroed first).
+template <class Epilogue>
+void product_of_rows(const uint16_t* rows, const Bf16PackedB& b, float* c, int64_t M, const Epilogue& epi,
+                     const Bf16Rows& out) {
+  if (out.data == nullptr) {
+    bf16_products(rows, b, M, RowsInto<Epilogue>{c, b.N, b.N, epi});
+    return;
+  }
+  const int64_t width = bf16_handed_width(b.N);
+  for (int64_t r = M; r < bf16_padded_rows(M); ++r)
+    for (int64_t k = 0; k < width; k += kBf16TileK)
+      std::memset(out.data + bf16_tiled_at(width, r, k), 0, kBf16TileK * sizeof(uint16_t));
+  bf16_products(rows, b, M, TilesInto<Epilogue>{out.data, width, b.N, epi});
+}
+}  // namespace bf16_detail
+#endif
+
+// matmul_bf16 by a kept weight whose output is also handed over (out.data set:
+// Bf16Rows; where the CPU has bf16 products, c is then not written).
+template <class Epilogue>
+void matmul_bf16(const float* a, const KeptBf16Weight& w, float* c, int64_t M, int64_t K, int64_t N,
+                 const Epilogue& epi, const Bf16Rows& out) {
+#if DG_BF16_PRODUCTS
+  (void)K;
+  (void)N;
+  if (M <= 0) return;
+  const std::shared_ptr<const Bf16PackedB> b = w.use();
+  const Scratch<uint16_t> rows = bf16_detail::pack_rows(a, b->K, M, *b);
+  bf16_detail::product_of_rows(rows.data(), *b, c, M, epi, out);
+#else
+  (void)out;
+  matmul_bf16(a, w, c, M, K, N, epi);
+#endif
+}
+
+// matmul_bf16 of an activation handed over by the product that made it (its bf16
+// rows taken as they are: no pack_rows), its own output handed over in turn
+// where out.data is set.
+template <class Epilogue = NoEpilogue>
+void matmul_bf16(const Bf16RowsIn& a, const KeptBf16Weight& w, float* c, int64_t M, int64_t K, int64_t N,
+                 const Epilogue& epi = Epilogue(), const Bf16Rows& out = Bf16Rows()) {
+#if DG_BF16_PRODUCTS
+  (void)K;
+  (void)N;
+  if (M <= 0) return;
+  const std::shared_ptr<const Bf16PackedB> b = w.use();
+  bf16_detail::product_of_rows(a.rows, *b, c, M, epi, out);
+#else
+  (void)out;
+  matmul_bf16(a.values, w, c, M, K, N, epi);
+#endif
+}
+
+template <class Epilogue>
+void matmul_nt_bf16(const float* a, const KeptBf16Weight& w, float* c, int64_t M, int64_t K, int64_t N,
+                    const Epilogue& epi, const Bf16Rows& out) {
+  matmul_bf16(a, w, c, M, K, N, epi, out);
+}
+template <class Epilogue = NoEpilogue>
+void matmul_nt_bf16(const Bf16RowsIn& a, const KeptBf16Weight& w, float* c, int64_t M, int64_t K, int64_t N,
+                    const Epilogue& epi = Epilogue(), const Bf16Rows& out = Bf16Rows()) {
+  matmul_bf16(a, w, c, M, K, N, epi, out);
 }
 
 }  // namespace dg
