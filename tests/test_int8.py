@@ -351,7 +351,8 @@ def test_runtime_int8_equals_reference_portable_and_avx2(tmp_path):
              (8, 64, 16, False), (16, 128, 32, True), (33, 200, 17, False), (40, 784, 50, True),
              (48, 256, 48, False), (13, 190, 40, False),
              (260, 784, 340, True),  # (M, K, N, tb); past kInt8AmxMinParallelWork: AMX, 2 threads
-             (700, 770, 24, False)]  # quantize_int8's rows (K % 4 != 0: padded) shared out over 2 threads
+             (700, 770, 24, False),  # quantize_int8's rows (K % 4 != 0: padded) shared out over 2 threads
+             (300, 4100, 40, False)]  # AMX rows a chunk at a time (kInt8AmxChunkBytes): 14 row tiles, then 5
     for m, k, n, tb in cases:
         x = rng.normal(scale=3, size=(m, k)).astype(np.float32)
         x[0, 0] = 1000.0  # clamped

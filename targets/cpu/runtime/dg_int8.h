@@ -633,6 +633,9 @@ inline int64_t int8_amx_tiles(const int8_t* a, int64_t M, int64_t K, int64_t kti
 // medians of 3 alternated runs): 64 rows (51 M operations) 27 us against 32, 128
 // rows 53 against 52, 256 rows 194 against 149, 512 rows 402 against 299.
 constexpr int64_t kInt8AmxMinParallelWork = int64_t(1) << 27;  // 134 M
+// The bytes of a product's activation (in tiles) its AMX blocks read at a time
+// (matmul_int8_amx_from): about half of a core's L2.
+constexpr int64_t kInt8AmxChunkBytes = int64_t(1) << 20;
 
 // The products with AMX tiles of the activation a as tile loads read it: row r of
 // k tile t of row tile q at a + q * a_tile + t * a_step + r * a_row (see
@@ -659,40 +662,56 @@ inline void matmul_int8_amx_from(const int8_t* a, int64_t a_row, int64_t a_step,
     alignas(64) int32_t sums[32 * 32];
     const __m512 vxs = _mm512_set1_ps(xs);
     constexpr int64_t kAhead = 4;  // row tiles: the lines of the rows two blocks on (ResNet-50 int8: 3-10%)
+    // A product's rows (plane 0) are taken a chunk of row tiles at a time, the
+    // chunk's activation (kInt8AmxChunkBytes) staying in L2 while every column
+    // block reads it: all the rows at once were read again from memory by each
+    // column block once they outgrew L2 (BERT's second FFN product, 2048 rows of
+    // 3072 bytes, read 24 times). A convolution's (planes) go column block by
+    // column block over all rows, its planes written in order.
+    const int64_t chunk =
+        plane > 0 ? row_tiles : std::max<int64_t>(2, kInt8AmxChunkBytes / (ktiles * 1024) / 2 * 2);
+    for (int64_t r0 = 0; r0 < row_tiles; r0 += chunk) {
+      const int64_t r1 = std::min(row_tiles, r0 + chunk);
 #pragma omp for schedule(static)
-    for (int64_t blk = 0; blk < blocks; ++blk) {
-      const int64_t p0 = 2 * blk;
-      const int ct = b.panels - p0 >= 2 ? 2 : 1;
-      for (int64_t rt = 0; rt < row_tiles; rt += 2) {
-        const int rts = row_tiles - rt >= 2 ? 2 : 1;
-        const int8_t* ai = a + rt * a_tile;
-        if (!int8_channels_last<Epi>::value && plane > 0 && rt + kAhead < row_tiles)  // rows a few blocks on
-          int8_prefetch_planes(c, (rt + kAhead) * 16, std::min<int64_t>(32, M - (rt + kAhead) * 16),
-                               p0 * Int8PackedB::kCols,
-                               std::min(ct * Int8PackedB::kCols, N - p0 * Int8PackedB::kCols), N, plane, epi);
-        if (rts == 2 && ct == 2) matmul_int8_amx_block<2, 2>(ai, a_row, a_step, a_tile, b, p0, ktiles, sums);
-        if (rts == 2 && ct == 1) matmul_int8_amx_block<2, 1>(ai, a_row, a_step, a_tile, b, p0, ktiles, sums);
-        if (rts == 1 && ct == 2) matmul_int8_amx_block<1, 2>(ai, a_row, a_step, a_tile, b, p0, ktiles, sums);
-        if (rts == 1 && ct == 1) matmul_int8_amx_block<1, 1>(ai, a_row, a_step, a_tile, b, p0, ktiles, sums);
-        const int64_t rows = std::min<int64_t>(16 * rts, M - rt * 16);
-        for (int q = 0; q < ct; ++q) {
-          const int64_t j = (p0 + q) * Int8PackedB::kCols, cols = std::min(Int8PackedB::kCols, N - j);
-          const __m512 scale = _mm512_mul_ps(vxs, _mm512_loadu_ps(b.scale.data() + j));
-          if constexpr (int8_channels_last<Epi>::value) {
-            for (int h = 0; h < rts; ++h)
-              epi.store(sums + h * 16 * ct * 16 + q * 16, ct * 16, scale, bias, (rt + h) * 16,
-                        std::min<int64_t>(16, rows - 16 * h), j, cols);
-            continue;
+      for (int64_t blk = 0; blk < blocks; ++blk) {
+        const int64_t p0 = 2 * blk;
+        const int ct = b.panels - p0 >= 2 ? 2 : 1;
+        for (int64_t rt = r0; rt < r1; rt += 2) {
+          const int rts = row_tiles - rt >= 2 ? 2 : 1;
+          const int8_t* ai = a + rt * a_tile;
+          if (!int8_channels_last<Epi>::value && plane > 0 &&
+              rt + kAhead < row_tiles)  // rows a few blocks on
+            int8_prefetch_planes(
+                c, (rt + kAhead) * 16, std::min<int64_t>(32, M - (rt + kAhead) * 16), p0 * Int8PackedB::kCols,
+                std::min(ct * Int8PackedB::kCols, N - p0 * Int8PackedB::kCols), N, plane, epi);
+          if (rts == 2 && ct == 2)
+            matmul_int8_amx_block<2, 2>(ai, a_row, a_step, a_tile, b, p0, ktiles, sums);
+          if (rts == 2 && ct == 1)
+            matmul_int8_amx_block<2, 1>(ai, a_row, a_step, a_tile, b, p0, ktiles, sums);
+          if (rts == 1 && ct == 2)
+            matmul_int8_amx_block<1, 2>(ai, a_row, a_step, a_tile, b, p0, ktiles, sums);
+          if (rts == 1 && ct == 1)
+            matmul_int8_amx_block<1, 1>(ai, a_row, a_step, a_tile, b, p0, ktiles, sums);
+          const int64_t rows = std::min<int64_t>(16 * rts, M - rt * 16);
+          for (int q = 0; q < ct; ++q) {
+            const int64_t j = (p0 + q) * Int8PackedB::kCols, cols = std::min(Int8PackedB::kCols, N - j);
+            const __m512 scale = _mm512_mul_ps(vxs, _mm512_loadu_ps(b.scale.data() + j));
+            if constexpr (int8_channels_last<Epi>::value) {
+              for (int h = 0; h < rts; ++h)
+                epi.store(sums + h * 16 * ct * 16 + q * 16, ct * 16, scale, bias, (rt + h) * 16,
+                          std::min<int64_t>(16, rows - 16 * h), j, cols);
+              continue;
+            }
+            if (plane > 0) {
+              for (int h = 0; h < rts; ++h)
+                int8_store16_planes(sums + h * 16 * ct * 16 + q * 16, ct * 16, scale, bias, c, (rt + h) * 16,
+                                    std::min<int64_t>(16, rows - 16 * h), j, cols, N, plane, epi);
+              continue;
+            }
+            for (int64_t r = 0; r < rows; ++r)
+              int8_store16(_mm512_load_si512(sums + r * ct * 16 + q * 16), scale, c + (rt * 16 + r) * N + j,
+                           cols);
           }
-          if (plane > 0) {
-            for (int h = 0; h < rts; ++h)
-              int8_store16_planes(sums + h * 16 * ct * 16 + q * 16, ct * 16, scale, bias, c, (rt + h) * 16,
-                                  std::min<int64_t>(16, rows - 16 * h), j, cols, N, plane, epi);
-            continue;
-          }
-          for (int64_t r = 0; r < rows; ++r)
-            int8_store16(_mm512_load_si512(sums + r * ct * 16 + q * 16), scale, c + (rt * 16 + r) * N + j,
-                         cols);
         }
       }
     }
