@@ -631,8 +631,10 @@ inline int64_t int8_amx_tiles(const int8_t* a, int64_t M, int64_t K, int64_t kti
 // the float GEMM) would split products of a few microseconds. Measured on a
 // 2-vCPU Sapphire Rapids class Xeon VM (784 x 512, one thread against two,
 // medians of 3 alternated runs): 64 rows (51 M operations) 27 us against 32, 128
-// rows 53 against 52, 256 rows 194 against 149, 512 rows 402 against 299.
-constexpr int64_t kInt8AmxMinParallelWork = int64_t(1) << 27;  // 134 M
+// rows 53 against 52, 256 rows 194 against 149, 512 rows 402 against 299. The
+// BERT encoder at batch 1 (32 rows; its 768 x 2304 product, 113 M, on two
+// threads), 2 threads: 1.04-1.05 -> 0.96-0.98 ms (2^27 -> 2^26; 2^25 the same).
+constexpr int64_t kInt8AmxMinParallelWork = int64_t(1) << 26;  // 67 M
 // The bytes of a product's activation (in tiles) its AMX blocks read at a time
 // (matmul_int8_amx_from): about half of a core's L2.
 constexpr int64_t kInt8AmxChunkBytes = int64_t(1) << 20;
@@ -744,7 +746,9 @@ template <class Epilogue>
 inline void int8_finish_rows_into(const Epilogue& epi, const float* c, int64_t M, int64_t N, int8_t* q,
                                   float inv) {
   const int64_t ld = int8_row_bytes(N);
-  const int threads = threads_for(4 * M * N);
+  // (16 operations a value: a GELU's erf is some 40; counted as 4, BERT's at batch 1,
+  // 32 x 3072 values, ran on one thread: 2 threads 0.97-1.02 -> 0.88-0.90 ms)
+  const int threads = threads_for(16 * M * N);
 #pragma omp parallel num_threads(threads) if (threads > 1)
   {
     Scratch<float> row(N);
