@@ -296,17 +296,26 @@ int run_gemm_info(char** argv) {
     return 0;
 }
 
-// transpose <ndim> <shape...> <perm...>, input x  ->  y
-int run_transpose(char** argv) {
+// A transpose's <ndim> <shape...> <perm...> from argv[2] on: its element count.
+int64_t transpose_args(char** argv, std::vector<int64_t>& shape, std::vector<int>& perm) {
     const int ndim = static_cast<int>(int_arg(argv, 2));
-    std::vector<int64_t> shape(ndim);
-    std::vector<int> perm(ndim);
+    shape.resize(ndim);
+    perm.resize(ndim);
     int64_t total = 1;
     for (int d = 0; d < ndim; ++d) {
         shape[d] = int_arg(argv, 3 + d);
         perm[d] = static_cast<int>(int_arg(argv, 3 + ndim + d));
         total *= shape[d];
     }
+    return total;
+}
+
+// transpose <ndim> <shape...> <perm...>, input x  ->  y
+int run_transpose(char** argv) {
+    std::vector<int64_t> shape;
+    std::vector<int> perm;
+    const int64_t total = transpose_args(argv, shape, perm);
+    const int ndim = static_cast<int>(shape.size());
     Input in;
     const std::vector<float> x = in.take<float>(total);
     std::vector<float> y(static_cast<size_t>(total));
@@ -318,15 +327,10 @@ int run_transpose(char** argv) {
 // transpose_rows <ndim> <shape...> <perm...> <row_axes> <ld> <start>: the same of
 // a row-strided piece of x (rows of ld floats, the piece's from float start on)
 int run_transpose_rows(char** argv) {
-    const int ndim = static_cast<int>(int_arg(argv, 2));
-    std::vector<int64_t> shape(ndim);
-    std::vector<int> perm(ndim);
-    int64_t total = 1;
-    for (int d = 0; d < ndim; ++d) {
-        shape[d] = int_arg(argv, 3 + d);
-        perm[d] = static_cast<int>(int_arg(argv, 3 + ndim + d));
-        total *= shape[d];
-    }
+    std::vector<int64_t> shape;
+    std::vector<int> perm;
+    const int64_t total = transpose_args(argv, shape, perm);
+    const int ndim = static_cast<int>(shape.size());
     const int row_axes = static_cast<int>(int_arg(argv, 3 + 2 * ndim));
     const int64_t ld = int_arg(argv, 4 + 2 * ndim), start = int_arg(argv, 5 + 2 * ndim);
     int64_t rows = 1;
