@@ -28,15 +28,21 @@ struct TransposeLayout {
 }  // namespace ops_detail
 
 // numpy.transpose(x, perm): y's axis d is x's axis perm[d]. `shape` and `perm`
-// are host arrays; each output element finds its source by its coordinates.
-inline void transpose(const float* x, float* y, int ndim, const int64_t* shape, const int* perm) {
+// are host arrays; each output element finds its source by its coordinates. x
+// may be a row-strided piece of a larger buffer (the CPU runtime's row_axes and
+// ld: x's axes before row_axes index rows ld floats apart).
+inline void transpose(const float* x, float* y, int ndim, const int64_t* shape, const int* perm,
+                      int row_axes = 0, int64_t ld = 0) {
   if (ndim > kMaxRank) throw std::invalid_argument("transpose: more than 8 axes");
   ops_detail::TransposeLayout layout{};
-  int64_t total = 1;
+  int64_t x_stride[kMaxRank], stride = 1, total = 1;
   for (int d = ndim - 1; d >= 0; --d) {
-    layout.x_step[d] = 1;
-    for (int e = perm[d] + 1; e < ndim; ++e)
-      layout.x_step[d] *= shape[e];
+    if (ld > 0 && d == row_axes - 1) stride = ld;  // the axes before row_axes step whole rows
+    x_stride[d] = stride;
+    stride *= shape[d];
+  }
+  for (int d = ndim - 1; d >= 0; --d) {
+    layout.x_step[d] = x_stride[perm[d]];
     layout.y_shape[d] = shape[perm[d]];
     total *= layout.y_shape[d];
   }
