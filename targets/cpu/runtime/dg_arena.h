@@ -90,6 +90,30 @@ inline Cache& cache() {
 
 }  // namespace scratch_detail
 
+// A std::vector allocator whose storage starts on a cache line: the packed
+// weights of the bf16 and int8 products (Bf16PackedB, Int8PackedB), whose
+// 64-byte panel rows AMX tiles load (from std::allocator's 16-byte alignment
+// every row straddled two lines).
+template <typename T>
+struct LineAligned {
+  using value_type = T;
+  LineAligned() = default;
+  template <typename U>
+  LineAligned(const LineAligned<U>&) noexcept {}  // NOLINT(google-explicit-constructor): rebinding
+  T* allocate(size_t n) {
+    return static_cast<T*>(::operator new(n * sizeof(T), std::align_val_t(scratch_detail::kAlign)));
+  }
+  void deallocate(T* p, size_t) noexcept { ::operator delete(p, std::align_val_t(scratch_detail::kAlign)); }
+  template <typename U>
+  bool operator==(const LineAligned<U>&) const noexcept {
+    return true;
+  }
+  template <typename U>
+  bool operator!=(const LineAligned<U>&) const noexcept {
+    return false;
+  }
+};
+
 // n uninitialized values of T, from this thread's cache (see the top of the
 // file); the memory goes back to the cache of the thread that took it.
 template <typename T>

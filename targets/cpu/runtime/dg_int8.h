@@ -254,9 +254,9 @@ struct Int8PackedB {
   }
 
   int64_t K, N, groups, panel_groups, panels;
-  std::vector<int8_t> data;
-  std::vector<int32_t> shift;  // [panels * 16]: 128 * sum_k w[k][j]
-  std::vector<float> scale;    // [panels * 16]: w_scale[j] (1 past N)
+  std::vector<int8_t, LineAligned<int8_t>> data;  // (panel rows on cache lines)
+  std::vector<int32_t> shift;                     // [panels * 16]: 128 * sum_k w[k][j]
+  std::vector<float> scale;                       // [panels * 16]: w_scale[j] (1 past N)
 
   // Where w[k][j] is in data.
   int64_t at(int64_t k, int64_t j) const {
@@ -584,6 +584,17 @@ inline void matmul_int8_amx_block(const int8_t* a, int64_t a_row, int64_t a_step
   if (RT > 1) _tile_zero(2);
   if (RT > 1 && CT > 1) _tile_zero(3);
   for (int64_t t = 0; t < ktiles; ++t) {
+    if (t + 1 < ktiles) {  // the next k tile's lines, into L1 while these multiply (as dg_bf16.h's block_amx)
+      for (int64_t r = 0; r < 16; ++r) {
+        _mm_prefetch(reinterpret_cast<const char*>(a + a_step * (t + 1) + r * a_row), _MM_HINT_T0);
+        if (RT > 1)
+          _mm_prefetch(reinterpret_cast<const char*>(a + a_tile + a_step * (t + 1) + r * a_row), _MM_HINT_T0);
+        _mm_prefetch(reinterpret_cast<const char*>(w + (t + 1) * kTileBytes + r * 64), _MM_HINT_T0);
+        if (CT > 1)
+          _mm_prefetch(reinterpret_cast<const char*>(w + stride + (t + 1) * kTileBytes + r * 64),
+                       _MM_HINT_T0);
+      }
+    }
     _tile_loadd(4, a + a_step * t, a_row);
     _tile_loadd(6, w + t * kTileBytes, 64);
     if (CT > 1) _tile_loadd(7, w + stride + t * kTileBytes, 64);
